@@ -1,0 +1,26 @@
+"""meshprof: a profiler and performance monitor for distributed PyTorch."""
+
+from meshprof._version import __version__
+from meshprof.api import disable, enable, get_profiler, profile, reset
+from meshprof.config import ProfilerConfig
+from meshprof.errors import MeshprofError
+from meshprof.events import CommEvent, GroupInfo, OpType
+from meshprof.profiler import CommProfiler
+from meshprof.stats import OpStats, StatsReport
+
+__all__ = [
+    "CommEvent",
+    "CommProfiler",
+    "GroupInfo",
+    "MeshprofError",
+    "OpStats",
+    "OpType",
+    "ProfilerConfig",
+    "StatsReport",
+    "__version__",
+    "disable",
+    "enable",
+    "get_profiler",
+    "profile",
+    "reset",
+]

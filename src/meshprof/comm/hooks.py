@@ -1,0 +1,227 @@
+"""Installing meshprof in PyTorch's dispatcher, and the object-collective wrappers.
+
+One Python kernel is registered at the ``BackendSelect`` dispatch key for every ``c10d::`` op.
+``BackendSelect`` sits just above the backend keys (CPU, CUDA) and, unlike the autograd keys, is
+not skipped under ``torch.inference_mode``; c10d ops have no kernel of their own there. The
+kernel notes the op, calls the original backend kernel directly (``SafeKernelFunction``
+``call_boxed``, no second trip through the dispatcher) and returns its result unchanged.
+
+Because the choke point is the dispatcher, every path is seen exactly once: names imported before
+meshprof was enabled, DDP's C++ reducer, FSDP2, DTensor's functional collectives and pipelining.
+The object collectives (``all_gather_object`` ...) are Python functions built from several c10d
+ops; they are wrapped so that each is recorded as one event of its own name.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import threading
+import warnings
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from meshprof.comm.ops import OpSpec, available_specs
+
+if TYPE_CHECKING:
+    from meshprof.profiler import CommProfiler
+
+_BACKEND_SELECT = torch._C.DispatchKey.BackendSelect
+
+OBJECT_COLLECTIVES = (
+    "all_gather_object",
+    "gather_object",
+    "broadcast_object_list",
+    "scatter_object_list",
+    "send_object_list",
+    "recv_object_list",
+)
+
+
+class _KernelTable:
+    """Original backend kernels of one op, looked up once per dispatch key."""
+
+    def __init__(self, op: Any) -> None:
+        self.op = op
+        self.kernels: dict[Any, Any] = {}
+
+    def call(self, keyset: Any, args: tuple[Any, ...]) -> Any:
+        below = keyset.remove(_BACKEND_SELECT)
+        key = below.highestPriorityTypeId()
+        kern = self.kernels.get(key)
+        if kern is None:
+            try:
+                kern = torch.library.get_kernel(self.op, key)
+            except Exception:
+                kern = False
+            self.kernels[key] = kern
+        if kern is False:
+            return self.op.redispatch(below, *args)
+        return kern.call_boxed(below, *args)
+
+
+class Installation:
+    """The dispatcher registrations and Python patches that one enable() made."""
+
+    def __init__(self) -> None:
+        self.lib: Any = None
+        self.patched: list[tuple[Any, str, Any]] = []
+
+
+def install(prof: CommProfiler) -> Installation:
+    """Register the c10d kernels and wrap the object collectives; returns what to undo."""
+    inst = Installation()
+    lib = torch.library.Library("c10d", "IMPL")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for spec in available_specs():
+            op = getattr(torch.ops.c10d, spec.schema_name).default
+            lib.impl(spec.schema_name, _make_kernel(prof, spec, _KernelTable(op)), "BackendSelect", with_keyset=True)
+    inst.lib = lib
+    _patch_object_collectives(prof, inst)
+    return inst
+
+
+def uninstall(inst: Installation) -> None:
+    for module, name, original in reversed(inst.patched):
+        setattr(module, name, original)
+    inst.patched.clear()
+    if inst.lib is not None:
+        inst.lib._destroy()
+        inst.lib = None
+
+
+def _make_kernel(prof: CommProfiler, spec: OpSpec, table: _KernelTable) -> Callable[..., Any]:
+    begin = prof._begin
+    finish = prof._finish
+    fail = prof._fail
+    internal_error = prof._internal_error
+    call = table.call
+
+    def kernel(keyset: Any, *args: Any) -> Any:
+        rec = None
+        try:
+            rec = begin(spec, args)
+        except Exception as e:  # never break training
+            internal_error(e)
+        if rec is None:
+            return call(keyset, args)
+        try:
+            out = call(keyset, args)
+        except BaseException as e:
+            fail(rec, e)
+            raise
+        finish(rec, out)
+        return out
+
+    kernel.__name__ = f"meshprof_{spec.schema_name}"
+    return kernel
+
+
+_tls = threading.local()
+
+
+def composite_depth() -> int:
+    return getattr(_tls, "depth", 0)
+
+
+def _patch_object_collectives(prof: CommProfiler, inst: Installation) -> None:
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    for name in OBJECT_COLLECTIVES:
+        original = getattr(c10d, name, None)
+        if original is None:
+            continue
+        wrapper = _wrap_object_collective(prof, name, original)
+        for module in (c10d, dist):
+            if getattr(module, name, None) is original:
+                inst.patched.append((module, name, original))
+                setattr(module, name, wrapper)
+
+
+def _wrap_object_collective(prof: CommProfiler, name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    sig = inspect.signature(original)
+    is_send = name == "send_object_list"
+    is_recv = name == "recv_object_list"
+
+    @functools.wraps(original)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if composite_depth() or not prof.config.enabled:
+            return original(*args, **kwargs)
+        rec = None
+        try:
+            bound = sig.bind_partial(*args, **kwargs).arguments
+            peer = -1
+            if is_send:
+                peer = _global_peer(bound.get("group"), bound.get("dst"), bound.get("group_dst"))
+            elif is_recv:
+                peer = _global_peer(bound.get("group"), bound.get("src"), bound.get("group_src"))
+            rec = prof._begin_composite(name, bound.get("group"), peer)
+        except Exception as e:
+            prof._internal_error(e)
+        if rec is None:
+            return original(*args, **kwargs)
+        _tls.depth = composite_depth() + 1
+        try:
+            result = original(*args, **kwargs)
+        except BaseException as e:
+            _tls.depth -= 1
+            prof._fail(rec, e)
+            raise
+        _tls.depth -= 1
+        prof._finish_composite(rec)
+        return result
+
+    wrapper.__meshprof_original__ = original  # type: ignore[attr-defined]
+    return wrapper
+
+
+def _global_peer(group: Any, rank: Any, group_rank: Any) -> int:
+    import torch.distributed as dist
+
+    if rank is not None:
+        return int(rank)
+    if group_rank is not None and group is not None:
+        try:
+            return int(dist.get_global_rank(group, int(group_rank)))
+        except Exception:
+            return -1
+    return -1
+
+
+class composite_op:
+    """Record everything issued inside as one event named ``label`` (a user-defined op).
+
+    The c10d collectives issued inside are not recorded on their own; their bytes are summed into
+    the labelled event and their count is kept in its metadata (``c10d_ops``).
+    """
+
+    def __init__(self, prof: CommProfiler, label: str, group: Any = None, metadata: dict[str, Any] | None = None) -> None:
+        self.prof = prof
+        self.label = label
+        self.group = group
+        self.metadata = metadata
+        self.rec: Any = None
+
+    def __enter__(self) -> composite_op:
+        if composite_depth() or not self.prof.config.enabled:
+            return self
+        try:
+            self.rec = self.prof._begin_composite(self.label, self.group, -1, self.metadata)
+        except Exception as e:
+            self.prof._internal_error(e)
+        if self.rec is not None:
+            _tls.depth = composite_depth() + 1
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if self.rec is None:
+            return
+        _tls.depth -= 1
+        if exc is not None:
+            self.prof._fail(self.rec, exc)
+        else:
+            self.prof._finish_composite(self.rec)

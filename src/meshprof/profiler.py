@@ -1,0 +1,661 @@
+"""The per-process collective recorder: ``CommProfiler``.
+
+The dispatcher kernels (:mod:`meshprof.comm.hooks`) call ``_begin`` before a c10d op and
+``_finish`` after it. ``_begin`` assigns the collective its ``seq`` within its group (the same on
+every member rank), decides sampling, and notes the start; completion is taken from the op's
+``Work`` future (a callback on the backend's thread) or, for works without a future (gloo
+send/recv), from a poller thread; on CUDA from CUDA events resolved later, never by
+synchronizing the host. Every failure inside meshprof is caught, counted and reported once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+import warnings
+import zlib
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from meshprof.comm.ops import OpSpec, tensor_of
+from meshprof.config import ProfilerConfig
+from meshprof.events import (
+    EVENT_DTYPE,
+    FLAG_ASYNC,
+    FLAG_DEVICE_TIMING,
+    FLAG_DROPPED,
+    P2P_OPS,
+    STATUS_CODES,
+    STATUS_NAMES,
+    CommEvent,
+    GroupInfo,
+    bandwidth_arrays,
+    nccl_tests_size,
+    nccl_tests_size_array,
+    size_bucket,
+    size_bucket_array,
+)
+from meshprof.recorder import EventLog
+from meshprof.stats import Accumulator, Key, StatsReport, compute_stats
+
+_Work = torch._C._distributed_c10d.Work
+_PG = torch._C._distributed_c10d.ProcessGroup
+_OK = STATUS_CODES["ok"]
+_ERR = STATUS_CODES["error"]
+
+
+class _Rec:
+    """A collective between issue and completion."""
+
+    __slots__ = (
+        "composite",
+        "dtype",
+        "end_event",
+        "flags",
+        "group",
+        "in_bytes",
+        "meta",
+        "op",
+        "op_name",
+        "out_bytes",
+        "peer",
+        "seq",
+        "start_event",
+        "start_ns",
+        "step",
+        "t0",
+        "thread",
+        "token",
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class InflightOp:
+    """A collective issued but not completed (what the hang watchdog looks at)."""
+
+    op: str
+    group_name: str
+    group_ranks: tuple[int, ...]
+    seq: int
+    peer: int
+    dtype: str
+    in_bytes: int
+    out_bytes: int
+    start_ns: int
+    age_ns: int
+    thread_id: int
+
+
+# Works of these ops (gloo's reduce_scatter) have no future and never report is_completed();
+# a short-lived thread waits on them instead (Work.wait is safe to call from several threads).
+_WAIT_IN_THREAD = frozenset({"reduce_scatter"})
+
+
+class _Poller:
+    """Completes works that have no future (gloo send/recv) by polling ``is_completed``."""
+
+    def __init__(self, done: Callable[[_Rec, int, BaseException | None], None]) -> None:
+        self._done = done
+        self._items: deque[tuple[Any, _Rec]] = deque()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._stop = False
+
+    def add(self, work: Any, rec: _Rec) -> None:
+        if rec.op_name in _WAIT_IN_THREAD:
+            threading.Thread(target=self._wait, args=(work, rec), name="meshprof-wait", daemon=True).start()
+            return
+        self._items.append((work, rec))
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._run, name="meshprof-poller", daemon=True)
+            self._thread.start()
+        self._wake.set()
+
+    def _wait(self, work: Any, rec: _Rec) -> None:
+        err: BaseException | None = None
+        try:
+            work.wait()
+        except BaseException as e:
+            err = e
+        self._done(rec, time.perf_counter_ns(), err)
+
+    def stop(self) -> None:
+        self._stop = True
+        self._wake.set()
+
+    def _run(self) -> None:
+        while not self._stop:
+            if not self._items:
+                self._wake.wait(0.5)
+                self._wake.clear()
+                continue
+            for _ in range(len(self._items)):
+                work, rec = self._items.popleft()
+                try:
+                    completed = work.is_completed()
+                except Exception:
+                    completed = True
+                if completed:
+                    err: BaseException | None = None
+                    try:
+                        exc = work.exception()
+                        if exc is not None:
+                            err = exc if isinstance(exc, BaseException) else RuntimeError(str(exc))
+                    except Exception:
+                        pass
+                    self._done(rec, time.perf_counter_ns(), err)
+                else:
+                    self._items.append((work, rec))
+            time.sleep(0.0001)
+
+
+class CommProfiler:
+    """Records every collective and point-to-point op of this process.
+
+    Create it with :func:`meshprof.enable`; it is installed in PyTorch's dispatcher until
+    :func:`meshprof.disable`.
+    """
+
+    def __init__(self, config: ProfilerConfig | None = None) -> None:
+        self.config = config or ProfilerConfig()
+        self.log = EventLog(self.config.max_events)
+        self.acc = Accumulator(self.config.sketch_relative_error)
+        self.log.listeners.append(self._on_flush)
+        self.step = -1
+        """Current training step (set by the step monitor or automatic step detection)."""
+        self.internal_errors = 0
+        """Errors inside meshprof that were caught so training could go on."""
+        self.first_internal_error = ""
+        self.rank = -1
+        self.world_size = -1
+        self._groups: dict[Any, tuple[int, int, int, tuple[int, ...], str]] = {}
+        self._seq: dict[int, int] = {}
+        self._p2p_seq: dict[tuple[int, int, int], int] = {}
+        self._inflight: dict[int, _Rec] = {}
+        self._token = 0
+        self._tls = threading.local()
+        self._poller = _Poller(self._complete)
+        self._device_pending: deque[_Rec] = deque()
+        self._threshold = int(self.config.sample_rate * 2**32)
+        self._min_ns = int(self.config.min_duration_us * 1000)
+        self._wall_offset = time.time_ns() - time.perf_counter_ns()
+        self._installation: Any = None
+        self.created_ns = time.time_ns()
+
+    # -- public API ---------------------------------------------------------------------------
+    @property
+    def installed(self) -> bool:
+        return self._installation is not None
+
+    def update_config(self, **changes: Any) -> ProfilerConfig:
+        """Change configuration fields in place (``max_events`` resizes the buffer, keeping the
+        newest events)."""
+        new = self.config.updated(**changes)
+        if new.max_events != self.config.max_events:
+            events, ids = self.log.snapshot()
+            old = self.log
+            self.log = EventLog(new.max_events)
+            self.log.listeners = [] if not old.listeners else []
+            self.log.groups, self.log._group_index = old.groups, old._group_index
+            self.log.dtypes, self.log._dtype_index = old.dtypes, old._dtype_index
+            self.log.labels, self.log._label_index = old.labels, old._label_index
+            keep = events[-new.max_events :]
+            self.log._write(keep, 0)
+            self.log.listeners.append(self._on_flush)
+        self.config = new
+        self._threshold = int(new.sample_rate * 2**32)
+        self._min_ns = int(new.min_duration_us * 1000)
+        return new
+
+    def clear(self) -> None:
+        """Forget every recorded event and statistic (group sequence numbers keep counting)."""
+        self._resolve_device()
+        self.log.clear()
+        self.acc = Accumulator(self.config.sketch_relative_error)
+
+    def set_step(self, step: int) -> None:
+        self.step = int(step)
+
+    def flush(self) -> None:
+        """Resolve finished device timings and move staged events into the buffer."""
+        self._resolve_device()
+        self._wall_offset = time.time_ns() - time.perf_counter_ns()
+        self.log.flush()
+
+    def inflight(self) -> list[InflightOp]:
+        """Collectives issued and not yet completed, oldest first."""
+        now = time.perf_counter_ns()
+        out = []
+        for rec in sorted(list(self._inflight.values()), key=lambda r: r.t0):
+            g = self.log.groups[rec.group]
+            out.append(
+                InflightOp(
+                    op=rec.op_name,
+                    group_name=g.name,
+                    group_ranks=g.ranks,
+                    seq=rec.seq,
+                    peer=rec.peer,
+                    dtype=self.log.dtypes[rec.dtype] if rec.dtype < len(self.log.dtypes) else "",
+                    in_bytes=rec.in_bytes,
+                    out_bytes=rec.out_bytes,
+                    start_ns=rec.start_ns,
+                    age_ns=now - rec.t0,
+                    thread_id=rec.thread,
+                )
+            )
+        return out
+
+    def _window(self, since_id: int, until_id: int | None) -> tuple[np.ndarray, np.ndarray]:
+        arr, ids = self.log.snapshot()
+        if since_id or until_id is not None:
+            keep = ids >= since_id
+            if until_id is not None:
+                keep &= ids < until_id
+            arr, ids = arr[keep], ids[keep]
+        return arr, ids
+
+    def events(self, since_id: int = 0, until_id: int | None = None) -> list[CommEvent]:
+        """Retained events (oldest first) as :class:`CommEvent` objects, optionally only those
+        with event id in [since_id, until_id)."""
+        self.flush()
+        return self._to_events(*self._window(since_id, until_id))
+
+    def columns(self) -> tuple[np.ndarray, np.ndarray]:
+        """Retained events as the raw structured array (EVENT_DTYPE) and their ids."""
+        self.flush()
+        return self.log.snapshot()
+
+    def stats(self, since_id: int = 0, until_id: int | None = None) -> StatsReport:
+        """Statistics per op, rank, group and size bucket (see :mod:`meshprof.stats`).
+
+        With a window (event ids), only retained events of the window count."""
+        self.flush()
+        if since_id or until_id is not None:
+            arr, _ = self._window(since_id, until_id)
+            acc = Accumulator(self.config.sketch_relative_error)
+            self._fold(acc, arr)
+            return compute_stats(acc, self._exact_samples(arr))
+        exact = None
+        if self.log.evicted == 0 and self.acc.dropped == 0:
+            arr, _ = self.log.snapshot()
+            exact = self._exact_samples(arr)
+        return compute_stats(self.acc, exact)
+
+    def meta(self) -> dict[str, Any]:
+        from meshprof import __version__
+
+        self._ensure_rank()
+        return {
+            "meshprof_version": __version__,
+            "torch_version": torch.__version__,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "hostname": socket.gethostname(),
+            "pid": os.getpid(),
+            "created_ns": self.created_ns,
+            "exported_ns": time.time_ns(),
+            "total_events": self.log.total,
+            "retained_events": len(self.log),
+            "evicted_events": self.log.evicted,
+            "dropped_events": self.acc.dropped,
+            "internal_errors": self.internal_errors,
+            "first_internal_error": self.first_internal_error,
+            "groups": [
+                {"name": g.name, "desc": g.desc, "ranks": list(g.ranks), "backend": g.backend}
+                for g in self.log.groups
+            ],
+            "config": self.config.to_dict(),
+        }
+
+    def to_json_dict(self, since_id: int = 0, until_id: int | None = None) -> dict[str, Any]:
+        return {
+            "meta": self.meta(),
+            "events": [e.to_dict() for e in self.events(since_id, until_id)],
+            "stats": self.stats(since_id, until_id).to_dict(),
+        }
+
+    def export_json(self, path: str | os.PathLike[str], since_id: int = 0, until_id: int | None = None) -> Path:
+        """Write ``{"meta", "events", "stats"}`` to ``path`` atomically; returns the path."""
+        from meshprof.rundir import atomic_write_text
+
+        data = self.to_json_dict(since_id, until_id)
+        return atomic_write_text(Path(path), json.dumps(data, default=_json_default))
+
+    def summary(self, since_id: int = 0, until_id: int | None = None) -> str:
+        """The statistics as a text table."""
+        from meshprof.render.console import render_stats
+
+        return render_stats(self.stats(since_id, until_id), header=f"rank {self._ensure_rank()}")
+
+    def label(self, name: str, group: Any = None, metadata: dict[str, Any] | None = None) -> Any:
+        """Context manager: record what runs inside as one op named ``name`` (a custom op)."""
+        from meshprof.comm.hooks import composite_op
+
+        return composite_op(self, name, group, metadata)
+
+    # -- recording (called from the dispatcher kernels) ---------------------------------------
+    def _internal_error(self, e: BaseException) -> None:
+        self.internal_errors += 1
+        if self.internal_errors == 1:
+            self.first_internal_error = f"{type(e).__name__}: {e}"
+            try:
+                warnings.warn(f"meshprof: internal error, recording continues: {self.first_internal_error}", RuntimeWarning, stacklevel=3)
+            except Exception:
+                pass
+
+    def _ensure_rank(self) -> int:
+        if self.rank < 0:
+            import torch.distributed as dist
+
+            if dist.is_available() and dist.is_initialized():
+                self.rank = dist.get_rank()
+                self.world_size = dist.get_world_size()
+            else:
+                return 0
+        return self.rank
+
+    def _group(self, pg: Any) -> tuple[int, int, int, tuple[int, ...], str]:
+        """(index, size, crc of name, global ranks, name) of a Python ProcessGroup."""
+        g = self._groups.get(pg)
+        if g is None:
+            import torch.distributed as dist
+
+            name = str(pg.group_name)
+            try:
+                desc = str(pg.group_desc)
+            except Exception:
+                desc = ""
+            try:
+                ranks = tuple(int(r) for r in dist.get_process_group_ranks(pg))
+            except Exception:
+                ranks = tuple(range(pg.size()))
+            try:
+                backend = str(dist.get_backend(pg))
+            except Exception:
+                backend = ""
+            idx = self.log.group_index(GroupInfo(name, desc, ranks, backend))
+            g = (idx, len(ranks), zlib.crc32(name.encode()), ranks, name)
+            self._groups[pg] = g
+            self._ensure_rank()
+        return g
+
+    def _stack(self) -> list[_Rec]:
+        s = getattr(self._tls, "stack", None)
+        if s is None:
+            s = self._tls.stack = []
+        return s
+
+    def _begin(self, spec: OpSpec, args: tuple[Any, ...]) -> _Rec | None:
+        cfg = self.config
+        if not cfg.enabled:
+            return None
+        stack = getattr(self._tls, "stack", None)
+        if stack:
+            top = stack[-1]
+            top.in_bytes += spec.in_bytes(args)
+            top.out_bytes += spec.out_bytes(args)
+            top.meta["c10d_ops"] = top.meta.get("c10d_ops", 0) + 1
+            return None
+        pg = _PG.unbox(args[spec.pg])
+        gidx, gsize, crc, ranks, _ = self._group(pg)
+        peer = -1
+        if spec.peer_arg is not None:
+            peer_local = int(args[spec.peer_arg])
+            peer = ranks[peer_local] if 0 <= peer_local < len(ranks) else peer_local
+            key = (gidx, peer, 0 if spec.op == "send" else 1)
+            seq = self._p2p_seq.get(key, 0)
+            self._p2p_seq[key] = seq + 1
+        else:
+            seq = self._seq.get(gidx, 0)
+            self._seq[gidx] = seq + 1
+        op = spec.op
+        if cfg.ops is not None and op not in cfg.ops:
+            return None
+        in_b = spec.in_bytes(args)
+        out_b = spec.out_bytes(args)
+        if self._threshold < 4294967296 and (((seq * 2654435761) ^ crc) & 0xFFFFFFFF) >= self._threshold:
+            self.acc.add_untimed(self.rank, op, self.log.groups[gidx].name, size_bucket(nccl_tests_size(op, in_b, out_b, gsize)), nccl_tests_size(op, in_b, out_b, gsize))
+            return None
+        t = tensor_of(spec, args)
+        rec = _Rec()
+        rec.op = self.log.op_code(op)
+        rec.op_name = op
+        rec.group = gidx
+        rec.peer = peer
+        rec.seq = seq
+        rec.in_bytes = in_b
+        rec.out_bytes = out_b
+        rec.dtype = self.log.dtype_code(str(t.dtype)[6:]) if t is not None else self.log.dtype_code("none")
+        # trailing arguments equal to their default (async_op=True) may be left out of the stack
+        a = spec.async_arg
+        rec.flags = FLAG_ASYNC if (a is not None and (a >= len(args) or args[a])) else 0
+        rec.step = self.step
+        rec.meta = {"coalesced": True} if spec.coalesced else None
+        rec.composite = False
+        rec.start_event = None
+        rec.end_event = None
+        rec.thread = threading.get_ident()
+        self._token += 1
+        rec.token = self._token
+        if t is not None and t.is_cuda and cfg.device_timing:
+            rec.start_event = torch.cuda.Event(enable_timing=True)
+            rec.start_event.record()
+            rec.flags |= FLAG_DEVICE_TIMING
+        self._inflight[rec.token] = rec
+        rec.t0 = time.perf_counter_ns()
+        rec.start_ns = rec.t0 + self._wall_offset
+        return rec
+
+    def _finish(self, rec: _Rec, out: Any) -> None:
+        try:
+            work = out[1] if isinstance(out, tuple) and len(out) == 2 else out
+            if work is None or isinstance(work, tuple):
+                self._complete(rec, time.perf_counter_ns(), None)
+                return
+            w = _Work.unbox(work)
+            try:
+                fut = w.get_future()
+            except RuntimeError:
+                self._poller.add(w, rec)
+                return
+            fut.add_done_callback(lambda f, rec=rec: self._on_future(rec, f))
+        except Exception as e:
+            self._inflight.pop(rec.token, None)
+            self._internal_error(e)
+
+    def _on_future(self, rec: _Rec, fut: Any) -> None:
+        end = time.perf_counter_ns()
+        err: BaseException | None = None
+        try:
+            fut.value()
+        except BaseException as e:
+            err = e
+        try:
+            if rec.start_event is not None and err is None:
+                rec.end_event = torch.cuda.Event(enable_timing=True)
+                rec.end_event.record()  # on the stream the future synchronized with the work
+                self._inflight.pop(rec.token, None)
+                self._device_pending.append(rec)
+                return
+            self._complete(rec, end, err)
+        except Exception as e:
+            self._internal_error(e)
+
+    def _fail(self, rec: _Rec, exc: BaseException) -> None:
+        try:
+            if rec.composite:
+                stack = self._stack()
+                if stack and stack[-1] is rec:
+                    stack.pop()
+            rec.start_event = None
+            self._complete(rec, time.perf_counter_ns(), exc)
+        except Exception as e:
+            self._internal_error(e)
+
+    def _complete(self, rec: _Rec, end: int, err: BaseException | None, dur: int | None = None) -> None:
+        self._inflight.pop(rec.token, None)
+        if dur is None:
+            dur = end - rec.t0
+        flags = rec.flags
+        status = _OK
+        error = None
+        if err is not None:
+            status = _ERR
+            error = f"{type(err).__name__}: {err}"
+        elif dur < self._min_ns:
+            flags |= FLAG_DROPPED
+        self.log.append(
+            (rec.op, status, rec.dtype, flags, rec.group, rec.peer, rec.seq, rec.in_bytes, rec.out_bytes,
+             rec.start_ns, dur, rec.step, error, rec.meta)
+        )
+
+    def _resolve_device(self) -> None:
+        pending = self._device_pending
+        for _ in range(len(pending)):
+            rec = pending.popleft()
+            try:
+                if rec.end_event.query():
+                    dur = int(rec.start_event.elapsed_time(rec.end_event) * 1e6)
+                    self._complete(rec, 0, None, dur=dur)
+                else:
+                    pending.append(rec)
+            except Exception as e:
+                self._internal_error(e)
+
+    def _begin_composite(self, label: str, group: Any, peer: int, metadata: dict[str, Any] | None = None) -> _Rec | None:
+        import torch.distributed as dist
+
+        if group is None:
+            group = dist.distributed_c10d._get_default_group()
+        gidx, _gsize, _crc, _ranks, _ = self._group(group)
+        if label in P2P_OPS:
+            key = (gidx, peer, 0 if label.startswith("send") else 1)
+            seq = self._p2p_seq.get(key, 0)
+            self._p2p_seq[key] = seq + 1
+        else:
+            seq = self._seq.get(gidx, 0)
+            self._seq[gidx] = seq + 1
+        if self.config.ops is not None and label not in self.config.ops:
+            return None
+        rec = _Rec()
+        rec.op = self.log.op_code(label)
+        rec.op_name = label
+        rec.group = gidx
+        rec.peer = peer
+        rec.seq = seq
+        rec.in_bytes = 0
+        rec.out_bytes = 0
+        rec.dtype = self.log.dtype_code("object" if label.endswith(("object", "object_list")) else "none")
+        rec.flags = 0
+        rec.step = self.step
+        rec.meta = dict(metadata or {})
+        rec.meta["c10d_ops"] = 0
+        rec.composite = True
+        rec.start_event = None
+        rec.end_event = None
+        rec.thread = threading.get_ident()
+        self._token += 1
+        rec.token = self._token
+        self._inflight[rec.token] = rec
+        rec.t0 = time.perf_counter_ns()
+        rec.start_ns = rec.t0 + self._wall_offset
+        self._stack().append(rec)
+        return rec
+
+    def _finish_composite(self, rec: _Rec) -> None:
+        try:
+            stack = self._stack()
+            if stack and stack[-1] is rec:
+                stack.pop()
+            self._complete(rec, time.perf_counter_ns(), None)
+        except Exception as e:
+            self._internal_error(e)
+
+    # -- helpers ------------------------------------------------------------------------------
+    def _on_flush(self, chunk: np.ndarray) -> None:
+        self._fold(self.acc, chunk)
+
+    def _group_size(self, g: int) -> int:
+        return self.log.groups[g].size if g < len(self.log.groups) else 1
+
+    def _group_name(self, g: int) -> str:
+        return self.log.groups[g].name if g < len(self.log.groups) else str(g)
+
+    def _fold(self, acc: Accumulator, chunk: np.ndarray) -> None:
+        acc.add_chunk(chunk, max(self.rank, 0), self.log.op_name, self._group_name, self._group_size)
+
+    def _exact_samples(self, arr: np.ndarray) -> dict[Key, np.ndarray]:
+        if len(arr) == 0:
+            return {}
+        sizes = np.array([self._group_size(g) for g in range(len(self.log.groups) or 1)], dtype=np.int64)[arr["group"]]
+        buckets = size_bucket_array(nccl_tests_size_array(arr["op"], arr["in_bytes"], arr["out_bytes"], sizes))
+        keys = np.stack([arr["op"].astype(np.int64), arr["group"].astype(np.int64), buckets], axis=1)
+        uniq, inverse = np.unique(keys, axis=0, return_inverse=True)
+        inverse = inverse.reshape(-1)
+        rank = max(self.rank, 0)
+        out: dict[Key, np.ndarray] = {}
+        dur = arr["duration_ns"]
+        for k, (opc, g, b) in enumerate(uniq.tolist()):
+            out[(rank, self.log.op_name(opc), self._group_name(g), int(b))] = dur[(inverse == k) & (dur >= 0)]
+        return out
+
+    def _to_events(self, arr: np.ndarray, ids: np.ndarray) -> list[CommEvent]:
+        if len(arr) == 0:
+            return []
+        groups = self.log.groups
+        sizes = np.array([g.size for g in groups] or [1], dtype=np.int64)[arr["group"]]
+        alg, bus = bandwidth_arrays(arr["op"], arr["in_bytes"], arr["out_bytes"], arr["duration_ns"], sizes)
+        rank = max(self._ensure_rank(), 0)
+        ws = self.world_size if self.world_size > 0 else 1
+        out = []
+        for i, row in enumerate(arr.tolist()):
+            opc, status, dtype, flags, g, peer, seq, in_b, out_b, start, dur, step = row
+            gi = groups[g]
+            eid = int(ids[i])
+            out.append(
+                CommEvent(
+                    op=self.log.op_name(opc),
+                    rank=rank,
+                    world_size=ws,
+                    group_name=gi.name,
+                    group_desc=gi.desc,
+                    group_ranks=gi.ranks,
+                    seq=seq,
+                    dtype=self.log.dtypes[dtype] if dtype < len(self.log.dtypes) else "",
+                    in_bytes=in_b,
+                    out_bytes=out_b,
+                    start_ns=start,
+                    duration_ns=dur,
+                    algbw_gbps=float(alg[i]),
+                    busbw_gbps=float(bus[i]),
+                    status=STATUS_NAMES[status],
+                    error=self.log.errors.get(eid, ""),
+                    metadata=self.log.metadata.get(eid) or {},
+                    peer=peer,
+                    step=step,
+                    async_op=bool(flags & FLAG_ASYNC),
+                )
+            )
+        return out
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, (np.integer,)):
+        return int(o)
+    if isinstance(o, (np.floating,)):
+        return float(o)
+    if isinstance(o, (set, frozenset, tuple)):
+        return list(o)
+    return str(o)
+
+
+__all__ = ["EVENT_DTYPE", "CommProfiler", "InflightOp"]

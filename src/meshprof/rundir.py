@@ -1,0 +1,200 @@
+"""Files on disk: atomic writes (a crash never leaves half a file)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> Path:
+    """Write ``data`` to ``path`` through a temporary file in the same folder and a rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return path
+
+
+def atomic_write_text(path: Path, text: str) -> Path:
+    return atomic_write_bytes(path, text.encode("utf-8"))
+
+
+# --------------------------------------------------------------------------------------------
+# The run directory
+#
+#   DIR/manifest.json          written by the launcher (or rank 0): see Manifest
+#   DIR/rank00000.npz ...      one file per rank: see RankData
+#   DIR/traces/                torch.profiler traces (optional)
+#   DIR/hang/                  watchdog dumps (optional)
+#
+# A rank file is a numpy .npz archive (loaded with allow_pickle=False: never unpickled):
+#   events   EVENT_DTYPE rows (collectives), oldest first
+#   spans    SPAN_DTYPE rows (steps and phases)
+#   memory   MEMORY_DTYPE rows (one per step)
+#   meta     uint8 array holding UTF-8 JSON: rank, world_size, hostname, pid, versions, the
+#            tables that name the codes (groups, dtypes, op labels, span names), errors and
+#            metadata keyed by event index, exact statistics (Accumulator.to_dict), clock
+#            sync samples, layout, monitor settings.
+# --------------------------------------------------------------------------------------------
+
+import json as _json
+import re as _re
+from dataclasses import dataclass as _dataclass
+from dataclasses import field as _field
+from typing import Any as _Any
+
+import numpy as _np
+
+from meshprof.errors import MeshprofError
+from meshprof.events import EVENT_DTYPE, MEMORY_DTYPE, SPAN_DTYPE
+
+RUN_FORMAT = "meshprof-run/1"
+MANIFEST = "manifest.json"
+_RANK_RE = _re.compile(r"^rank(\d+)\.npz$")
+
+
+def rank_file(run_dir: Path, rank: int) -> Path:
+    return Path(run_dir) / f"rank{rank:05d}.npz"
+
+
+@_dataclass(slots=True)
+class RankData:
+    """Everything one rank recorded, as loaded from (or about to be written to) its file."""
+
+    rank: int
+    events: _np.ndarray
+    spans: _np.ndarray
+    memory: _np.ndarray
+    meta: dict[str, _Any] = _field(default_factory=dict)
+
+    @property
+    def world_size(self) -> int:
+        return int(self.meta.get("world_size", -1))
+
+    @property
+    def groups(self) -> list[dict[str, _Any]]:
+        """[{name, desc, ranks, backend}] indexed by the events' ``group`` code."""
+        return list(self.meta.get("groups", []))
+
+    @property
+    def dtypes(self) -> list[str]:
+        return list(self.meta.get("dtypes", []))
+
+    @property
+    def labels(self) -> list[str]:
+        """Custom op labels; op code CUSTOM_BASE + i names labels[i]."""
+        return list(self.meta.get("labels", []))
+
+    @property
+    def span_names(self) -> list[str]:
+        return list(self.meta.get("span_names", []))
+
+    def op_name(self, code: int) -> str:
+        from meshprof.events import CUSTOM_BASE, OP_NAMES
+
+        return self.labels[code - CUSTOM_BASE] if code >= CUSTOM_BASE else OP_NAMES[code]
+
+
+def write_rank_file(run_dir: Path, data: RankData) -> Path:
+    """Write one rank's file atomically (temporary file + rename)."""
+    import io
+
+    buf = io.BytesIO()
+    meta = _json.dumps(data.meta, default=str).encode("utf-8")
+    _np.savez(
+        buf,
+        events=_np.ascontiguousarray(data.events, dtype=EVENT_DTYPE),
+        spans=_np.ascontiguousarray(data.spans, dtype=SPAN_DTYPE),
+        memory=_np.ascontiguousarray(data.memory, dtype=MEMORY_DTYPE),
+        meta=_np.frombuffer(meta, dtype=_np.uint8),
+    )
+    return atomic_write_bytes(rank_file(run_dir, data.rank), buf.getvalue())
+
+
+def load_rank_file(path: Path) -> RankData:
+    """Load one rank file; a damaged or foreign file raises :class:`MeshprofError`."""
+    import zipfile
+
+    m = _RANK_RE.match(Path(path).name)
+    try:
+        with _np.load(path, allow_pickle=False) as z:
+            events = z["events"]
+            spans = z["spans"]
+            memory = z["memory"]
+            meta = _json.loads(bytes(z["meta"]).decode("utf-8"))
+    except FileNotFoundError:
+        raise MeshprofError(f"{path}: no such file") from None
+    except (zipfile.BadZipFile, ValueError, KeyError, OSError, EOFError, UnicodeDecodeError) as e:
+        raise MeshprofError(f"{path}: damaged rank file ({type(e).__name__}: {e})") from None
+    if events.dtype != EVENT_DTYPE or spans.dtype != SPAN_DTYPE or memory.dtype != MEMORY_DTYPE:
+        raise MeshprofError(f"{path}: rank file of another meshprof format (column layout differs)")
+    rank = int(meta.get("rank", int(m.group(1)) if m else -1))
+    return RankData(rank=rank, events=events, spans=spans, memory=memory, meta=meta)
+
+
+@_dataclass(slots=True)
+class LoadedRun:
+    """A run directory: its manifest, the ranks that loaded, and the ones that did not."""
+
+    path: Path
+    manifest: dict[str, _Any]
+    ranks: dict[int, RankData]
+    problems: dict[int, str]
+    """rank -> why it is missing or damaged (ranks expected from the manifest's world size)."""
+    world_size: int
+
+
+def write_manifest(run_dir: Path, manifest: dict[str, _Any]) -> Path:
+    manifest = {"format": RUN_FORMAT, **manifest}
+    return atomic_write_text(Path(run_dir) / MANIFEST, _json.dumps(manifest, indent=2, default=str))
+
+
+def load_run(run_dir: Path) -> LoadedRun:
+    """Load every rank file of a run directory. Missing or damaged ranks are listed in
+    ``problems``; the rest still load. No usable rank at all raises :class:`MeshprofError`."""
+    run_dir = Path(run_dir)
+    if not run_dir.exists():
+        raise MeshprofError(f"{run_dir}: no such directory")
+    if not run_dir.is_dir():
+        raise MeshprofError(f"{run_dir}: not a directory (expected a meshprof run directory)")
+    manifest: dict[str, _Any] = {}
+    mpath = run_dir / MANIFEST
+    if mpath.exists():
+        try:
+            manifest = _json.loads(mpath.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as e:
+            raise MeshprofError(f"{mpath}: damaged manifest ({e})") from None
+    ranks: dict[int, RankData] = {}
+    problems: dict[int, str] = {}
+    for f in sorted(run_dir.iterdir()):
+        mm = _RANK_RE.match(f.name)
+        if not mm:
+            continue
+        r = int(mm.group(1))
+        try:
+            ranks[r] = load_rank_file(f)
+        except MeshprofError as e:
+            problems[r] = str(e)
+    world = int(manifest.get("world_size") or 0)
+    for rd in ranks.values():
+        world = max(world, rd.world_size)
+    world = max(world, max(list(ranks) + list(problems), default=-1) + 1)
+    for r in range(world):
+        if r not in ranks and r not in problems:
+            problems[r] = f"{rank_file(run_dir, r).name}: missing"
+    if not ranks:
+        detail = "; ".join(problems.values()) if problems else "no rank files (rank*.npz)"
+        raise MeshprofError(f"{run_dir}: no usable rank file ({detail})")
+    return LoadedRun(path=run_dir, manifest=manifest, ranks=ranks, problems=problems, world_size=world)

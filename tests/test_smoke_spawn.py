@@ -1,0 +1,19 @@
+import time
+
+from meshprof.tools.spawn import run_ranks
+
+
+def _ar(rank, ws):
+    import torch
+    import torch.distributed as dist
+
+    t = torch.ones(3) * (rank + 1)
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+def test_run_ranks_all_reduce():
+    t0 = time.time()
+    out = run_ranks(_ar, 2, timeout=60)
+    assert out == [[3.0] * 3, [3.0] * 3]
+    print("took", time.time() - t0)
