@@ -5,10 +5,16 @@ from meshprof.api import disable, enable, get_profiler, profile, reset
 from meshprof.config import ProfilerConfig
 from meshprof.errors import MeshprofError
 from meshprof.events import CommEvent, GroupInfo, OpType
+from meshprof.monitor import Bottleneck, BottleneckThresholds, StepAnalysis, StepMonitor
 from meshprof.profiler import CommProfiler
 from meshprof.stats import OpStats, StatsReport
+from meshprof.tools.logs import setup_logging
 
 __all__ = [
+    "Bottleneck",
+    "BottleneckThresholds",
+    "StepAnalysis",
+    "StepMonitor",
     "CommEvent",
     "CommProfiler",
     "GroupInfo",
@@ -23,4 +29,5 @@ __all__ = [
     "get_profiler",
     "profile",
     "reset",
+    "setup_logging",
 ]

@@ -20,6 +20,11 @@ from meshprof.errors import MeshprofError
 COMMANDS: tuple[str, ...] = (
     "version",
     "summary",
+    "run",
+    "hang",
+    "report",
+    "bench",
+    "doctor",
 )
 
 

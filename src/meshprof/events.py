@@ -273,6 +273,7 @@ SPAN_DTYPE = np.dtype(
         ("duration_ns", np.int64),
         ("tokens", np.int64),  # steps only: tokens processed (0 when unknown)
         ("samples", np.int64),  # steps only: samples processed (0 when unknown)
+        ("cpu_ns", np.int64),  # CPU time of the recording thread inside the span (-1: unknown)
     ]
 )
 

@@ -10,6 +10,7 @@ synchronizing the host. Every failure inside meshprof is caught, counted and rep
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import socket
@@ -108,6 +109,7 @@ class _Poller:
         self._items: deque[tuple[Any, _Rec]] = deque()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
+        self._start_lock = threading.Lock()
         self._stop = False
 
     def add(self, work: Any, rec: _Rec) -> None:
@@ -116,8 +118,11 @@ class _Poller:
             return
         self._items.append((work, rec))
         if self._thread is None or not self._thread.is_alive():
-            self._thread = threading.Thread(target=self._run, name="meshprof-poller", daemon=True)
-            self._thread.start()
+            with self._start_lock:  # several issuing threads must not start two pollers
+                if self._thread is None or not self._thread.is_alive():
+                    self._stop = False
+                    self._thread = threading.Thread(target=self._run, name="meshprof-poller", daemon=True)
+                    self._thread.start()
         self._wake.set()
 
     def _wait(self, work: Any, rec: _Rec) -> None:
@@ -133,29 +138,43 @@ class _Poller:
         self._wake.set()
 
     def _run(self) -> None:
-        while not self._stop:
+        # Poll every 0.1 ms while works complete, backing off to 1 ms while they do not (a
+        # pipeline stage can wait on a recv for a long time; polling must not steal its CPU).
+        # Pending works are drained even after stop(), so no recorded op is lost.
+        delay = 0.0001
+        while not self._stop or self._items:
             if not self._items:
                 self._wake.wait(0.5)
                 self._wake.clear()
+                delay = 0.0001
                 continue
+            progressed = False
             for _ in range(len(self._items)):
-                work, rec = self._items.popleft()
+                try:
+                    work, rec = self._items.popleft()
+                except IndexError:
+                    break
                 try:
                     completed = work.is_completed()
                 except Exception:
                     completed = True
-                if completed:
-                    err: BaseException | None = None
-                    try:
-                        exc = work.exception()
-                        if exc is not None:
-                            err = exc if isinstance(exc, BaseException) else RuntimeError(str(exc))
-                    except Exception:
-                        pass
-                    self._done(rec, time.perf_counter_ns(), err)
-                else:
+                if not completed:
                     self._items.append((work, rec))
-            time.sleep(0.0001)
+                    continue
+                progressed = True
+                err: BaseException | None = None
+                try:
+                    exc = work.exception()
+                    if exc is not None:
+                        err = exc if isinstance(exc, BaseException) else RuntimeError(str(exc))
+                except Exception:
+                    pass
+                try:
+                    self._done(rec, time.perf_counter_ns(), err)
+                except Exception:
+                    pass  # _complete reports its own errors; the poller must survive
+            delay = 0.0001 if progressed else min(delay * 2, 0.001)
+            time.sleep(delay)
 
 
 class CommProfiler:
@@ -181,7 +200,7 @@ class CommProfiler:
         self._seq: dict[int, int] = {}
         self._p2p_seq: dict[tuple[int, int, int], int] = {}
         self._inflight: dict[int, _Rec] = {}
-        self._token = 0
+        self._tokens = itertools.count(1)  # next() is atomic under the GIL
         self._tls = threading.local()
         self._poller = _Poller(self._complete)
         self._device_pending: deque[_Rec] = deque()
@@ -408,9 +427,11 @@ class CommProfiler:
         pg = _PG.unbox(args[spec.pg])
         gidx, gsize, crc, ranks, _ = self._group(pg)
         peer = -1
-        if spec.peer_arg is not None:
-            peer_local = int(args[spec.peer_arg])
-            peer = ranks[peer_local] if 0 <= peer_local < len(ranks) else peer_local
+        if spec.p2p:
+            if spec.peer_arg is not None:
+                peer_local = int(args[spec.peer_arg])
+                peer = ranks[peer_local] if 0 <= peer_local < len(ranks) else peer_local
+            # recv from any source counts on its own (peer -1) so group seqs stay aligned
             key = (gidx, peer, 0 if spec.op == "send" else 1)
             seq = self._p2p_seq.get(key, 0)
             self._p2p_seq[key] = seq + 1
@@ -444,8 +465,7 @@ class CommProfiler:
         rec.start_event = None
         rec.end_event = None
         rec.thread = threading.get_ident()
-        self._token += 1
-        rec.token = self._token
+        rec.token = next(self._tokens)
         if t is not None and t.is_cuda and cfg.device_timing:
             rec.start_event = torch.cuda.Event(enable_timing=True)
             rec.start_event.record()
@@ -563,8 +583,7 @@ class CommProfiler:
         rec.start_event = None
         rec.end_event = None
         rec.thread = threading.get_ident()
-        self._token += 1
-        rec.token = self._token
+        rec.token = next(self._tokens)
         self._inflight[rec.token] = rec
         rec.t0 = time.perf_counter_ns()
         rec.start_ns = rec.t0 + self._wall_offset

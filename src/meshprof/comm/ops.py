@@ -9,7 +9,7 @@ ends in one of these ``c10d::`` operators. Their argument layout comes from the 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -56,6 +56,11 @@ class OpSpec:
     """Argument index of the peer's group rank (send/recv)."""
     coalesced: bool = False
     """The op carries several tensors issued as one collective."""
+    p2p: bool = field(init=False)
+    """A point-to-point op: numbered per peer pair and direction, not per group (derived)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "p2p", self.op in ("send", "recv"))
 
 
 SPECS: tuple[OpSpec, ...] = (

@@ -1,0 +1,563 @@
+"""The cross-rank report: one pure function from a loaded run to a :class:`RunReport`.
+
+Steps, in order: flatten events (:mod:`.table`), align clocks (:mod:`.clock`), match collectives
+(:mod:`.match`), score stragglers (:mod:`.stragglers`), then the per-rank table, memory imbalance,
+communication share by parallelism dimension, latency/bandwidth by message size, a timeline
+excerpt, and findings. ``bottlenecks`` (from :mod:`meshprof.monitor`) are carried through as given.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from meshprof.analyze.clock import ClockAlignment, align_clocks
+from meshprof.analyze.match import CollectiveMatch, MatchSummary, match_collectives, summarize_match
+from meshprof.analyze.stragglers import (
+    DEFAULT_THRESHOLD,
+    StragglerReport,
+    _union,
+    covered_ns,
+    find_stragglers,
+)
+from meshprof.analyze.table import EventTable, GroupRef, build_event_table
+from meshprof.events import bandwidth_arrays, size_bucket_array
+from meshprof.rundir import LoadedRun
+
+MEMORY_IMBALANCE_THRESHOLD = 0.10
+"""Peak memory above the median rank by more than this fraction is reported as a finding."""
+
+
+@dataclass(frozen=True, slots=True)
+class RankRow:
+    """One line of the per-rank table (means over the rank's steps)."""
+
+    rank: int
+    """Global rank."""
+    host: str
+    """Hostname the rank ran on."""
+    steps: int
+    """Steps recorded."""
+    step_ns: float
+    """Mean step time (ns); NaN without steps."""
+    compute_ns: float
+    """Mean compute time per step (ns)."""
+    comm_share: float
+    """Communication time / step time (fraction)."""
+    wait_share: float
+    """Waiting time in collectives / step time (fraction)."""
+    peak_memory_bytes: int
+    """Peak memory: device peak where recorded, else host RSS; -1 when not sampled."""
+    score: float
+    """Straggler score."""
+    last_share: float
+    """Fraction of its collectives it arrived at last."""
+    events: int
+    """Completed collectives and send/recv recorded."""
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryImbalance:
+    """Peak memory across ranks."""
+
+    max_rank: int
+    """Rank with the highest peak (-1 when nothing was sampled)."""
+    max_bytes: int
+    """Its peak (bytes)."""
+    median_bytes: int
+    """Median peak across ranks (bytes)."""
+    imbalance: float
+    """max / median − 1 (fraction)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SizeRow:
+    """Collective latency and bandwidth for one op and power-of-two message-size bucket."""
+
+    op: str
+    """Op name."""
+    size_bucket: int
+    """Smallest 2**k ≥ the nccl-tests size S (bytes)."""
+    count: int
+    """Events (all ranks)."""
+    p50_ns: float
+    """Median duration (ns)."""
+    p95_ns: float
+    """95th-percentile duration (ns)."""
+    algbw_gbps: float
+    """Median algorithm bandwidth (GB/s = 1e9 B/s)."""
+    busbw_gbps: float
+    """Median bus bandwidth (GB/s)."""
+
+
+@dataclass(frozen=True, slots=True)
+class GroupRow:
+    """Matching statistics for one process group."""
+
+    name: str
+    """Group name."""
+    desc: str
+    """Group description."""
+    dimension: str
+    """Parallelism dimension."""
+    size: int
+    """Members."""
+    collectives: int
+    """Matched collectives."""
+    incomplete: int
+    """Collectives some member did not record."""
+    skew_p50_ns: float
+    """Median arrival skew (ns)."""
+    skew_max_ns: float
+    """Largest arrival skew (ns)."""
+    wait_ns: int
+    """Total wait of all members (ns)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """A conclusion with the numbers that support it."""
+
+    kind: str
+    """"straggler", "memory_imbalance", "missing_rank", "clock", "incomplete"."""
+    severity: str
+    """"warning" or "info"."""
+    title: str
+    """One line for people."""
+    evidence: dict[str, Any] = field(default_factory=dict)
+    """The figures behind it (ns, bytes, fractions)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TimelineItem:
+    """One bar of the timeline excerpt (aligned clock, ns)."""
+
+    rank: int
+    """Global rank."""
+    track: str
+    """"step", "phase" or "comm"."""
+    label: str
+    """Step number, phase name or op@group."""
+    start_ns: int
+    """Aligned start, relative to the excerpt's start."""
+    duration_ns: int
+    """Duration."""
+
+
+@dataclass(frozen=True, slots=True)
+class RunReport:
+    """Everything ``meshprof report`` shows."""
+
+    path: str
+    """Run directory."""
+    world_size: int
+    """Ranks expected."""
+    loaded_ranks: tuple[int, ...]
+    """Ranks whose file loaded."""
+    problems: tuple[tuple[int, str], ...]
+    """(rank, why) for missing or damaged rank files."""
+    metadata: dict[str, Any]
+    """Manifest fields (command, layout, ...)."""
+    groups: tuple[GroupRef, ...]
+    """Process groups of the run."""
+    clock: ClockAlignment
+    """Clock offsets and their uncertainty."""
+    match: MatchSummary
+    """Collective matching statistics."""
+    group_rows: tuple[GroupRow, ...]
+    """Matching statistics per group."""
+    stragglers: StragglerReport
+    """Per-step times, scores, stragglers."""
+    ranks: tuple[RankRow, ...]
+    """Per-rank table."""
+    memory: MemoryImbalance
+    """Peak memory imbalance."""
+    dimensions: tuple[str, ...]
+    """Columns of :attr:`comm_share_by_dim`."""
+    comm_share_by_dim: np.ndarray
+    """float [rank, dimension]: communication time in that dimension's groups / step time."""
+    by_size: tuple[SizeRow, ...]
+    """Latency and bandwidth by op and message size."""
+    timeline: tuple[TimelineItem, ...]
+    """A short excerpt of the merged timeline (two steps)."""
+    timeline_ns: int
+    """Length of the excerpt window (ns)."""
+    findings: tuple[Finding, ...]
+    """Conclusions drawn here (stragglers, memory, missing ranks, clock)."""
+    bottlenecks: tuple[dict[str, Any], ...] = ()
+    """Bottlenecks from the step monitor (:mod:`meshprof.monitor`), rendered as given."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (numpy arrays become nested lists, NaN becomes None)."""
+        s = self.stragglers
+        return _clean(
+            {
+                "summary": {
+                    "path": self.path,
+                    "world_size": self.world_size,
+                    "loaded_ranks": list(self.loaded_ranks),
+                    "steps": len(s.steps),
+                    "common_steps": len(s.common_steps),
+                    "stragglers": [x.rank for x in s.stragglers],
+                    "metadata": self.metadata,
+                    "findings": [dataclasses.asdict(f) for f in self.findings],
+                },
+                "problems": [{"rank": r, "reason": why} for r, why in self.problems],
+                "ranks": [dataclasses.asdict(r) for r in self.ranks],
+                "stragglers": {
+                    "threshold": s.threshold,
+                    "last_share_min": s.last_share_min,
+                    "note": s.note,
+                    "named": [dataclasses.asdict(x) for x in s.stragglers],
+                    "scores": [
+                        dataclasses.asdict(x) | {"last_share": x.last_share} for x in s.scores
+                    ],
+                    "phases": list(s.phases),
+                    "phase_ns": s.phase_ns.tolist(),
+                    "steps": list(s.steps),
+                    "step_ns": s.step_ns.tolist(),
+                },
+                "collectives": dataclasses.asdict(self.match)
+                | {"groups": [dataclasses.asdict(g) for g in self.group_rows]},
+                "clock": {
+                    "reference_rank": self.clock.reference_rank,
+                    "max_uncertainty_ns": self.clock.max_uncertainty_ns,
+                    "ranks": [dataclasses.asdict(c) for c in self.clock.ranks],
+                },
+                "memory": dataclasses.asdict(self.memory),
+                "comm_share_by_dimension": {
+                    "dimensions": list(self.dimensions),
+                    "ranks": list(s.ranks),
+                    "share": self.comm_share_by_dim.tolist(),
+                },
+                "by_size": [dataclasses.asdict(x) for x in self.by_size],
+                "bottlenecks": [dict(b) for b in self.bottlenecks],
+            }
+        )
+
+
+def _clean(o: Any) -> Any:
+    if isinstance(o, dict):
+        return {str(k): _clean(v) for k, v in o.items()}
+    if isinstance(o, list | tuple):
+        return [_clean(v) for v in o]
+    if isinstance(o, float | np.floating):
+        return None if not np.isfinite(o) else float(o)
+    if isinstance(o, np.integer):
+        return int(o)
+    return o
+
+
+def _peak(mem: np.ndarray) -> int:
+    if not len(mem):
+        return -1
+    dev = mem["peak"][mem["peak"] >= 0]
+    if len(dev) and (mem["allocated"] >= 0).any():
+        return int(dev.max())
+    for col in ("rss", "peak", "allocated"):
+        v = mem[col][mem[col] >= 0]
+        if len(v):
+            return int(v.max())
+    return -1
+
+
+def _by_size(table: EventTable) -> tuple[SizeRow, ...]:
+    if not len(table):
+        return ()
+    from meshprof.events import OP_CODES
+
+    codes = np.asarray([OP_CODES.get(o, OP_CODES["custom"]) for o in table.ops], dtype=np.int64)[
+        table.op
+    ]
+    alg, bus = bandwidth_arrays(
+        codes, table.size_bytes, table.size_bytes, table.duration_ns, table.group_size
+    )
+    bucket = size_bucket_array(table.size_bytes)
+    rows = []
+    for o in np.unique(table.op):
+        for b in np.unique(bucket[table.op == o]):
+            sel = (table.op == o) & (bucket == b)
+            d = table.duration_ns[sel]
+            rows.append(
+                SizeRow(
+                    table.ops[o],
+                    int(b),
+                    int(sel.sum()),
+                    float(np.median(d)),
+                    float(np.percentile(d, 95)),
+                    float(np.median(alg[sel])),
+                    float(np.median(bus[sel])),
+                )
+            )
+    return tuple(sorted(rows, key=lambda r: (r.op, r.size_bucket)))
+
+
+def _group_rows(table: EventTable, m: CollectiveMatch) -> tuple[GroupRow, ...]:
+    rows = []
+    skew = m.skew_ns
+    wait_by_coll = (
+        np.bincount(m.member_coll, weights=m.member_wait_ns, minlength=len(m))
+        if len(m)
+        else np.zeros(0)
+    )
+    for g, ref in enumerate(table.groups):
+        sel = m.gid == g
+        if not sel.any():
+            continue
+        ok = sel & (m.present >= 2)
+        rows.append(
+            GroupRow(
+                ref.name,
+                ref.desc,
+                ref.dimension,
+                len(ref.ranks),
+                int(sel.sum()),
+                int((sel & ~m.complete).sum()),
+                float(np.median(skew[ok])) if ok.any() else 0.0,
+                float(skew[ok].max()) if ok.any() else 0.0,
+                int(wait_by_coll[sel].sum()),
+            )
+        )
+    return tuple(rows)
+
+
+def _comm_by_dim(
+    run: LoadedRun, table: EventTable, s: StragglerReport
+) -> tuple[tuple[str, ...], np.ndarray]:
+    dims = tuple(
+        sorted(
+            {g.dimension for g in table.groups},
+            key=lambda d: ("dp", "tp", "pp").index(d) if d in ("dp", "tp", "pp") else 9,
+        )
+    )
+    out = np.zeros((len(s.ranks), len(dims)))
+    gdim = np.asarray([dims.index(g.dimension) for g in table.groups] or [0], dtype=np.int64)
+    for i, r in enumerate(s.ranks):
+        mine = table.rank == r
+        st = run.ranks[r].spans
+        st = st[st["kind"] == 0]
+        if len(st):
+            a = st["start_ns"].astype(np.int64)
+            b = a + st["duration_ns"].astype(np.int64)
+        elif mine.any():
+            a = np.asarray([table.start_ns[mine].min()])
+            b = np.asarray([table.end_ns[mine].max()])
+        else:
+            continue
+        total = float((b - a).sum())
+        for j in range(len(dims)):
+            sel = mine & (gdim[table.gid] == j)
+            us, ue = _union(table.start_ns[sel], table.end_ns[sel])
+            out[i, j] = float(covered_ns(us, ue, a, b).sum()) / total if total > 0 else 0.0
+    return dims, out
+
+
+def _timeline(
+    run: LoadedRun, table: EventTable, clock: ClockAlignment, s: StragglerReport
+) -> tuple[tuple[TimelineItem, ...], int]:
+    """Two steps from the middle of the run (or the first 50 ms of events without steps)."""
+    starts: list[int] = []
+    ends: list[int] = []
+    pick = s.common_steps or s.steps
+    chosen = set(pick[len(pick) // 2 : len(pick) // 2 + 2]) if pick else set()
+    for r in s.ranks:
+        sp = run.ranks[r].spans
+        st = sp[(sp["kind"] == 0) & np.isin(sp["step"], list(chosen))]
+        if len(st):
+            a = st["start_ns"].astype(np.int64) + clock.offset(r)
+            starts.append(int(a.min()))
+            ends.append(int((a + st["duration_ns"]).max()))
+    if starts:
+        w0, w1 = min(starts), max(ends)
+    elif len(table):
+        aligned = table.start_ns + np.asarray([clock.offset(int(r)) for r in table.rank])
+        w0 = int(aligned.min())
+        w1 = w0 + 50_000_000
+    else:
+        return (), 0
+    items: list[TimelineItem] = []
+    for r in s.ranks:
+        rd = run.ranks[r]
+        off = clock.offset(r)
+        names = rd.span_names
+        for row in rd.spans:
+            a = int(row["start_ns"]) + off
+            if a + int(row["duration_ns"]) < w0 or a > w1:
+                continue
+            kind = "step" if row["kind"] == 0 else "phase"
+            label = (
+                f"step {int(row['step'])}"
+                if kind == "step"
+                else (names[row["name"]] if row["name"] < len(names) else "?")
+            )
+            items.append(TimelineItem(r, kind, label, a - w0, int(row["duration_ns"])))
+        mine = np.nonzero(table.rank == r)[0]
+        a = table.start_ns[mine] + off
+        keep = mine[(a <= w1) & (a + table.duration_ns[mine] >= w0)][:400]
+        for k in keep:
+            g = table.groups[table.gid[k]]
+            items.append(
+                TimelineItem(
+                    r,
+                    "comm",
+                    f"{table.ops[table.op[k]]} {g.desc or g.name}",
+                    int(table.start_ns[k]) + off - w0,
+                    int(table.duration_ns[k]),
+                )
+            )
+    return tuple(items), w1 - w0
+
+
+def _findings(report_parts: dict[str, Any]) -> tuple[Finding, ...]:
+    out: list[Finding] = []
+    s: StragglerReport = report_parts["stragglers"]
+    for x in s.stragglers:
+        phase = f" in phase '{x.phase}'" if x.phase else ""
+        out.append(
+            Finding(
+                "straggler",
+                "warning",
+                f"rank {x.rank} is a straggler{phase}: {x.score:+.0%} compute vs the median rank, arrived last in {x.last_share:.0%} of its collectives",
+                dataclasses.asdict(x),
+            )
+        )
+    mem: MemoryImbalance = report_parts["memory"]
+    if mem.max_rank >= 0 and mem.imbalance > MEMORY_IMBALANCE_THRESHOLD:
+        out.append(
+            Finding(
+                "memory_imbalance",
+                "warning",
+                f"rank {mem.max_rank} peaks at {mem.imbalance:+.0%} memory vs the median rank",
+                dataclasses.asdict(mem),
+            )
+        )
+    for r, why in report_parts["problems"]:
+        out.append(
+            Finding(
+                "missing_rank",
+                "warning",
+                f"rank {r} not analyzed: {why}",
+                {"rank": r, "reason": why},
+            )
+        )
+    clock: ClockAlignment = report_parts["clock"]
+    for c in clock.ranks:
+        if c.method == "none":
+            out.append(
+                Finding(
+                    "clock",
+                    "warning",
+                    f"rank {c.rank}: clock not aligned (no timestamp exchange, no shared collective)",
+                    {"rank": c.rank},
+                )
+            )
+    ms: MatchSummary = report_parts["match"]
+    if ms.incomplete:
+        out.append(
+            Finding(
+                "incomplete",
+                "info",
+                f"{ms.incomplete} of {ms.collectives} collectives were not recorded by every member",
+                {"incomplete": ms.incomplete, "collectives": ms.collectives},
+            )
+        )
+    return tuple(out)
+
+
+def analyze_run(
+    run: LoadedRun,
+    *,
+    threshold: float = DEFAULT_THRESHOLD,
+    bottlenecks: tuple[dict[str, Any], ...] | list[dict[str, Any]] = (),
+) -> RunReport:
+    """Build the cross-rank report of a loaded run (pure: reads ``run``, returns data)."""
+    table = build_event_table(run)
+    clock = align_clocks(run, table)
+    m = match_collectives(table, clock)
+    s = find_stragglers(run, table, clock, m, threshold=threshold)
+    with np.errstate(all="ignore"):
+        step_mean = (
+            np.nanmean(np.where(np.isnan(s.step_ns), np.nan, s.step_ns), axis=1)
+            if s.steps
+            else np.full(len(s.ranks), np.nan)
+        )
+        comm_tot = np.nansum(s.comm_ns, axis=1)
+        wait_tot = np.nansum(s.wait_ns, axis=1)
+        step_tot = np.nansum(s.step_ns, axis=1)
+    rows = []
+    peaks = {}
+    for i, r in enumerate(s.ranks):
+        rd = run.ranks[r]
+        nsteps = int(np.sum(~np.isnan(s.step_ns[i]))) if s.steps else 0
+        peaks[r] = _peak(rd.memory)
+        sc = s.scores[i]
+        rows.append(
+            RankRow(
+                rank=r,
+                host=str(rd.meta.get("hostname", "")),
+                steps=nsteps,
+                step_ns=float(step_mean[i]) if nsteps else float("nan"),
+                compute_ns=float((step_tot[i] - comm_tot[i]) / nsteps) if nsteps else float("nan"),
+                comm_share=float(comm_tot[i] / step_tot[i])
+                if nsteps and step_tot[i] > 0
+                else float("nan"),
+                wait_share=float(wait_tot[i] / step_tot[i])
+                if nsteps and step_tot[i] > 0
+                else float("nan"),
+                peak_memory_bytes=peaks[r],
+                score=sc.score,
+                last_share=sc.last_share,
+                events=int(np.sum(table.rank == r)),
+            )
+        )
+    valid = {r: p for r, p in peaks.items() if p >= 0}
+    if valid:
+        mr = max(valid, key=lambda r: valid[r])
+        med = int(np.median(list(valid.values())))
+        memory = MemoryImbalance(mr, valid[mr], med, valid[mr] / med - 1 if med > 0 else 0.0)
+    else:
+        memory = MemoryImbalance(-1, -1, -1, 0.0)
+    dims, share = _comm_by_dim(run, table, s)
+    timeline, tl_ns = _timeline(run, table, clock, s)
+    problems = tuple(sorted(run.problems.items()))
+    ms = summarize_match(m)
+    findings = _findings(
+        {"stragglers": s, "memory": memory, "problems": problems, "clock": clock, "match": ms}
+    )
+    meta = {
+        k: v
+        for k, v in run.manifest.items()
+        if isinstance(v, str | int | float | bool | list | dict)
+    }
+    return RunReport(
+        path=str(run.path),
+        world_size=run.world_size,
+        loaded_ranks=tuple(sorted(run.ranks)),
+        problems=problems,
+        metadata=meta,
+        groups=table.groups,
+        clock=clock,
+        match=ms,
+        group_rows=_group_rows(table, m),
+        stragglers=s,
+        ranks=tuple(rows),
+        memory=memory,
+        dimensions=dims,
+        comm_share_by_dim=share,
+        by_size=_by_size(table),
+        timeline=timeline,
+        timeline_ns=tl_ns,
+        findings=findings,
+        bottlenecks=tuple(_as_dict(b) for b in bottlenecks),
+    )
+
+
+def _as_dict(b: Any) -> dict[str, Any]:
+    if dataclasses.is_dataclass(b) and not isinstance(b, type):
+        return dataclasses.asdict(b)
+    if hasattr(b, "to_dict"):
+        return dict(b.to_dict())
+    return dict(b)

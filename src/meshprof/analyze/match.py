@@ -1,0 +1,216 @@
+"""Match every collective across ranks and measure who waited for whom.
+
+Collectives (peer == -1) match by (group name, seq); send/recv match by
+(group name, src, dst, seq), where seq counts the messages of one (pair, direction) on each side.
+
+Definitions (all times on the aligned clock, ns):
+
+- arrival_i = the time rank i issued the collective;
+- completion_i = arrival_i + duration_i (about the same instant on every member of a
+  synchronizing collective);
+- skew = last arrival − first arrival;
+- the last rank is the one with the latest arrival (the one everybody waited for);
+- wait_i = last arrival − arrival_i, capped at rank i's own duration (a rank cannot have waited
+  longer than it spent in the collective; the cap also absorbs clock-alignment error).
+
+A collective is *complete* when every member of its group recorded it; incomplete ones (a missing
+rank file, sampling, ring-buffer eviction) are still matched among the members present, and counted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from meshprof.analyze.clock import ClockAlignment
+from meshprof.analyze.table import EventTable
+
+
+@dataclass(frozen=True, slots=True)
+class CollectiveMatch:
+    """Matched collectives (one row per (group, seq)) and their members (one row per rank)."""
+
+    gid: np.ndarray
+    """int32, per collective: run-wide group code (EventTable.groups)."""
+    seq: np.ndarray
+    """int64, per collective: sequence number in the group."""
+    op: np.ndarray
+    """int32, per collective: op code (EventTable.ops) of the first member."""
+    present: np.ndarray
+    """int32, per collective: members that recorded it."""
+    expected: np.ndarray
+    """int32, per collective: members of the group."""
+    first_arrival_ns: np.ndarray
+    """int64, per collective: earliest aligned arrival."""
+    last_arrival_ns: np.ndarray
+    """int64, per collective: latest aligned arrival."""
+    last_rank: np.ndarray
+    """int32, per collective: the rank that arrived last."""
+    size_bytes: np.ndarray
+    """int64, per collective: nccl-tests buffer size S (largest member's)."""
+    member_coll: np.ndarray
+    """int64, per member: row in the per-collective arrays."""
+    member_rank: np.ndarray
+    """int32, per member: rank."""
+    member_row: np.ndarray
+    """int64, per member: row in the EventTable."""
+    member_arrival_ns: np.ndarray
+    """int64, per member: aligned arrival."""
+    member_wait_ns: np.ndarray
+    """int64, per member: time waited for the last rank (see module docstring)."""
+    p2p_send_row: np.ndarray
+    """int64, per matched send/recv pair: EventTable row of the send."""
+    p2p_recv_row: np.ndarray
+    """int64, per matched pair: EventTable row of the recv."""
+    unmatched_p2p: int
+    """send/recv rows without a partner."""
+
+    @property
+    def skew_ns(self) -> np.ndarray:
+        return self.last_arrival_ns - self.first_arrival_ns
+
+    @property
+    def complete(self) -> np.ndarray:
+        return self.present >= self.expected
+
+    def __len__(self) -> int:
+        return len(self.gid)
+
+
+@dataclass(frozen=True, slots=True)
+class MatchSummary:
+    """Matching statistics for the report."""
+
+    collectives: int
+    """(group, seq) keys seen on at least one rank."""
+    complete: int
+    """Collectives recorded by every member of their group."""
+    incomplete: int
+    """Collectives some member did not record."""
+    p2p_pairs: int
+    """Matched send/recv pairs."""
+    unmatched_p2p: int
+    """send or recv rows without a partner."""
+    skew_p50_ns: int
+    """Median arrival skew over collectives with ≥ 2 members present (ns)."""
+    skew_p95_ns: int
+    """95th percentile of that skew (ns)."""
+    skew_max_ns: int
+    """Largest skew (ns)."""
+    total_wait_ns: int
+    """Sum of every member's wait (ns)."""
+
+
+def match_collectives(table: EventTable, clock: ClockAlignment) -> CollectiveMatch:
+    """Match the table's collectives and point-to-point messages across ranks."""
+    offsets = clock.offsets()
+    off = np.asarray(
+        [offsets.get(int(r), 0) for r in range(int(table.rank.max()) + 1)] if len(table) else [0],
+        dtype=np.int64,
+    )
+    arrival = table.start_ns + off[table.rank] if len(table) else table.start_ns
+    coll = np.nonzero(table.peer < 0)[0]
+    key = table.gid[coll].astype(np.int64) * (1 << 40) + table.seq[coll]
+    # sort by key then arrival: each collective's members are contiguous, the last one arrived last
+    order = np.lexsort((arrival[coll], key))
+    rows = coll[order]
+    k = key[order]
+    starts = np.nonzero(np.r_[True, k[1:] != k[:-1]])[0] if len(k) else np.zeros(0, dtype=np.int64)
+    ends = np.r_[starts[1:], len(k)].astype(np.int64)
+    member_coll = (
+        np.repeat(np.arange(len(starts)), ends - starts)
+        if len(starts)
+        else np.zeros(0, dtype=np.int64)
+    )
+    arr = arrival[rows]
+    first = arr[starts] if len(starts) else arr[:0]
+    last = arr[ends - 1] if len(starts) else arr[:0]
+    wait = np.minimum(last[member_coll] - arr, table.duration_ns[rows]) if len(rows) else arr[:0]
+    wait = np.maximum(wait, 0)
+    size = (
+        np.maximum.reduceat(table.size_bytes[rows], starts)
+        if len(starts)
+        else np.zeros(0, dtype=np.int64)
+    )
+    gid = table.gid[rows[starts]] if len(starts) else np.zeros(0, dtype=np.int32)
+    expected = np.asarray([len(table.groups[g].ranks) for g in gid], dtype=np.int32)
+    send_row, recv_row, unmatched = _match_p2p(table)
+    return CollectiveMatch(
+        gid=gid,
+        seq=table.seq[rows[starts]] if len(starts) else np.zeros(0, dtype=np.int64),
+        op=table.op[rows[starts]] if len(starts) else np.zeros(0, dtype=np.int32),
+        present=(ends - starts).astype(np.int32),
+        expected=expected,
+        first_arrival_ns=first.astype(np.int64),
+        last_arrival_ns=last.astype(np.int64),
+        last_rank=table.rank[rows[ends - 1]].astype(np.int32)
+        if len(starts)
+        else np.zeros(0, dtype=np.int32),
+        size_bytes=size.astype(np.int64),
+        member_coll=member_coll.astype(np.int64),
+        member_rank=table.rank[rows].astype(np.int32),
+        member_row=rows.astype(np.int64),
+        member_arrival_ns=arr.astype(np.int64),
+        member_wait_ns=wait.astype(np.int64),
+        p2p_send_row=send_row,
+        p2p_recv_row=recv_row,
+        unmatched_p2p=unmatched,
+    )
+
+
+def _match_p2p(table: EventTable) -> tuple[np.ndarray, np.ndarray, int]:
+    """Pair each send with its recv by (group, src, dst, seq)."""
+    p2p = np.nonzero(table.peer >= 0)[0]
+    names = table.ops
+    is_send = np.asarray([names[o].startswith("send") for o in table.op[p2p]], dtype=bool)
+    is_recv = np.asarray([names[o].startswith("recv") for o in table.op[p2p]], dtype=bool)
+    sends, recvs = p2p[is_send], p2p[is_recv]
+    send_keys = {
+        (int(table.gid[i]), int(table.rank[i]), int(table.peer[i]), int(table.seq[i])): int(i)
+        for i in sends
+    }
+    s_rows: list[int] = []
+    r_rows: list[int] = []
+    for i in recvs:
+        j = send_keys.pop(
+            (int(table.gid[i]), int(table.peer[i]), int(table.rank[i]), int(table.seq[i])), None
+        )
+        if j is not None:
+            s_rows.append(j)
+            r_rows.append(int(i))
+    unmatched = len(p2p) - 2 * len(s_rows)
+    return np.asarray(s_rows, dtype=np.int64), np.asarray(r_rows, dtype=np.int64), unmatched
+
+
+def summarize_match(m: CollectiveMatch) -> MatchSummary:
+    """Counts and skew percentiles of a :class:`CollectiveMatch`."""
+    multi = m.present >= 2
+    skew = m.skew_ns[multi]
+    pct = (lambda q: int(np.percentile(skew, q))) if len(skew) else (lambda q: 0)
+    return MatchSummary(
+        collectives=len(m),
+        complete=int(m.complete.sum()),
+        incomplete=int((~m.complete).sum()),
+        p2p_pairs=len(m.p2p_send_row),
+        unmatched_p2p=m.unmatched_p2p,
+        skew_p50_ns=pct(50),
+        skew_p95_ns=pct(95),
+        skew_max_ns=int(skew.max()) if len(skew) else 0,
+        total_wait_ns=int(m.member_wait_ns.sum()),
+    )
+
+
+def arrived_last_share(m: CollectiveMatch) -> dict[int, tuple[int, int]]:
+    """rank → (times it arrived last, collectives it took part in), over collectives with at
+    least 2 members present (an incomplete collective compares the members that recorded it, so a
+    missing rank file does not hide a straggler among the others)."""
+    multi = m.present >= 2
+    part = multi[m.member_coll]
+    ranks, counts = np.unique(m.member_rank[part], return_counts=True)
+    lr, lc = np.unique(m.last_rank[multi], return_counts=True)
+    last = dict(zip(lr.tolist(), lc.tolist(), strict=True))
+    return {
+        int(r): (int(last.get(int(r), 0)), int(c))
+        for r, c in zip(ranks.tolist(), counts.tolist(), strict=True)
+    }

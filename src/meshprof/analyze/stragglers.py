@@ -1,0 +1,252 @@
+"""Stragglers and imbalance: which rank is slow, and in which phase.
+
+Per step and rank (each rank's own clock; durations need no alignment):
+
+- step time = the step span's duration;
+- communication time = the part of the step covered by the rank's collectives and send/recv
+  (the union of their [issue, completion] intervals, so overlapping async ops count once);
+- compute time = step time − communication time (waiting for others is communication, so a rank
+  that waits is not blamed for it);
+- wait time = the sum of the rank's waits (see :mod:`meshprof.analyze.match`) in collectives
+  issued during the step.
+
+Per rank, compute_i = the median over the steps every loaded rank recorded (the median ignores a
+slow first step). The straggler score is ``compute_i / median_over_ranks(compute) − 1``.
+A rank is named a straggler when its score exceeds ``threshold`` (default 5 %), its excess compute
+exceeds ``min_excess_ns`` (default 50 µs, against timer noise), AND it arrived last in more than
+``last_share_min`` (default half) of the collectives it took part in. Its slow phase is the phase
+whose compute time (duration minus communication inside it, median over steps) exceeds the median
+of that phase across ranks by the most.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+
+from meshprof.analyze.clock import ClockAlignment
+from meshprof.analyze.match import CollectiveMatch, arrived_last_share
+from meshprof.analyze.table import EventTable
+from meshprof.rundir import LoadedRun
+
+DEFAULT_THRESHOLD = 0.05
+DEFAULT_LAST_SHARE = 0.5
+DEFAULT_MIN_EXCESS_NS = 50_000
+
+
+@dataclass(frozen=True, slots=True)
+class RankScore:
+    """One rank's place against the others."""
+
+    rank: int
+    """Global rank."""
+    compute_ns: float
+    """Median compute time per step (ns); NaN without steps."""
+    score: float
+    """compute / median(compute) − 1 (0.10 = 10 % more compute than the median rank)."""
+    arrived_last: int
+    """Collectives (≥ 2 members present) this rank arrived at last."""
+    collectives: int
+    """Collectives (≥ 2 members present) this rank took part in."""
+
+    @property
+    def last_share(self) -> float:
+        return self.arrived_last / self.collectives if self.collectives else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Straggler:
+    """A rank named slow, with the evidence."""
+
+    rank: int
+    """Global rank."""
+    score: float
+    """Straggler score (see module docstring)."""
+    excess_ns: float
+    """Compute time per step above the median rank (ns)."""
+    last_share: float
+    """Fraction of its collectives it arrived at last."""
+    phase: str
+    """The phase where it is slow ("" when no phase was recorded)."""
+    phase_excess_ns: float
+    """That phase's compute time above the phase's median across ranks (ns per step)."""
+    phase_median_ns: float
+    """The phase's median compute time across ranks (ns per step)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StragglerReport:
+    """Per-step, per-rank times and the stragglers found in them."""
+
+    ranks: tuple[int, ...]
+    """Rows of the matrices."""
+    steps: tuple[int, ...]
+    """Columns of the matrices: step numbers, sorted."""
+    step_ns: np.ndarray
+    """float [rank, step]: step time (ns), NaN where the rank has no such step."""
+    compute_ns: np.ndarray
+    """float [rank, step]: compute time (ns)."""
+    comm_ns: np.ndarray
+    """float [rank, step]: communication time (ns)."""
+    wait_ns: np.ndarray
+    """float [rank, step]: waiting time (ns)."""
+    common_steps: tuple[int, ...]
+    """Steps every loaded rank recorded (the ones scores use)."""
+    scores: tuple[RankScore, ...]
+    """One per rank, rank order."""
+    phases: tuple[str, ...]
+    """Phase names (columns of :attr:`phase_ns`)."""
+    phase_ns: np.ndarray
+    """float [rank, phase]: median compute time of the phase per step (ns), NaN if absent."""
+    stragglers: tuple[Straggler, ...]
+    """Ranks named slow, worst first; empty for a balanced run."""
+    threshold: float
+    """Score above which a rank may be named (fraction)."""
+    last_share_min: float
+    """Arrived-last share above which a rank may be named."""
+    note: str
+    """Why nothing could be scored, if so."""
+
+
+def _union(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Disjoint, sorted union of intervals."""
+    if not len(starts):
+        return starts, ends
+    o = np.argsort(starts, kind="stable")
+    s, e = starts[o], ends[o]
+    emax = np.maximum.accumulate(e)
+    new = np.r_[True, s[1:] > emax[:-1]]
+    idx = np.nonzero(new)[0]
+    return s[idx], np.maximum.reduceat(e, idx)
+
+
+def covered_ns(us: np.ndarray, ue: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Length of [a, b) covered by the disjoint sorted intervals (us, ue), per window."""
+    a = np.asarray(a, dtype=np.int64)
+    b = np.asarray(b, dtype=np.int64)
+    if not len(us):
+        return np.zeros(len(a), dtype=np.int64)
+    cum = np.r_[0, np.cumsum(ue - us)]
+    i = np.searchsorted(ue, a, side="right")
+    j = np.searchsorted(us, b, side="left")
+    has = j > i
+    ii, jj = np.minimum(i, len(us) - 1), np.maximum(j - 1, 0)
+    tot = cum[np.maximum(j, i)] - cum[i]
+    tot = (
+        tot
+        - np.where(has, np.maximum(a - us[ii], 0), 0)
+        - np.where(has, np.maximum(ue[jj] - b, 0), 0)
+    )
+    return np.maximum(tot, 0)
+
+
+def find_stragglers(
+    run: LoadedRun,
+    table: EventTable,
+    clock: ClockAlignment,
+    match: CollectiveMatch,
+    *,
+    threshold: float = DEFAULT_THRESHOLD,
+    last_share_min: float = DEFAULT_LAST_SHARE,
+    min_excess_ns: float = DEFAULT_MIN_EXCESS_NS,
+) -> StragglerReport:
+    """Per-step times, straggler scores and named stragglers (see the module docstring)."""
+    ranks = tuple(sorted(run.ranks))
+    step_sets = []
+    for r in ranks:
+        sp = run.ranks[r].spans
+        step_sets.append(set(sp["step"][sp["kind"] == 0].tolist()))
+    steps = tuple(sorted(set().union(*step_sets))) if step_sets else ()
+    common = tuple(sorted(set.intersection(*step_sets))) if step_sets else ()
+    scol = {s: i for i, s in enumerate(steps)}
+    shape = (len(ranks), len(steps))
+    step_ns, comm_ns, wait_ns = (np.full(shape, np.nan) for _ in range(3))
+    phase_names: list[str] = []
+    phase_vals: dict[tuple[int, str], list[float]] = {}
+    last = arrived_last_share(match)
+    for ri, r in enumerate(ranks):
+        rd = run.ranks[r]
+        mine = table.rank == r
+        us, ue = _union(table.start_ns[mine], table.end_ns[mine])
+        sp = rd.spans
+        st = sp[sp["kind"] == 0]
+        if len(st):
+            cols = [scol[int(s)] for s in st["step"]]
+            a = st["start_ns"].astype(np.int64)
+            b = a + st["duration_ns"].astype(np.int64)
+            step_ns[ri, cols] = st["duration_ns"]
+            comm_ns[ri, cols] = covered_ns(us, ue, a, b)
+            mm = match.member_rank == r
+            arr_local = match.member_arrival_ns[mm] - clock.offset(r)
+            o = np.argsort(arr_local)
+            arr_local, w = arr_local[o], match.member_wait_ns[mm][o]
+            cw = np.r_[0, np.cumsum(w)]
+            wait_ns[ri, cols] = (
+                cw[np.searchsorted(arr_local, b)] - cw[np.searchsorted(arr_local, a)]
+            )
+        ph = sp[sp["kind"] == 1]
+        if len(ph):
+            names = rd.span_names
+            pa = ph["start_ns"].astype(np.int64)
+            pc = ph["duration_ns"] - covered_ns(us, ue, pa, pa + ph["duration_ns"].astype(np.int64))
+            per: dict[tuple[str, int], float] = {}
+            for n, s, c in zip(ph["name"].tolist(), ph["step"].tolist(), pc.tolist(), strict=True):
+                name = names[n] if n < len(names) else f"#{n}"
+                per[(name, s)] = per.get((name, s), 0.0) + c
+            for (name, s), c in per.items():
+                if name not in phase_names:
+                    phase_names.append(name)
+                if not common or s in common:
+                    phase_vals.setdefault((r, name), []).append(c)
+    compute = step_ns - comm_ns
+    ccols = [scol[s] for s in common]
+    med_rank = np.median(compute[:, ccols], axis=1) if ccols else np.full(len(ranks), np.nan)
+    ref = float(np.median(med_rank)) if ccols else float("nan")
+    score = med_rank / ref - 1 if ccols and ref > 0 else np.zeros(len(ranks))
+    scores = tuple(
+        RankScore(r, float(med_rank[i]), float(score[i]), *last.get(r, (0, 0)))
+        for i, r in enumerate(ranks)
+    )
+    phase_ns = np.full((len(ranks), len(phase_names)), np.nan)
+    for (r, name), v in phase_vals.items():
+        phase_ns[ranks.index(r), phase_names.index(name)] = float(np.median(v))
+    stragglers = []
+    for i, s in enumerate(scores):
+        excess = s.compute_ns - ref if ccols else 0.0
+        if s.score > threshold and excess > min_excess_ns and s.last_share > last_share_min:
+            phase, pex, pmed = "", 0.0, 0.0
+            if phase_names:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", RuntimeWarning)
+                    med = np.nanmedian(phase_ns, axis=0)
+                ex = phase_ns[i] - med
+                if np.any(~np.isnan(ex)):
+                    j = int(np.nanargmax(ex))
+                    phase, pex, pmed = phase_names[j], float(ex[j]), float(med[j])
+            stragglers.append(
+                Straggler(s.rank, s.score, float(excess), s.last_share, phase, pex, pmed)
+            )
+    stragglers.sort(key=lambda x: -x.score)
+    note = (
+        ""
+        if ccols
+        else ("no step spans recorded" if not steps else "no step recorded by every rank")
+    )
+    return StragglerReport(
+        ranks=ranks,
+        steps=steps,
+        step_ns=step_ns,
+        compute_ns=compute,
+        comm_ns=comm_ns,
+        wait_ns=wait_ns,
+        common_steps=common,
+        scores=scores,
+        phases=tuple(phase_names),
+        phase_ns=phase_ns,
+        stragglers=tuple(stragglers),
+        threshold=threshold,
+        last_share_min=last_share_min,
+        note=note,
+    )

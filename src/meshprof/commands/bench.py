@@ -1,0 +1,112 @@
+"""``meshprof bench``: collective bandwidth like nccl-tests (under torchrun or ``--nproc N``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from meshprof.errors import MeshprofError
+from meshprof.rundir import atomic_write_text
+from meshprof.tools.bench import (
+    ALL_OPS,
+    DTYPES,
+    BenchConfig,
+    BenchResult,
+    parse_size,
+    plot_svg,
+    render_table,
+    run_bench_rank,
+    size_list,
+    to_csv,
+)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "bench",
+        help="measure collective bandwidth like nccl-tests",
+        description="Time collectives per op and size (busbw/algbw as nccl-tests defines them), check "
+        "their results, and print a table. Runs under torchrun (uses the job's ranks) or starts "
+        "--nproc local ranks itself (gloo on CPU, NCCL on CUDA).",
+    )
+    p.add_argument("--nproc", type=int, default=None, help="start this many local ranks (default 2 outside torchrun)")
+    p.add_argument("--backend", default=None, help="gloo or nccl (default: nccl with CUDA, else gloo)")
+    p.add_argument("--ops", default="all", help=f"comma-separated ops or 'all': {','.join(ALL_OPS)}")
+    p.add_argument("-b", "--minbytes", default="1K", help="smallest size (K/M/G suffixes), default 1K")
+    p.add_argument("-e", "--maxbytes", default="16M", help="largest size, default 16M")
+    p.add_argument("-f", "--stepfactor", type=float, default=4.0, help="size multiplication factor, default 4")
+    p.add_argument("-d", "--dtype", default="float32", choices=DTYPES)
+    p.add_argument("-w", "--warmup", type=int, default=5, help="warm-up iterations per size")
+    p.add_argument("-n", "--iters", type=int, default=20, help="timed iterations per size")
+    p.add_argument("--mode", choices=["both", "out-of-place", "in-place"], default="both")
+    p.add_argument("--no-check", action="store_true", help="skip the correctness check")
+    p.add_argument("--json", action="store_true", help="print the results as JSON")
+    p.add_argument("--csv", metavar="PATH", help="also write the rows as CSV")
+    p.add_argument("--plot", metavar="PATH.svg", help="also write busbw against size as an SVG")
+    p.add_argument("--timeout", type=float, default=600.0, help="give up after this many seconds (with --nproc)")
+    p.set_defaults(func=run)
+
+
+def config_from_args(args: argparse.Namespace) -> BenchConfig:
+    ops = ALL_OPS if args.ops.strip() == "all" else tuple(o.strip() for o in args.ops.split(",") if o.strip())
+    ops = tuple("sendrecv" if o in ("send", "recv", "send_recv", "send/recv") else o for o in ops)
+    sizes = size_list(parse_size(args.minbytes), parse_size(args.maxbytes), args.stepfactor)
+    modes = ("out-of-place", "in-place") if args.mode == "both" else (args.mode,)
+    return BenchConfig(ops=ops, sizes=tuple(sizes), dtype=args.dtype, warmup=args.warmup, iters=args.iters,
+                       check=not args.no_check, modes=modes)
+
+
+def _worker(rank: int, world_size: int, config: BenchConfig) -> BenchResult | None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+    return run_bench_rank(rank, world_size, config)
+
+
+def _under_torchrun() -> bool:
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ
+
+
+def run(args: argparse.Namespace) -> int:
+    config = config_from_args(args)
+    import torch
+
+    backend = args.backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    if args.nproc is None and _under_torchrun():
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            if backend == "nccl":
+                torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+            dist.init_process_group(backend)
+        result = run_bench_rank(dist.get_rank(), dist.get_world_size(), config)
+        if result is None:
+            return 0
+    else:
+        from meshprof.tools.spawn import WorkerError, run_ranks
+
+        nproc = 2 if args.nproc is None else args.nproc
+        if nproc < 1:
+            raise MeshprofError(f"--nproc {nproc}: need at least 1 rank")
+        try:
+            result = run_ranks(_worker, nproc, args=(config,), backend=backend, timeout=args.timeout)[0]
+        except (WorkerError, TimeoutError) as e:
+            print(f"meshprof bench: {e}", file=sys.stderr)
+            return 1
+    return _emit(result, args)
+
+
+def _emit(result: BenchResult, args: argparse.Namespace) -> int:
+    if args.csv:
+        atomic_write_text(Path(args.csv), to_csv(result))
+    if args.plot:
+        atomic_write_text(Path(args.plot), plot_svg(result))
+    if args.json:
+        print(json.dumps(result.to_dict()))
+    else:
+        print(render_table(result))
+    return 1 if any(r.wrong > 0 for r in result.rows) else 0

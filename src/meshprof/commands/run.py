@@ -1,0 +1,207 @@
+"""``meshprof run [options] (script.py | -m module) [args]``: profile an unmodified script under torchrun."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from meshprof.errors import MeshprofError
+from meshprof.launch import LaunchResult, RunOptions, launch
+
+#: torchrun options passed through as they are (name without the leading dashes).
+PASSTHROUGH = (
+    "rdzv-backend",
+    "rdzv-endpoint",
+    "rdzv-id",
+    "rdzv-conf",
+    "master-addr",
+    "master-port",
+    "max-restarts",
+    "monitor-interval",
+    "local-addr",
+    "log-dir",
+    "redirects",
+    "tee",
+)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "run",
+        help="run a training script under torchrun with meshprof on in every worker",
+        description="Run an unmodified training script under torchrun (torch.distributed.run) with "
+        "the collective recorder, the step monitor (steps detected from optimizer steps) and the "
+        "per-rank writer on in every worker; write a run directory and print its summary. "
+        "Options go before the script; everything after it is the script's.",
+    )
+    p.add_argument("-o", "--output", metavar="DIR", help="run directory (default ./meshprof-runs/<rdzv id or timestamp>)")
+    p.add_argument("--nproc-per-node", "--nproc_per_node", default="1", help="workers per node: N, gpu, cpu or auto (default 1)")
+    p.add_argument("--nnodes", default="1", help="nodes: N or MIN:MAX (default 1)")
+    p.add_argument("--node-rank", "--node_rank", default="0", help="this node's rank (default 0)")
+    p.add_argument("--standalone", action="store_true", default=None, help="single-node rendezvous on a free port (the default for one node)")
+    for name in PASSTHROUGH:
+        p.add_argument(f"--{name}", f"--{name.replace('-', '_')}", dest=f"tr_{name.replace('-', '_')}", metavar="VALUE", help=argparse.SUPPRESS)
+    p.add_argument("--flush-interval", default="30", metavar="SECONDS", help="seconds between periodic writes of the rank files (default 30)")
+    p.add_argument("--hang-timeout", default="300", metavar="SECONDS", help="watchdog: a collective in flight this long is a hang (default 300; 0 turns it off)")
+    p.add_argument("--hang-action", default="kill", help="after a hang dump: kill (end the job, exit non-zero) or wait (default kill)")
+    p.add_argument("--step-detect", default="optimizer", help="automatic step detection: optimizer or off (default optimizer)")
+    p.add_argument("--max-events", default=None, metavar="N", help="per-rank ring-buffer capacity of the recorder")
+    p.add_argument("--json", action="store_true", help="print the result (run dir, exit code, manifest, statistics) as JSON")
+    p.add_argument("--no-summary", action="store_true", help="do not print the summary at the end")
+    p.add_argument("-m", dest="module", nargs=argparse.REMAINDER, metavar="MODULE ...", help="run a module (as python -m) instead of a script")
+    p.add_argument("target", nargs=argparse.REMAINDER, metavar="script.py [args]", help="the training script and its arguments")
+    p.set_defaults(func=run)
+
+
+def _number(value: str, option: str, kind: type = float) -> Any:
+    try:
+        return kind(value)
+    except (TypeError, ValueError):
+        raise MeshprofError(f"{option} {value!r}: expected a number") from None
+
+
+def options_from_args(args: argparse.Namespace, argv: list[str] | None = None) -> RunOptions:
+    """Turn the parsed command line into validated :class:`RunOptions`."""
+    target = list(args.target or [])
+    if target and target[0] == "--":
+        target = target[1:]
+    module = None
+    script = None
+    if args.module is not None:
+        if not args.module:
+            raise MeshprofError("-m needs a module name (meshprof run [options] -m package.module [args])")
+        module, script_args = args.module[0], args.module[1:]
+    elif target:
+        if target[0].startswith("-"):
+            raise MeshprofError(f"{target[0]}: unknown option (options go before the script)")
+        script, script_args = target[0], target[1:]
+    else:
+        raise MeshprofError("no training script given (meshprof run [options] script.py [args], or -m module)")
+    torchrun = {name: getattr(args, f"tr_{name.replace('-', '_')}") for name in PASSTHROUGH}
+    return RunOptions(
+        script=script,
+        module=module,
+        args=script_args,
+        run_dir=Path(args.output) if args.output else None,
+        nproc_per_node=str(args.nproc_per_node),
+        nnodes=str(args.nnodes),
+        node_rank=_number(args.node_rank, "--node-rank", int),
+        torchrun={k: str(v) for k, v in torchrun.items() if v is not None},
+        standalone=args.standalone,
+        flush_interval_s=_number(args.flush_interval, "--flush-interval"),
+        hang_timeout_s=_number(args.hang_timeout, "--hang-timeout"),
+        hang_action=args.hang_action,
+        step_detect=args.step_detect,
+        max_events=_number(args.max_events, "--max-events", int) if args.max_events is not None else None,
+        command=["meshprof", *(argv if argv is not None else sys.argv[1:])],
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    opts = options_from_args(args)
+    result = launch(opts)
+    if result.hang is not None:
+        _print_hang(result)
+    if args.json:
+        print(json.dumps(run_result_dict(result)))
+    elif not args.no_summary:
+        try:
+            print_run_summary(result.run_dir)
+        except MeshprofError as e:
+            print(f"meshprof run: no summary: {e}", file=sys.stderr)
+    return result.exit_code
+
+
+def run_result_dict(result: LaunchResult) -> dict[str, Any]:
+    """The ``--json`` output: where the run is, how it ended, and its merged statistics."""
+    from meshprof.rundir import load_run
+
+    out: dict[str, Any] = {
+        "run_dir": str(result.run_dir),
+        "exit_code": result.exit_code,
+        "torchrun_exit_code": result.torchrun_exit_code,
+        "hang": result.hang,
+    }
+    try:
+        run_ = load_run(result.run_dir)
+        out["manifest"] = run_.manifest
+        out["ranks"] = _rank_rows(run_)
+        out["problems"] = {str(r): p for r, p in run_.problems.items()}
+        out["stats"] = _merged_stats(run_).to_dict()
+    except MeshprofError as e:
+        out["error"] = str(e)
+    return out
+
+
+def _print_hang(result: LaunchResult) -> None:
+    """The hang diagnosis, when the analysis module exists (``meshprof.analyze.hang``)."""
+    try:
+        from meshprof.analyze.hang import diagnose_hang  # type: ignore[import-not-found]
+    except ImportError:
+        hang = result.hang or {}
+        print(f"meshprof run: hang dumps in {result.run_dir / 'hang'}: {', '.join(hang.get('dumps', []))}", file=sys.stderr)
+        return
+    try:
+        print(diagnose_hang(result.run_dir / "hang"))
+    except Exception as e:
+        print(f"meshprof run: could not diagnose the hang: {type(e).__name__}: {e}", file=sys.stderr)
+
+
+def _rank_rows(run_: Any) -> list[dict[str, Any]]:
+    rows = []
+    for r, rd in sorted(run_.ranks.items()):
+        m = rd.meta
+        steps = int((rd.spans["kind"] == 0).sum()) if len(rd.spans) else int(m.get("steps_detected", 0))
+        rows.append(
+            {
+                "rank": r,
+                "hostname": m.get("hostname", ""),
+                "events": len(rd.events),
+                "total_events": int(m.get("total_events", len(rd.events))),
+                "steps": steps,
+                "exit": m.get("exit"),
+            }
+        )
+    return rows
+
+
+def _merged_stats(run_: Any) -> Any:
+    from meshprof.stats import Accumulator, compute_stats
+
+    acc: Accumulator | None = None
+    for _r, rd in sorted(run_.ranks.items()):
+        part = Accumulator.from_dict(rd.meta.get("stats") or {})
+        if acc is None:
+            acc = part
+        else:
+            acc.merge(part)
+    return compute_stats(acc or Accumulator(), None)
+
+
+def print_run_summary(run_dir: Path) -> None:
+    """Print the run's summary: one line per rank and the statistics merged over all ranks.
+
+    (The full cross-rank report is ``meshprof report DIR``.)"""
+    from rich.console import Console
+    from rich.table import Table
+
+    from meshprof.render.console import print_stats
+    from meshprof.rundir import load_run
+
+    run_ = load_run(run_dir)
+    console = Console()
+    m = run_.manifest
+    console.print(f"[bold]meshprof run[/]: {run_dir} — world size {run_.world_size}, exit code {m.get('exit_code')}, hosts {', '.join(m.get('hosts') or [])}")
+    t = Table(title="ranks", title_justify="left")
+    for col in ("rank", "host", "events", "steps", "exit"):
+        t.add_column(col, justify="left" if col in ("host", "exit") else "right")
+    for row in _rank_rows(run_):
+        ex = row["exit"] or {}
+        t.add_row(str(row["rank"]), row["hostname"], str(row["total_events"]), str(row["steps"]), f"{ex.get('how', '?')} {ex.get('code', '')}".strip())
+    console.print(t)
+    for r, why in sorted(run_.problems.items()):
+        console.print(f"[yellow]rank {r}: {why}[/]")
+    print_stats(_merged_stats(run_), console, header="all ranks")

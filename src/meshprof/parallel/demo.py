@@ -1,0 +1,115 @@
+"""The demo job: one rank of the 3D-parallel transformer, trained under the recorder.
+
+:func:`demo_worker` is what ``meshprof demo`` runs on every rank (through
+:func:`meshprof.tools.spawn.run_ranks`); it returns a picklable dict with the rank's losses and
+what the recorder saw, split by parallel dimension.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from meshprof.errors import MeshprofError
+from meshprof.parallel.config import ParallelConfig
+from meshprof.parallel.mapping import dimension_of_group
+from meshprof.parallel.model import ModelConfig
+
+DTYPES = ("float32", "float64", "bfloat16")
+
+
+@dataclass(frozen=True, slots=True)
+class DemoConfig:
+    """Everything the demo job needs besides the rank."""
+
+    parallel: ParallelConfig = field(default_factory=lambda: ParallelConfig(dp=2, pp=2))
+    """The layout (its world size is the number of ranks started)."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """The transformer's sizes."""
+    steps: int = 12
+    """Optimizer steps to run."""
+    seed: int = 0
+    """Seed of the weights and the synthetic tokens."""
+    lr: float = 1e-2
+    """AdamW learning rate."""
+    dtype: str = "float32"
+    """Parameter dtype: float32, float64 or bfloat16."""
+    device: str = "cpu"
+    """"cpu" (gloo) or "cuda" (NCCL, one GPU per rank)."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 1:
+            raise MeshprofError(f"steps={self.steps!r} must be a positive integer")
+        if not self.lr > 0:
+            raise MeshprofError(f"lr={self.lr!r} must be positive")
+        if self.dtype not in DTYPES:
+            raise MeshprofError(f"dtype={self.dtype!r} is not one of: {', '.join(DTYPES)}")
+        if self.device not in ("cpu", "cuda"):
+            raise MeshprofError(f"device={self.device!r} must be cpu or cuda")
+        m = self.model
+        self.parallel.validate(n_heads=m.n_heads, hidden=m.d_model, ffn_hidden=m.ffn_hidden)
+
+    @property
+    def world_size(self) -> int:
+        return self.parallel.world_size
+
+    @property
+    def backend(self) -> str:
+        return "nccl" if self.device == "cuda" else "gloo"
+
+
+def dimension_totals(events: list[Any], config: ParallelConfig) -> dict[str, dict[str, int]]:
+    """Per parallel dimension: collectives, bytes (input side) and summed duration in ns."""
+    out = {d: {"count": 0, "bytes": 0, "time_ns": 0} for d in ("dp", "tp", "pp", "other")}
+    for ev in events:
+        row = out[dimension_of_group(config, ev.group_ranks or (ev.rank,))]
+        row["count"] += 1
+        row["bytes"] += max(int(ev.in_bytes), int(ev.out_bytes))
+        row["time_ns"] += int(ev.duration_ns)
+    return out
+
+
+def demo_worker(rank: int, world_size: int, cfg: DemoConfig, out_dir: str) -> dict[str, Any]:
+    """Train the demo model as ``rank`` of ``world_size`` (torch.distributed already initialized)
+    with the recorder on; export the rank's recorder JSON to ``out_dir`` and return a summary."""
+    import torch
+
+    import meshprof
+    from meshprof.parallel.build import build_job
+    from meshprof.parallel.train import train
+
+    if cfg.device == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
+        device: Any = torch.device("cuda", torch.cuda.current_device())
+    else:
+        device = torch.device("cpu")
+    prof = meshprof.enable()
+    t0 = time.perf_counter()
+    job = build_job(cfg.parallel, cfg.model, seed=cfg.seed, dtype=getattr(torch, cfg.dtype), device=device, lr=cfg.lr)
+    build_s = time.perf_counter() - t0
+    prof.flush()
+    first_train_event = prof.log.total
+    t1 = time.perf_counter()
+    losses = train(job, cfg.steps, seed=cfg.seed)
+    train_s = time.perf_counter() - t1
+    prof.flush()
+    events = prof.events(first_train_event)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    prof.export_json(out / f"comm_rank{rank:05d}.json")
+    return {
+        "rank": rank,
+        "coords": job.mapping.coords.as_tuple(),
+        "losses": losses,
+        "build_s": build_s,
+        "train_s": train_s,
+        "train_collectives": len(events),
+        "dimensions": dimension_totals(events, cfg.parallel),
+        "summary": prof.summary(first_train_event) if rank == 0 else "",
+    }
+
+
+__all__ = ["DTYPES", "DemoConfig", "demo_worker", "dimension_totals"]

@@ -1,0 +1,507 @@
+"""The HTML report: one self-contained file (inline CSS, inline SVG, a few lines of inline JS;
+nothing fetched from the network), readable offline.
+
+Every string that comes from the run (op labels, group names, host names, phase names, metadata,
+paths) goes through :func:`html.escape`. This module only lays out numbers computed by
+:mod:`meshprof.analyze.crossrank`.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from meshprof.analyze.crossrank import RunReport
+from meshprof.render.console import fmt_bytes, fmt_ns
+from meshprof.rundir import atomic_write_text
+
+_CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0 auto;max-width:1200px;padding:16px;color:#222}
+h1{font-size:22px}h2{font-size:18px;margin-top:28px;border-bottom:1px solid #ddd;padding-bottom:4px}
+table{border-collapse:collapse;font-size:13px;margin:8px 0}th,td{padding:3px 8px;border-bottom:1px solid #eee;text-align:right}
+th{background:#f4f4f4;cursor:pointer;user-select:none}td:first-child,th:first-child{text-align:left}
+.cards{display:flex;flex-wrap:wrap;gap:10px}.card{border:1px solid #ddd;border-radius:6px;padding:8px 12px;min-width:140px}
+.card b{display:block;font-size:18px}.warn{color:#b00020}.ok{color:#1b5e20}.muted{color:#777;font-size:12px}
+.finding{border-left:4px solid #e0a000;padding:4px 10px;margin:6px 0;background:#fffaf0}
+.finding.warning,.finding.high,.finding.critical{border-color:#b00020;background:#fff5f5}
+code{background:#f4f4f4;padding:0 3px}svg text{font-size:11px;font-family:inherit}
+"""
+
+_JS = """
+(function(){
+  document.querySelectorAll('table.sortable').forEach(function(t){
+    t.querySelectorAll('th').forEach(function(th, col){
+      th.addEventListener('click', function(){
+        var body = t.tBodies[0]; var rows = Array.prototype.slice.call(body.rows);
+        var asc = th.getAttribute('data-asc') !== '1'; th.setAttribute('data-asc', asc ? '1' : '0');
+        rows.sort(function(a, b){
+          var x = a.cells[col].getAttribute('data-v') || a.cells[col].textContent;
+          var y = b.cells[col].getAttribute('data-v') || b.cells[col].textContent;
+          var nx = parseFloat(x), ny = parseFloat(y);
+          var c = (!isNaN(nx) && !isNaN(ny)) ? nx - ny : x.localeCompare(y);
+          return asc ? c : -c;
+        });
+        rows.forEach(function(r){ body.appendChild(r); });
+      });
+    });
+  });
+  var s = document.getElementById('js-status'); if (s) { s.textContent = 'interactive: click a column header to sort'; }
+})();
+"""
+
+_E = html.escape
+
+
+def _pct(x: float) -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.1%}"
+
+
+def _ns(x: float) -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else fmt_ns(x)
+
+
+def _num(x: float) -> str:
+    return "" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:.6g}"
+
+
+def _color(ratio: float) -> str:
+    """White at 0, red at 1 (ratio clipped to [0, 1])."""
+    if math.isnan(ratio):
+        return "#eeeeee"
+    r = min(max(ratio, 0.0), 1.0)
+    return f"rgb(255,{int(255 - 175 * r)},{int(255 - 200 * r)})"
+
+
+def _table(
+    headers: list[str], rows: Sequence[Sequence[tuple[str, Any]]], cls: str = "sortable"
+) -> str:
+    """rows: cells as (escaped text, sort value)."""
+    out = [
+        f'<table class="{cls}"><thead><tr>'
+        + "".join(f"<th>{_E(h)}</th>" for h in headers)
+        + "</tr></thead><tbody>"
+    ]
+    for row in rows:
+        cells = []
+        for text, v in row:
+            dv = (
+                f' data-v="{_E(_num(v) if isinstance(v, float | int) else str(v))}"'
+                if v is not None
+                else ""
+            )
+            cells.append(f"<td{dv}>{text}</td>")
+        out.append("<tr>" + "".join(cells) + "</tr>")
+    out.append("</tbody></table>")
+    return "".join(out)
+
+
+def _summary(rep: RunReport) -> str:
+    s = rep.stragglers
+    named = (
+        ", ".join(f"rank {x.rank}" + (f" ({_E(x.phase)})" if x.phase else "") for x in s.stragglers)
+        or "none"
+    )
+    steps = [r.step_ns for r in rep.ranks if not math.isnan(r.step_ns)]
+    cards = [
+        ("ranks analyzed", f"{len(rep.loaded_ranks)} / {rep.world_size}"),
+        ("steps", str(len(s.steps))),
+        ("mean step time", _ns(float(np.mean(steps))) if steps else "-"),
+        ("straggler", named),
+        ("collectives matched", f"{rep.match.complete} / {rep.match.collectives}"),
+        ("arrival skew p50 / p95", f"{_ns(rep.match.skew_p50_ns)} / {_ns(rep.match.skew_p95_ns)}"),
+        (
+            "clock uncertainty",
+            _ns(rep.clock.max_uncertainty_ns)
+            if rep.clock.max_uncertainty_ns >= 0
+            else "unaligned rank",
+        ),
+        ("memory imbalance", _pct(rep.memory.imbalance) if rep.memory.max_rank >= 0 else "-"),
+    ]
+    body = "".join(
+        f'<div class="card"><span class="muted">{_E(k)}</span><b>{v}</b></div>' for k, v in cards
+    )
+    meta = "".join(
+        f"<li><code>{_E(str(k))}</code>: {_E(json.dumps(v, default=str)[:300])}</li>"
+        for k, v in rep.metadata.items()
+    )
+    probs = "".join(f'<li class="warn">rank {r}: {_E(why)}</li>' for r, why in rep.problems)
+    return (
+        f'<div class="cards" id="summary">{body}</div>'
+        + (f'<h3>Missing or damaged ranks</h3><ul id="problems">{probs}</ul>' if probs else "")
+        + (f"<details><summary>run metadata</summary><ul>{meta}</ul></details>" if meta else "")
+    )
+
+
+def _evidence(ev: Any) -> str:
+    if not isinstance(ev, dict) or not ev:
+        return ""
+    items = []
+    for k, v in ev.items():
+        if isinstance(v, float):
+            txt = (
+                _ns(v)
+                if k.endswith("_ns")
+                else (_pct(v) if ("share" in k or "score" in k or "imbalance" in k) else f"{v:.4g}")
+            )
+        elif isinstance(v, int) and k.endswith("_bytes"):
+            txt = fmt_bytes(v)
+        else:
+            txt = json.dumps(v, default=str)[:200]
+        items.append(f"{_E(str(k))}={_E(txt)}")
+    return '<div class="muted">' + ", ".join(items) + "</div>"
+
+
+def _findings(rep: RunReport) -> str:
+    out = []
+    for f in rep.findings:
+        out.append(
+            f'<div class="finding {_E(f.severity)}"><b>{_E(f.title)}</b>{_evidence(f.evidence)}</div>'
+        )
+    for b in rep.bottlenecks:
+        title = b.get("title") or b.get("message") or b.get("kind") or b.get("name") or "bottleneck"
+        sev = str(b.get("severity", "info"))
+        rest = {k: v for k, v in b.items() if k not in ("title", "severity")}
+        detail = rest.pop("evidence", None)
+        ev = dict(rest)
+        if isinstance(detail, dict):
+            ev.update(detail)
+        elif detail is not None:
+            ev["evidence"] = detail
+        out.append(
+            f'<div class="finding {_E(sev)}"><b>[{_E(sev)}] {_E(str(title))}</b>{_evidence(ev)}</div>'
+        )
+    return "".join(out) or '<p class="ok">No bottleneck or imbalance found.</p>'
+
+
+def _ranks_table(rep: RunReport) -> str:
+    rows = [
+        [
+            (str(r.rank), r.rank),
+            (_E(r.host), r.host),
+            (str(r.steps), r.steps),
+            (_ns(r.step_ns), r.step_ns),
+            (_ns(r.compute_ns), r.compute_ns),
+            (_pct(r.comm_share), r.comm_share),
+            (_pct(r.wait_share), r.wait_share),
+            (
+                fmt_bytes(r.peak_memory_bytes) if r.peak_memory_bytes >= 0 else "-",
+                r.peak_memory_bytes,
+            ),
+            (f"{r.score:+.1%}", r.score),
+            (_pct(r.last_share), r.last_share),
+            (str(r.events), r.events),
+        ]
+        for r in rep.ranks
+    ]
+    return _table(
+        [
+            "rank",
+            "host",
+            "steps",
+            "step time",
+            "compute",
+            "comm share",
+            "wait share",
+            "peak memory",
+            "straggler score",
+            "arrived last",
+            "events",
+        ],
+        rows,
+    )
+
+
+def _heatmap(rep: RunReport, max_steps: int = 200) -> str:
+    s = rep.stragglers
+    if not s.steps:
+        return '<p class="muted">No step spans recorded.</p>'
+    m = s.step_ns[:, -max_steps:]
+    steps = s.steps[-max_steps:]
+    with np.errstate(all="ignore"):
+        med = float(np.nanmedian(m)) if np.any(~np.isnan(m)) else 0.0
+        hi = float(np.nanmax(m)) if np.any(~np.isnan(m)) else 0.0
+    cw = max(4, min(24, 900 // max(len(steps), 1)))
+    ch, left, top = 18, 60, 14
+    w, h = left + cw * len(steps) + 10, top + ch * len(s.ranks) + 20
+    parts = [
+        f'<svg id="heatmap" width="{w}" height="{h}" role="img" aria-label="step time heatmap">'
+    ]
+    for i, r in enumerate(s.ranks):
+        parts.append(f'<text x="2" y="{top + i * ch + 13}">rank {r}</text>')
+        for j, st in enumerate(steps):
+            v = float(m[i, j])
+            ratio = (
+                (v - med) / (hi - med)
+                if hi > med and not math.isnan(v)
+                else (0.0 if not math.isnan(v) else float("nan"))
+            )
+            parts.append(
+                f'<rect x="{left + j * cw}" y="{top + i * ch}" width="{cw - 1}" height="{ch - 1}" fill="{_color(ratio)}">'
+                f"<title>rank {r}, step {st}: {_E(_ns(v))}</title></rect>"
+            )
+    parts.append(
+        f'<text x="{left}" y="{h - 4}">steps {steps[0]}…{steps[-1]}; white = median ({_E(_ns(med))}), red = slowest ({_E(_ns(hi))})</text></svg>'
+    )
+    return "".join(parts)
+
+
+_DIM_COLORS = {"dp": "#1f77b4", "tp": "#ff7f0e", "pp": "#2ca02c", "other": "#7f7f7f"}
+
+
+def _dims(rep: RunReport) -> str:
+    if not rep.dimensions:
+        return '<p class="muted">No collectives recorded.</p>'
+    s = rep.stragglers
+    bw, left, bh = 500, 60, 16
+    h = 20 + bh * len(s.ranks) + 20
+    parts = [f'<svg id="comm-dims" width="{left + bw + 200}" height="{h}">']
+    for i, r in enumerate(s.ranks):
+        x: float = left
+        y = 14 + i * bh
+        parts.append(f'<text x="2" y="{y + 12}">rank {r}</text>')
+        for j, d in enumerate(rep.dimensions):
+            v = float(rep.comm_share_by_dim[i, j])
+            wpx = bw * min(max(v, 0.0), 1.0)
+            color = _DIM_COLORS.get(d, "#9467bd")
+            parts.append(
+                f'<rect x="{x:.1f}" y="{y}" width="{wpx:.1f}" height="{bh - 3}" fill="{color}"><title>rank {r} {_E(d)}: {v:.1%} of step time</title></rect>'
+            )
+            x += wpx
+        parts.append(
+            f'<text x="{x + 4:.1f}" y="{y + 12}">{float(rep.comm_share_by_dim[i].sum()):.1%}</text>'
+        )
+    legend = " ".join(
+        f'<tspan fill="{_DIM_COLORS.get(d, "#9467bd")}">■ {_E(d)}</tspan>' for d in rep.dimensions
+    )
+    parts.append(f'<text x="{left}" y="{h - 4}">{legend} (share of step time)</text></svg>')
+    rows = [
+        [(str(r), r)]
+        + [
+            (_pct(float(rep.comm_share_by_dim[i, j])), float(rep.comm_share_by_dim[i, j]))
+            for j in range(len(rep.dimensions))
+        ]
+        for i, r in enumerate(s.ranks)
+    ]
+    return "".join(parts) + _table(["rank", *rep.dimensions], rows)
+
+
+def _sizes(rep: RunReport) -> str:
+    if not rep.by_size:
+        return '<p class="muted">No collectives recorded.</p>'
+    rows = [
+        [
+            (_E(x.op), x.op),
+            (fmt_bytes(x.size_bucket), x.size_bucket),
+            (str(x.count), x.count),
+            (_ns(x.p50_ns), x.p50_ns),
+            (_ns(x.p95_ns), x.p95_ns),
+            (f"{x.algbw_gbps:.3f}", x.algbw_gbps),
+            (f"{x.busbw_gbps:.3f}", x.busbw_gbps),
+        ]
+        for x in rep.by_size
+    ]
+    top = max((x.p50_ns for x in rep.by_size), default=1.0) or 1.0
+    bh, left = 16, 260
+    parts = [f'<svg id="latency" width="{left + 420}" height="{bh * len(rep.by_size) + 10}">']
+    for i, x in enumerate(rep.by_size):
+        w = 400 * math.log10(1 + x.p50_ns) / math.log10(1 + top)
+        parts.append(
+            f'<text x="2" y="{i * bh + 12}">{_E(x.op)} ≤ {_E(fmt_bytes(x.size_bucket))}</text>'
+        )
+        parts.append(
+            f'<rect x="{left}" y="{i * bh + 2}" width="{w:.1f}" height="{bh - 4}" fill="#1f77b4"><title>{_E(_ns(x.p50_ns))}, busbw {x.busbw_gbps:.3f} GB/s</title></rect>'
+        )
+    parts.append("</svg>")
+    return (
+        _table(["op", "size ≤", "count", "p50", "p95", "algbw GB/s", "busbw GB/s"], rows)
+        + '<p class="muted">median latency (log scale)</p>'
+        + "".join(parts)
+    )
+
+
+def _straggler_view(rep: RunReport) -> str:
+    s = rep.stragglers
+    if s.note:
+        head = f'<p class="muted">{_E(s.note)}</p>'
+    elif s.stragglers:
+        head = "".join(
+            f'<p class="warn" id="straggler-{x.rank}">Straggler: <b>rank {x.rank}</b>, {x.score:+.1%} compute vs median, '
+            f"arrived last in {x.last_share:.0%} of its collectives; slow phase <b>{_E(x.phase or '-')}</b> "
+            f"(+{_E(_ns(x.phase_excess_ns))} per step over the median {_E(_ns(x.phase_median_ns))}).</p>"
+            for x in s.stragglers
+        )
+    else:
+        head = f'<p class="ok" id="no-straggler">No straggler: no rank has a score above {s.threshold:.0%} while arriving last in most collectives.</p>'
+    scale = max([abs(x.score) for x in s.scores if math.isfinite(x.score)] + [s.threshold * 2])
+    bh, mid, half = 18, 300, 250
+    parts = [f'<svg id="scores" width="{mid + half + 80}" height="{bh * len(s.scores) + 24}">']
+    for i, x in enumerate(s.scores):
+        v = x.score if math.isfinite(x.score) else 0.0
+        w = half * abs(v) / scale
+        xpos = mid if v >= 0 else mid - w
+        color = "#b00020" if any(t.rank == x.rank for t in s.stragglers) else "#888"
+        parts.append(f'<text x="2" y="{i * bh + 13}">rank {x.rank}</text>')
+        parts.append(
+            f'<rect x="{xpos:.1f}" y="{i * bh + 2}" width="{w:.1f}" height="{bh - 4}" fill="{color}"><title>score {v:+.1%}</title></rect>'
+        )
+        parts.append(f'<text x="{mid + half + 5}" y="{i * bh + 13}">{v:+.1%}</text>')
+    tx = mid + half * s.threshold / scale
+    parts.append(
+        f'<line x1="{tx:.1f}" x2="{tx:.1f}" y1="0" y2="{bh * len(s.scores)}" stroke="#b00020" stroke-dasharray="3,3"/>'
+    )
+    parts.append(
+        f'<text x="{mid - 60}" y="{bh * len(s.scores) + 16}">straggler score (dashed: threshold {s.threshold:.0%})</text></svg>'
+    )
+    table = ""
+    if s.phases:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            med = np.nanmedian(s.phase_ns, axis=0)
+        rows = []
+        for i, r in enumerate(s.ranks):
+            cells: list[tuple[str, float | str | None]] = [(str(r), r)]
+            for j in range(len(s.phases)):
+                v = float(s.phase_ns[i, j])
+                ex = v - float(med[j])
+                style = ' class="warn"' if med[j] > 0 and ex > s.threshold * med[j] else ""
+                cells.append((f"<span{style}>{_E(_ns(v))}</span>", v))
+            rows.append(cells)
+        table = "<p>Compute time per phase (median per step, communication excluded):</p>" + _table(
+            ["rank", *s.phases], rows
+        )
+    return head + "".join(parts) + table
+
+
+_TRACK_COLORS = {"step": "#cfd8dc", "phase": "#90caf9", "comm": "#ef6c00"}
+
+
+def _timeline(rep: RunReport) -> str:
+    if not rep.timeline or rep.timeline_ns <= 0:
+        return '<p class="muted">Nothing to show.</p>'
+    width, left, rowh = 900, 60, 14
+    ranks = sorted({t.rank for t in rep.timeline})
+    tracks = ("step", "phase", "comm")
+    h = len(ranks) * rowh * 3 + len(ranks) * 6 + 20
+    sc = width / rep.timeline_ns
+    parts = [f'<svg id="timeline" width="{left + width + 10}" height="{h}">']
+    for i, r in enumerate(ranks):
+        y0 = i * (rowh * 3 + 6)
+        parts.append(f'<text x="2" y="{y0 + rowh * 2}">rank {r}</text>')
+        for t in rep.timeline:
+            if t.rank != r:
+                continue
+            y = y0 + tracks.index(t.track) * rowh
+            x = left + max(t.start_ns, 0) * sc
+            w = max(t.duration_ns * sc, 1.0)
+            parts.append(
+                f'<rect x="{x:.1f}" y="{y}" width="{min(w, left + width - x):.1f}" height="{rowh - 2}" fill="{_TRACK_COLORS[t.track]}">'
+                f"<title>{_E(t.label)}: {_E(_ns(t.duration_ns))}</title></rect>"
+            )
+    parts.append(
+        f'<text x="{left}" y="{h - 4}">{_E(_ns(rep.timeline_ns))} window on the aligned clock; rows: step, phases, communication</text></svg>'
+    )
+    return "".join(parts)
+
+
+def _clock(rep: RunReport) -> str:
+    rows = [
+        [
+            (str(c.rank), c.rank),
+            (_E(c.method), c.method),
+            (_E(_ns(abs(c.offset_ns))) + (" −" if c.offset_ns < 0 else ""), c.offset_ns),
+            (_ns(c.uncertainty_ns) if c.uncertainty_ns >= 0 else "unknown", c.uncertainty_ns),
+            (
+                _ns(c.exchange_rtt_ns / 2) if c.exchange_rtt_ns is not None else "-",
+                c.exchange_rtt_ns or 0,
+            ),
+            (str(c.collective_samples), c.collective_samples),
+            (_ns(c.disagreement_ns), c.disagreement_ns),
+        ]
+        for c in rep.clock.ranks
+    ]
+    return f"<p>Reference: rank {rep.clock.reference_rank}.</p>" + _table(
+        [
+            "rank",
+            "method",
+            "offset",
+            "uncertainty",
+            "exchange RTT/2",
+            "collectives used",
+            "exchange vs collectives",
+        ],
+        rows,
+    )
+
+
+def _groups(rep: RunReport) -> str:
+    rows = [
+        [
+            (_E(g.desc or g.name), g.desc),
+            (_E(g.name), g.name),
+            (_E(g.dimension), g.dimension),
+            (str(g.size), g.size),
+            (str(g.collectives), g.collectives),
+            (str(g.incomplete), g.incomplete),
+            (_ns(g.skew_p50_ns), g.skew_p50_ns),
+            (_ns(g.skew_max_ns), g.skew_max_ns),
+            (_ns(g.wait_ns), g.wait_ns),
+        ]
+        for g in rep.group_rows
+    ]
+    m = rep.match
+    return (
+        f"<p>{m.collectives} collectives ({m.complete} complete, {m.incomplete} incomplete), {m.p2p_pairs} send/recv pairs "
+        f"({m.unmatched_p2p} unmatched); total wait {_E(_ns(m.total_wait_ns))}.</p>"
+        + _table(
+            [
+                "group",
+                "name",
+                "dimension",
+                "size",
+                "collectives",
+                "incomplete",
+                "skew p50",
+                "skew max",
+                "total wait",
+            ],
+            rows,
+        )
+    )
+
+
+def render_html(rep: RunReport, title: str = "meshprof report") -> str:
+    """The report as one HTML document."""
+    sections = [
+        ("Summary", _summary(rep)),
+        ("Bottlenecks and findings", _findings(rep)),
+        ("Per-rank table", _ranks_table(rep)),
+        ("Step time per rank and step", _heatmap(rep)),
+        ("Communication share by dimension", _dims(rep)),
+        ("Collective latency and bandwidth by message size", _sizes(rep)),
+        ("Stragglers", _straggler_view(rep)),
+        ("Timeline excerpt", _timeline(rep)),
+        ("Collectives matched across ranks", _groups(rep)),
+        ("Clock alignment", _clock(rep)),
+    ]
+    body = "".join(
+        f'<section id="{_E(t.lower().replace(" ", "-"))}"><h2>{_E(t)}</h2>{c}</section>'
+        for t, c in sections
+    )
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f'<meta name="viewport" content="width=device-width,initial-scale=1"><title>{_E(title)}</title><style>{_CSS}</style></head>'
+        f'<body><h1>{_E(title)}: <code>{_E(rep.path)}</code></h1><p class="muted" id="js-status">static</p>{body}'
+        f"<script>{_JS}</script></body></html>\n"
+    )
+
+
+def write_html(path: Path, rep: RunReport, title: str = "meshprof report") -> Path:
+    """Write the report atomically."""
+    return atomic_write_text(Path(path), render_html(rep, title))

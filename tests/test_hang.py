@@ -1,0 +1,233 @@
+"""Hang and desync diagnosis on real gloo groups: each scenario really hangs (or desyncs), the
+watchdog dumps, the process-group timeout ends the stuck collective, and the diagnosis names the
+ranks, the group, the seq and the line. Flight Recorder dumps written by PyTorch itself are the
+independent oracle for seq and sizes."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from meshprof.analyze.hang import diagnose_hang, render_hang_text
+from meshprof.cli import main
+from meshprof.tools.spawn import WorkerError, run_ranks
+
+HERE = os.path.basename(__file__)
+FR_ENV = {"TORCH_FR_BUFFER_SIZE": "64"}
+
+
+def _wait_outside(seconds: float) -> None:
+    threading.Event().wait(seconds)  # the rank is busy elsewhere (not in a collective)
+
+
+def _scenario(rank: int, ws: int, kind: str, dump_dir: str) -> int:
+    import torch
+    import torch.distributed as dist
+
+    import meshprof
+    from meshprof.tools.watchdog import start_watchdog
+
+    prof = meshprof.enable()
+    start_watchdog(prof, dump_dir, timeout_s=1.0, poll_s=0.1)
+    t = torch.ones(8)
+    dist.all_reduce(t)  # seq 0
+    dist.all_reduce(t)  # seq 1
+    if kind == "skip":
+        if rank != 1:
+            dist.all_reduce(t)  # seq 2: rank 1 skips it
+        else:
+            _wait_outside(60)
+    elif kind == "op":
+        if rank == 1:
+            dist.broadcast(t, 0)  # seq 2: the others all_reduce
+        else:
+            dist.all_reduce(t)
+        dist.all_reduce(t)
+    elif kind in ("size", "dtype"):
+        # gloo does not hang here: it corrupts the data silently (or aborts the process); the
+        # job hangs later, when rank 1 goes elsewhere, and the dumps show both
+        if kind == "size":
+            dist.broadcast(torch.ones(16 if rank == 1 else 8), 0)  # seq 2: 64 B on rank 1, 32 B on 0
+        else:
+            dist.all_reduce(torch.ones(8, dtype=torch.float64) if rank == 1 else torch.ones(16))
+        if rank == 1:
+            _wait_outside(60)
+        dist.all_reduce(t)  # seq 3
+    elif kind == "order":
+        u = torch.ones(8)
+        if rank == 0:  # async, as prefetching code issues them: both are in flight at once
+            works = [dist.all_reduce(t, async_op=True), dist.broadcast(u, 0, async_op=True)]
+        else:
+            works = [dist.broadcast(u, 0, async_op=True), dist.all_reduce(t, async_op=True)]
+        for w in works:
+            w.wait()
+    elif kind == "sleep":
+        if rank == 1:
+            time.sleep(60)  # sleeps "forever": killed when the others time out
+        dist.all_reduce(t)
+    return 0
+
+
+def _run(kind: str, tmp_path: Path, ws: int = 2):
+    dump_dir = tmp_path / "hang"
+    t0 = time.monotonic()
+    with pytest.raises((WorkerError, TimeoutError)):
+        run_ranks(_scenario, ws, args=(kind, str(dump_dir)), timeout=40, pg_timeout_s=3, env=FR_ENV)
+    elapsed = time.monotonic() - t0
+    assert elapsed < 30
+    return diagnose_hang(dump_dir), dump_dir
+
+
+def _line_of(pattern: str) -> int:
+    lines = Path(__file__).read_text().splitlines()
+    return next(i for i, s in enumerate(lines, 1) if pattern in s)
+
+
+@pytest.mark.timeout(60)
+def test_skipped_collective(tmp_path):
+    diag, dump_dir = _run("skip", tmp_path)
+    missing = [f for f in diag.findings if f.kind == "missing"]
+    assert missing, render_hang_text(diag)
+    f = missing[0]
+    assert f.ranks == (1,) and f.seq == 2 and f.group == "0"
+    # rank 1 is where it waits instead: the line of _wait_outside
+    st1 = next(s for s in diag.ranks if s.rank == 1)
+    assert st1.reason == "peer" and not st1.inflight
+    assert st1.location is not None and st1.location.file.endswith(HERE)
+    assert st1.location.line == _line_of("threading.Event().wait(seconds)")
+    assert f"{HERE}:{st1.location.line}" in f.message
+    assert "rank 1 never entered all_reduce seq 2 of group 0" in f.message
+    # rank 0 waits in the all_reduce issued at the line meshprof names
+    st0 = next(s for s in diag.ranks if s.rank == 0)
+    assert [(c.op, c.seq) for c in st0.inflight] == [("all_reduce", 2)]
+    assert st0.location.line == _line_of("seq 2: rank 1 skips it") and st0.reason == "hang"
+    # oracle: PyTorch's Flight Recorder of rank 0 says the same collective (FR counts from 1)
+    fr = json.loads((dump_dir / "fr_rank0.json").read_text())
+    last = fr["entries"][-1]
+    assert last["collective_seq_id"] == 3 and last["profiling_name"].endswith("all_reduce")
+    assert fr["pg_status"]["0"]["last_completed_collective"] == "2"
+
+
+@pytest.mark.timeout(60)
+def test_different_ops(tmp_path):
+    diag, _ = _run("op", tmp_path)
+    f = diag.findings[0]
+    assert f.kind == "op_mismatch" and f.seq == 2 and f.group == "0", render_hang_text(diag)
+    assert dict(f.values)[0].startswith("all_reduce") and dict(f.values)[1].startswith("broadcast")
+    assert "called different collectives at collective seq 2 of group 0" in f.message
+
+
+@pytest.mark.timeout(60)
+def test_different_sizes(tmp_path):
+    diag, dump_dir = _run("size", tmp_path)
+    f = next(f for f in diag.findings if f.kind == "size_mismatch")
+    assert f.seq == 2 and f.group == "0", render_hang_text(diag)
+    assert dict(f.values) == {0: "broadcast float32 32B->32B", 1: "broadcast float32 64B->64B"}
+    assert f.ranks == (1,) or f.ranks == (0,)
+    assert "passed different sizes at collective seq 2 of group 0" in f.message
+    # oracle: Flight Recorder's input sizes of rank 1 at that collective
+    fr = json.loads((dump_dir / "fr_rank1.json").read_text())
+    e = next(e for e in fr["entries"] if e["collective_seq_id"] == 3)
+    assert e["input_sizes"] == [[16]]
+
+
+@pytest.mark.timeout(60)
+def test_different_dtypes(tmp_path):
+    diag, _ = _run("dtype", tmp_path)
+    f = next(f for f in diag.findings if f.kind == "dtype_mismatch")
+    assert f.seq == 2 and dict(f.values)[1].startswith("all_reduce float64"), render_hang_text(diag)
+    assert dict(f.values)[0] == "all_reduce float32 64B->64B"
+
+
+@pytest.mark.timeout(60)
+def test_different_order(tmp_path):
+    diag, _ = _run("order", tmp_path)
+    f = next(f for f in diag.findings if f.kind in ("order", "op_mismatch"))
+    assert f.kind == "order" and f.seq == 2, render_hang_text(diag)
+    assert dict(f.values) == {0: "all_reduce → broadcast", 1: "broadcast → all_reduce"}
+
+
+@pytest.mark.timeout(60)
+def test_rank_sleeps_forever(tmp_path, capsys):
+    diag, dump_dir = _run("sleep", tmp_path)
+    f = diag.findings[0]
+    assert f.kind == "missing" and f.ranks == (1,) and f.seq == 2, render_hang_text(diag)
+    assert f"{HERE}:{_line_of('time.sleep(60)')}" in f.message
+    # the CLI says the same, in text and JSON
+    assert main(["hang", str(dump_dir)]) == 1
+    out = capsys.readouterr().out
+    assert "rank 1 never entered all_reduce seq 2 of group 0" in out
+    assert main(["hang", str(dump_dir), "--json"]) == 1
+    data = json.loads(capsys.readouterr().out)
+    assert data["findings"][0]["kind"] == "missing" and data["findings"][0]["ranks"] == [1]
+
+
+def test_flight_recorder_only(tmp_path):
+    """A folder with only PyTorch Flight Recorder JSON dumps (no meshprof) is diagnosed too."""
+
+    def entry(seq: int, op: str, size: int) -> dict:
+        return {"collective_seq_id": seq, "profiling_name": f"nccl:{op}", "process_group": ["0", "default_pg"],
+                "input_sizes": [[size]], "input_dtypes": ["Float"], "output_sizes": [[size]],
+                "output_dtypes": ["Float"], "state": "scheduled", "is_p2p": False}
+
+    for rank, n in ((0, 3), (1, 2)):
+        fr = {"entries": [entry(i, "all_reduce", 4) for i in range(1, n + 1)],
+              "pg_config": {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1]"}},
+              "pg_status": {"0": {"last_completed_collective": str(n - 1 if rank == 0 else n),
+                                  "last_enqueued_collective": str(n)}}}
+        (tmp_path / f"fr_rank{rank}.json").write_text(json.dumps(fr))
+    (tmp_path / "nccl_trace_rank_2").write_bytes(b"\x80\x04\x95 pickled")  # never unpickled
+    diag = diagnose_hang(tmp_path)
+    f = diag.findings[0]
+    assert (f.kind, f.ranks, f.seq) == ("missing", (1,), 2)
+    assert any("not JSON" in p for p in diag.problems)
+
+
+def test_bad_directory(tmp_path, capsys):
+    assert main(["hang", str(tmp_path / "nope")]) == 2
+    assert "no such directory" in capsys.readouterr().err
+    assert main(["hang", str(tmp_path)]) == 2
+
+
+def _signal_dump(rank: int, ws: int, dump_dir: str) -> dict:
+    import os
+    import signal
+
+    import torch
+    import torch.distributed as dist
+
+    import meshprof
+    from meshprof.tools.watchdog import start_watchdog
+
+    prof = meshprof.enable()
+    seen: list[str] = []
+    wd = start_watchdog(prof, dump_dir, timeout_s=30.0, poll_s=0.05, on_dump=lambda p: seen.append(p.name))
+    dist.all_reduce(torch.ones(4))
+    os.kill(os.getpid(), signal.SIGUSR1)  # what the launcher sends to every worker
+    deadline = time.monotonic() + 10
+    while not seen and time.monotonic() < deadline:
+        time.sleep(0.01)
+    wd.stop()
+    alive = wd._thread.is_alive()
+    data = json.loads(Path(dump_dir, f"rank{rank}.json").read_text())
+    return {"seen": seen, "alive": alive, "data": data}
+
+
+@pytest.mark.timeout(60)
+def test_signal_dump_and_stop(tmp_path):
+    out = run_ranks(_signal_dump, 2, args=(str(tmp_path),), timeout=40)
+    for rank, o in enumerate(out):
+        assert o["seen"] == [f"rank{rank}.json"] and not o["alive"]
+        d = o["data"]
+        assert d["reason"] == "signal" and d["rank"] == rank and d["world_size"] == 2
+        assert [(e["op"], e["seq"], e["in_bytes"]) for e in d["events"]] == [("all_reduce", 0, 16)]
+        assert d["inflight"] == []
+        main_thread = next(t for t in d["threads"] if t["main"])
+        assert any(f["function"] == "_signal_dump" for f in main_thread["frames"])
+    diag = diagnose_hang(tmp_path)
+    assert diag.ok and "No hang or desync found" in render_hang_text(diag)

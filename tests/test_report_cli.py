@@ -1,0 +1,69 @@
+"""``meshprof report DIR`` end to end: JSON object, missing and damaged ranks, bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from data.meshprof_synth import MS, synthetic_run
+
+CODE = "import sys; from meshprof.cli import main; sys.exit(main(sys.argv[1:]))"
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", CODE, "report", *args], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_json_report_with_missing_and_damaged_ranks(tmp_path):
+    synthetic_run(tmp_path, 4, [0, 20 * MS, -30 * MS, 10 * MS], slow_rank=1, extra_ns=6 * MS)
+    (tmp_path / "rank00003.npz").unlink()
+    (tmp_path / "rank00002.npz").write_bytes(b"not a zip")
+    (tmp_path / "bottlenecks.json").write_text(
+        json.dumps({"bottlenecks": [{"title": "tp bound", "severity": "medium"}]})
+    )
+    p = _run(str(tmp_path), "--json", "--html", str(tmp_path / "r.html"))
+    assert p.returncode == 0, p.stderr
+    d = json.loads(p.stdout)
+    assert set(d) >= {
+        "summary",
+        "ranks",
+        "stragglers",
+        "collectives",
+        "clock",
+        "problems",
+        "bottlenecks",
+        "memory",
+    }
+    probs = {x["rank"]: x["reason"] for x in d["problems"]}
+    assert set(probs) == {2, 3} and "missing" in probs[3] and "damaged" in probs[2]
+    assert d["summary"]["loaded_ranks"] == [0, 1]
+    assert d["summary"]["stragglers"] == [1]
+    assert d["stragglers"]["named"][0]["phase"] == "forward"
+    assert [r["rank"] for r in d["ranks"]] == [0, 1]
+    assert d["collectives"]["incomplete"] == 6  # every all_reduce lacks ranks 2 and 3
+    assert d["bottlenecks"] == [{"title": "tp bound", "severity": "medium"}]
+    assert abs(d["clock"]["ranks"][1]["offset_ns"] + 20 * MS) < 200_000
+    html = (tmp_path / "r.html").read_text()
+    assert "rank 3 not analyzed" in html and "tp bound" in html
+
+
+def test_console_summary(tmp_path):
+    synthetic_run(tmp_path, 2, [0, 5 * MS], slow_rank=-1)
+    p = _run(str(tmp_path))
+    assert p.returncode == 0, p.stderr
+    assert "No straggler" in p.stdout and "clock alignment" in p.stdout
+
+
+def test_bad_input_exit_2(tmp_path):
+    p = _run(str(tmp_path / "nope"))
+    assert p.returncode == 2 and p.stderr.count("\n") == 1 and "no such directory" in p.stderr
+    p = _run(str(tmp_path))
+    assert p.returncode == 2 and "no usable rank file" in p.stderr
+    synthetic_run(tmp_path, 2, [0, 0])
+    p = _run(str(tmp_path), "--threshold", "-1")
+    assert p.returncode == 2 and "--threshold" in p.stderr
+    p = _run(str(tmp_path), "--html", str(tmp_path))
+    assert p.returncode == 2 and "is a directory" in p.stderr

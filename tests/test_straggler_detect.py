@@ -1,0 +1,54 @@
+"""Stragglers: a rank slowed by a known amount in "forward" is named with that phase; a balanced
+run names none."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from data.meshprof_synth import MS, real_worker, synthetic_run
+from meshprof.analyze.crossrank import analyze_run
+from meshprof.analyze.stragglers import _union, covered_ns
+from meshprof.rundir import load_run
+from meshprof.tools.spawn import run_ranks
+
+
+def test_real_run_names_slow_rank_and_phase(tmp_path):
+    extra_s = 0.03
+    run_ranks(real_worker, 3, (str(tmp_path), 1, extra_s, 5), timeout=90)
+    rep = analyze_run(load_run(tmp_path))
+    s = rep.stragglers
+    assert [x.rank for x in s.stragglers] == [1]
+    x = s.stragglers[0]
+    assert x.phase == "forward"
+    # the excess is the injected sleep (sleep overshoot on a busy machine stays well under 10 ms)
+    assert abs(x.excess_ns - extra_s * 1e9) < 10 * MS, x
+    assert abs(x.phase_excess_ns - extra_s * 1e9) < 10 * MS, x
+    assert x.last_share > 0.5
+    # the others waited for it: their wait share is larger than the straggler's
+    by = {r.rank: r for r in rep.ranks}
+    assert by[0].wait_share > by[1].wait_share and by[2].wait_share > by[1].wait_share
+    assert any(f.kind == "straggler" and "forward" in f.title for f in rep.findings)
+
+
+def test_real_balanced_run_names_none(tmp_path):
+    run_ranks(real_worker, 3, (str(tmp_path), -1, 0.0, 5), timeout=90)
+    rep = analyze_run(load_run(tmp_path))
+    assert rep.stragglers.stragglers == ()
+    assert not [f for f in rep.findings if f.kind == "straggler"]
+
+
+def test_synthetic_threshold_and_no_steps(tmp_path):
+    # 0.3 ms extra on a ~17 ms compute step is under the 5 % threshold
+    synthetic_run(tmp_path / "a", 4, [0, 1 * MS, 2 * MS, 3 * MS], slow_rank=3, extra_ns=300_000)
+    assert analyze_run(load_run(tmp_path / "a")).stragglers.stragglers == ()
+    synthetic_run(tmp_path / "b", 4, [0, 1 * MS, 2 * MS, 3 * MS], slow_rank=3, extra_ns=3 * MS)
+    rep = analyze_run(load_run(tmp_path / "b"))
+    assert [(x.rank, x.phase) for x in rep.stragglers.stragglers] == [(3, "forward")]
+    assert analyze_run(load_run(tmp_path / "b"), threshold=0.5).stragglers.stragglers == ()
+
+
+def test_covered_union():
+    us, ue = _union(np.array([0, 5, 6, 20]), np.array([10, 8, 12, 30]))
+    assert us.tolist() == [0, 20] and ue.tolist() == [12, 30]
+    got = covered_ns(us, ue, np.array([0, 5, 11, 13, 25, 0]), np.array([40, 9, 22, 19, 26, 100]))
+    assert got.tolist() == [22, 4, 3, 0, 1, 22]
