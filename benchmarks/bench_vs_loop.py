@@ -23,7 +23,9 @@ SIZES = (1 << 18, 1 << 20, 1 << 22, 1 << 24)
 OPS = ("all_reduce", "all_gather")
 
 
-def _plain_loop(dist, torch, op: str, size: int, iters: int, warmup: int, rank: int, n: int) -> float:
+def _plain_loop(
+    dist, torch, op: str, size: int, iters: int, warmup: int, rank: int, n: int
+) -> float:
     """Mean seconds per call, this rank."""
     if op == "all_reduce":
         x = torch.ones(size // 4)
@@ -47,8 +49,12 @@ def _plain_loop(dist, torch, op: str, size: int, iters: int, warmup: int, rank: 
     return (time.perf_counter() - t0) / iters
 
 
-def _plain_busbw(dist, torch, op: str, size: int, iters: int, warmup: int, rank: int, n: int) -> float:
-    t = torch.tensor([_plain_loop(dist, torch, op, size, iters, warmup, rank, n)], dtype=torch.float64)
+def _plain_busbw(
+    dist, torch, op: str, size: int, iters: int, warmup: int, rank: int, n: int
+) -> float:
+    t = torch.tensor(
+        [_plain_loop(dist, torch, op, size, iters, warmup, rank, n)], dtype=torch.float64
+    )
     dist.all_reduce(t)
     t_avg = t.item() / n
     s = (size // 4 // n * n * 4) if op == "all_gather" else size // 4 * 4
@@ -56,7 +62,9 @@ def _plain_busbw(dist, torch, op: str, size: int, iters: int, warmup: int, rank:
     return s / t_avg / 1e9 * factor
 
 
-def _worker(rank: int, n: int, repeats: int, iters: int, warmup: int) -> list[tuple[str, int, float, float, float, float]]:
+def _worker(
+    rank: int, n: int, repeats: int, iters: int, warmup: int
+) -> list[tuple[str, int, float, float, float, float]]:
     import torch
     import torch.distributed as dist
 
@@ -65,7 +73,14 @@ def _worker(rank: int, n: int, repeats: int, iters: int, warmup: int) -> list[tu
         for size in SIZES:
             mb, plain, ratio, floor = [], [], [], []
             for _ in range(repeats):
-                cfg = BenchConfig(ops=(op,), sizes=(size,), warmup=warmup, iters=iters, check=False, modes=("out-of-place",))
+                cfg = BenchConfig(
+                    ops=(op,),
+                    sizes=(size,),
+                    warmup=warmup,
+                    iters=iters,
+                    check=False,
+                    modes=("out-of-place",),
+                )
                 res = run_bench_rank(rank, n, cfg)
                 b = _plain_busbw(dist, torch, op, size, iters, warmup, rank, n)
                 c = _plain_busbw(dist, torch, op, size, iters, warmup, rank, n)
@@ -76,8 +91,16 @@ def _worker(rank: int, n: int, repeats: int, iters: int, warmup: int) -> list[tu
                     ratio.append(a / b)
                     floor.append(b / c)
             if rank == 0:
-                rows.append((op, size, statistics.median(mb), statistics.median(plain), statistics.median(ratio),
-                             statistics.median(floor)))
+                rows.append(
+                    (
+                        op,
+                        size,
+                        statistics.median(mb),
+                        statistics.median(plain),
+                        statistics.median(ratio),
+                        statistics.median(floor),
+                    )
+                )
     return rows
 
 
@@ -89,14 +112,34 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=3)
     a = ap.parse_args()
     rows = run_ranks(_worker, a.nproc, args=(a.repeats, a.iters, a.warmup), timeout=3600)[0]
-    print(f"# {a.nproc} ranks, gloo/CPU, medians of {a.repeats} interleaved repeats of {a.iters} iterations")
-    print(f"{'op':<12}{'size':>10}{'meshprof busbw':>16}{'plain busbw':>13}{'a/b':>8}{'b/c (noise)':>13}")
+    print(
+        f"# {a.nproc} ranks, gloo/CPU, medians of {a.repeats} interleaved repeats of {a.iters} iterations"
+    )
+    print(
+        f"{'op':<12}{'size':>10}{'meshprof busbw':>16}{'plain busbw':>13}{'a/b':>8}{'b/c (noise)':>13}"
+    )
     worst = worst_floor = 0.0
     for op, size, mb, plain, ratio, floor in rows:
         worst = max(worst, abs(ratio - 1))
         worst_floor = max(worst_floor, abs(floor - 1))
         print(f"{op:<12}{size:>10}{mb:>16.3f}{plain:>13.3f}{ratio:>8.3f}{floor:>13.3f}")
-    print(f"# largest difference meshprof vs plain loop: {worst * 100:.1f}%; plain loop vs itself: {worst_floor * 100:.1f}%")
+    # the one thing bench's loop does that the plain loop does not: a timestamp per iteration
+    import numpy as np
+
+    k = 200_000
+    stamps = np.empty(k + 1, dtype=np.int64)
+    now = time.perf_counter_ns
+    t0 = now()
+    for i in range(k):
+        stamps[i + 1] = now()
+    per = (now() - t0) / k
+    fastest = min(size / (mb * 1e9) * 1e9 for _, size, mb, *_ in rows if mb > 0)
+    print(
+        f"# bench's extra work per iteration (a timestamp): {per:.0f} ns = {per / fastest * 100:.3f}% of the shortest op measured"
+    )
+    print(
+        f"# largest difference meshprof vs plain loop: {worst * 100:.1f}%; plain loop vs itself: {worst_floor * 100:.1f}%"
+    )
 
 
 if __name__ == "__main__":

@@ -28,7 +28,6 @@ def test_parse_sizes():
 
 def _wrong_reduce(rank, ws):
     """A rank that contributes a wrong value: the check must count the wrong elements."""
-    import torch
 
     from meshprof.tools import bench
 
@@ -61,7 +60,9 @@ def test_every_op_correct_3_ranks():
         # nccl-tests: algbw = S / t, busbw = algbw × factor
         assert r.algbw == pytest.approx(r.size / (r.time_us * 1e3), rel=1e-3)
     by = {(r.op, r.size): r for r in res.rows}
-    assert by[("all_reduce", 3072)].busbw == pytest.approx(by[("all_reduce", 3072)].algbw * 4 / 3, rel=1e-9)
+    assert by[("all_reduce", 3072)].busbw == pytest.approx(
+        by[("all_reduce", 3072)].algbw * 4 / 3, rel=1e-9
+    )
     assert by[("broadcast", 3072)].busbw == pytest.approx(by[("broadcast", 3072)].algbw)
     ag = next(r for r in res.rows if r.op == "all_gather" and r.size == 3072)
     assert ag.count == 3072 // 4 // 3 and ag.busbw == pytest.approx(ag.algbw * 2 / 3, rel=1e-9)
@@ -77,8 +78,30 @@ def test_check_counts_wrong_elements():
 @pytest.mark.timeout(60)
 def test_cli_outputs(tmp_path, capsys):
     svg, csvp = tmp_path / "bw.svg", tmp_path / "bw.csv"
-    rc = main(["bench", "--nproc", "2", "--ops", "all_reduce,all_gather,send", "-b", "1K", "-e", "16K", "-f", "4",
-               "-n", "3", "-w", "1", "--json", "--csv", str(csvp), "--plot", str(svg)])
+    rc = main(
+        [
+            "bench",
+            "--nproc",
+            "2",
+            "--ops",
+            "all_reduce,all_gather,send",
+            "-b",
+            "1K",
+            "-e",
+            "16K",
+            "-f",
+            "4",
+            "-n",
+            "3",
+            "-w",
+            "1",
+            "--json",
+            "--csv",
+            str(csvp),
+            "--plot",
+            str(svg),
+        ]
+    )
     assert rc == 0
     data = json.loads(capsys.readouterr().out)
     rows = data["rows"]
@@ -88,8 +111,13 @@ def test_cli_outputs(tmp_path, capsys):
     table = list(csv.DictReader(csvp.open()))
     assert len(table) == len(rows) and float(table[0]["busbw"]) >= 0
     text = svg.read_text()
-    assert text.startswith("<svg") and text.count("<polyline") == 4  # all_reduce, all_gather ×2 modes, sendrecv
-    assert main(["bench", "--nproc", "2", "--ops", "all_reduce", "-b", "1K", "-e", "1K", "-n", "2"]) == 0
+    assert (
+        text.startswith("<svg") and text.count("<polyline") == 4
+    )  # all_reduce, all_gather ×2 modes, sendrecv
+    assert (
+        main(["bench", "--nproc", "2", "--ops", "all_reduce", "-b", "1K", "-e", "1K", "-n", "2"])
+        == 0
+    )
     out = capsys.readouterr().out
     assert "busbw" in out and "all_reduce" in out and "# total #wrong: 0" in out
 

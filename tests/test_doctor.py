@@ -36,14 +36,25 @@ def test_healthy_job(capsys):
     assert main(["doctor", "--nproc", "3", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     names = [c["name"] for c in data["checks"]]
-    assert names == ["environment", "process group (gloo)", "world", "connectivity", "collectives", "clock skew",
-                     "free memory", "compute balance"]
+    assert names == [
+        "environment",
+        "process group (gloo)",
+        "world",
+        "connectivity",
+        "collectives",
+        "clock skew",
+        "free memory",
+        "compute balance",
+    ]
     assert data["ok"] and all(c["ok"] for c in data["checks"])
     conn = next(c for c in data["checks"] if c["name"] == "connectivity")
     assert set(conn["values"]["latency_us"]) == {"0-1", "0-2", "1-2"}
     assert all(v > 0 for v in conn["values"]["latency_us"].values())
     clock = next(c for c in data["checks"] if c["name"] == "clock skew")
-    assert len(clock["values"]["offsets_ms"]) == 3 and max(map(abs, clock["values"]["offsets_ms"])) < 50  # one host, one clock
+    assert (
+        len(clock["values"]["offsets_ms"]) == 3
+        and max(map(abs, clock["values"]["offsets_ms"])) < 50
+    )  # one host, one clock
     env = data["checks"][0]["values"]
     assert env["env"]["WORLD_SIZE"] == "3"
 

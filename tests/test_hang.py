@@ -52,7 +52,9 @@ def _scenario(rank: int, ws: int, kind: str, dump_dir: str) -> int:
         # gloo does not hang here: it corrupts the data silently (or aborts the process); the
         # job hangs later, when rank 1 goes elsewhere, and the dumps show both
         if kind == "size":
-            dist.broadcast(torch.ones(16 if rank == 1 else 8), 0)  # seq 2: 64 B on rank 1, 32 B on 0
+            dist.broadcast(
+                torch.ones(16 if rank == 1 else 8), 0
+            )  # seq 2: 64 B on rank 1, 32 B on 0
         else:
             dist.all_reduce(torch.ones(8, dtype=torch.float64) if rank == 1 else torch.ones(16))
         if rank == 1:
@@ -171,15 +173,29 @@ def test_flight_recorder_only(tmp_path):
     """A folder with only PyTorch Flight Recorder JSON dumps (no meshprof) is diagnosed too."""
 
     def entry(seq: int, op: str, size: int) -> dict:
-        return {"collective_seq_id": seq, "profiling_name": f"nccl:{op}", "process_group": ["0", "default_pg"],
-                "input_sizes": [[size]], "input_dtypes": ["Float"], "output_sizes": [[size]],
-                "output_dtypes": ["Float"], "state": "scheduled", "is_p2p": False}
+        return {
+            "collective_seq_id": seq,
+            "profiling_name": f"nccl:{op}",
+            "process_group": ["0", "default_pg"],
+            "input_sizes": [[size]],
+            "input_dtypes": ["Float"],
+            "output_sizes": [[size]],
+            "output_dtypes": ["Float"],
+            "state": "scheduled",
+            "is_p2p": False,
+        }
 
     for rank, n in ((0, 3), (1, 2)):
-        fr = {"entries": [entry(i, "all_reduce", 4) for i in range(1, n + 1)],
-              "pg_config": {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1]"}},
-              "pg_status": {"0": {"last_completed_collective": str(n - 1 if rank == 0 else n),
-                                  "last_enqueued_collective": str(n)}}}
+        fr = {
+            "entries": [entry(i, "all_reduce", 4) for i in range(1, n + 1)],
+            "pg_config": {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1]"}},
+            "pg_status": {
+                "0": {
+                    "last_completed_collective": str(n - 1 if rank == 0 else n),
+                    "last_enqueued_collective": str(n),
+                }
+            },
+        }
         (tmp_path / f"fr_rank{rank}.json").write_text(json.dumps(fr))
     (tmp_path / "nccl_trace_rank_2").write_bytes(b"\x80\x04\x95 pickled")  # never unpickled
     diag = diagnose_hang(tmp_path)
@@ -206,7 +222,9 @@ def _signal_dump(rank: int, ws: int, dump_dir: str) -> dict:
 
     prof = meshprof.enable()
     seen: list[str] = []
-    wd = start_watchdog(prof, dump_dir, timeout_s=30.0, poll_s=0.05, on_dump=lambda p: seen.append(p.name))
+    wd = start_watchdog(
+        prof, dump_dir, timeout_s=30.0, poll_s=0.05, on_dump=lambda p: seen.append(p.name)
+    )
     dist.all_reduce(torch.ones(4))
     os.kill(os.getpid(), signal.SIGUSR1)  # what the launcher sends to every worker
     deadline = time.monotonic() + 10

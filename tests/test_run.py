@@ -134,3 +134,19 @@ def test_run_bad_input_is_one_line_and_exit_2(tmp_path: Path, args: tuple[str, .
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], p.stderr
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.timeout(180)
+def test_run_hang_is_dumped_diagnosed_and_ended(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    p = meshprof_cli(
+        "run", "--nproc-per-node", "2", "-o", str(out), "--hang-timeout", "2", "--no-summary", str(SCRIPTS / "run_hang.py")
+    )
+    assert p.returncode == 3, p.stderr[-3000:]  # EXIT_HANG: the launcher ended the job
+    assert sorted(f.name for f in (out / "hang").glob("rank*.json")) == ["rank0.json", "rank1.json"]
+    run = load_run(out)
+    assert run.manifest["status"] == "hang" and run.manifest["hang"]["killed"] is True
+    # rank 0 was stuck in the all_reduce rank 1 never issued; both files were written at the end
+    assert [OP_NAMES[c] for c in run.ranks[0].events["op"].tolist()] == ["all_reduce"]
+    assert run.ranks[0].meta["exit"]["how"] == "signal"
+    assert "all_reduce" in p.stdout and "1" in p.stdout  # the diagnosis names the op and the rank

@@ -25,6 +25,8 @@ COMMANDS: tuple[str, ...] = (
     "report",
     "bench",
     "doctor",
+    "plan",
+    "demo",
 )
 
 

@@ -27,8 +27,9 @@ from meshprof.analyze.table import EventTable, GroupRef, build_event_table
 from meshprof.events import bandwidth_arrays, size_bucket_array
 from meshprof.rundir import LoadedRun
 
-MEMORY_IMBALANCE_THRESHOLD = 0.10
-"""Peak memory above the median rank by more than this fraction is reported as a finding."""
+MEMORY_IMBALANCE_THRESHOLD = 0.20
+"""Peak memory above the median rank by more than this fraction is reported as a finding (the
+same default as :class:`meshprof.monitor.BottleneckThresholds.memory_imbalance`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,7 +189,9 @@ class RunReport:
     findings: tuple[Finding, ...]
     """Conclusions drawn here (stragglers, memory, missing ranks, clock)."""
     bottlenecks: tuple[dict[str, Any], ...] = ()
-    """Bottlenecks from the step monitor (:mod:`meshprof.monitor`), rendered as given."""
+    """Bottlenecks: the step monitor's rules on each rank and the cross-rank rules."""
+    rank_analyses: tuple[dict[str, Any], ...] = ()
+    """The step monitor's analysis of each rank (:class:`meshprof.monitor.StepAnalysis` as dicts)."""
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (numpy arrays become nested lists, NaN becomes None)."""
@@ -235,6 +238,7 @@ class RunReport:
                 },
                 "by_size": [dataclasses.asdict(x) for x in self.by_size],
                 "bottlenecks": [dict(b) for b in self.bottlenecks],
+                "rank_analyses": list(self.rank_analyses),
             }
         )
 
@@ -467,13 +471,90 @@ def _findings(report_parts: dict[str, Any]) -> tuple[Finding, ...]:
     return tuple(out)
 
 
+def rank_analyses(run: LoadedRun) -> dict[int, Any]:
+    """The step monitor's analysis of every loaded rank (:func:`meshprof.monitor.analyze_steps`)."""
+    from meshprof.monitor import Layout, analyze_steps
+    from meshprof.monitor.bottlenecks import BottleneckThresholds
+
+    out: dict[int, Any] = {}
+    for r, rd in sorted(run.ranks.items()):
+        meta = rd.meta
+        mon = meta.get("monitor") or {}
+        layout = Layout.from_any(mon.get("layout") or meta.get("layout") or run.manifest.get("layout"))
+        th = mon.get("thresholds")
+        thresholds = BottleneckThresholds(**th) if isinstance(th, dict) else None
+        out[r] = analyze_steps(
+            rd.spans,
+            rd.span_names or list(mon.get("span_names", [])),
+            rd.events,
+            rd.groups,
+            rd.memory,
+            rank=r,
+            layout=layout,
+            schedule=str(mon.get("schedule", "") or ""),
+            microbatches=int(mon.get("microbatches", 0) or 0),
+            virtual_stages=int(mon.get("virtual_stages", 1) or 1),
+            flops_per_step=mon.get("flops_per_step"),
+            peak_tflops=mon.get("peak_tflops"),
+            thresholds=thresholds,
+            warmup_steps=int(mon.get("warmup_steps", 0) or 0),
+        )
+    return out
+
+
+def run_bottlenecks(run: LoadedRun, s: StragglerReport, memory: MemoryImbalance, analyses: dict[int, Any]) -> list[dict[str, Any]]:
+    """Per-rank bottlenecks (merged across ranks: one entry per category, the worst rank's,
+    with the list of ranks where it fired) and the cross-rank rules (load and memory imbalance)."""
+    from meshprof.monitor import evaluate_cross_rank
+
+    order = {"critical": 0, "high": 1, "medium": 2, "low": 3}
+    merged: dict[str, dict[str, Any]] = {}
+    for r, a in analyses.items():
+        for b in a.bottlenecks:
+            d = b.to_dict()
+            d["metrics"] = dict(d.get("metrics") or {})
+            cur = merged.get(b.category)
+            if cur is None:
+                d["metrics"]["ranks"] = [r]
+                d["evidence"] = f"rank {r}: {d['evidence']}"
+                merged[b.category] = d
+            else:
+                cur["metrics"]["ranks"].append(r)
+                if order.get(b.severity, 9) < order.get(cur["severity"], 9):
+                    ranks = cur["metrics"]["ranks"]
+                    d["metrics"]["ranks"] = ranks
+                    d["evidence"] = f"rank {r}: {d['evidence']}"
+                    merged[b.category] = d
+    for d in merged.values():
+        n = len(d["metrics"]["ranks"])
+        if n > 1:
+            d["evidence"] += f" (fired on {n} ranks: {', '.join(map(str, sorted(d['metrics']['ranks'])))})"
+    scores = [sc.score for sc in s.scores if sc.score == sc.score]
+    load = max(scores) if scores else None
+    straggler = s.stragglers[0] if s.stragglers else None
+    worst = max(s.scores, key=lambda sc: sc.score if sc.score == sc.score else -1e9) if s.scores else None
+    cross = evaluate_cross_rank(
+        load,
+        straggler.rank if straggler else (worst.rank if worst else None),
+        straggler.phase if straggler else None,
+        memory.imbalance if memory.max_rank >= 0 else None,
+        memory.max_rank if memory.max_rank >= 0 else None,
+    )
+    out = list(merged.values()) + [b.to_dict() for b in cross]
+    out.sort(key=lambda d: order.get(d["severity"], 9))
+    return out
+
+
 def analyze_run(
     run: LoadedRun,
     *,
     threshold: float = DEFAULT_THRESHOLD,
     bottlenecks: tuple[dict[str, Any], ...] | list[dict[str, Any]] = (),
 ) -> RunReport:
-    """Build the cross-rank report of a loaded run (pure: reads ``run``, returns data)."""
+    """Build the cross-rank report of a loaded run (pure: reads ``run``, returns data).
+
+    Bottlenecks come from the step monitor's rules on every rank and the cross-rank rules
+    (:mod:`meshprof.monitor.bottlenecks`); ``bottlenecks`` adds more, rendered as given."""
     table = build_event_table(run)
     clock = align_clocks(run, table)
     m = match_collectives(table, clock)
@@ -527,6 +608,8 @@ def analyze_run(
     findings = _findings(
         {"stragglers": s, "memory": memory, "problems": problems, "clock": clock, "match": ms}
     )
+    analyses = rank_analyses(run)
+    found = run_bottlenecks(run, s, memory, analyses) + [_as_dict(b) for b in bottlenecks]
     meta = {
         k: v
         for k, v in run.manifest.items()
@@ -551,7 +634,8 @@ def analyze_run(
         timeline=timeline,
         timeline_ns=tl_ns,
         findings=findings,
-        bottlenecks=tuple(_as_dict(b) for b in bottlenecks),
+        bottlenecks=tuple(found),
+        rank_analyses=tuple(a.to_dict() for _, a in sorted(analyses.items())),
     )
 
 

@@ -30,15 +30,41 @@ from meshprof.errors import MeshprofError
 
 _DUMP_RE = re.compile(r"^rank(\d+)\.json$")
 _FR_RE = re.compile(r"^(?:fr_rank|nccl_trace_rank_|fr_trace_rank_?)(\d+)(?:\.json)?$")
-_FR_DTYPES = {"Float": "float32", "Double": "float64", "Half": "float16", "BFloat16": "bfloat16",
-              "Int": "int32", "Long": "int64", "Byte": "uint8", "Char": "int8", "Bool": "bool"}
-_FR_ELEM = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "int32": 4, "int64": 8,
-            "uint8": 1, "int8": 1, "bool": 1}
+_FR_DTYPES = {
+    "Float": "float32",
+    "Double": "float64",
+    "Half": "float16",
+    "BFloat16": "bfloat16",
+    "Int": "int32",
+    "Long": "int64",
+    "Byte": "uint8",
+    "Char": "int8",
+    "Bool": "bool",
+}
+_FR_ELEM = {
+    "float32": 4,
+    "float64": 8,
+    "float16": 2,
+    "bfloat16": 2,
+    "int32": 4,
+    "int64": 8,
+    "uint8": 1,
+    "int8": 1,
+    "bool": 1,
+}
 # Frames of these packages are the machinery, not where the user's code is.
-_INTERNAL = (f"{os.sep}torch{os.sep}", f"{os.sep}meshprof{os.sep}", f"{os.sep}threading.py",
-             f"{os.sep}multiprocessing{os.sep}", f"{os.sep}runpy.py", f"{os.sep}contextlib.py")
+_INTERNAL = (
+    f"{os.sep}torch{os.sep}",
+    f"{os.sep}meshprof{os.sep}",
+    f"{os.sep}threading.py",
+    f"{os.sep}multiprocessing{os.sep}",
+    f"{os.sep}runpy.py",
+    f"{os.sep}contextlib.py",
+)
 # Ops whose per-rank input size must agree across the group (others may differ legitimately).
-_SAME_INPUT = frozenset({"all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "gather"})
+_SAME_INPUT = frozenset(
+    {"all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "gather"}
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,15 +183,25 @@ class HangDiagnosis:
             "directory": self.directory,
             "world_size": self.world_size,
             "findings": [
-                {"kind": f.kind, "group": f.group, "seq": f.seq, "ranks": list(f.ranks), "message": f.message,
-                 "values": [[r, v] for r, v in f.values]}
+                {
+                    "kind": f.kind,
+                    "group": f.group,
+                    "seq": f.seq,
+                    "ranks": list(f.ranks),
+                    "message": f.message,
+                    "values": [[r, v] for r, v in f.values],
+                }
                 for f in self.findings
             ],
             "ranks": [
-                {"rank": s.rank, "source": s.source, "reason": s.reason,
-                 "location": str(s.location) if s.location else None,
-                 "inflight": [_describe(c) for c in s.inflight],
-                 "last": [_describe(c) for c in s.collectives[-5:]]}
+                {
+                    "rank": s.rank,
+                    "source": s.source,
+                    "reason": s.reason,
+                    "location": str(s.location) if s.location else None,
+                    "inflight": [_describe(c) for c in s.inflight],
+                    "last": [_describe(c) for c in s.collectives[-5:]],
+                }
                 for s in self.ranks
             ],
             "problems": list(self.problems),
@@ -174,7 +210,9 @@ class HangDiagnosis:
 
 def _describe(c: Collective) -> str:
     peer = f" peer {c.peer}" if c.peer >= 0 else ""
-    return f"{c.op}(seq {c.seq}, {c.dtype}, {c.in_bytes} B in, {c.out_bytes} B out{peer}, {c.state})"
+    return (
+        f"{c.op}(seq {c.seq}, {c.dtype}, {c.in_bytes} B in, {c.out_bytes} B out{peer}, {c.state})"
+    )
 
 
 def _signature(c: Collective) -> str:
@@ -185,25 +223,56 @@ def _signature(c: Collective) -> str:
 def _read_meshprof(data: dict[str, Any]) -> RankState:
     cols = []
     for e in data.get("events", []):
-        cols.append(Collective(str(e["op"]), str(e["group_name"]), int(e["seq"]), str(e.get("dtype", "")),
-                               int(e.get("in_bytes", 0)), int(e.get("out_bytes", 0)), str(e.get("state", "completed")),
-                               int(e.get("peer", -1))))
+        cols.append(
+            Collective(
+                str(e["op"]),
+                str(e["group_name"]),
+                int(e["seq"]),
+                str(e.get("dtype", "")),
+                int(e.get("in_bytes", 0)),
+                int(e.get("out_bytes", 0)),
+                str(e.get("state", "completed")),
+                int(e.get("peer", -1)),
+            )
+        )
     inflight_threads = set()
     for e in data.get("inflight", []):
-        cols.append(Collective(str(e["op"]), str(e["group_name"]), int(e["seq"]), str(e.get("dtype", "")),
-                               int(e.get("in_bytes", 0)), int(e.get("out_bytes", 0)), "inflight",
-                               int(e.get("peer", -1)), int(e.get("age_ns", 0))))
+        cols.append(
+            Collective(
+                str(e["op"]),
+                str(e["group_name"]),
+                int(e["seq"]),
+                str(e.get("dtype", "")),
+                int(e.get("in_bytes", 0)),
+                int(e.get("out_bytes", 0)),
+                "inflight",
+                int(e.get("peer", -1)),
+                int(e.get("age_ns", 0)),
+            )
+        )
         inflight_threads.add(e.get("thread_id"))
-    groups = {str(g["name"]): tuple(int(r) for r in g.get("ranks", [])) for g in data.get("groups", [])}
+    groups = {
+        str(g["name"]): tuple(int(r) for r in g.get("ranks", [])) for g in data.get("groups", [])
+    }
     for e in [*data.get("events", []), *data.get("inflight", [])]:
         groups.setdefault(str(e["group_name"]), tuple(int(r) for r in e.get("group_ranks", [])))
     threads = data.get("threads", [])
     chosen = next((t for t in threads if t.get("thread_id") in inflight_threads), None)
     if chosen is None:
         chosen = next((t for t in threads if t.get("main")), None)
-    where = tuple(Frame(str(f["file"]), int(f["line"]), str(f["function"])) for f in (chosen or {}).get("frames", []))
-    return RankState(int(data["rank"]), "meshprof", str(data.get("reason", "")), tuple(cols), groups, where,
-                     int(data.get("world_size", 0) or 0))
+    where = tuple(
+        Frame(str(f["file"]), int(f["line"]), str(f["function"]))
+        for f in (chosen or {}).get("frames", [])
+    )
+    return RankState(
+        int(data["rank"]),
+        "meshprof",
+        str(data.get("reason", "")),
+        tuple(cols),
+        groups,
+        where,
+        int(data.get("world_size", 0) or 0),
+    )
 
 
 def _fr_bytes(sizes: list[Any], dtypes: list[str]) -> int:
@@ -237,10 +306,17 @@ def _read_flight_recorder(rank: int, data: dict[str, Any]) -> RankState:
         done = e.get("time_discovered_completed_ns") or state == "completed"
         if e.get("is_p2p"):
             continue
-        cols.append(Collective(op, group, int(e.get("collective_seq_id", 0)) - 1, dtype,
-                               _fr_bytes(e.get("input_sizes") or [], in_dt),
-                               _fr_bytes(e.get("output_sizes") or [], e.get("output_dtypes") or []),
-                               "completed" if done or (e.get("retired") and state == "completed") else "scheduled"))
+        cols.append(
+            Collective(
+                op,
+                group,
+                int(e.get("collective_seq_id", 0)) - 1,
+                dtype,
+                _fr_bytes(e.get("input_sizes") or [], in_dt),
+                _fr_bytes(e.get("output_sizes") or [], e.get("output_dtypes") or []),
+                "completed" if done or (e.get("retired") and state == "completed") else "scheduled",
+            )
+        )
     # FR on gloo never marks completion: the last collective of each group per pg_status
     # (last_enqueued > last_completed) is the in-flight one.
     status = data.get("pg_status") or {}
@@ -273,7 +349,9 @@ def load_dumps(directory: str | os.PathLike[str]) -> tuple[Path, dict[int, RankS
         try:
             raw = p.read_bytes()
             if raw[:1] not in (b"{", b"[", b" ", b"\n"):
-                problems.append(f"{p.name}: not JSON (a pickled Flight Recorder dump? set TORCH_FR_DUMP_TEMP_FILE and dump as JSON); skipped")
+                problems.append(
+                    f"{p.name}: not JSON (a pickled Flight Recorder dump? set TORCH_FR_DUMP_TEMP_FILE and dump as JSON); skipped"
+                )
                 continue
             data = json.loads(raw.decode("utf-8"))
             if m and isinstance(data, dict) and "events" in data and "rank" in data:
@@ -303,13 +381,22 @@ def _fmt_ranks(ranks: list[int] | tuple[int, ...]) -> str:
     return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(str(r) for r in ranks)
 
 
-def _mismatch(group: str, seq: int, by_rank: dict[int, Collective], states: dict[int, RankState]) -> Finding | None:
+def _mismatch(
+    group: str, seq: int, by_rank: dict[int, Collective], states: dict[int, RankState]
+) -> Finding | None:
     """Compare what each rank issued at (group, seq); the minority is named at fault."""
-    for kind, key in (("op_mismatch", lambda c: c.op), ("dtype_mismatch", lambda c: c.dtype),
-                      ("size_mismatch", lambda c: c.out_bytes if c.op == "scatter" else c.in_bytes)):
-        if kind == "size_mismatch" and not all(c.op in _SAME_INPUT or c.op == "scatter" for c in by_rank.values()):
+    for kind, key in (
+        ("op_mismatch", lambda c: c.op),
+        ("dtype_mismatch", lambda c: c.dtype),
+        ("size_mismatch", lambda c: c.out_bytes if c.op == "scatter" else c.in_bytes),
+    ):
+        if kind == "size_mismatch" and not all(
+            c.op in _SAME_INPUT or c.op == "scatter" for c in by_rank.values()
+        ):
             continue
-        if kind == "dtype_mismatch" and any(not c.dtype or c.dtype in ("none", "object") for c in by_rank.values()):
+        if kind == "dtype_mismatch" and any(
+            not c.dtype or c.dtype in ("none", "object") for c in by_rank.values()
+        ):
             continue
         values: dict[Any, list[int]] = defaultdict(list)
         for r, c in sorted(by_rank.items()):
@@ -318,25 +405,45 @@ def _mismatch(group: str, seq: int, by_rank: dict[int, Collective], states: dict
             continue
         majority = max(values.values(), key=lambda rs: (len(rs), -rs[0]))
         odd = sorted(r for rs in values.values() if rs is not majority for r in rs)
-        what = {"op_mismatch": "called different collectives", "dtype_mismatch": "passed different dtypes",
-                "size_mismatch": "passed different sizes"}[kind]
-        parts = "; ".join(f"{_fmt_ranks(rs)}: {_signature(by_rank[rs[0]])}" for rs in values.values())
-        locs = "; ".join(f"rank {r} {_where(states.get(r))}" for r in odd if states.get(r) and states[r].where)
+        what = {
+            "op_mismatch": "called different collectives",
+            "dtype_mismatch": "passed different dtypes",
+            "size_mismatch": "passed different sizes",
+        }[kind]
+        parts = "; ".join(
+            f"{_fmt_ranks(rs)}: {_signature(by_rank[rs[0]])}" for rs in values.values()
+        )
+        locs = "; ".join(
+            f"rank {r} {_where(states.get(r))}" for r in odd if states.get(r) and states[r].where
+        )
         msg = f"ranks {what} at collective seq {seq} of group {group}: {parts}."
         if locs:
             msg += f" {locs}."
-        return Finding(kind, group, seq, tuple(odd), msg, tuple((r, _signature(c)) for r, c in sorted(by_rank.items())))
+        return Finding(
+            kind,
+            group,
+            seq,
+            tuple(odd),
+            msg,
+            tuple((r, _signature(c)) for r, c in sorted(by_rank.items())),
+        )
     return None
 
 
-def _order_finding(group: str, seq: int, states: dict[int, RankState], members: list[int]) -> Finding | None:
+def _order_finding(
+    group: str, seq: int, states: dict[int, RankState], members: list[int]
+) -> Finding | None:
     """Different order: each rank's ops from ``seq`` on are the same multiset in another order."""
     seqs: dict[int, list[str]] = {}
     for r in members:
         st = states.get(r)
         if st is None:
             continue
-        seqs[r] = [c.op for c in sorted(st.collectives, key=lambda c: c.seq) if c.group == group and c.peer < 0 and c.seq >= seq]
+        seqs[r] = [
+            c.op
+            for c in sorted(st.collectives, key=lambda c: c.seq)
+            if c.group == group and c.peer < 0 and c.seq >= seq
+        ]
     if len(seqs) < 2:
         return None
     n = min(len(v) for v in seqs.values())
@@ -344,10 +451,18 @@ def _order_finding(group: str, seq: int, states: dict[int, RankState], members: 
         return None
     windows = {r: v[:n] for r, v in seqs.items()}
     ref = next(iter(windows.values()))
-    if all(sorted(w) == sorted(ref) for w in windows.values()) and any(w != ref for w in windows.values()):
+    if all(sorted(w) == sorted(ref) for w in windows.values()) and any(
+        w != ref for w in windows.values()
+    ):
         parts = "; ".join(f"rank {r}: {' → '.join(w)}" for r, w in windows.items())
-        return Finding("order", group, seq, tuple(windows), f"ranks called the collectives of group {group} in a different order from seq {seq} on: {parts}.",
-                       tuple((r, " → ".join(w)) for r, w in windows.items()))
+        return Finding(
+            "order",
+            group,
+            seq,
+            tuple(windows),
+            f"ranks called the collectives of group {group} in a different order from seq {seq} on: {parts}.",
+            tuple((r, " → ".join(w)) for r, w in windows.items()),
+        )
     return None
 
 
@@ -366,19 +481,36 @@ def diagnose_hang(directory: str | os.PathLike[str]) -> HangDiagnosis:
     findings: list[Finding] = []
     seen: set[tuple[str, int]] = set()
     # 1. every collective someone is waiting in, oldest first
-    waiting = sorted(((c, st.rank) for st in states.values() for c in st.inflight if c.peer < 0), key=lambda x: (x[0].group, x[0].seq))
+    waiting = sorted(
+        ((c, st.rank) for st in states.values() for c in st.inflight if c.peer < 0),
+        key=lambda x: (x[0].group, x[0].seq),
+    )
     for c, _ in waiting:
         key = (c.group, c.seq)
         if key in seen:
             continue
         seen.add(key)
         members = list(groups.get(c.group) or range(world))
-        entered = {r: x for r in members if (st := states.get(r)) for x in st.collectives if x.group == c.group and x.seq == c.seq and x.peer < 0}
+        entered = {
+            r: x
+            for r in members
+            if r in states
+            for x in states[r].collectives
+            if x.group == c.group and x.seq == c.seq and x.peer < 0
+        }
         inside = sorted(r for r, x in entered.items() if x.state == "inflight")
         no_dump = [r for r in members if r not in states]
-        absent = [r for r in members if r in states and r not in entered and states[r].last_seq(c.group) < c.seq]
+        absent = [
+            r
+            for r in members
+            if r in states and r not in entered and states[r].last_seq(c.group) < c.seq
+        ]
         mm = _mismatch(c.group, c.seq, entered, states) if len(entered) > 1 else None
-        order = _order_finding(c.group, c.seq, states, members) if mm is not None and mm.kind == "op_mismatch" else None
+        order = (
+            _order_finding(c.group, c.seq, states, members)
+            if mm is not None and mm.kind == "op_mismatch"
+            else None
+        )
         if order is not None:
             findings.append(order)
         elif mm is not None:
@@ -388,20 +520,41 @@ def diagnose_hang(directory: str | os.PathLike[str]) -> HangDiagnosis:
                 f"rank {r} {_where(states[r])} (its last collective in the group was seq {states[r].last_seq(c.group)})"
                 for r in absent
             )
-            findings.append(Finding("missing", c.group, c.seq, tuple(absent),
-                                    f"{_fmt_ranks(absent)} never entered {c.op} seq {c.seq} of group {c.group}, "
-                                    f"which {_fmt_ranks(inside)} {'is' if len(inside) == 1 else 'are'} waiting in: {parts}.",
-                                    tuple((r, str(states[r].location or "")) for r in absent)))
+            findings.append(
+                Finding(
+                    "missing",
+                    c.group,
+                    c.seq,
+                    tuple(absent),
+                    f"{_fmt_ranks(absent)} never entered {c.op} seq {c.seq} of group {c.group}, "
+                    f"which {_fmt_ranks(inside)} {'is' if len(inside) == 1 else 'are'} waiting in: {parts}.",
+                    tuple((r, str(states[r].location or "")) for r in absent),
+                )
+            )
         if no_dump:
-            findings.append(Finding("no_dump", c.group, c.seq, tuple(no_dump),
-                                    f"{_fmt_ranks(no_dump)} of group {c.group} left no dump while {_fmt_ranks(inside)} "
-                                    f"waited in {c.op} seq {c.seq}: dead, exited, or stuck outside Python."))
+            findings.append(
+                Finding(
+                    "no_dump",
+                    c.group,
+                    c.seq,
+                    tuple(no_dump),
+                    f"{_fmt_ranks(no_dump)} of group {c.group} left no dump while {_fmt_ranks(inside)} "
+                    f"waited in {c.op} seq {c.seq}: dead, exited, or stuck outside Python.",
+                )
+            )
         if not absent and not no_dump and mm is None and order is None:
             age = max((x.age_ns for x in entered.values() if x.state == "inflight"), default=0)
-            findings.append(Finding("stuck", c.group, c.seq, tuple(inside),
-                                    f"all members of group {c.group} entered {_signature(c)} seq {c.seq} with matching "
-                                    f"arguments and it has not finished after {age / 1e9:.1f} s "
-                                    f"(a slow or dead link, or a peer stuck inside the backend)."))
+            findings.append(
+                Finding(
+                    "stuck",
+                    c.group,
+                    c.seq,
+                    tuple(inside),
+                    f"all members of group {c.group} entered {_signature(c)} seq {c.seq} with matching "
+                    f"arguments and it has not finished after {age / 1e9:.1f} s "
+                    f"(a slow or dead link, or a peer stuck inside the backend).",
+                )
+            )
     # 2. mismatches among completed collectives (a desync that has not hung yet)
     by_key: dict[tuple[str, int], dict[int, Collective]] = defaultdict(dict)
     for st in states.values():
@@ -414,31 +567,63 @@ def diagnose_hang(directory: str | os.PathLike[str]) -> HangDiagnosis:
         mm = _mismatch(g, seq, by_rank, states)
         if mm is not None:
             seen.add((g, seq))
-            order = _order_finding(g, seq, states, list(groups.get(g) or range(world))) if mm.kind == "op_mismatch" else None
+            order = (
+                _order_finding(g, seq, states, list(groups.get(g) or range(world)))
+                if mm.kind == "op_mismatch"
+                else None
+            )
             findings.append(order or mm)
             break  # later seqs of a desynced group only repeat it
-    order_rank = {"missing": 0, "order": 1, "op_mismatch": 1, "dtype_mismatch": 1, "size_mismatch": 1, "stuck": 2, "no_dump": 3}
+    order_rank = {
+        "missing": 0,
+        "order": 1,
+        "op_mismatch": 1,
+        "dtype_mismatch": 1,
+        "size_mismatch": 1,
+        "stuck": 2,
+        "no_dump": 3,
+    }
     findings.sort(key=lambda f: order_rank.get(f.kind, 9))
-    return HangDiagnosis(str(d), tuple(states[r] for r in sorted(states)), tuple(findings), world, tuple(problems))
+    return HangDiagnosis(
+        str(d), tuple(states[r] for r in sorted(states)), tuple(findings), world, tuple(problems)
+    )
 
 
 def render_hang_text(diag: HangDiagnosis) -> str:
     """The diagnosis in plain words, for the terminal."""
-    lines = [f"meshprof hang: {len(diag.ranks)} rank dump(s) in {diag.directory} (world size {diag.world_size or '?'})"]
+    lines = [
+        f"meshprof hang: {len(diag.ranks)} rank dump(s) in {diag.directory} (world size {diag.world_size or '?'})"
+    ]
     if not diag.findings:
-        lines.append("No hang or desync found: every collective in flight had all members, with matching arguments.")
+        lines.append(
+            "No hang or desync found: every collective in flight had all members, with matching arguments."
+        )
     for i, f in enumerate(diag.findings, 1):
         lines.append(f"{i}. [{f.kind}] {f.message}")
     lines.append("")
     lines.append("Where each rank is:")
     for st in diag.ranks:
         fl = st.inflight
-        doing = ", ".join(f"{c.op} seq {c.seq} of group {c.group} ({c.age_ns / 1e9:.1f} s)" for c in fl) or "no collective in flight"
+        doing = (
+            ", ".join(f"{c.op} seq {c.seq} of group {c.group} ({c.age_ns / 1e9:.1f} s)" for c in fl)
+            or "no collective in flight"
+        )
         loc = st.location
-        lines.append(f"  rank {st.rank}: {doing}; {('at ' + str(loc)) if loc else 'no Python stack'} [{st.source}: {st.reason}]")
+        lines.append(
+            f"  rank {st.rank}: {doing}; {('at ' + str(loc)) if loc else 'no Python stack'} [{st.source}: {st.reason}]"
+        )
     for p in diag.problems:
         lines.append(f"  note: {p}")
     return "\n".join(lines)
 
 
-__all__ = ["Collective", "Finding", "Frame", "HangDiagnosis", "RankState", "diagnose_hang", "load_dumps", "render_hang_text"]
+__all__ = [
+    "Collective",
+    "Finding",
+    "Frame",
+    "HangDiagnosis",
+    "RankState",
+    "diagnose_hang",
+    "load_dumps",
+    "render_hang_text",
+]

@@ -32,12 +32,25 @@ def register(sub: argparse._SubParsersAction) -> None:
         "their results, and print a table. Runs under torchrun (uses the job's ranks) or starts "
         "--nproc local ranks itself (gloo on CPU, NCCL on CUDA).",
     )
-    p.add_argument("--nproc", type=int, default=None, help="start this many local ranks (default 2 outside torchrun)")
-    p.add_argument("--backend", default=None, help="gloo or nccl (default: nccl with CUDA, else gloo)")
-    p.add_argument("--ops", default="all", help=f"comma-separated ops or 'all': {','.join(ALL_OPS)}")
-    p.add_argument("-b", "--minbytes", default="1K", help="smallest size (K/M/G suffixes), default 1K")
+    p.add_argument(
+        "--nproc",
+        type=int,
+        default=None,
+        help="start this many local ranks (default 2 outside torchrun)",
+    )
+    p.add_argument(
+        "--backend", default=None, help="gloo or nccl (default: nccl with CUDA, else gloo)"
+    )
+    p.add_argument(
+        "--ops", default="all", help=f"comma-separated ops or 'all': {','.join(ALL_OPS)}"
+    )
+    p.add_argument(
+        "-b", "--minbytes", default="1K", help="smallest size (K/M/G suffixes), default 1K"
+    )
     p.add_argument("-e", "--maxbytes", default="16M", help="largest size, default 16M")
-    p.add_argument("-f", "--stepfactor", type=float, default=4.0, help="size multiplication factor, default 4")
+    p.add_argument(
+        "-f", "--stepfactor", type=float, default=4.0, help="size multiplication factor, default 4"
+    )
     p.add_argument("-d", "--dtype", default="float32", choices=DTYPES)
     p.add_argument("-w", "--warmup", type=int, default=5, help="warm-up iterations per size")
     p.add_argument("-n", "--iters", type=int, default=20, help="timed iterations per size")
@@ -46,17 +59,33 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.add_argument("--csv", metavar="PATH", help="also write the rows as CSV")
     p.add_argument("--plot", metavar="PATH.svg", help="also write busbw against size as an SVG")
-    p.add_argument("--timeout", type=float, default=600.0, help="give up after this many seconds (with --nproc)")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=600.0,
+        help="give up after this many seconds (with --nproc)",
+    )
     p.set_defaults(func=run)
 
 
 def config_from_args(args: argparse.Namespace) -> BenchConfig:
-    ops = ALL_OPS if args.ops.strip() == "all" else tuple(o.strip() for o in args.ops.split(",") if o.strip())
+    ops = (
+        ALL_OPS
+        if args.ops.strip() == "all"
+        else tuple(o.strip() for o in args.ops.split(",") if o.strip())
+    )
     ops = tuple("sendrecv" if o in ("send", "recv", "send_recv", "send/recv") else o for o in ops)
     sizes = size_list(parse_size(args.minbytes), parse_size(args.maxbytes), args.stepfactor)
     modes = ("out-of-place", "in-place") if args.mode == "both" else (args.mode,)
-    return BenchConfig(ops=ops, sizes=tuple(sizes), dtype=args.dtype, warmup=args.warmup, iters=args.iters,
-                       check=not args.no_check, modes=modes)
+    return BenchConfig(
+        ops=ops,
+        sizes=tuple(sizes),
+        dtype=args.dtype,
+        warmup=args.warmup,
+        iters=args.iters,
+        check=not args.no_check,
+        modes=modes,
+    )
 
 
 def _worker(rank: int, world_size: int, config: BenchConfig) -> BenchResult | None:
@@ -93,7 +122,9 @@ def run(args: argparse.Namespace) -> int:
         if nproc < 1:
             raise MeshprofError(f"--nproc {nproc}: need at least 1 rank")
         try:
-            result = run_ranks(_worker, nproc, args=(config,), backend=backend, timeout=args.timeout)[0]
+            result = run_ranks(
+                _worker, nproc, args=(config,), backend=backend, timeout=args.timeout
+            )[0]
         except (WorkerError, TimeoutError) as e:
             print(f"meshprof bench: {e}", file=sys.stderr)
             return 1

@@ -10,7 +10,14 @@ from dataclasses import asdict
 from typing import Any
 
 from meshprof.errors import MeshprofError
-from meshprof.tools.doctor import Check, DoctorConfig, doctor_rank, merge, read_results, render_checks
+from meshprof.tools.doctor import (
+    Check,
+    DoctorConfig,
+    doctor_rank,
+    merge,
+    read_results,
+    render_checks,
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -20,14 +27,25 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Run health checks on every rank (under torchrun: the job's ranks; else --nproc "
         "local ranks). Exit code 1 on any ✗. Bounded by timeouts: a dead peer gives ✗, not a hang.",
     )
-    p.add_argument("--nproc", type=int, default=None, help="start this many local ranks (default 2 outside torchrun)")
-    p.add_argument("--backend", default=None, help="gloo or nccl (default: nccl with CUDA, else gloo)")
-    p.add_argument("--timeout", type=float, default=10.0, help="per-check timeout in seconds (default 10)")
+    p.add_argument(
+        "--nproc",
+        type=int,
+        default=None,
+        help="start this many local ranks (default 2 outside torchrun)",
+    )
+    p.add_argument(
+        "--backend", default=None, help="gloo or nccl (default: nccl with CUDA, else gloo)"
+    )
+    p.add_argument(
+        "--timeout", type=float, default=10.0, help="per-check timeout in seconds (default 10)"
+    )
     p.add_argument("--json", action="store_true", help="print the checks as JSON")
     p.set_defaults(func=run)
 
 
-def run_local(nproc: int, cfg: DoctorConfig, worker: Any = doctor_rank, overall_timeout: float | None = None) -> list[Check]:
+def run_local(
+    nproc: int, cfg: DoctorConfig, worker: Any = doctor_rank, overall_timeout: float | None = None
+) -> list[Check]:
     """Start ``nproc`` local ranks running ``worker`` and merge what they reported."""
     from meshprof.tools.spawn import WorkerError, run_ranks
 
@@ -42,7 +60,11 @@ def run_local(nproc: int, cfg: DoctorConfig, worker: Any = doctor_rank, overall_
         except WorkerError as e:
             failures[-1] = str(e).splitlines()[0]
         per_rank = read_results(d, nproc)
-    checks = merge(per_rank, nproc, {r: failures[-1] for r in range(nproc) if r not in per_rank} if failures else {})
+    checks = merge(
+        per_rank,
+        nproc,
+        {r: failures[-1] for r in range(nproc) if r not in per_rank} if failures else {},
+    )
     if failures and all(r in per_rank for r in range(nproc)):
         checks.append(Check("ranks", False, failures[-1]))
     return checks
@@ -55,7 +77,9 @@ def run(args: argparse.Namespace) -> int:
     if args.timeout <= 0:
         raise MeshprofError(f"--timeout {args.timeout}: must be > 0 seconds")
     cfg = DoctorConfig(backend=backend, timeout_s=args.timeout)
-    under_torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ
+    under_torchrun = (
+        "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ
+    )
     if args.nproc is None and under_torchrun:
         rank, ws = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         checks = doctor_rank(rank, ws, cfg)
@@ -67,7 +91,12 @@ def run(args: argparse.Namespace) -> int:
             raise MeshprofError(f"--nproc {nproc}: need at least 1 rank")
         checks = run_local(nproc, cfg)
     if args.json:
-        print(json.dumps({"ok": all(c.ok for c in checks), "checks": [asdict(c) for c in checks]}, default=str))
+        print(
+            json.dumps(
+                {"ok": all(c.ok for c in checks), "checks": [asdict(c) for c in checks]},
+                default=str,
+            )
+        )
     else:
         print(render_checks(checks))
     return 0 if all(c.ok for c in checks) else 1

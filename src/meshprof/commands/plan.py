@@ -25,6 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_model_args(p, d_model=1024, heads=16, vocab=50257, seq_len=1024)
     p.add_argument("--param-bytes", type=int, choices=(2, 4, 8), default=4, help="bytes per parameter element (default 4: float32)")
     p.add_argument("--device-type", choices=("cuda", "cpu"), default="cuda", help="device the estimate is for (CPU offload only helps CUDA)")
+    p.add_argument("--world-size", type=int, default=None, help="check that dp×tp×pp equals this number of ranks")
     p.add_argument("--json", action="store_true", help="print everything as JSON")
     p.set_defaults(func=run)
 
@@ -82,22 +83,20 @@ def _layers_text(layers: list[int]) -> str:
 
 
 def _memory_table(title: str, rows: list[MemoryBreakdown], first: str) -> Table:
+    """Bytes per device; the per-stage table also shows activations with and without
+    checkpointing (the strategy table shows each strategy's own choice)."""
+    per_stage = first != "strategy"
     t = Table(title=title, title_justify="left")
     t.add_column(first)
-    for name in ("params", "grads", "optimizer", "activations", "(no ckpt)", "(ckpt)", "transient", "total"):
+    names = ["params", "grads", "optim", "activ."] + (["no ckpt", "ckpt"] if per_stage else []) + ["temp", "total"]
+    for name in names:
         t.add_column(name, justify="right")
     for b in rows:
-        t.add_row(
-            b.strategy if first == "strategy" else str(b.pp_rank),
-            fmt_bytes(b.params_bytes),
-            fmt_bytes(b.grads_bytes),
-            fmt_bytes(b.optimizer_bytes),
-            fmt_bytes(b.activations_bytes),
-            fmt_bytes(b.activations_no_ckpt_bytes),
-            fmt_bytes(b.activations_ckpt_bytes),
-            fmt_bytes(b.transient_bytes),
-            f"[bold]{fmt_bytes(b.total_bytes)}[/]",
-        )
+        cells = [fmt_bytes(b.params_bytes), fmt_bytes(b.grads_bytes), fmt_bytes(b.optimizer_bytes), fmt_bytes(b.activations_bytes)]
+        if per_stage:
+            cells += [fmt_bytes(b.activations_no_ckpt_bytes), fmt_bytes(b.activations_ckpt_bytes)]
+        cells += [fmt_bytes(b.transient_bytes), f"[bold]{fmt_bytes(b.total_bytes)}[/]"]
+        t.add_row(str(b.pp_rank) if per_stage else b.strategy, *cells)
     return t
 
 
@@ -150,7 +149,7 @@ def _print(config: ParallelConfig, est: MemoryEstimate, rows: list[dict[str, Any
 def run(args: argparse.Namespace) -> int:
     config = parallel_config_from_args(args)
     model = model_config_from_args(args)
-    config.validate(n_heads=model.n_heads, hidden=model.d_model, ffn_hidden=model.ffn_hidden)
+    config.validate(args.world_size, n_heads=model.n_heads, hidden=model.d_model, ffn_hidden=model.ffn_hidden)
     est = estimate_memory(config, model, param_bytes=args.param_bytes, device_type=args.device_type)
     rows = _rank_rows(config)
     groups = {d: all_groups(config, d) for d in ("dp", "tp", "pp")}

@@ -31,19 +31,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _bottlenecks(run_dir: Path) -> list[dict]:
-    """Bottlenecks from the step monitor, when it left them next to the rank files."""
-    f = run_dir / "bottlenecks.json"
-    if not f.exists():
-        return []
-    try:
-        data = json.loads(f.read_text(encoding="utf-8"))
-    except (ValueError, OSError) as e:
-        raise MeshprofError(f"{f}: damaged bottleneck file ({e})") from None
-    items = data.get("bottlenecks", []) if isinstance(data, dict) else data
-    return [b for b in items if isinstance(b, dict)]
-
-
 def run(args: argparse.Namespace) -> int:
     if not (0.0 < args.threshold < 10.0):
         raise MeshprofError(f"--threshold must be a fraction in (0, 10), got {args.threshold}")
@@ -52,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
         if target and Path(target).is_dir():
             raise MeshprofError(f"--{opt} {target}: is a directory (give a file name)")
     loaded = load_run(Path(args.dir))
-    rep = analyze_run(loaded, threshold=args.threshold, bottlenecks=_bottlenecks(Path(args.dir)))
+    rep = analyze_run(loaded, threshold=args.threshold)
     written = []
     if args.html:
         from meshprof.render.html import write_html

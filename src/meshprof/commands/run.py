@@ -137,17 +137,15 @@ def run_result_dict(result: LaunchResult) -> dict[str, Any]:
 
 
 def _print_hang(result: LaunchResult) -> None:
-    """The hang diagnosis, when the analysis module exists (``meshprof.analyze.hang``)."""
+    """The hang diagnosis from the dumps in DIR/hang (``meshprof hang DIR`` prints the same)."""
+    from meshprof.analyze.hang import diagnose_hang, render_hang_text
+
     try:
-        from meshprof.analyze.hang import diagnose_hang  # type: ignore[import-not-found]
-    except ImportError:
-        hang = result.hang or {}
-        print(f"meshprof run: hang dumps in {result.run_dir / 'hang'}: {', '.join(hang.get('dumps', []))}", file=sys.stderr)
-        return
-    try:
-        print(diagnose_hang(result.run_dir / "hang"))
+        print(render_hang_text(diagnose_hang(result.run_dir / "hang")))
     except Exception as e:
-        print(f"meshprof run: could not diagnose the hang: {type(e).__name__}: {e}", file=sys.stderr)
+        hang = result.hang or {}
+        print(f"meshprof run: hang dumps in {result.run_dir / 'hang'} ({', '.join(hang.get('dumps', []))}); "
+              f"could not diagnose them: {type(e).__name__}: {e}", file=sys.stderr)
 
 
 def _rank_rows(run_: Any) -> list[dict[str, Any]]:
@@ -182,17 +180,16 @@ def _merged_stats(run_: Any) -> Any:
 
 
 def print_run_summary(run_dir: Path) -> None:
-    """Print the run's summary: one line per rank and the statistics merged over all ranks.
-
-    (The full cross-rank report is ``meshprof report DIR``.)"""
+    """Print the run's summary: one line per rank (events, steps, how it ended), then the
+    cross-rank report of ``meshprof report DIR`` (or, if that analysis fails, the collective
+    statistics merged over all ranks)."""
     from rich.console import Console
     from rich.table import Table
 
-    from meshprof.render.console import print_stats
     from meshprof.rundir import load_run
 
     run_ = load_run(run_dir)
-    console = Console()
+    console = Console(width=None if sys.stdout.isatty() else 140)
     m = run_.manifest
     console.print(f"[bold]meshprof run[/]: {run_dir} — world size {run_.world_size}, exit code {m.get('exit_code')}, hosts {', '.join(m.get('hosts') or [])}")
     t = Table(title="ranks", title_justify="left")
@@ -204,4 +201,13 @@ def print_run_summary(run_dir: Path) -> None:
     console.print(t)
     for r, why in sorted(run_.problems.items()):
         console.print(f"[yellow]rank {r}: {why}[/]")
-    print_stats(_merged_stats(run_), console, header="all ranks")
+    try:
+        from meshprof.analyze.crossrank import analyze_run
+        from meshprof.render.report_console import print_report
+
+        print_report(analyze_run(run_), console)
+    except Exception as e:
+        from meshprof.render.console import print_stats
+
+        console.print(f"[yellow]cross-rank report unavailable ({type(e).__name__}: {e}); merged statistics:[/]")
+        print_stats(_merged_stats(run_), console, header="all ranks")

@@ -27,7 +27,8 @@ ASSUMPTIONS: tuple[str, ...] = (
     "without pipelining 1 (gradient accumulation).",
     "FSDP (dp > 1): parameters, gradients and optimizer state are divided by dp; while computing, the root chunk's "
     "parameters (embeddings, head) stay gathered and two blocks (current + prefetched) are gathered with reshard-after-forward "
-    "(standard and above), all blocks without it (basic); one block's unsharded gradients exist before its reduce-scatter.",
+    "(standard and above), all blocks without it (basic); one block's unsharded gradients and their reduce-scatter "
+    "input buffer exist before its reduce-scatter.",
     "DDP (dp > 1): full replicas; gradients are copied into flat buckets, so gradient memory is counted twice.",
     "Extreme offloads sharded parameters, gradients and optimizer state to host memory on CUDA only; on CPU it equals aggressive.",
     "Mixed precision: activations in 2 bytes; parameters, gradients and optimizer state stay in param_bytes.",
@@ -136,7 +137,7 @@ def _breakdown(config: ParallelConfig, model: ModelConfig, pp_rank: int, strateg
         shard = math.ceil(p_rank / config.dp)
         gathered = root_p + (min(2, n_blocks) * block_p if st.reshard_after_forward else n_blocks * block_p)
         params = (0 if offload else shard) + gathered
-        grads = (0 if offload else shard) + block_p
+        grads = (0 if offload else shard) + 2 * block_p
         optim = 0 if offload else 2 * shard
         offloaded = 4 * shard if offload else 0
     else:

@@ -165,6 +165,13 @@ def _findings(rep: RunReport) -> str:
             f'<div class="finding {_E(f.severity)}"><b>{_E(f.title)}</b>{_evidence(f.evidence)}</div>'
         )
     for b in rep.bottlenecks:
+        if "category" in b and "rule" in b:  # a meshprof.monitor Bottleneck
+            sev = str(b.get("severity", "info"))
+            out.append(
+                f'<div class="finding {_E(sev)}"><b>[{_E(sev)}] {_E(str(b["category"]))}: {_E(str(b["rule"]))}</b>'
+                f"<p>{_E(str(b.get('evidence', '')))}</p><p><i>fix:</i> {_E(str(b.get('suggestion', '')))}</p></div>"
+            )
+            continue
         title = b.get("title") or b.get("message") or b.get("kind") or b.get("name") or "bottleneck"
         sev = str(b.get("severity", "info"))
         rest = {k: v for k, v in b.items() if k not in ("title", "severity")}

@@ -38,8 +38,15 @@ def print_report(rep: RunReport, console: Console) -> None:
             style = "red" if f.severity == "warning" else "yellow"
             console.print(f"  [{style}]•[/] {f.title}", highlight=False, markup=True)
         for b in rep.bottlenecks:
+            if "category" in b and "rule" in b:  # a meshprof.monitor Bottleneck
+                console.print(
+                    f"  • {str(b.get('severity', '')).upper()} {b['category']}: {b.get('evidence', '')}",
+                    highlight=False, markup=False,
+                )
+                console.print(f"      rule: {b['rule']}; fix: {b.get('suggestion', '')}", highlight=False, markup=False)
+                continue
             title = b.get("title") or b.get("message") or b.get("kind") or "bottleneck"
-            console.print(f"  [yellow]•[/] [{b.get('severity', 'info')}] {title}", highlight=False)
+            console.print(f"  • [{b.get('severity', 'info')}] {title}", highlight=False, markup=False)
     else:
         console.print("[green]No straggler, imbalance or bottleneck found.[/]")
     if s.note:

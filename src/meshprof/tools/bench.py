@@ -48,7 +48,9 @@ def parse_size(text: str) -> int:
     """'1K' -> 1024, '8M' -> 8 MiB, '1G', '4096' (bytes; nccl-tests' suffixes are powers of 2)."""
     m = re.fullmatch(r"\s*(\d+)\s*([KMG]?)(?:i?B)?\s*", text, re.IGNORECASE)
     if not m:
-        raise MeshprofError(f"bad size {text!r}: use a number of bytes with an optional K, M or G suffix, e.g. 1K or 64M")
+        raise MeshprofError(
+            f"bad size {text!r}: use a number of bytes with an optional K, M or G suffix, e.g. 1K or 64M"
+        )
     return int(m.group(1)) * _SUFFIX[m.group(2).upper()]
 
 
@@ -58,7 +60,8 @@ def size_list(begin: int, end: int, factor: float) -> list[int]:
         raise MeshprofError(f"bad size range {begin}..{end}: need 0 < -b <= -e")
     if factor <= 1 and begin != end:
         raise MeshprofError(f"bad step factor {factor}: -f must be > 1")
-    out, s = [], float(begin)
+    out: list[int] = []
+    s = float(begin)
     while s <= end and len(out) < 64:
         out.append(int(s))
         s *= factor
@@ -151,8 +154,13 @@ class BenchResult:
     """Settings: warm-up, iterations, dtype, torch version."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"backend": self.backend, "device": self.device, "world_size": self.world_size, "meta": self.meta,
-                "rows": [r.to_dict() for r in self.rows]}
+        return {
+            "backend": self.backend,
+            "device": self.device,
+            "world_size": self.world_size,
+            "meta": self.meta,
+            "rows": [r.to_dict() for r in self.rows],
+        }
 
 
 # -- per-op buffers and expected values -------------------------------------------------------
@@ -164,7 +172,18 @@ def _pattern(torch: Any, count: int, dtype: Any, device: Any) -> Any:
 class _Case:
     """Buffers and the call of one op in one mode; ``expected()`` is this rank's correct output."""
 
-    def __init__(self, torch: Any, dist: Any, op: str, mode: str, size: int, dtype: Any, device: Any, rank: int, n: int) -> None:
+    def __init__(
+        self,
+        torch: Any,
+        dist: Any,
+        op: str,
+        mode: str,
+        size: int,
+        dtype: Any,
+        device: Any,
+        rank: int,
+        n: int,
+    ) -> None:
         self.torch, self.dist, self.op, self.mode = torch, dist, op, mode
         self.rank, self.n, self.dtype, self.device = rank, n, dtype, device
         elem = torch.empty((), dtype=dtype).element_size()
@@ -192,7 +211,11 @@ class _Case:
             self.outs = list(self.out.split(c)) if op == "gather" and r == 0 else None
         elif op in ("reduce_scatter", "scatter"):
             self.inp = pat_full * (r + 1)
-            self.out = self.inp[r * c : (r + 1) * c] if self.mode == "in-place" else torch.zeros(c, dtype=self.dtype, device=dev)
+            self.out = (
+                self.inp[r * c : (r + 1) * c]
+                if self.mode == "in-place"
+                else torch.zeros(c, dtype=self.dtype, device=dev)
+            )
             self.ins = list(self.inp.split(c)) if op == "scatter" and r == 0 else None
         elif op == "all_to_all":
             # chunk j of rank r holds r*n + j + 1: exact, and says where every chunk came from
@@ -200,7 +223,9 @@ class _Case:
             self.out = torch.zeros_like(self.inp)
 
     def in_out_bytes(self) -> tuple[int, int]:
-        return int(self.inp.numel() * self.inp.element_size()), int(self.out.numel() * self.out.element_size())
+        return int(self.inp.numel() * self.inp.element_size()), int(
+            self.out.numel() * self.out.element_size()
+        )
 
     def run(self) -> None:
         dist, op, r, n = self.dist, self.op, self.rank, self.n
@@ -224,13 +249,24 @@ class _Case:
             if n == 1:
                 self.out.copy_(self.inp)
                 return
-            ops = [dist.P2POp(dist.isend, self.inp, (r + 1) % n), dist.P2POp(dist.irecv, self.out, (r - 1) % n)]
+            ops = [
+                dist.P2POp(dist.isend, self.inp, (r + 1) % n),
+                dist.P2POp(dist.irecv, self.out, (r - 1) % n),
+            ]
             for w in dist.batch_isend_irecv(ops):
                 w.wait()
 
     def wrong(self) -> int:
         """Elements of this rank's result that differ from the expected values."""
-        torch, op, r, n, c, dev, dt = self.torch, self.op, self.rank, self.n, self.chunk, self.device, self.dtype
+        torch, op, r, n, c, dev, dt = (
+            self.torch,
+            self.op,
+            self.rank,
+            self.n,
+            self.chunk,
+            self.device,
+            self.dtype,
+        )
         pat = _pattern(torch, self.total, dt, dev)
         tri = n * (n + 1) // 2
         if op == "all_reduce":
@@ -314,19 +350,51 @@ def run_bench_rank(rank: int, world_size: int, config: BenchConfig) -> BenchResu
         for op in config.ops:
             for mode in modes_of(op, config.modes):
                 for size in config.sizes:
-                    rows.append(_measure(torch, dist, op, mode, size, dtype, device, rank, world_size, config, cuda))
+                    rows.append(
+                        _measure(
+                            torch,
+                            dist,
+                            op,
+                            mode,
+                            size,
+                            dtype,
+                            device,
+                            rank,
+                            world_size,
+                            config,
+                            cuda,
+                        )
+                    )
         if rank != 0:
             return None
-        meta = {"warmup": config.warmup, "iters": config.iters, "dtype": config.dtype, "torch": torch.__version__,
-                "check": config.check}
-        return BenchResult(tuple(r for r in rows if r is not None), backend, device.type, world_size, meta)
+        meta = {
+            "warmup": config.warmup,
+            "iters": config.iters,
+            "dtype": config.dtype,
+            "torch": torch.__version__,
+            "check": config.check,
+        }
+        return BenchResult(
+            tuple(r for r in rows if r is not None), backend, device.type, world_size, meta
+        )
     finally:
         if was_on:
             meshprof.enable()
 
 
-def _measure(torch: Any, dist: Any, op: str, mode: str, size: int, dtype: Any, device: Any, rank: int, n: int,
-             config: BenchConfig, cuda: bool) -> BenchRow | None:
+def _measure(
+    torch: Any,
+    dist: Any,
+    op: str,
+    mode: str,
+    size: int,
+    dtype: Any,
+    device: Any,
+    rank: int,
+    n: int,
+    config: BenchConfig,
+    cuda: bool,
+) -> BenchRow | None:
     case = _Case(torch, dist, op, mode, size, dtype, device, rank, n)
     for _ in range(config.warmup):
         case.run()
@@ -340,7 +408,9 @@ def _measure(torch: Any, dist: Any, op: str, mode: str, size: int, dtype: Any, d
             torch.cuda.synchronize()
         wrong = case.wrong()
     # combine across ranks: [mean, wrong, per-iteration...] from every rank
-    local = torch.tensor([mean_ns, float(wrong), *per_iter.tolist()], dtype=torch.float64, device=device)
+    local = torch.tensor(
+        [mean_ns, float(wrong), *per_iter.tolist()], dtype=torch.float64, device=device
+    )
     table = [torch.zeros_like(local) for _ in range(n)]
     dist.all_gather(table, local)
     if rank != 0:
@@ -350,12 +420,24 @@ def _measure(torch: Any, dist: Any, op: str, mode: str, size: int, dtype: Any, d
     iters = m[:, 2:].max(axis=0)  # an iteration lasts as long as its slowest rank
     in_b, out_b = case.in_out_bytes()
     t_ns = float(means.mean())
-    algbw, busbw = bandwidth_gbps(op if op != "sendrecv" else "send", in_b, out_b, max(int(round(t_ns)), 1), n)
+    algbw, busbw = bandwidth_gbps(
+        op if op != "sendrecv" else "send", in_b, out_b, max(round(t_ns), 1), n
+    )
     mean_iter = float(iters.mean())
     return BenchRow(
-        op=op, mode=mode, size=int(_nccl_size(op, in_b, out_b, n)), count=int(case.inp.numel()), dtype=config.dtype,
-        world_size=n, time_us=t_ns / 1e3, time_min_us=float(means.min()) / 1e3, time_max_us=float(means.max()) / 1e3,
-        algbw=algbw, busbw=busbw, iter_min_us=float(iters.min()) / 1e3, iter_max_us=float(iters.max()) / 1e3,
+        op=op,
+        mode=mode,
+        size=int(_nccl_size(op, in_b, out_b, n)),
+        count=int(case.inp.numel()),
+        dtype=config.dtype,
+        world_size=n,
+        time_us=t_ns / 1e3,
+        time_min_us=float(means.min()) / 1e3,
+        time_max_us=float(means.max()) / 1e3,
+        algbw=algbw,
+        busbw=busbw,
+        iter_min_us=float(iters.min()) / 1e3,
+        iter_max_us=float(iters.max()) / 1e3,
         iter_p99_us=float(np.percentile(iters, 99)) / 1e3,
         cv_pct=float(iters.std() / mean_iter * 100) if mean_iter > 0 else 0.0,
         wrong=int(m[:, 1].sum()) if config.check else -1,
@@ -383,28 +465,48 @@ def to_csv(result: BenchResult) -> str:
     lines = [",".join(CSV_FIELDS)]
     for r in result.rows:
         d = r.to_dict()
-        lines.append(",".join(f"{d[k]:.6g}" if isinstance(d[k], float) else str(d[k]) for k in CSV_FIELDS))
+        lines.append(
+            ",".join(f"{d[k]:.6g}" if isinstance(d[k], float) else str(d[k]) for k in CSV_FIELDS)
+        )
     return "\n".join(lines) + "\n"
 
 
 def render_table(result: BenchResult) -> str:
     """An nccl-tests-like text table."""
-    head = (f"{'op':<15}{'mode':<13}{'size':>8}{'count':>11}{'type':>9}{'time(us)':>11}{'min':>10}{'max':>10}"
-            f"{'algbw':>8}{'busbw':>8}{'p99(us)':>10}{'cv%':>6}{'#wrong':>7}")
-    lines = [f"# meshprof bench: {result.world_size} ranks, backend {result.backend} on {result.device}, "
-             f"warm-up {result.meta.get('warmup')}, iterations {result.meta.get('iters')}; bandwidth in GB/s", head]
+    head = (
+        f"{'op':<15}{'mode':<13}{'size':>8}{'count':>11}{'type':>9}{'time(us)':>11}{'min':>10}{'max':>10}"
+        f"{'algbw':>8}{'busbw':>8}{'p99(us)':>10}{'cv%':>6}{'#wrong':>7}"
+    )
+    lines = [
+        f"# meshprof bench: {result.world_size} ranks, backend {result.backend} on {result.device}, "
+        f"warm-up {result.meta.get('warmup')}, iterations {result.meta.get('iters')}; bandwidth in GB/s",
+        head,
+    ]
     for r in result.rows:
         wrong = "n/a" if r.wrong < 0 else str(r.wrong)
-        lines.append(f"{r.op:<15}{r.mode:<13}{fmt_size(r.size):>8}{r.count:>11}{r.dtype:>9}{r.time_us:>11.1f}"
-                     f"{r.time_min_us:>10.1f}{r.time_max_us:>10.1f}{r.algbw:>8.2f}{r.busbw:>8.2f}"
-                     f"{r.iter_p99_us:>10.1f}{r.cv_pct:>6.1f}{wrong:>7}")
+        lines.append(
+            f"{r.op:<15}{r.mode:<13}{fmt_size(r.size):>8}{r.count:>11}{r.dtype:>9}{r.time_us:>11.1f}"
+            f"{r.time_min_us:>10.1f}{r.time_max_us:>10.1f}{r.algbw:>8.2f}{r.busbw:>8.2f}"
+            f"{r.iter_p99_us:>10.1f}{r.cv_pct:>6.1f}{wrong:>7}"
+        )
     rows = [r for r in result.rows if r.wrong >= 0]
     if rows:
         lines.append(f"# total #wrong: {sum(r.wrong for r in rows)}")
     return "\n".join(lines)
 
 
-_COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"]
+_COLORS = [
+    "#1f77b4",
+    "#ff7f0e",
+    "#2ca02c",
+    "#d62728",
+    "#9467bd",
+    "#8c564b",
+    "#e377c2",
+    "#7f7f7f",
+    "#bcbd22",
+    "#17becf",
+]
 
 
 def plot_svg(result: BenchResult, width: int = 720, height: int = 420) -> str:
@@ -426,27 +528,49 @@ def plot_svg(result: BenchResult, width: int = 720, height: int = 420) -> str:
     def py(b: float) -> float:
         return top + ph - b / ymax * ph
 
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" font-size="11">',
-           f'<text x="{left}" y="18" font-size="13">busbw vs size: {result.world_size} ranks, {result.backend}</text>',
-           f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="none" stroke="#444"/>']
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" font-size="11">',
+        f'<text x="{left}" y="18" font-size="13">busbw vs size: {result.world_size} ranks, {result.backend}</text>',
+        f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="none" stroke="#444"/>',
+    ]
     for k in range(5):
         b = ymax * k / 4
         out.append(f'<text x="{left - 6}" y="{py(b) + 4:.1f}" text-anchor="end">{b:.2f}</text>')
-        out.append(f'<line x1="{left}" x2="{left + pw}" y1="{py(b):.1f}" y2="{py(b):.1f}" stroke="#ddd"/>')
+        out.append(
+            f'<line x1="{left}" x2="{left + pw}" y1="{py(b):.1f}" y2="{py(b):.1f}" stroke="#ddd"/>'
+        )
     for s in sorted(set(sizes)):
-        out.append(f'<text x="{px(s):.1f}" y="{top + ph + 16}" text-anchor="middle">{fmt_size(s)}</text>')
-    out.append(f'<text x="{left + pw / 2}" y="{height - 10}" text-anchor="middle">size (bytes)</text>')
-    out.append(f'<text x="14" y="{top + ph / 2}" transform="rotate(-90 14 {top + ph / 2})" text-anchor="middle">busbw (GB/s)</text>')
+        out.append(
+            f'<text x="{px(s):.1f}" y="{top + ph + 16}" text-anchor="middle">{fmt_size(s)}</text>'
+        )
+    out.append(
+        f'<text x="{left + pw / 2}" y="{height - 10}" text-anchor="middle">size (bytes)</text>'
+    )
+    out.append(
+        f'<text x="14" y="{top + ph / 2}" transform="rotate(-90 14 {top + ph / 2})" text-anchor="middle">busbw (GB/s)</text>'
+    )
     for i, (name, pts) in enumerate(series.items()):
         color = _COLORS[i % len(_COLORS)]
         path = " ".join(f"{px(s):.1f},{py(b):.1f}" for s, b in sorted(pts))
         out.append(f'<polyline fill="none" stroke="{color}" stroke-width="2" points="{path}"/>')
         ly = top + 14 * i + 8
-        out.append(f'<line x1="{left + pw + 10}" x2="{left + pw + 28}" y1="{ly}" y2="{ly}" stroke="{color}" stroke-width="2"/>')
+        out.append(
+            f'<line x1="{left + pw + 10}" x2="{left + pw + 28}" y1="{ly}" y2="{ly}" stroke="{color}" stroke-width="2"/>'
+        )
         out.append(f'<text x="{left + pw + 32}" y="{ly + 4}">{name}</text>')
     out.append("</svg>")
     return "\n".join(out) + "\n"
 
 
-__all__ = ["ALL_OPS", "BenchConfig", "BenchResult", "BenchRow", "parse_size", "plot_svg", "render_table",
-           "run_bench_rank", "size_list", "to_csv"]
+__all__ = [
+    "ALL_OPS",
+    "BenchConfig",
+    "BenchResult",
+    "BenchRow",
+    "parse_size",
+    "plot_svg",
+    "render_table",
+    "run_bench_rank",
+    "size_list",
+    "to_csv",
+]

@@ -9,6 +9,7 @@ given) as it goes, so the parent of ``--nproc`` ranks still has them when a rank
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -17,8 +18,20 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-ENV_PREFIXES = ("NCCL_", "GLOO_", "TORCH_", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "MASTER_ADDR", "MASTER_PORT",
-                "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK")
+ENV_PREFIXES = (
+    "NCCL_",
+    "GLOO_",
+    "TORCH_",
+    "CUDA_VISIBLE_DEVICES",
+    "OMP_NUM_THREADS",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +98,9 @@ def _err(e: BaseException) -> str:
     return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
 
 
-def _gather(dist: Any, torch: Any, values: list[float], ws: int, timeout_s: float) -> list[list[float]]:
+def _gather(
+    dist: Any, torch: Any, values: list[float], ws: int, timeout_s: float
+) -> list[list[float]]:
     local = torch.tensor(values, dtype=torch.float64)
     table = [torch.zeros_like(local) for _ in range(ws)]
     _wait(dist.all_gather(table, local, async_op=True), timeout_s)
@@ -103,9 +118,16 @@ def check_environment(ctx: _Ctx) -> None:
     except Exception as e:
         nccl = f"unavailable ({_err(e)})"
     env = {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)}
-    ctx.add("environment", True, f"torch {torch.__version__}, CUDA {'yes' if torch.cuda.is_available() else 'no'}"
-            f"{', NCCL ' + nccl if nccl else ''}; {len(env)} relevant variables set",
-            torch=torch.__version__, nccl=nccl, cuda=torch.cuda.is_available(), env=env)
+    ctx.add(
+        "environment",
+        True,
+        f"torch {torch.__version__}, CUDA {'yes' if torch.cuda.is_available() else 'no'}"
+        f"{', NCCL ' + nccl if nccl else ''}; {len(env)} relevant variables set",
+        torch=torch.__version__,
+        nccl=nccl,
+        cuda=torch.cuda.is_available(),
+        env=env,
+    )
 
 
 def check_init(ctx: _Ctx) -> bool:
@@ -116,11 +138,16 @@ def check_init(ctx: _Ctx) -> bool:
     try:
         if not dist.is_initialized():
             dist.init_process_group(cfg.backend, timeout=timedelta(seconds=cfg.timeout_s))
-        ctx.add(f"process group ({cfg.backend})", True, f"started in {time.perf_counter() - t0:.2f} s")
+        ctx.add(
+            f"process group ({cfg.backend})", True, f"started in {time.perf_counter() - t0:.2f} s"
+        )
         return True
     except Exception as e:
-        ctx.add(f"process group ({cfg.backend})", False,
-                f"could not start within {cfg.timeout_s:.0f} s: {_err(e)} (a peer did not join, or MASTER_ADDR/PORT is wrong)")
+        ctx.add(
+            f"process group ({cfg.backend})",
+            False,
+            f"could not start within {cfg.timeout_s:.0f} s: {_err(e)} (a peer did not join, or MASTER_ADDR/PORT is wrong)",
+        )
         return False
 
 
@@ -130,12 +157,22 @@ def check_world(ctx: _Ctx) -> None:
 
     ws, rank = dist.get_world_size(), dist.get_rank()
     if ws != ctx.ws or rank != ctx.rank:
-        ctx.add("world", False, f"expected rank {ctx.rank} of {ctx.ws}, the group says rank {rank} of {ws}")
+        ctx.add(
+            "world",
+            False,
+            f"expected rank {ctx.rank} of {ctx.ws}, the group says rank {rank} of {ws}",
+        )
         return
-    dist.monitored_barrier(timeout=timedelta(seconds=ctx.cfg.timeout_s), wait_all_ranks=True) if dist.get_backend() == "gloo" else None
+    dist.monitored_barrier(
+        timeout=timedelta(seconds=ctx.cfg.timeout_s), wait_all_ranks=True
+    ) if dist.get_backend() == "gloo" else None
     ranks = sorted(int(r[0]) for r in _gather(dist, torch, [float(rank)], ws, ctx.cfg.timeout_s))
     ok = ranks == list(range(ws))
-    ctx.add("world", ok, f"world size {ws}, ranks {ranks}" + ("" if ok else ": ranks are missing or duplicated"))
+    ctx.add(
+        "world",
+        ok,
+        f"world size {ws}, ranks {ranks}" + ("" if ok else ": ranks are missing or duplicated"),
+    )
 
 
 def check_connectivity(ctx: _Ctx) -> None:
@@ -172,18 +209,63 @@ def check_connectivity(ctx: _Ctx) -> None:
     try:
         table = _gather(dist, torch, vals, ws, to)
     except Exception as e:
-        ctx.add("connectivity", False, f"could not collect the pair results: {_err(e)}; {'; '.join(failed)}")
+        ctx.add(
+            "connectivity",
+            False,
+            f"could not collect the pair results: {_err(e)}; {'; '.join(failed)}",
+        )
         return
-    bad = [f"{a}↔{b}" for a in range(ws) for b in range(a + 1, ws) if table[a][b] < 0 or table[b][a] < 0]
+    bad = [
+        f"{a}↔{b}"
+        for a in range(ws)
+        for b in range(a + 1, ws)
+        if table[a][b] < 0 or table[b][a] < 0
+    ]
     us = [table[a][b] for a in range(ws) for b in range(a + 1, ws) if table[a][b] >= 0]
     if bad or failed:
-        ctx.add("connectivity", False, f"send/recv failed between {', '.join(bad)}" + (f" ({'; '.join(failed)})" if failed else ""))
+        ctx.add(
+            "connectivity",
+            False,
+            f"send/recv failed between {', '.join(bad)}"
+            + (f" ({'; '.join(failed)})" if failed else ""),
+        )
     else:
-        ctx.add("connectivity", True, f"all {len(us)} pairs answer; one-way latency min {min(us, default=0):.0f} µs, "
-                f"max {max(us, default=0):.0f} µs", latency_us={f"{a}-{b}": table[a][b] for a in range(ws) for b in range(a + 1, ws)})
+        ctx.add(
+            "connectivity",
+            True,
+            f"all {len(us)} pairs answer; one-way latency min {min(us, default=0):.0f} µs, "
+            f"max {max(us, default=0):.0f} µs",
+            latency_us={f"{a}-{b}": table[a][b] for a in range(ws) for b in range(a + 1, ws)},
+        )
+
+
+def _bounded(fn: Any, timeout_s: float) -> str:
+    """Run ``fn()`` in a daemon thread for at most ``timeout_s``: "" on success, else the reason.
+
+    Blocking collectives (gather, scatter, batch_isend_irecv) take no timeout argument; a thread
+    keeps the doctor itself from blocking on them."""
+    import threading
+
+    result: list[str] = []
+
+    def target() -> None:
+        try:
+            fn()
+            result.append("")
+        except Exception as e:
+            result.append(_err(e))
+
+    th = threading.Thread(target=target, daemon=True)
+    th.start()
+    th.join(timeout_s)
+    if th.is_alive():
+        return f"no completion within {timeout_s:.0f} s"
+    return result[0] if result else "no result"
 
 
 def check_collectives(ctx: _Ctx) -> None:
+    """Every op once on 4 KiB of rank-dependent values, compared exactly with the expected
+    result (the same cases as ``meshprof bench``)."""
     import torch
     import torch.distributed as dist
 
@@ -193,40 +275,26 @@ def check_collectives(ctx: _Ctx) -> None:
     for op in ALL_OPS:
         mode = modes_of(op, ("out-of-place",))[0]
         try:
-            case = _Case(torch, dist, op, mode, 4096, torch.float32, torch.device("cpu"), ctx.rank, ctx.ws)
-            result: list[Any] = []
-
-            def go(case: _Case = case) -> None:
-                case.run()
-
-            import threading
-
-            th = threading.Thread(target=lambda: result.append(_safe(go)), daemon=True)
-            th.start()
-            th.join(ctx.cfg.timeout_s)
-            if th.is_alive():
-                bad.append(f"{op} (no completion within {ctx.cfg.timeout_s:.0f} s)")
-                break
-            if result and result[0]:
-                bad.append(f"{op} ({result[0]})")
+            case = _Case(
+                torch, dist, op, mode, 4096, torch.float32, torch.device("cpu"), ctx.rank, ctx.ws
+            )
+            why = _bounded(case.run, ctx.cfg.timeout_s)
+            if why:
+                bad.append(f"{op} ({why})")
+                if "no completion" in why:
+                    break  # the group is unusable after a stuck collective
                 continue
-            wrong = case.wrong()
-            total = _gather(dist, torch, [float(wrong)], ctx.ws, ctx.cfg.timeout_s)
+            total = _gather(dist, torch, [float(case.wrong())], ctx.ws, ctx.cfg.timeout_s)
             w = int(sum(x[0] for x in total))
             if w:
                 bad.append(f"{op} ({w} wrong elements)")
         except Exception as e:
             bad.append(f"{op} ({_err(e)})")
             break
-    ctx.add("collectives", not bad, "all " + str(len(ALL_OPS)) + " ops gave correct results" if not bad else "failed: " + "; ".join(bad))
-
-
-def _safe(fn: Any) -> str:
-    try:
-        fn()
-        return ""
-    except Exception as e:
-        return _err(e)
+    detail = (
+        f"all {len(ALL_OPS)} ops gave correct results" if not bad else "failed: " + "; ".join(bad)
+    )
+    ctx.add("collectives", not bad, detail)
 
 
 def check_clock(ctx: _Ctx) -> None:
@@ -258,9 +326,17 @@ def check_clock(ctx: _Ctx) -> None:
     skew = _gather(dist, torch, offsets, ws, to)[0]
     worst = max(range(ws), key=lambda r: abs(skew[r]))
     ok = abs(skew[worst]) <= ctx.cfg.skew_limit_ms
-    ctx.add("clock skew", ok, f"largest offset from rank 0: rank {worst} {skew[worst]:+.3f} ms"
-            + ("" if ok else f" (> {ctx.cfg.skew_limit_ms:g} ms: synchronize clocks (NTP/PTP); traces will misalign)"),
-            offsets_ms=skew)
+    ctx.add(
+        "clock skew",
+        ok,
+        f"largest offset from rank 0: rank {worst} {skew[worst]:+.3f} ms"
+        + (
+            ""
+            if ok
+            else f" (> {ctx.cfg.skew_limit_ms:g} ms: synchronize clocks (NTP/PTP); traces will misalign)"
+        ),
+        offsets_ms=skew,
+    )
 
 
 def check_memory(ctx: _Ctx) -> None:
@@ -305,14 +381,29 @@ def check_compute(ctx: _Ctx) -> None:
             torch.cuda.synchronize()
         best = min(best, (time.perf_counter_ns() - t0) / 1e3)
     times = [t[0] for t in _gather(dist, torch, [best], ctx.ws, ctx.cfg.timeout_s)]
-    slow, fast = max(range(ctx.ws), key=lambda r: times[r]), min(range(ctx.ws), key=lambda r: times[r])
+    slow, fast = (
+        max(range(ctx.ws), key=lambda r: times[r]),
+        min(range(ctx.ws), key=lambda r: times[r]),
+    )
     ratio = times[slow] / times[fast] if times[fast] > 0 else 1.0
     ok = ratio <= ctx.cfg.imbalance_limit
-    ctx.add("compute balance", ok, f"probe (10 × 256² matmul) {times[fast]:.0f} µs on rank {fast} … {times[slow]:.0f} µs "
-            f"on rank {slow} ({ratio:.2f}×)" + ("" if ok else ": ranks are unevenly loaded"), probe_us=times)
+    ctx.add(
+        "compute balance",
+        ok,
+        f"probe (10 × 256² matmul) {times[fast]:.0f} µs on rank {fast} … {times[slow]:.0f} µs "
+        f"on rank {slow} ({ratio:.2f}×)" + ("" if ok else ": ranks are unevenly loaded"),
+        probe_us=times,
+    )
 
 
-CHECKS = (check_world, check_connectivity, check_collectives, check_clock, check_memory, check_compute)
+CHECKS = (
+    check_world,
+    check_connectivity,
+    check_collectives,
+    check_clock,
+    check_memory,
+    check_compute,
+)
 
 
 def doctor_rank(rank: int, world_size: int, cfg: DoctorConfig) -> list[Check]:
@@ -327,7 +418,12 @@ def doctor_rank(rank: int, world_size: int, cfg: DoctorConfig) -> list[Check]:
     started_here = not dist.is_initialized()
     if not check_init(ctx):
         for fn in CHECKS:
-            ctx.add(fn.__name__.removeprefix("check_").replace("_", " "), False, "not run: no process group", skipped=True)
+            ctx.add(
+                fn.__name__.removeprefix("check_").replace("_", " "),
+                False,
+                "not run: no process group",
+                skipped=True,
+            )
         return ctx.checks
     try:
         for fn in CHECKS:
@@ -337,14 +433,14 @@ def doctor_rank(rank: int, world_size: int, cfg: DoctorConfig) -> list[Check]:
                 ctx.add(fn.__name__.removeprefix("check_").replace("_", " "), False, _err(e))
     finally:
         if started_here:
-            try:
+            with contextlib.suppress(Exception):
                 dist.destroy_process_group()
-            except Exception:
-                pass
     return ctx.checks
 
 
-def merge(per_rank: dict[int, list[Check]], world_size: int, failures: dict[int, str]) -> list[Check]:
+def merge(
+    per_rank: dict[int, list[Check]], world_size: int, failures: dict[int, str]
+) -> list[Check]:
     """Rank 0's view of the job, plus ✗ for ranks that reported a failure rank 0 did not see, or
     that gave no result."""
     base = list(per_rank.get(0, []))
@@ -358,7 +454,11 @@ def merge(per_rank: dict[int, list[Check]], world_size: int, failures: dict[int,
                 names.add(c.name)
     for r in range(world_size):
         if r not in per_rank or not per_rank[r]:
-            base.append(Check(f"rank {r}", False, failures.get(r, "gave no result (died or never started)"), r))
+            base.append(
+                Check(
+                    f"rank {r}", False, failures.get(r, "gave no result (died or never started)"), r
+                )
+            )
         elif r in failures:
             base.append(Check(f"rank {r}", False, failures[r], r))
     return base

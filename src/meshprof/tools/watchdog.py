@@ -14,6 +14,7 @@ writes one from the signal handler. Nothing here ever raises into the training p
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -84,7 +85,9 @@ def thread_stacks() -> list[dict[str, Any]]:
     return out
 
 
-def build_dump(prof: Any, reason: str, last_n: int = 64, threshold_s: float = 0.0) -> dict[str, Any]:
+def build_dump(
+    prof: Any, reason: str, last_n: int = 64, threshold_s: float = 0.0
+) -> dict[str, Any]:
     """The dump of this rank as a JSON-ready dict (see the module docstring)."""
     rank = _rank(prof)
     inflight = [asdict(op) for op in prof.inflight()]
@@ -114,7 +117,10 @@ def build_dump(prof: Any, reason: str, last_n: int = 64, threshold_s: float = 0.
     for s in stacks:
         s["inflight"] = s["thread_id"] in busy
         s["main"] = s["thread_id"] == threading.main_thread().ident
-    groups = [{"name": g.name, "desc": g.desc, "ranks": list(g.ranks), "backend": g.backend} for g in prof.log.groups]
+    groups = [
+        {"name": g.name, "desc": g.desc, "ranks": list(g.ranks), "backend": g.backend}
+        for g in prof.log.groups
+    ]
     return {
         "format": DUMP_FORMAT,
         "rank": rank,
@@ -138,13 +144,19 @@ def _flight_recorder_json() -> str | None:
     try:
         import torch
 
-        raw = torch._C._distributed_c10d._dump_fr_trace_json()
+        raw = torch._C._distributed_c10d._dump_fr_trace_json()  # type: ignore[attr-defined]
         return raw.decode("utf-8") if isinstance(raw, bytes) else str(raw)
     except Exception:
         return None
 
 
-def write_dump(prof: Any, dump_dir: str | os.PathLike[str], reason: str, last_n: int = 64, threshold_s: float = 0.0) -> Path:
+def write_dump(
+    prof: Any,
+    dump_dir: str | os.PathLike[str],
+    reason: str,
+    last_n: int = 64,
+    threshold_s: float = 0.0,
+) -> Path:
     """Write ``DUMP_DIR/rank{r}.json`` (and ``fr_rank{r}.json`` when the Flight Recorder is on)."""
     from meshprof.rundir import atomic_write_text
 
@@ -201,18 +213,14 @@ class Watchdog:
             try:
                 path = write_dump(self.prof, self.dump_dir, reason, self.last_n, self.timeout_s)
             except Exception as e:
-                try:
+                with contextlib.suppress(Exception):
                     self.prof._internal_error(e)
-                except Exception:
-                    pass
                 return None
             self._last_dump_ns = time.time_ns()
             self.dumps.append(path)
         if self.on_dump is not None:
-            try:
+            with contextlib.suppress(Exception):
                 self.on_dump(path)
-            except Exception:
-                pass
         return path
 
     def check(self) -> Path | None:
@@ -239,10 +247,8 @@ class Watchdog:
             try:
                 self.check()
             except Exception as e:
-                try:
+                with contextlib.suppress(Exception):
                     self.prof._internal_error(e)
-                except Exception:
-                    pass
 
 
 _signal_watchdog: Watchdog | None = None
@@ -299,7 +305,9 @@ def start_watchdog_from_env(prof: Any) -> Watchdog | None:
         return None
 
 
-def wait_for_dumps(dump_dir: str | os.PathLike[str], world_size: int, timeout_s: float, poll_s: float = 0.1) -> list[int]:
+def wait_for_dumps(
+    dump_dir: str | os.PathLike[str], world_size: int, timeout_s: float, poll_s: float = 0.1
+) -> list[int]:
     """For the launcher: wait until every rank has dumped or ``timeout_s`` passed; return the
     ranks that dumped."""
     deadline = time.monotonic() + timeout_s

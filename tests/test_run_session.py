@@ -1,0 +1,148 @@
+"""The per-rank writer (meshprof.session): rank file content, periodic writes, SIGTERM."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from meshprof.events import OP_NAMES
+from meshprof.rundir import load_rank_file, load_run, rank_file
+from meshprof.tools.spawn import run_ranks
+
+
+def _write_rank_with_eviction(rank: int, world_size: int, run_dir: str) -> dict:
+    import torch
+    import torch.distributed as dist
+
+    import meshprof
+    from meshprof.monitor import StepMonitor
+    from meshprof.session import RankWriter
+
+    prof = meshprof.enable(meshprof.ProfilerConfig(max_events=4))
+    mon = StepMonitor(profiler=prof)
+    works = []  # kept alive (see tests/scripts/run_fail.py)
+    for i in range(2):
+        with mon.step(samples=8):
+            for _ in range(3):
+                works.append(dist.all_reduce(torch.ones(10 + i), async_op=True))
+                works[-1].wait()
+    with prof.label("my_op", metadata={"tag": rank}):
+        works.append(dist.broadcast(torch.ones(3), 0, async_op=True))
+        works[-1].wait()
+    writer = RankWriter(run_dir, prof, mon, interval_s=0, extra_meta={"layout": {"dp": 2}})
+    path = writer.write()
+    events, ids = prof.columns()
+    return {"path": str(path), "ids": ids.tolist(), "events": events.tolist(), "total": prof.log.total}
+
+
+@pytest.mark.timeout(120)
+def test_rank_file_holds_what_the_recorder_and_monitor_hold(tmp_path: Path) -> None:
+    results = run_ranks(_write_rank_with_eviction, 2, args=(str(tmp_path),), timeout=90)
+    run = load_run(tmp_path)
+    assert sorted(run.ranks) == [0, 1]
+    for r, res in enumerate(results):
+        rd = run.ranks[r]
+        assert res["path"] == str(rank_file(tmp_path, r))
+        # 6 all_reduces + 1 labelled op; the ring keeps the newest 4 (ids 3..6)
+        assert res["total"] == 7 and res["ids"] == [3, 4, 5, 6]
+        assert rd.events.tolist() == res["events"]
+        assert [rd.op_name(c) for c in rd.events["op"].tolist()] == ["all_reduce"] * 3 + ["my_op"]
+        assert rd.labels == ["my_op"]
+        # metadata keyed by event id 6 in the recorder -> row 3 of the written array
+        assert rd.meta["metadata"]["3"]["tag"] == r and rd.meta["first_event_id"] == 3
+        # exact statistics cover all 7 collectives, evicted ones included
+        counts = {}
+        for row in rd.meta["stats"]["rows"]:
+            counts[row["op"]] = counts.get(row["op"], 0) + row["count"]
+        assert counts == {"all_reduce": 6, "my_op": 1}
+        steps = rd.spans[rd.spans["kind"] == 0]
+        assert steps["step"].tolist() == [0, 1] and steps["samples"].tolist() == [8, 8]
+        assert rd.span_names[steps["name"][0]] == "step"
+        assert len(rd.memory) == 2
+        assert rd.meta["rank"] == r and rd.meta["world_size"] == 2 and rd.meta["layout"] == {"dp": 2}
+        assert rd.dtypes[rd.events["dtype"][0]] == "float32"
+
+
+def test_writer_periodic_thread_skips_unchanged_content(tmp_path: Path) -> None:
+    import meshprof
+    from meshprof.session import RankWriter
+
+    prof = meshprof.enable()
+    writer = RankWriter(tmp_path, prof, interval_s=0.01, rank=3).start()
+    deadline = time.monotonic() + 20
+    while writer.writes == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert writer.writes == 1 and writer.last_path == rank_file(tmp_path, 3)
+    writer.stop(final_write=True)  # nothing changed: not rewritten
+    assert writer.writes == 1 and writer.failures == 0
+    assert writer.write(force=True) is not None and writer.writes == 2
+    assert load_rank_file(rank_file(tmp_path, 3)).meta["rank"] == 3
+    assert not list(tmp_path.glob(".*.tmp"))  # atomic writes leave no temporary file
+
+
+def test_writer_failure_is_counted_never_raised(tmp_path: Path) -> None:
+    import meshprof
+    from meshprof.session import RankWriter
+
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    writer = RankWriter(blocker / "run", meshprof.enable(), interval_s=0, rank=0)
+    assert writer.write() is None and writer.failures == 1
+
+
+_SIGTERM_CHILD = textwrap.dedent(
+    """
+    import ctypes, sys
+    import torch, torch.distributed as dist
+    import meshprof
+    from meshprof.session import RankWriter
+
+    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    prof = meshprof.enable()
+    RankWriter(sys.argv[1], prof, interval_s=3600, rank=0).start()  # no periodic write here
+    works = [dist.all_reduce(torch.ones(7), async_op=True) for _ in range(3)]
+    for w in works:
+        w.wait()
+    print("ready", flush=True)
+    {block}
+    """
+)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    ("block", "how"),
+    [
+        ("import time; time.sleep(60)", "python handler"),
+        # blocked in C (glibc's system() retries waitpid on EINTR): only the wakeup-fd thread runs
+        ("ctypes.CDLL(None).system(b'sleep 40')", "thread"),
+    ],
+)
+def test_sigterm_writes_the_rank_file_and_dies_by_the_signal(tmp_path: Path, block: str, how: str) -> None:
+    from meshprof.tools.spawn import free_port
+
+    code = _SIGTERM_CHILD.format(port=free_port(), block=block)
+    proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "ready"
+        assert not rank_file(tmp_path, 0).exists()
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(timeout=30)
+        assert time.monotonic() - t0 < 20, how  # did not wait for the blocking call to return
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert rc == -signal.SIGTERM  # died by the signal, as without meshprof
+    rd = load_rank_file(rank_file(tmp_path, 0))
+    assert rd.meta["exit"]["how"] == "signal" and rd.meta["exit"]["code"] == 128 + signal.SIGTERM
+    assert [OP_NAMES[c] for c in rd.events["op"].tolist()] == ["all_reduce"] * 3
+    assert (rd.events["in_bytes"] == 28).all()
