@@ -64,7 +64,7 @@ def test_decorators_and_errors_pass_through():
     assert train_step(3) == 6
     with pytest.raises(ValueError, match="boom"):
         train_step(-1)
-    spans, names = mon.spans_array()
+    spans, _names = mon.spans_array()
     steps = spans[spans["kind"] == 0]
     assert len(steps) == 2 and list(steps["status"]) == [0, 1]
 
@@ -176,7 +176,7 @@ def _exposed_worker(rank, ws):
     import meshprof
     from meshprof.monitor import StepMonitor
 
-    prof = meshprof.enable()
+    meshprof.enable()
     mon = StepMonitor({"dp": 2})
     t = torch.ones(1024)
     waited = 0  # oracle: wall time this thread spent blocked in collective calls
@@ -253,7 +253,9 @@ def _pipeline_worker(rank, ws, schedule_name, m):
     meshprof.enable()
     mod = Stage()
     ex = torch.randn(4, 8)  # static shapes: no metadata exchange at the first step
-    stage = pipelining.PipelineStage(mod, rank, ws, torch.device("cpu"), input_args=(ex,), output_args=(ex,))
+    stage = pipelining.PipelineStage(
+        mod, rank, ws, torch.device("cpu"), input_args=(ex,), output_args=(ex,)
+    )
     loss_fn = torch.nn.functional.mse_loss if rank == ws - 1 else None
     sched_cls = getattr(pipelining, schedule_name)
     sched = sched_cls(stage, n_microbatches=m, loss_fn=loss_fn)

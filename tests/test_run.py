@@ -18,7 +18,9 @@ from meshprof.rundir import load_run
 SCRIPTS = Path(__file__).parent / "scripts"
 
 
-def meshprof_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def meshprof_cli(
+    *args: str, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
     full_env = dict(os.environ)
     full_env.update(env or {})
     return subprocess.run(
@@ -41,7 +43,15 @@ def test_run_ddp_script_records_every_collective_and_step(tmp_path: Path) -> Non
     oracle_dir = tmp_path / "oracle"
     oracle_dir.mkdir()
     p = meshprof_cli(
-        "run", "--nproc-per-node", "2", "-o", str(out), "--json", str(SCRIPTS / "run_ddp.py"), str(oracle_dir), "3",
+        "run",
+        "--nproc-per-node",
+        "2",
+        "-o",
+        str(out),
+        "--json",
+        str(SCRIPTS / "run_ddp.py"),
+        str(oracle_dir),
+        "3",
         env={"TORCH_FR_BUFFER_SIZE": "2000", "MESHPROF_LAYOUT": "dp=2,tp=1,pp=1"},
     )
     assert p.returncode == 0, p.stderr[-3000:]
@@ -52,7 +62,11 @@ def test_run_ddp_script_records_every_collective_and_step(tmp_path: Path) -> Non
     assert sorted(run.ranks) == [0, 1] and run.problems == {}
     m = run.manifest
     assert m["world_size"] == 2 and m["exit_code"] == 0 and m["status"] == "ok"
-    assert m["target"] == {"kind": "script", "name": str(SCRIPTS / "run_ddp.py"), "args": [str(oracle_dir), "3"]}
+    assert m["target"] == {
+        "kind": "script",
+        "name": str(SCRIPTS / "run_ddp.py"),
+        "args": [str(oracle_dir), "3"],
+    }
     assert m["layout"] == {"dp": 2, "tp": 1, "pp": 1}
     assert m["versions"]["torch"] and m["hosts"] and m["end_ns"] > m["start_ns"]
     for r, rd in run.ranks.items():
@@ -77,13 +91,17 @@ def test_run_ddp_script_records_every_collective_and_step(tmp_path: Path) -> Non
     # the non-reference rank took clock-sync samples (t_send <= t_recv on its own clock)
     samples = run.ranks[1].meta["clock_sync"]["samples"]
     assert len(samples) > 0 and all(s[0] <= s[2] for s in samples)
-    assert result["stats"]["by_op"] and sum(r["count"] for r in result["stats"]["by_rank"]) == sum(len(rd.events) for rd in run.ranks.values())
+    assert result["stats"]["by_op"] and sum(r["count"] for r in result["stats"]["by_rank"]) == sum(
+        len(rd.events) for rd in run.ranks.values()
+    )
 
 
 @pytest.mark.timeout(180)
 def test_run_keeps_exit_code_and_writes_the_sigtermed_rank(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    p = meshprof_cli("run", "--nproc-per-node", "2", "-o", str(out), "--no-summary", str(SCRIPTS / "run_fail.py"))
+    p = meshprof_cli(
+        "run", "--nproc-per-node", "2", "-o", str(out), "--no-summary", str(SCRIPTS / "run_fail.py")
+    )
     assert p.returncode == 5, p.stderr[-3000:]  # rank 1's sys.exit(5), not torchrun's generic 1
     run = load_run(out)
     assert sorted(run.ranks) == [0, 1] and run.problems == {}
@@ -102,7 +120,9 @@ def test_run_keeps_exit_code_and_writes_the_sigtermed_rank(tmp_path: Path) -> No
 @pytest.mark.timeout(180)
 def test_run_module_that_raises(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    p = meshprof_cli("run", "--nproc-per-node", "2", "-o", str(out), "-m", "run_raise", "--x", "1", cwd=SCRIPTS)
+    p = meshprof_cli(
+        "run", "--nproc-per-node", "2", "-o", str(out), "-m", "run_raise", "--x", "1", cwd=SCRIPTS
+    )
     assert p.returncode == 1, p.stderr[-3000:]
     assert "ValueError: boom" in p.stderr  # the script's own traceback is printed as usual
     run = load_run(out)
@@ -127,7 +147,9 @@ def test_run_module_that_raises(tmp_path: Path) -> None:
         (("-m",), "-m needs a module name"),
     ],
 )
-def test_run_bad_input_is_one_line_and_exit_2(tmp_path: Path, args: tuple[str, ...], message: str) -> None:
+def test_run_bad_input_is_one_line_and_exit_2(
+    tmp_path: Path, args: tuple[str, ...], message: str
+) -> None:
     (tmp_path / "x.py").write_text("print('never runs')\n")
     p = meshprof_cli("run", "-o", str(tmp_path / "out"), *args, cwd=tmp_path, timeout=60)
     assert p.returncode == 2
@@ -140,7 +162,15 @@ def test_run_bad_input_is_one_line_and_exit_2(tmp_path: Path, args: tuple[str, .
 def test_run_hang_is_dumped_diagnosed_and_ended(tmp_path: Path) -> None:
     out = tmp_path / "run"
     p = meshprof_cli(
-        "run", "--nproc-per-node", "2", "-o", str(out), "--hang-timeout", "2", "--no-summary", str(SCRIPTS / "run_hang.py")
+        "run",
+        "--nproc-per-node",
+        "2",
+        "-o",
+        str(out),
+        "--hang-timeout",
+        "2",
+        "--no-summary",
+        str(SCRIPTS / "run_hang.py"),
     )
     assert p.returncode == 3, p.stderr[-3000:]  # EXIT_HANG: the launcher ended the job
     assert sorted(f.name for f in (out / "hang").glob("rank*.json")) == ["rank0.json", "rank1.json"]

@@ -38,7 +38,12 @@ def _write_rank_with_eviction(rank: int, world_size: int, run_dir: str) -> dict:
     writer = RankWriter(run_dir, prof, mon, interval_s=0, extra_meta={"layout": {"dp": 2}})
     path = writer.write()
     events, ids = prof.columns()
-    return {"path": str(path), "ids": ids.tolist(), "events": events.tolist(), "total": prof.log.total}
+    return {
+        "path": str(path),
+        "ids": ids.tolist(),
+        "events": events.tolist(),
+        "total": prof.log.total,
+    }
 
 
 @pytest.mark.timeout(120)
@@ -65,7 +70,9 @@ def test_rank_file_holds_what_the_recorder_and_monitor_hold(tmp_path: Path) -> N
         assert steps["step"].tolist() == [0, 1] and steps["samples"].tolist() == [8, 8]
         assert rd.span_names[steps["name"][0]] == "step"
         assert len(rd.memory) == 2
-        assert rd.meta["rank"] == r and rd.meta["world_size"] == 2 and rd.meta["layout"] == {"dp": 2}
+        assert (
+            rd.meta["rank"] == r and rd.meta["world_size"] == 2 and rd.meta["layout"] == {"dp": 2}
+        )
         assert rd.dtypes[rd.events["dtype"][0]] == "float32"
 
 
@@ -124,11 +131,15 @@ _SIGTERM_CHILD = textwrap.dedent(
         ("ctypes.CDLL(None).system(b'sleep 40')", "thread"),
     ],
 )
-def test_sigterm_writes_the_rank_file_and_dies_by_the_signal(tmp_path: Path, block: str, how: str) -> None:
+def test_sigterm_writes_the_rank_file_and_dies_by_the_signal(
+    tmp_path: Path, block: str, how: str
+) -> None:
     from meshprof.tools.spawn import free_port
 
     code = _SIGTERM_CHILD.format(port=free_port(), block=block)
-    proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True
+    )
     try:
         assert proc.stdout is not None
         assert proc.stdout.readline().strip() == "ready"

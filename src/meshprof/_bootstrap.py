@@ -18,6 +18,7 @@ exceptions pass through unchanged.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import runpy
@@ -30,10 +31,11 @@ USAGE = "usage: python -m meshprof._bootstrap (script.py | -m module) [args]"
 
 
 def _warn(what: str, e: BaseException) -> None:
-    try:
-        print(f"meshprof: {what} failed, the script runs without it: {type(e).__name__}: {e}", file=sys.stderr)
-    except Exception:
-        pass
+    with contextlib.suppress(Exception):
+        print(
+            f"meshprof: {what} failed, the script runs without it: {type(e).__name__}: {e}",
+            file=sys.stderr,
+        )
 
 
 def _env_float(name: str, default: float) -> float:
@@ -95,9 +97,8 @@ class WorkerSession:
             _warn("creating the step monitor", e)
         if os.environ.get(launch.ENV_STEP_DETECT, "optimizer") == "optimizer":
             try:
-                from torch.optim.optimizer import register_optimizer_step_post_hook
-
                 from torch.nn.modules.module import register_module_forward_pre_hook
+                from torch.optim.optimizer import register_optimizer_step_post_hook
 
                 register_optimizer_step_post_hook(self._on_optimizer_step)
                 self._forward_hook = register_module_forward_pre_hook(self._on_first_forward)
@@ -108,7 +109,9 @@ class WorkerSession:
             from meshprof.session import RankWriter
 
             interval = _env_float(launch.ENV_FLUSH_INTERVAL, 30.0)
-            self.writer = RankWriter(run_dir, self.prof, self.monitor, interval, extra_meta=self.extra_meta).start()
+            self.writer = RankWriter(
+                run_dir, self.prof, self.monitor, interval, extra_meta=self.extra_meta
+            ).start()
         except Exception as e:
             _warn("starting the rank writer", e)
         hang_timeout = _env_float(launch.ENV_HANG_TIMEOUT, 0.0)
@@ -164,10 +167,8 @@ class WorkerSession:
             self._internal_error(e)
 
     def _internal_error(self, e: BaseException) -> None:
-        try:
+        with contextlib.suppress(Exception):
             self.prof._internal_error(e)
-        except Exception:
-            pass
 
     def _wrap_init_process_group(self) -> None:
         import torch.distributed as dist
@@ -207,10 +208,8 @@ class WorkerSession:
     # -- the script -------------------------------------------------------------------------
     def set_exit(self, how: str, code: int | None, error: str = "") -> None:
         if self.writer is not None:
-            try:
+            with contextlib.suppress(Exception):
                 self.writer.set_exit(how, code, error)
-            except Exception:
-                pass
 
 
 def _exit_code(code: Any) -> int:

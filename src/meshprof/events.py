@@ -57,7 +57,16 @@ OBJECT_OPS = frozenset(
 )
 
 _BUS_FACTOR_N_MINUS_1_OVER_N = frozenset(
-    {"all_gather", "reduce_scatter", "all_to_all", "gather", "scatter", "all_gather_object", "gather_object", "scatter_object_list"}
+    {
+        "all_gather",
+        "reduce_scatter",
+        "all_to_all",
+        "gather",
+        "scatter",
+        "all_gather_object",
+        "gather_object",
+        "scatter_object_list",
+    }
 )
 
 
@@ -97,7 +106,9 @@ def nccl_tests_size(op: str, in_bytes: int, out_bytes: int, n: int) -> int:
     return max(in_bytes, out_bytes)
 
 
-def bandwidth_gbps(op: str, in_bytes: int, out_bytes: int, duration_ns: int, n: int) -> tuple[float, float]:
+def bandwidth_gbps(
+    op: str, in_bytes: int, out_bytes: int, duration_ns: int, n: int
+) -> tuple[float, float]:
     """(algbw, busbw) in GB/s following nccl-tests; (0, 0) when the duration is unknown or zero."""
     if duration_ns <= 0:
         return 0.0, 0.0

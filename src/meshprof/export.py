@@ -25,7 +25,14 @@ def _stats_from_dict(d: dict[str, Any]) -> StatsReport:
     def rows(key: str) -> list[OpStats]:
         out = []
         for r in d.get(key, []):
-            r = {k: (float("nan") if v is None and k in ("mean_ns", "p50_ns", "p95_ns", "p99_ns") else v) for k, v in r.items()}
+            r = {
+                k: (
+                    float("nan")
+                    if v is None and k in ("mean_ns", "p50_ns", "p95_ns", "p99_ns")
+                    else v
+                )
+                for k, v in r.items()
+            }
             out.append(OpStats(**r))
         return out
 
@@ -44,20 +51,28 @@ def load_export(path: Path) -> Export:
     if not path.exists():
         raise MeshprofError(f"{path}: no such file")
     if path.is_dir():
-        raise MeshprofError(f"{path}: is a directory, expected a JSON file from export_json() (for a run directory use `meshprof report`)")
+        raise MeshprofError(
+            f"{path}: is a directory, expected a JSON file from export_json() (for a run directory use `meshprof report`)"
+        )
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except UnicodeDecodeError as e:
         raise MeshprofError(f"{path}: not a text file ({e.reason})") from None
     except json.JSONDecodeError as e:
-        raise MeshprofError(f"{path}: not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from None
+        raise MeshprofError(
+            f"{path}: not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})"
+        ) from None
     if not isinstance(data, dict) or not {"meta", "events", "stats"} <= set(data):
-        raise MeshprofError(f"{path}: not a meshprof export (expected an object with 'meta', 'events' and 'stats')")
+        raise MeshprofError(
+            f"{path}: not a meshprof export (expected an object with 'meta', 'events' and 'stats')"
+        )
     try:
         events = [CommEvent.from_dict(e) for e in data["events"]]
         stats = _stats_from_dict(data["stats"])
     except (TypeError, KeyError, ValueError, AttributeError) as e:
-        raise MeshprofError(f"{path}: malformed meshprof export ({type(e).__name__}: {e})") from None
+        raise MeshprofError(
+            f"{path}: malformed meshprof export ({type(e).__name__}: {e})"
+        ) from None
     if not isinstance(data["meta"], dict):
         raise MeshprofError(f"{path}: malformed meshprof export ('meta' is not an object)")
     return Export(meta=data["meta"], events=events, stats=stats)

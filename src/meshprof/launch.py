@@ -12,6 +12,7 @@ workers to dump too (SIGUSR1), ends the job and reports the hang.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import os
 import re
@@ -83,22 +84,30 @@ class RunOptions:
 
     def __post_init__(self) -> None:
         if (self.script is None) == (self.module is None):
-            raise MeshprofError("give a training script (meshprof run [options] script.py [args]) or -m module")
+            raise MeshprofError(
+                "give a training script (meshprof run [options] script.py [args]) or -m module"
+            )
         if self.script is not None and not Path(self.script).is_file():
             raise MeshprofError(f"{self.script}: no such script file")
         if self.module is not None and not re.match(r"^[A-Za-z_][\w.]*$", self.module):
             raise MeshprofError(f"-m {self.module!r}: not a module name")
         npn = self.nproc_per_node
         if not (npn in ("gpu", "cpu", "auto") or (npn.isdigit() and int(npn) >= 1)):
-            raise MeshprofError(f"--nproc-per-node {npn!r}: expected a positive integer, gpu, cpu or auto")
+            raise MeshprofError(
+                f"--nproc-per-node {npn!r}: expected a positive integer, gpu, cpu or auto"
+            )
         if not _NNODES_RE.match(self.nnodes) or int(self.nnodes.split(":")[0]) < 1:
-            raise MeshprofError(f"--nnodes {self.nnodes!r}: expected N or MIN:MAX (positive integers)")
+            raise MeshprofError(
+                f"--nnodes {self.nnodes!r}: expected N or MIN:MAX (positive integers)"
+            )
         if self.node_rank < 0:
             raise MeshprofError(f"--node-rank {self.node_rank}: must be >= 0")
         if not self.flush_interval_s > 0:
             raise MeshprofError(f"--flush-interval {self.flush_interval_s}: must be > 0 seconds")
         if not self.hang_timeout_s >= 0:
-            raise MeshprofError(f"--hang-timeout {self.hang_timeout_s}: must be >= 0 seconds (0 turns the watchdog off)")
+            raise MeshprofError(
+                f"--hang-timeout {self.hang_timeout_s}: must be >= 0 seconds (0 turns the watchdog off)"
+            )
         if self.hang_action not in ("kill", "wait"):
             raise MeshprofError(f"--hang-action {self.hang_action!r}: expected kill or wait")
         if self.step_detect not in ("optimizer", "off"):
@@ -118,7 +127,11 @@ class RunOptions:
             return Path(self.run_dir).absolute()
         rdzv_id = self.torchrun.get("rdzv-id")
         # With several nodes each launcher must pick the same name: the rendezvous id is shared.
-        name = rdzv_id if rdzv_id and rdzv_id != "none" else _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+        name = (
+            rdzv_id
+            if rdzv_id and rdzv_id != "none"
+            else _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+        )
         base = Path("meshprof-runs").absolute() / name
         path, n = base, 1
         while rdzv_id is None and path.exists():
@@ -131,7 +144,9 @@ def parse_layout(text: str) -> dict[str, int]:
     """``"dp=2,tp=1,pp=2"`` -> ``{"dp": 2, "tp": 1, "pp": 2}``."""
     parts = [p for p in text.split(",") if p.strip()]
     if not parts or not all(_LAYOUT_RE.match(p) for p in parts):
-        raise MeshprofError(f"{ENV_LAYOUT}={text!r}: expected name=size pairs such as dp=2,tp=1,pp=2")
+        raise MeshprofError(
+            f"{ENV_LAYOUT}={text!r}: expected name=size pairs such as dp=2,tp=1,pp=2"
+        )
     out: dict[str, int] = {}
     for p in parts:
         k, v = p.split("=")
@@ -146,7 +161,12 @@ def torchrun_command(opts: RunOptions) -> list[str]:
     given = set(opts.torchrun)
     standalone = opts.standalone
     if standalone is None:
-        standalone = opts.nnodes == "1" and not given & {"rdzv-endpoint", "rdzv-backend", "master-addr", "master-port"}
+        standalone = opts.nnodes == "1" and not given & {
+            "rdzv-endpoint",
+            "rdzv-backend",
+            "master-addr",
+            "master-port",
+        }
     if standalone:
         cmd.append("--standalone")
     else:
@@ -162,7 +182,9 @@ def torchrun_command(opts: RunOptions) -> list[str]:
     return cmd + list(opts.args)
 
 
-def worker_env(opts: RunOptions, run_dir: Path, base: dict[str, str] | None = None) -> dict[str, str]:
+def worker_env(
+    opts: RunOptions, run_dir: Path, base: dict[str, str] | None = None
+) -> dict[str, str]:
     """The environment of torchrun and its workers: the caller's, plus meshprof's settings."""
     env = dict(os.environ if base is None else base)
     env[ENV_RUN_DIR] = str(run_dir)
@@ -193,7 +215,11 @@ def start_manifest(opts: RunOptions, run_dir: Path, cmd: list[str]) -> dict[str,
     manifest: dict[str, Any] = {
         "command": list(opts.command),
         "torchrun_command": cmd,
-        "target": {"kind": "module" if opts.module else "script", "name": opts.module or opts.script, "args": list(opts.args)},
+        "target": {
+            "kind": "module" if opts.module else "script",
+            "name": opts.module or opts.script,
+            "args": list(opts.args),
+        },
         "world_size": opts.world_size,
         "nnodes": opts.nnodes,
         "nproc_per_node": opts.nproc_per_node,
@@ -232,7 +258,9 @@ def _read_manifest(run_dir: Path) -> dict[str, Any]:
         return {}
 
 
-def finish_manifest(manifest: dict[str, Any], run_dir: Path, torchrun_rc: int, hang: dict[str, Any] | None) -> int:
+def finish_manifest(
+    manifest: dict[str, Any], run_dir: Path, torchrun_rc: int, hang: dict[str, Any] | None
+) -> int:
     """Complete the manifest from the rank files; return the exit code ``meshprof run`` keeps.
 
     The code is the script's: when torchrun failed, the lowest rank that recorded a non-zero exit
@@ -240,6 +268,7 @@ def finish_manifest(manifest: dict[str, Any], run_dir: Path, torchrun_rc: int, h
     code; when no rank recorded one (killed hard), torchrun's own code.
     """
     code = torchrun_rc
+    own_failures: list[int] = []  # codes of ranks that ended by themselves, not by a signal
     hosts = set(manifest.get("hosts") or [])
     try:
         run = load_run(run_dir)
@@ -248,11 +277,12 @@ def finish_manifest(manifest: dict[str, Any], run_dir: Path, torchrun_rc: int, h
     if run is not None:
         manifest["world_size"] = run.world_size
         hosts |= {str(rd.meta["hostname"]) for rd in run.ranks.values() if rd.meta.get("hostname")}
-        layout = next((rd.meta["layout"] for rd in run.ranks.values() if rd.meta.get("layout")), None)
+        layout = next(
+            (rd.meta["layout"] for rd in run.ranks.values() if rd.meta.get("layout")), None
+        )
         if layout and not manifest.get("layout"):
             manifest["layout"] = layout
         rank_codes: dict[int, int] = {}
-        own_failures: list[int] = []  # codes of ranks that ended by themselves, not by a signal
         for r, rd in sorted(run.ranks.items()):
             ex = rd.meta.get("exit") or {}
             if isinstance(ex.get("code"), int):
@@ -269,14 +299,16 @@ def finish_manifest(manifest: dict[str, Any], run_dir: Path, torchrun_rc: int, h
         manifest["missing_ranks"] = {str(r): why for r, why in sorted(run.problems.items())}
     if hang is not None:
         manifest["hang"] = hang
-        if hang.get("killed"):
-            code = EXIT_HANG if code == 0 else code
+        if hang.get("killed"):  # the ranks died of our SIGTERM: the hang is the cause
+            code = own_failures[0] if own_failures else EXIT_HANG
     manifest["hosts"] = sorted(hosts | set(_read_manifest(run_dir).get("hosts") or []))
     manifest["end_ns"] = time.time_ns()
     manifest["end_time"] = _dt.datetime.now().astimezone().isoformat(timespec="seconds")
     manifest["torchrun_exit_code"] = torchrun_rc
     manifest["exit_code"] = code
-    manifest["status"] = "hang" if hang and hang.get("killed") else ("ok" if code == 0 else "failed")
+    manifest["status"] = (
+        "hang" if hang and hang.get("killed") else ("ok" if code == 0 else "failed")
+    )
     write_manifest(run_dir, manifest)
     return code
 
@@ -286,7 +318,11 @@ def _local_workers(proc: subprocess.Popen[bytes]) -> list[Any]:
     import psutil
 
     try:
-        return [p for p in psutil.Process(proc.pid).children(recursive=True) if "meshprof._bootstrap" in " ".join(p.cmdline())]
+        return [
+            p
+            for p in psutil.Process(proc.pid).children(recursive=True)
+            if "meshprof._bootstrap" in " ".join(p.cmdline())
+        ]
     except (psutil.Error, OSError):
         return []
 
@@ -294,12 +330,16 @@ def _local_workers(proc: subprocess.Popen[bytes]) -> list[Any]:
 def _hang_dumps(run_dir: Path) -> list[Path]:
     d = run_dir / HANG_DIR
     try:
-        return sorted(p for p in d.iterdir() if p.name.startswith("rank") and p.name.endswith(".json"))
+        return sorted(
+            p for p in d.iterdir() if p.name.startswith("rank") and p.name.endswith(".json")
+        )
     except OSError:
         return []
 
 
-def _handle_hang(proc: subprocess.Popen[bytes], opts: RunOptions, run_dir: Path, first: list[Path]) -> dict[str, Any]:
+def _handle_hang(
+    proc: subprocess.Popen[bytes], opts: RunOptions, run_dir: Path, first: list[Path]
+) -> dict[str, Any]:
     """A worker dumped: ask the others to dump (SIGUSR1), wait for their dumps, maybe end the job."""
     workers = _local_workers(proc)
     signalled = []
@@ -309,13 +349,21 @@ def _handle_hang(proc: subprocess.Popen[bytes], opts: RunOptions, run_dir: Path,
             signalled.append(w.pid)
         except Exception:
             pass
-    print(f"meshprof run: a rank reported a hang ({first[0].name}); asked {len(signalled)} local worker(s) to dump", file=sys.stderr)
+    print(
+        f"meshprof run: a rank reported a hang ({first[0].name}); asked {len(signalled)} local worker(s) to dump",
+        file=sys.stderr,
+    )
     deadline = time.monotonic() + HANG_DUMP_WAIT_S
     while time.monotonic() < deadline and proc.poll() is None:
         if len(_hang_dumps(run_dir)) >= max(len(workers), 1):
             break
         time.sleep(0.2)
-    info: dict[str, Any] = {"first_dump": first[0].name, "dumps": [p.name for p in _hang_dumps(run_dir)], "signalled": signalled, "killed": False}
+    info: dict[str, Any] = {
+        "first_dump": first[0].name,
+        "dumps": [p.name for p in _hang_dumps(run_dir)],
+        "signalled": signalled,
+        "killed": False,
+    }
     if opts.hang_action == "kill" and proc.poll() is None:
         print("meshprof run: ending the hung job (--hang-action kill)", file=sys.stderr)
         _terminate(proc)
@@ -360,10 +408,8 @@ def launch(opts: RunOptions) -> LaunchResult:
     proc = subprocess.Popen(cmd, env=worker_env(opts, run_dir))
 
     def forward(signum: int, _frame: Any) -> None:
-        try:
+        with contextlib.suppress(OSError):
             proc.send_signal(signum)
-        except OSError:
-            pass
 
     old = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
     hang: dict[str, Any] | None = None
@@ -383,7 +429,12 @@ def launch(opts: RunOptions) -> LaunchResult:
         for s, h in old.items():
             signal.signal(s, h)
     if watch and hang is None and _hang_dumps(run_dir):
-        hang = {"first_dump": _hang_dumps(run_dir)[0].name, "dumps": [p.name for p in _hang_dumps(run_dir)], "signalled": [], "killed": False}
+        hang = {
+            "first_dump": _hang_dumps(run_dir)[0].name,
+            "dumps": [p.name for p in _hang_dumps(run_dir)],
+            "signalled": [],
+            "killed": False,
+        }
     code = finish_manifest(manifest, run_dir, rc, hang)
     return LaunchResult(run_dir=run_dir, exit_code=code, torchrun_exit_code=rc, hang=hang)
 

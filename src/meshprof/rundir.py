@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
+import json as _json
 import os
+import re as _re
 import tempfile
+from dataclasses import dataclass as _dataclass
+from dataclasses import field as _field
 from pathlib import Path
+from typing import Any as _Any
+
+import numpy as _np
+
+from meshprof.errors import MeshprofError
+from meshprof.events import EVENT_DTYPE, MEMORY_DTYPE, SPAN_DTYPE
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> Path:
@@ -19,10 +30,8 @@ def atomic_write_bytes(path: Path, data: bytes) -> Path:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
-        except OSError:
-            pass
         raise
     return path
 
@@ -49,16 +58,6 @@ def atomic_write_text(path: Path, text: str) -> Path:
 #            sync samples, layout, monitor settings.
 # --------------------------------------------------------------------------------------------
 
-import json as _json
-import re as _re
-from dataclasses import dataclass as _dataclass
-from dataclasses import field as _field
-from typing import Any as _Any
-
-import numpy as _np
-
-from meshprof.errors import MeshprofError
-from meshprof.events import EVENT_DTYPE, MEMORY_DTYPE, SPAN_DTYPE
 
 RUN_FORMAT = "meshprof-run/1"
 MANIFEST = "manifest.json"
@@ -197,4 +196,6 @@ def load_run(run_dir: Path) -> LoadedRun:
     if not ranks:
         detail = "; ".join(problems.values()) if problems else "no rank files (rank*.npz)"
         raise MeshprofError(f"{run_dir}: no usable rank file ({detail})")
-    return LoadedRun(path=run_dir, manifest=manifest, ranks=ranks, problems=problems, world_size=world)
+    return LoadedRun(
+        path=run_dir, manifest=manifest, ranks=ranks, problems=problems, world_size=world
+    )

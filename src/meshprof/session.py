@@ -12,6 +12,7 @@ raises; a failed write is counted and reported once on stderr, and training goes
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import signal
 import sys
@@ -35,7 +36,9 @@ RANK_FORMAT = "meshprof-rank/1"
 SIGNAL_WRITE_TIMEOUT_S = 10.0
 
 
-def rank_data(prof: CommProfiler, monitor: Any = None, extra_meta: dict[str, Any] | None = None) -> RankData:
+def rank_data(
+    prof: CommProfiler, monitor: Any = None, extra_meta: dict[str, Any] | None = None
+) -> RankData:
     """Everything ``prof`` (and ``monitor``) hold now, as one rank file's content.
 
     Side tables keyed by event id in the recorder (errors, metadata) are re-keyed by the row
@@ -159,11 +162,12 @@ class RankWriter:
             atexit.unregister(self._at_exit)
             if sys.excepthook == self._excepthook:
                 sys.excepthook = self._prev_excepthook
-            if self._prev_sigterm is not None and signal.getsignal(signal.SIGTERM) == self._on_sigterm:
-                try:
+            if (
+                self._prev_sigterm is not None
+                and signal.getsignal(signal.SIGTERM) == self._on_sigterm
+            ):
+                with contextlib.suppress(ValueError, OSError):
                     signal.signal(signal.SIGTERM, self._prev_sigterm)
-                except (ValueError, OSError):
-                    pass
         if final_write:
             self.write()
 
@@ -182,7 +186,11 @@ class RankWriter:
                 extra = dict(self.extra_meta)
                 rank = self._current_rank()
                 extra["rank"] = rank
-                extra["writer"] = {"writes": self.writes + 1, "interval_s": self.interval_s, "failures": self.failures}
+                extra["writer"] = {
+                    "writes": self.writes + 1,
+                    "interval_s": self.interval_s,
+                    "failures": self.failures,
+                }
                 if self._exit is not None:
                     extra["exit"] = dict(self._exit)
                 data = rank_data(self.prof, self.monitor, extra)
@@ -199,10 +207,11 @@ class RankWriter:
         except BaseException as e:  # never into training, not even KeyboardInterrupt mid-write
             self.failures += 1
             if self.failures == 1:
-                try:
-                    print(f"meshprof: could not write the rank file in {self.run_dir}: {type(e).__name__}: {e}", file=sys.stderr)
-                except Exception:
-                    pass
+                with contextlib.suppress(Exception):
+                    print(
+                        f"meshprof: could not write the rank file in {self.run_dir}: {type(e).__name__}: {e}",
+                        file=sys.stderr,
+                    )
             return None
 
     def _current_rank(self) -> int:
@@ -225,9 +234,13 @@ class RankWriter:
         self._stop.set()
         self.write()
 
-    def _excepthook(self, etype: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
+    def _excepthook(
+        self, etype: type[BaseException], value: BaseException, tb: TracebackType | None
+    ) -> None:
         try:
-            self.set_exit("exception", 1, "".join(traceback.format_exception_only(etype, value)).strip())
+            self.set_exit(
+                "exception", 1, "".join(traceback.format_exception_only(etype, value)).strip()
+            )
             self.write()
         except BaseException:
             pass
@@ -255,7 +268,9 @@ class RankWriter:
             os.close(r)
             os.close(w)
             return
-        threading.Thread(target=self._read_wakeup_fd, args=(r,), name="meshprof-sigterm", daemon=True).start()
+        threading.Thread(
+            target=self._read_wakeup_fd, args=(r,), name="meshprof-sigterm", daemon=True
+        ).start()
 
     def _read_wakeup_fd(self, fd: int) -> None:
         try:

@@ -37,22 +37,81 @@ def register(sub: argparse._SubParsersAction) -> None:
         "per-rank writer on in every worker; write a run directory and print its summary. "
         "Options go before the script; everything after it is the script's.",
     )
-    p.add_argument("-o", "--output", metavar="DIR", help="run directory (default ./meshprof-runs/<rdzv id or timestamp>)")
-    p.add_argument("--nproc-per-node", "--nproc_per_node", default="1", help="workers per node: N, gpu, cpu or auto (default 1)")
+    p.add_argument(
+        "-o",
+        "--output",
+        metavar="DIR",
+        help="run directory (default ./meshprof-runs/<rdzv id or timestamp>)",
+    )
+    p.add_argument(
+        "--nproc-per-node",
+        "--nproc_per_node",
+        default="1",
+        help="workers per node: N, gpu, cpu or auto (default 1)",
+    )
     p.add_argument("--nnodes", default="1", help="nodes: N or MIN:MAX (default 1)")
     p.add_argument("--node-rank", "--node_rank", default="0", help="this node's rank (default 0)")
-    p.add_argument("--standalone", action="store_true", default=None, help="single-node rendezvous on a free port (the default for one node)")
+    p.add_argument(
+        "--standalone",
+        action="store_true",
+        default=None,
+        help="single-node rendezvous on a free port (the default for one node)",
+    )
     for name in PASSTHROUGH:
-        p.add_argument(f"--{name}", f"--{name.replace('-', '_')}", dest=f"tr_{name.replace('-', '_')}", metavar="VALUE", help=argparse.SUPPRESS)
-    p.add_argument("--flush-interval", default="30", metavar="SECONDS", help="seconds between periodic writes of the rank files (default 30)")
-    p.add_argument("--hang-timeout", default="300", metavar="SECONDS", help="watchdog: a collective in flight this long is a hang (default 300; 0 turns it off)")
-    p.add_argument("--hang-action", default="kill", help="after a hang dump: kill (end the job, exit non-zero) or wait (default kill)")
-    p.add_argument("--step-detect", default="optimizer", help="automatic step detection: optimizer or off (default optimizer)")
-    p.add_argument("--max-events", default=None, metavar="N", help="per-rank ring-buffer capacity of the recorder")
-    p.add_argument("--json", action="store_true", help="print the result (run dir, exit code, manifest, statistics) as JSON")
+        p.add_argument(
+            f"--{name}",
+            f"--{name.replace('-', '_')}",
+            dest=f"tr_{name.replace('-', '_')}",
+            metavar="VALUE",
+            help=argparse.SUPPRESS,
+        )
+    p.add_argument(
+        "--flush-interval",
+        default="30",
+        metavar="SECONDS",
+        help="seconds between periodic writes of the rank files (default 30)",
+    )
+    p.add_argument(
+        "--hang-timeout",
+        default="300",
+        metavar="SECONDS",
+        help="watchdog: a collective in flight this long is a hang (default 300; 0 turns it off)",
+    )
+    p.add_argument(
+        "--hang-action",
+        default="kill",
+        help="after a hang dump: kill (end the job, exit non-zero) or wait (default kill)",
+    )
+    p.add_argument(
+        "--step-detect",
+        default="optimizer",
+        help="automatic step detection: optimizer or off (default optimizer)",
+    )
+    p.add_argument(
+        "--max-events",
+        default=None,
+        metavar="N",
+        help="per-rank ring-buffer capacity of the recorder",
+    )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print the result (run dir, exit code, manifest, statistics) as JSON",
+    )
     p.add_argument("--no-summary", action="store_true", help="do not print the summary at the end")
-    p.add_argument("-m", dest="module", nargs=argparse.REMAINDER, metavar="MODULE ...", help="run a module (as python -m) instead of a script")
-    p.add_argument("target", nargs=argparse.REMAINDER, metavar="script.py [args]", help="the training script and its arguments")
+    p.add_argument(
+        "-m",
+        dest="module",
+        nargs=argparse.REMAINDER,
+        metavar="MODULE ...",
+        help="run a module (as python -m) instead of a script",
+    )
+    p.add_argument(
+        "target",
+        nargs=argparse.REMAINDER,
+        metavar="script.py [args]",
+        help="the training script and its arguments",
+    )
     p.set_defaults(func=run)
 
 
@@ -72,14 +131,18 @@ def options_from_args(args: argparse.Namespace, argv: list[str] | None = None) -
     script = None
     if args.module is not None:
         if not args.module:
-            raise MeshprofError("-m needs a module name (meshprof run [options] -m package.module [args])")
+            raise MeshprofError(
+                "-m needs a module name (meshprof run [options] -m package.module [args])"
+            )
         module, script_args = args.module[0], args.module[1:]
     elif target:
         if target[0].startswith("-"):
             raise MeshprofError(f"{target[0]}: unknown option (options go before the script)")
         script, script_args = target[0], target[1:]
     else:
-        raise MeshprofError("no training script given (meshprof run [options] script.py [args], or -m module)")
+        raise MeshprofError(
+            "no training script given (meshprof run [options] script.py [args], or -m module)"
+        )
     torchrun = {name: getattr(args, f"tr_{name.replace('-', '_')}") for name in PASSTHROUGH}
     return RunOptions(
         script=script,
@@ -95,7 +158,9 @@ def options_from_args(args: argparse.Namespace, argv: list[str] | None = None) -
         hang_timeout_s=_number(args.hang_timeout, "--hang-timeout"),
         hang_action=args.hang_action,
         step_detect=args.step_detect,
-        max_events=_number(args.max_events, "--max-events", int) if args.max_events is not None else None,
+        max_events=_number(args.max_events, "--max-events", int)
+        if args.max_events is not None
+        else None,
         command=["meshprof", *(argv if argv is not None else sys.argv[1:])],
     )
 
@@ -144,15 +209,20 @@ def _print_hang(result: LaunchResult) -> None:
         print(render_hang_text(diagnose_hang(result.run_dir / "hang")))
     except Exception as e:
         hang = result.hang or {}
-        print(f"meshprof run: hang dumps in {result.run_dir / 'hang'} ({', '.join(hang.get('dumps', []))}); "
-              f"could not diagnose them: {type(e).__name__}: {e}", file=sys.stderr)
+        print(
+            f"meshprof run: hang dumps in {result.run_dir / 'hang'} ({', '.join(hang.get('dumps', []))}); "
+            f"could not diagnose them: {type(e).__name__}: {e}",
+            file=sys.stderr,
+        )
 
 
 def _rank_rows(run_: Any) -> list[dict[str, Any]]:
     rows = []
     for r, rd in sorted(run_.ranks.items()):
         m = rd.meta
-        steps = int((rd.spans["kind"] == 0).sum()) if len(rd.spans) else int(m.get("steps_detected", 0))
+        steps = (
+            int((rd.spans["kind"] == 0).sum()) if len(rd.spans) else int(m.get("steps_detected", 0))
+        )
         rows.append(
             {
                 "rank": r,
@@ -191,13 +261,21 @@ def print_run_summary(run_dir: Path) -> None:
     run_ = load_run(run_dir)
     console = Console(width=None if sys.stdout.isatty() else 140)
     m = run_.manifest
-    console.print(f"[bold]meshprof run[/]: {run_dir} — world size {run_.world_size}, exit code {m.get('exit_code')}, hosts {', '.join(m.get('hosts') or [])}")
+    console.print(
+        f"[bold]meshprof run[/]: {run_dir} — world size {run_.world_size}, exit code {m.get('exit_code')}, hosts {', '.join(m.get('hosts') or [])}"
+    )
     t = Table(title="ranks", title_justify="left")
     for col in ("rank", "host", "events", "steps", "exit"):
         t.add_column(col, justify="left" if col in ("host", "exit") else "right")
     for row in _rank_rows(run_):
         ex = row["exit"] or {}
-        t.add_row(str(row["rank"]), row["hostname"], str(row["total_events"]), str(row["steps"]), f"{ex.get('how', '?')} {ex.get('code', '')}".strip())
+        t.add_row(
+            str(row["rank"]),
+            row["hostname"],
+            str(row["total_events"]),
+            str(row["steps"]),
+            f"{ex.get('how', '?')} {ex.get('code', '')}".strip(),
+        )
     console.print(t)
     for r, why in sorted(run_.problems.items()):
         console.print(f"[yellow]rank {r}: {why}[/]")
@@ -209,5 +287,7 @@ def print_run_summary(run_dir: Path) -> None:
     except Exception as e:
         from meshprof.render.console import print_stats
 
-        console.print(f"[yellow]cross-rank report unavailable ({type(e).__name__}: {e}); merged statistics:[/]")
+        console.print(
+            f"[yellow]cross-rank report unavailable ({type(e).__name__}: {e}); merged statistics:[/]"
+        )
         print_stats(_merged_stats(run_), console, header="all ranks")

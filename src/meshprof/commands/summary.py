@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     )
     print_stats(export.stats, console)
     if meta.get("internal_errors"):
-        console.print(f"[yellow]meshprof internal errors: {meta['internal_errors']} (first: {meta.get('first_internal_error')})[/]")
+        console.print(
+            f"[yellow]meshprof internal errors: {meta['internal_errors']} (first: {meta.get('first_internal_error')})[/]"
+        )
     return 0
-
-

@@ -42,6 +42,9 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(v))
     else:
-        print(f"meshprof {v['meshprof']} (torch {v['torch']}, python {v['python']}"
-              + (f", cuda {v['cuda']}, nccl {v['nccl']}" if v["cuda"] else "") + ")")
+        print(
+            f"meshprof {v['meshprof']} (torch {v['torch']}, python {v['python']}"
+            + (f", cuda {v['cuda']}, nccl {v['nccl']}" if v["cuda"] else "")
+            + ")"
+        )
     return 0

@@ -67,7 +67,9 @@ class Distribution:
         if len(values) == 0:
             return cls(0, math.nan, math.nan, math.nan)
         a = np.asarray(values, dtype=np.float64)
-        return cls(len(a), float(a.mean()), float(np.percentile(a, 50)), float(np.percentile(a, 95)))
+        return cls(
+            len(a), float(a.mean()), float(np.percentile(a, 50)), float(np.percentile(a, 95))
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,7 +229,11 @@ def analyze_steps(
     ev = events[events["duration_ns"] >= 0]
     ev_start = ev["start_ns"].astype(np.int64)
     ev_end = ev_start + ev["duration_ns"].astype(np.int64)
-    ev_dim = np.array([dims[g] if g < len(dims) else "other" for g in ev["group"]], dtype=object) if len(ev) else np.zeros(0, dtype=object)
+    ev_dim = (
+        np.array([dims[g] if g < len(dims) else "other" for g in ev["group"]], dtype=object)
+        if len(ev)
+        else np.zeros(0, dtype=object)
+    )
     ev_bytes = np.maximum(ev["in_bytes"], ev["out_bytes"]).astype(np.int64)
     dim_names = sorted({str(d) for d in ev_dim})
 
@@ -248,7 +254,9 @@ def analyze_steps(
         t1 = t0 + int(st["duration_ns"])
         in_step = (ev_start >= t0) & (ev_start < t1)
         es, ee, ed = ev_start[in_step], ev_end[in_step], ev_dim[in_step]
-        ph = phases[(phases["step"] == s_no) & (phases["start_ns"] >= t0) & (phases["start_ns"] < t1)]
+        ph = phases[
+            (phases["step"] == s_no) & (phases["start_ns"] >= t0) & (phases["start_ns"] < t1)
+        ]
         per_name: dict[str, float] = {}
         for p in ph:
             n = names[p["name"]] if p["name"] < len(names) else str(p["name"])
@@ -295,7 +303,11 @@ def analyze_steps(
             dim_bytes[d].append(int(ev_bytes[in_step][m].sum()))
 
         # TP communication inside forward/backward
-        fb = ph[np.isin([names[i] if i < len(names) else "" for i in ph["name"]], FB_PHASES)] if len(ph) else ph
+        fb = (
+            ph[np.isin([names[i] if i < len(names) else "" for i in ph["name"]], FB_PHASES)]
+            if len(ph)
+            else ph
+        )
         fb_total = float(fb["duration_ns"].sum()) if len(fb) else 0.0
         fb_time.append(fb_total)
         tpm = ed == "tp"
@@ -306,7 +318,11 @@ def analyze_steps(
         tp_fb_comm.append(tp_in)
 
         # pipeline bubble of this stage
-        chunk_mask = np.isin([names[i] if i < len(names) else "" for i in ph["name"]], PIPELINE_CHUNKS) if len(ph) else np.zeros(0, bool)
+        chunk_mask = (
+            np.isin([names[i] if i < len(names) else "" for i in ph["name"]], PIPELINE_CHUNKS)
+            if len(ph)
+            else np.zeros(0, bool)
+        )
         chunks = ph[chunk_mask] if len(ph) else ph
         if len(chunks):
             cs = chunks["start_ns"].astype(np.int64)
@@ -359,7 +375,7 @@ def analyze_steps(
         comm_stats.append(
             CommDimStats(
                 dimension=d,
-                count=int(round(np.mean(dim_count[d]))) if rows else 0,
+                count=round(np.mean(dim_count[d])) if rows else 0,
                 bytes=int(np.mean(dim_bytes[d])) if rows else 0,
                 total_ns=tot,
                 exposed_ns=exp,
@@ -409,7 +425,16 @@ def analyze_steps(
         for b in (
             rule_exposed_comm(comm_exposed_share, by_dim, th),
             rule_memory(mem.peak_fraction, mem.peak_bytes, mem.capacity_bytes, th) if mem else None,
-            rule_pipeline(pipeline.utilization, pipeline.bubble, pipeline.bubble_theory, pipeline.stages, pipeline.microbatches, th) if pipeline else None,
+            rule_pipeline(
+                pipeline.utilization,
+                pipeline.bubble,
+                pipeline.bubble_theory,
+                pipeline.stages,
+                pipeline.microbatches,
+                th,
+            )
+            if pipeline
+            else None,
             rule_tp(tp_eff, th) if tp_eff is not None else None,
             rule_data_loading(data_share, th),
         ):
@@ -440,7 +465,16 @@ def analyze_steps(
     )
 
 
-def _split(amount: float, es: np.ndarray, ee: np.ndarray, ed: np.ndarray, lo: int, hi: int, dim_names: list[str], out: dict[str, float]) -> None:
+def _split(
+    amount: float,
+    es: np.ndarray,
+    ee: np.ndarray,
+    ed: np.ndarray,
+    lo: int,
+    hi: int,
+    dim_names: list[str],
+    out: dict[str, float],
+) -> None:
     """Add ``amount`` to ``out`` split by each dimension's communication inside [lo, hi)."""
     if amount <= 0 or not dim_names:
         return
@@ -460,7 +494,10 @@ def pipeline_bubble_theory(schedule: str, p: int, m: int, v: int = 1) -> float |
     s = schedule.lower().replace("_", "").replace("-", "")
     if "interleaved1f1b" in s or (s.startswith("interleaved") and "zero" not in s):
         return (p - 1) / (v * m + p - 1)
-    if s in ("gpipe", "schedulegpipe", "1f1b", "schedule1f1b", "loopedbfs", "scheduleloopedbfs") or s == "":
+    if (
+        s in ("gpipe", "schedulegpipe", "1f1b", "schedule1f1b", "loopedbfs", "scheduleloopedbfs")
+        or s == ""
+    ):
         return (p - 1) / (m + p - 1)
     return None
 

@@ -82,7 +82,9 @@ def _memory_severity(frac: float) -> str:
     return "critical"
 
 
-def rule_exposed_comm(exposed_share: float, by_dim: dict[str, float], th: BottleneckThresholds) -> Bottleneck | None:
+def rule_exposed_comm(
+    exposed_share: float, by_dim: dict[str, float], th: BottleneckThresholds
+) -> Bottleneck | None:
     """Exposed communication > threshold of the step."""
     if not exposed_share > th.exposed_comm:
         return None
@@ -92,7 +94,9 @@ def rule_exposed_comm(exposed_share: float, by_dim: dict[str, float], th: Bottle
         "tp": "keep TP inside a node (NVLink), lower the TP degree, or use sequence parallelism / async TP to overlap TP collectives",
         "pp": "use more micro-batches or an interleaved schedule so P2P transfers hide behind compute",
     }
-    dims = ", ".join(f"{d} {v:.0%}" for d, v in sorted(by_dim.items(), key=lambda kv: -kv[1]) if v > 0)
+    dims = ", ".join(
+        f"{d} {v:.0%}" for d, v in sorted(by_dim.items(), key=lambda kv: -kv[1]) if v > 0
+    )
     return Bottleneck(
         category="communication",
         severity=_severity(exposed_share / th.exposed_comm),
@@ -100,12 +104,17 @@ def rule_exposed_comm(exposed_share: float, by_dim: dict[str, float], th: Bottle
         value=exposed_share,
         threshold=th.exposed_comm,
         evidence=f"{exposed_share:.1%} of the step waits on communication that no compute hides ({dims or 'no dimension data'}); largest: {worst[0]}",
-        suggestion=fixes.get(worst[0], "overlap communication with compute (async collectives, bucketing) or reduce its volume"),
+        suggestion=fixes.get(
+            worst[0],
+            "overlap communication with compute (async collectives, bucketing) or reduce its volume",
+        ),
         metrics={"by_dimension": by_dim},
     )
 
 
-def rule_memory(peak_fraction: float, peak_bytes: int, capacity: int, th: BottleneckThresholds) -> Bottleneck | None:
+def rule_memory(
+    peak_fraction: float, peak_bytes: int, capacity: int, th: BottleneckThresholds
+) -> Bottleneck | None:
     """Peak memory > threshold of capacity."""
     if capacity <= 0 or not peak_fraction > th.memory:
         return None
@@ -121,7 +130,14 @@ def rule_memory(peak_fraction: float, peak_bytes: int, capacity: int, th: Bottle
     )
 
 
-def rule_pipeline(utilization: float, measured_bubble: float, theory_bubble: float | None, p: int, m: int, th: BottleneckThresholds) -> Bottleneck | None:
+def rule_pipeline(
+    utilization: float,
+    measured_bubble: float,
+    theory_bubble: float | None,
+    p: int,
+    m: int,
+    th: BottleneckThresholds,
+) -> Bottleneck | None:
     """Pipeline utilization < threshold."""
     if not utilization < th.pipeline_utilization:
         return None
@@ -134,7 +150,12 @@ def rule_pipeline(utilization: float, measured_bubble: float, theory_bubble: flo
         threshold=th.pipeline_utilization,
         evidence=f"stages are busy {utilization:.1%} of the schedule; bubble {measured_bubble:.1%} with p={p} stages, m={m} micro-batches{theory}",
         suggestion=f"raise the number of micro-batches (m ≥ 4·p = {4 * p}), use an interleaved 1F1B schedule with virtual stages, or balance layers across stages",
-        metrics={"pp": p, "microbatches": m, "bubble": measured_bubble, "bubble_theory": theory_bubble},
+        metrics={
+            "pp": p,
+            "microbatches": m,
+            "bubble": measured_bubble,
+            "bubble_theory": theory_bubble,
+        },
     )
 
 
@@ -168,7 +189,9 @@ def rule_data_loading(share: float, th: BottleneckThresholds) -> Bottleneck | No
     )
 
 
-def rule_load_imbalance(imbalance: float, straggler: int | None, phase: str | None, th: BottleneckThresholds) -> Bottleneck | None:
+def rule_load_imbalance(
+    imbalance: float, straggler: int | None, phase: str | None, th: BottleneckThresholds
+) -> Bottleneck | None:
     """Cross-rank: slowest rank's compute > median by more than the threshold."""
     if not imbalance > th.load_imbalance:
         return None
@@ -186,7 +209,9 @@ def rule_load_imbalance(imbalance: float, straggler: int | None, phase: str | No
     )
 
 
-def rule_memory_imbalance(imbalance: float, rank: int | None, th: BottleneckThresholds) -> Bottleneck | None:
+def rule_memory_imbalance(
+    imbalance: float, rank: int | None, th: BottleneckThresholds
+) -> Bottleneck | None:
     """Cross-rank: largest peak memory > median by more than the threshold."""
     if not imbalance > th.memory_imbalance:
         return None

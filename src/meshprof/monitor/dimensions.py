@@ -44,13 +44,15 @@ class Layout:
             return cls(int(obj.get("dp", 1)), int(obj.get("tp", 1)), int(obj.get("pp", 1)))
         cfg = getattr(obj, "config", obj)
         try:
-            return cls(int(getattr(cfg, "dp", 1)), int(getattr(cfg, "tp", 1)), int(getattr(cfg, "pp", 1)))
+            return cls(
+                int(getattr(cfg, "dp", 1)), int(getattr(cfg, "tp", 1)), int(getattr(cfg, "pp", 1))
+            )
         except (TypeError, ValueError):
             return None
 
 
 def dimension_of(group_ranks: Sequence[int], layout: Layout | None, desc: str = "") -> str:
-    """"dp", "tp", "pp", "world" or "other" for a group with these global ranks."""
+    """ "dp", "tp", "pp", "world" or "other" for a group with these global ranks."""
     ranks = list(group_ranks)
     if layout is not None and len(ranks) > 1 and max(ranks) < layout.world_size:
         coords = [layout.coords(r) for r in ranks]

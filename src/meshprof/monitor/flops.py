@@ -77,7 +77,9 @@ def count_flops(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[int,
     return int(mode.get_total_flops()), out
 
 
-def mfu(flops_per_step: float, step_time_s: float, peak_tflops: float | None) -> tuple[float, float | None]:
+def mfu(
+    flops_per_step: float, step_time_s: float, peak_tflops: float | None
+) -> tuple[float, float | None]:
     """(achieved TFLOP/s, MFU in [0, 1] or None without a peak)."""
     if step_time_s <= 0:
         return 0.0, None

@@ -14,7 +14,9 @@ def _rss_and_total() -> tuple[int, int]:
     try:
         import psutil
 
-        return int(psutil.Process(os.getpid()).memory_info().rss), int(psutil.virtual_memory().total)
+        return int(psutil.Process(os.getpid()).memory_info().rss), int(
+            psutil.virtual_memory().total
+        )
     except Exception:
         return -1, -1
 

@@ -42,7 +42,9 @@ class _Span:
 
     __slots__ = ("cpu0", "depth", "kind", "mon", "name", "samples", "step", "t0", "tokens")
 
-    def __init__(self, mon: StepMonitor, kind: int, name: str, tokens: int = 0, samples: int = 0) -> None:
+    def __init__(
+        self, mon: StepMonitor, kind: int, name: str, tokens: int = 0, samples: int = 0
+    ) -> None:
         self.mon = mon
         self.kind = kind
         self.name = name
@@ -107,8 +109,12 @@ class StepMonitor:
         self.mapping = mapping
         cfg = getattr(mapping, "config", mapping)
         self.schedule = schedule or str(getattr(cfg, "schedule", "") or "")
-        self.microbatches = microbatches or int(getattr(cfg, "num_microbatches", 0) or getattr(cfg, "microbatches", 0) or 0)
-        self.virtual_stages = virtual_stages if virtual_stages != 1 else int(getattr(cfg, "virtual_stages", 1) or 1)
+        self.microbatches = microbatches or int(
+            getattr(cfg, "num_microbatches", 0) or getattr(cfg, "microbatches", 0) or 0
+        )
+        self.virtual_stages = (
+            virtual_stages if virtual_stages != 1 else int(getattr(cfg, "virtual_stages", 1) or 1)
+        )
         self._profiler = profiler
         self._rank = rank
         self.flops_per_step = flops_per_step
@@ -211,8 +217,18 @@ class StepMonitor:
                 stack.pop()
             stack.pop()
         self._spans.append(
-            (span.kind, _ERR if error else _OK, span.depth, self._name(span.name), span.step,
-             span.t0 + self._wall_offset, t1 - span.t0, span.tokens, span.samples, cpu1 - span.cpu0)
+            (
+                span.kind,
+                _ERR if error else _OK,
+                span.depth,
+                self._name(span.name),
+                span.step,
+                span.t0 + self._wall_offset,
+                t1 - span.t0,
+                span.tokens,
+                span.samples,
+                cpu1 - span.cpu0,
+            )
         )
         if span.kind == _STEP:
             if self.sample_memory:
@@ -224,7 +240,11 @@ class StepMonitor:
     def _internal_error(self, e: BaseException) -> None:
         self.internal_errors += 1
         if self.internal_errors == 1:
-            warnings.warn(f"meshprof monitor: internal error, monitoring continues: {type(e).__name__}: {e}", RuntimeWarning, stacklevel=3)
+            warnings.warn(
+                f"meshprof monitor: internal error, monitoring continues: {type(e).__name__}: {e}",
+                RuntimeWarning,
+                stacklevel=3,
+            )
 
     def count_flops(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run ``fn`` once under FlopCounterMode, keep its FLOPs as the FLOPs per step, and

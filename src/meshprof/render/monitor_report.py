@@ -24,14 +24,41 @@ def print_analysis(a: StepAnalysis, console: Console) -> None:
         for c in ("phase", "mean", "p50", "p95", "share of step"):
             t.add_column(c, justify="right" if c != "phase" else "left")
         for p in a.phases:
-            t.add_row(p.name, fmt_ns(p.time.mean_ns), fmt_ns(p.time.p50_ns), fmt_ns(p.time.p95_ns), f"{p.share_of_step:.1%}")
+            t.add_row(
+                p.name,
+                fmt_ns(p.time.mean_ns),
+                fmt_ns(p.time.p50_ns),
+                fmt_ns(p.time.p95_ns),
+                f"{p.share_of_step:.1%}",
+            )
         console.print(t)
     if a.comm:
-        t = Table(title=f"communication per step: {a.comm_total_share:.1%} of the step, {a.comm_exposed_share:.1%} exposed", title_justify="left")
-        for c in ("dimension", "collectives", "bytes", "total", "exposed", "hidden", "total share", "exposed share"):
+        t = Table(
+            title=f"communication per step: {a.comm_total_share:.1%} of the step, {a.comm_exposed_share:.1%} exposed",
+            title_justify="left",
+        )
+        for c in (
+            "dimension",
+            "collectives",
+            "bytes",
+            "total",
+            "exposed",
+            "hidden",
+            "total share",
+            "exposed share",
+        ):
             t.add_column(c, justify="right" if c != "dimension" else "left")
         for c in a.comm:
-            t.add_row(c.dimension, str(c.count), fmt_bytes(c.bytes), fmt_ns(c.total_ns), fmt_ns(c.exposed_ns), fmt_ns(c.hidden_ns), f"{c.total_share:.1%}", f"{c.exposed_share:.1%}")
+            t.add_row(
+                c.dimension,
+                str(c.count),
+                fmt_bytes(c.bytes),
+                fmt_ns(c.total_ns),
+                fmt_ns(c.exposed_ns),
+                fmt_ns(c.hidden_ns),
+                f"{c.total_share:.1%}",
+                f"{c.exposed_share:.1%}",
+            )
         console.print(t)
     lines = []
     if a.dp_efficiency is not None:
@@ -41,17 +68,31 @@ def print_analysis(a: StepAnalysis, console: Console) -> None:
     if a.pipeline is not None:
         p = a.pipeline
         theory = f" (theory {p.bubble_theory:.1%})" if p.bubble_theory is not None else ""
-        lines.append(f"pipeline {p.schedule} p={p.stages} m={p.microbatches}: bubble {p.bubble:.1%}{theory}, utilization {p.utilization:.1%}")
+        lines.append(
+            f"pipeline {p.schedule} p={p.stages} m={p.microbatches}: bubble {p.bubble:.1%}{theory}, utilization {p.utilization:.1%}"
+        )
     if a.data_loading_share:
         lines.append(f"data loading {a.data_loading_share:.1%} of step")
     if a.memory is not None:
         m = a.memory
-        cap = f" of {fmt_bytes(m.capacity_bytes)} ({m.peak_fraction:.1%}), headroom {fmt_bytes(max(m.headroom_bytes, 0))}" if m.capacity_bytes > 0 else ""
-        lines.append(f"memory ({m.kind}): current {fmt_bytes(m.current_bytes)}, peak {fmt_bytes(m.peak_bytes)}{cap}, mean/peak {m.mean_over_peak:.0%}")
+        cap = (
+            f" of {fmt_bytes(m.capacity_bytes)} ({m.peak_fraction:.1%}), headroom {fmt_bytes(max(m.headroom_bytes, 0))}"
+            if m.capacity_bytes > 0
+            else ""
+        )
+        lines.append(
+            f"memory ({m.kind}): current {fmt_bytes(m.current_bytes)}, peak {fmt_bytes(m.peak_bytes)}{cap}, mean/peak {m.mean_over_peak:.0%}"
+        )
     if a.flops is not None:
         f = a.flops
-        mfu = f", MFU {f.mfu:.1%} of {f.peak_tflops:g} TFLOP/s" if f.mfu is not None else " (set peak_tflops for MFU)"
-        lines.append(f"{f.flops_per_step / 1e12:.4f} TFLOP per step → {f.achieved_tflops:.3f} TFLOP/s{mfu}")
+        mfu = (
+            f", MFU {f.mfu:.1%} of {f.peak_tflops:g} TFLOP/s"
+            if f.mfu is not None
+            else " (set peak_tflops for MFU)"
+        )
+        lines.append(
+            f"{f.flops_per_step / 1e12:.4f} TFLOP per step → {f.achieved_tflops:.3f} TFLOP/s{mfu}"
+        )
     for line in lines:
         console.print(line)
     if a.bottlenecks:

@@ -8,6 +8,7 @@ fraction of a second; a worker that raises, dies or outlives the timeout fails t
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import queue
@@ -68,7 +69,9 @@ def _worker(
         if backend is not None:
             import torch.distributed as dist
 
-            dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timedelta(seconds=pg_timeout_s))
+            dist.init_process_group(
+                backend, rank=rank, world_size=world_size, timeout=timedelta(seconds=pg_timeout_s)
+            )
         try:
             out = fn(rank, world_size, *args)
         finally:
@@ -76,10 +79,8 @@ def _worker(
                 import torch.distributed as dist
 
                 if dist.is_initialized():
-                    try:
+                    with contextlib.suppress(Exception):
                         dist.destroy_process_group()
-                    except Exception:
-                        pass
         results.put((rank, True, out))
     except BaseException:
         results.put((rank, False, traceback.format_exc()))
@@ -122,7 +123,9 @@ def run_ranks(
         while len(out) < world_size:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise TimeoutError(f"ranks {sorted(set(range(world_size)) - set(out))} did not finish within {timeout:.0f} s")
+                raise TimeoutError(
+                    f"ranks {sorted(set(range(world_size)) - set(out))} did not finish within {timeout:.0f} s"
+                )
             try:
                 rank, ok, value = results.get(timeout=min(remaining, 0.5))
             except queue.Empty:
@@ -132,7 +135,9 @@ def run_ranks(
                     try:
                         rank, ok, value = results.get(timeout=2.0)
                     except queue.Empty:
-                        raise WorkerError(f"rank {dead[0]} exited with code {procs[dead[0]].exitcode} and no result") from None
+                        raise WorkerError(
+                            f"rank {dead[0]} exited with code {procs[dead[0]].exitcode} and no result"
+                        ) from None
                 else:
                     continue
             if not ok:

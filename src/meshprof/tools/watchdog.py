@@ -208,7 +208,19 @@ class Watchdog:
             self._thread.join(timeout=self.poll_s + 1.0)
 
     def dump(self, reason: str) -> Path | None:
-        """Write this rank's dump now; returns its path (None if writing failed)."""
+        """Write this rank's dump now; returns its path (None if writing failed).
+
+        A "peer" or "signal" request does not overwrite this rank's hang dump while the op it
+        describes is still in flight (it would say the same with a weaker reason)."""
+        if reason != "hang":
+            try:
+                if any(
+                    (op.group_name, op.seq, op.op) in self._dumped_keys
+                    for op in self.prof.inflight()
+                ):
+                    return dump_path(self.dump_dir, _rank(self.prof))
+            except Exception:
+                pass
         with self._lock:
             try:
                 path = write_dump(self.prof, self.dump_dir, reason, self.last_n, self.timeout_s)
