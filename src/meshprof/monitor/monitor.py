@@ -50,6 +50,10 @@ class _Span:
         self.name = name
         self.tokens = tokens
         self.samples = samples
+        self.step = -1
+        self.depth = 0
+        self.t0 = 0
+        self.cpu0 = 0
 
     def __enter__(self) -> _Span:
         try:
