@@ -244,6 +244,10 @@ def _worker(rank: int, ws: int, names: list[str]) -> dict[str, Any]:
 
     import meshprof
 
+    import faulthandler
+    import sys
+
+    faulthandler.dump_traceback_later(40, exit=True, file=sys.stderr)
     prof = meshprof.enable()
     out: dict[str, Any] = {}
     for name in names:

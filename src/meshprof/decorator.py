@@ -67,6 +67,9 @@ class ModuleTimeline:
         self.backward: list[tuple[str, int]] = []
         """(module name, start_ns) when each module's backward began."""
         self.backward_end_ns: int | None = None
+        """When the backward pass ended (an autograd engine callback)."""
+        self.errors = 0
+        """Hook errors swallowed (attribution may be incomplete when > 0)."""
         self._open: dict[int, list[int]] = {}
         self._handles: list[Any] = []
         self._lock = threading.Lock()
@@ -79,28 +82,33 @@ class ModuleTimeline:
         self._open.setdefault(id(mod), []).append(time.time_ns())
 
     def _post(self, name: str, mod: Any, args: Any, out: Any) -> None:
-        t1 = time.time_ns()
-        starts = self._open.get(id(mod))
-        t0 = starts.pop() if starts else t1
-        self.forward.append((name, t0, t1))
-        import torch
+        try:
+            t1 = time.time_ns()
+            starts = self._open.get(id(mod))
+            t0 = starts.pop() if starts else t1
+            self.forward.append((name, t0, t1))
+            import torch
 
-        tensors = [out] if isinstance(out, torch.Tensor) else [o for o in (out if isinstance(out, (tuple, list)) else ()) if isinstance(o, torch.Tensor)]
-        for t in tensors[:1]:
-            if t.grad_fn is not None:
-                t.grad_fn.register_prehook(functools.partial(self._bw_start, name))
+            seq = out if isinstance(out, (tuple, list)) else [out]
+            first = next(
+                (o for o in seq if isinstance(o, torch.Tensor) and o.grad_fn is not None), None
+            )
+            if first is not None:
+                first.grad_fn.register_prehook(functools.partial(self._bw_start, name))
+        except Exception:
+            self.errors += 1
 
     def _bw_start(self, name: str, grad_outputs: Any) -> None:
-        with self._lock:
-            first = not self.backward
-            self.backward.append((name, time.time_ns()))
-        if first:
-            try:
+        try:
+            with self._lock:
+                first = not self.backward
+                self.backward.append((name, time.time_ns()))
+            if first:
                 from torch.autograd import Variable
 
                 Variable._execution_engine.queue_callback(self._bw_end)
-            except Exception:
-                pass
+        except Exception:
+            self.errors += 1
 
     def _bw_end(self) -> None:
         self.backward_end_ns = time.time_ns()
@@ -147,7 +155,30 @@ class PerformanceMonitor:
 
     enabled = True
 
-    def __init__(self, model: Any = None, *, out_dir: str | os.PathLike[str] = "meshprof_out", wait: int = 1, warmup: int = 1, active: int = 3, repeat: int = 1, flop_counter_step: int | None = None, comm_logger_step: int | None = None, memory_snapshot_step: int | None = None, nsight: bool = False, tensorboard: bool = False, wandb: bool = False, record_shapes: bool = False, profile_memory: bool = False, with_stack: bool = False, profiler: bool = True, monitor: Any = None, tokens_per_step: int = 0, samples_per_step: int = 0, print_fn: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        model: Any = None,
+        *,
+        out_dir: str | os.PathLike[str] = "meshprof_out",
+        wait: int = 1,
+        warmup: int = 1,
+        active: int = 3,
+        repeat: int = 1,
+        flop_counter_step: int | None = None,
+        comm_logger_step: int | None = None,
+        memory_snapshot_step: int | None = None,
+        nsight: bool = False,
+        tensorboard: bool = False,
+        wandb: bool = False,
+        record_shapes: bool = False,
+        profile_memory: bool = False,
+        with_stack: bool = False,
+        profiler: bool = True,
+        monitor: Any = None,
+        tokens_per_step: int = 0,
+        samples_per_step: int = 0,
+        print_fn: Callable[[str], None] | None = None,
+    ) -> None:
         for k, v in (("wait", wait), ("warmup", warmup), ("active", active), ("repeat", repeat)):
             if not isinstance(v, int) or v < 0:
                 raise ValueError(f"performance_monitor: {k} must be an integer >= 0, got {v!r}")
@@ -186,6 +217,7 @@ class PerformanceMonitor:
         self._wandb: Any = None
         self._writer: Any = None
         self._cuda = False
+        self._cur_step = 0
         self._lock = threading.Lock()
 
     # -- decorating -------------------------------------------------------------------------------
@@ -207,7 +239,11 @@ class PerformanceMonitor:
     def _fail(self, part: str, e: BaseException) -> None:
         if part not in self.failures:
             self.failures[part] = f"{type(e).__name__}: {e}"
-            warnings.warn(f"meshprof performance_monitor: {part} switched off after an error: {type(e).__name__}: {e}", RuntimeWarning, stacklevel=4)
+            warnings.warn(
+                f"meshprof performance_monitor: {part} switched off after an error: {type(e).__name__}: {e}",
+                RuntimeWarning,
+                stacklevel=4,
+            )
 
     def _ok(self, part: str) -> bool:
         return part not in self.failures
@@ -234,7 +270,14 @@ class PerformanceMonitor:
             self._print(self.describe())
             from meshprof.rundir import write_manifest
 
-            write_manifest(self.out_dir, {"world_size": self.world_size, "source": "performance_monitor", "config": self.config()})
+            write_manifest(
+                self.out_dir,
+                {
+                    "world_size": self.world_size,
+                    "source": "performance_monitor",
+                    "config": self.config(),
+                },
+            )
         if self.use_profiler:
             try:
                 self._start_profiler()
@@ -255,11 +298,15 @@ class PerformanceMonitor:
             except Exception as e:
                 self._fail("wandb", e)
         if self.memory_snapshot_step is not None and not self._cuda and self.rank == 0:
-            self._print(f"meshprof: memory snapshot (step {self.memory_snapshot_step}) needs CUDA; this run has no GPU, so no snapshot will be written")
+            self._print(
+                f"meshprof: memory snapshot (step {self.memory_snapshot_step}) needs CUDA; this run has no GPU, so no snapshot will be written"
+            )
         try:
             from meshprof.session import RankWriter
 
-            self._writer = RankWriter(self.out_dir, self.prof, self.mon, interval_s=0, rank=self.rank)
+            self._writer = RankWriter(
+                self.out_dir, self.prof, self.mon, interval_s=0, rank=self.rank
+            )
             self._writer.start()
         except Exception as e:
             self._fail("rank file", e)
@@ -285,13 +332,24 @@ class PerformanceMonitor:
         s = self.schedule
         first = s["wait"] + s["warmup"]
         span = s["wait"] + s["warmup"] + s["active"]
-        windows = [f"{first + i * span}-{first + i * span + s['active'] - 1}" for i in range(s["repeat"] or 1)]
+        windows = [
+            f"{first + i * span}-{first + i * span + s['active'] - 1}"
+            for i in range(s["repeat"] or 1)
+        ]
         lines = [
             f"meshprof performance_monitor: {self.world_size} rank(s), output in {self.out_dir}",
-            f"  torch.profiler schedule: wait={s['wait']} warmup={s['warmup']} active={s['active']} repeat={s['repeat']} -> traces of steps {', '.join(windows)}{' (then every cycle)' if s['repeat'] == 0 else ''}" if self.use_profiler else "  torch.profiler: off",
-            f"  FLOP counter: step {self.flop_counter_step}" if self.flop_counter_step is not None else "  FLOP counter: off",
-            f"  communication log: step {self.comm_logger_step}" if self.comm_logger_step is not None else "  communication log: off",
-            f"  memory snapshot: step {self.memory_snapshot_step}" if self.memory_snapshot_step is not None else "  memory snapshot: off",
+            f"  torch.profiler schedule: wait={s['wait']} warmup={s['warmup']} active={s['active']} repeat={s['repeat']} -> traces of steps {', '.join(windows)}{' (then every cycle)' if s['repeat'] == 0 else ''}"
+            if self.use_profiler
+            else "  torch.profiler: off",
+            f"  FLOP counter: step {self.flop_counter_step}"
+            if self.flop_counter_step is not None
+            else "  FLOP counter: off",
+            f"  communication log: step {self.comm_logger_step}"
+            if self.comm_logger_step is not None
+            else "  communication log: off",
+            f"  memory snapshot: step {self.memory_snapshot_step}"
+            if self.memory_snapshot_step is not None
+            else "  memory snapshot: off",
             f"  nsight (NVTX): {'on' if self.nsight else 'off'}   tensorboard: {'on' if self.use_tensorboard else 'off'}   wandb: {'on' if self.use_wandb else 'off'}",
             f"  record_shapes={self.record_shapes} profile_memory={self.profile_memory} with_stack={self.with_stack}",
         ]
@@ -305,7 +363,9 @@ class PerformanceMonitor:
         s = self.schedule
         self._torch_prof = profile(
             activities=acts,
-            schedule=schedule(wait=s["wait"], warmup=s["warmup"], active=s["active"], repeat=s["repeat"]),
+            schedule=schedule(
+                wait=s["wait"], warmup=s["warmup"], active=s["active"], repeat=s["repeat"]
+            ),
             on_trace_ready=self._trace_ready,
             record_shapes=self.record_shapes,
             profile_memory=self.profile_memory,
@@ -324,7 +384,10 @@ class PerformanceMonitor:
             avgs = sorted(p.key_averages(), key=lambda a: getattr(a, key, 0.0), reverse=True)[:10]
             if self.rank == 0:
                 unit = "device" if self._cuda else "CPU"
-                self._print(f"meshprof: trace of steps up to {step} -> {path}\n" + p.key_averages().table(sort_by=key, row_limit=10))
+                self._print(
+                    f"meshprof: trace of steps up to {step} -> {path}\n"
+                    + p.key_averages().table(sort_by=key, row_limit=10)
+                )
                 del unit
             top = {f"prof/{a.key}_ms": getattr(a, key, 0.0) / 1000.0 for a in avgs}
             self._log(top, step)
@@ -368,7 +431,8 @@ class PerformanceMonitor:
             if step == self.comm_logger_step and self._ok("communication log"):
                 try:
                     st["comm"] = self._start_comm_log()
-                    stack.enter_context(st["comm"]["mode"]) if st["comm"]["mode"] is not None else None
+                    if st["comm"]["mode"] is not None:
+                        stack.enter_context(st["comm"]["mode"])
                 except Exception as e:
                     self._fail("communication log", e)
                     st.pop("comm", None)
@@ -392,7 +456,9 @@ class PerformanceMonitor:
         try:
             span = st.get("span")
             if span is not None:
-                span.__exit__(RuntimeError if error else None, RuntimeError() if error else None, None)
+                span.__exit__(
+                    RuntimeError if error else None, RuntimeError() if error else None, None
+                )
             stack = st.get("stack")
             if stack is not None:
                 stack.close()
@@ -423,7 +489,9 @@ class PerformanceMonitor:
                 torch.cuda.memory._record_memory_history(enabled=None)
                 self.files.append(path)
                 if self.rank == 0:
-                    self._print(f"meshprof: memory snapshot -> {path} (open it in https://pytorch.org/memory_viz)")
+                    self._print(
+                        f"meshprof: memory snapshot -> {path} (open it in https://pytorch.org/memory_viz)"
+                    )
             except Exception as e:
                 self._fail("memory snapshot", e)
         if self._tb is not None or self._wandb is not None:
@@ -442,12 +510,24 @@ class PerformanceMonitor:
         from meshprof.monitor.flops import mfu
 
         total = int(mode.get_total_flops())
-        table = {mod: {str(op): int(n) for op, n in ops.items()} for mod, ops in mode.get_flop_counts().items()}
+        table = {
+            mod: {str(op): int(n) for op, n in ops.items()}
+            for mod, ops in mode.get_flop_counts().items()
+        }
         self.flops_per_step = float(total)
         self.mon.flops_per_step = float(total)
         peak = getattr(self.mon, "peak_tflops", None)
         tflops, util = mfu(total, dur_ns / 1e9, peak)
-        doc = {"step": step, "rank": self.rank, "total_flops": total, "step_time_ns": dur_ns, "achieved_tflops": tflops, "peak_tflops": peak, "mfu": util, "modules": {m: {"total": sum(ops.values()), "ops": ops} for m, ops in table.items()}}
+        doc = {
+            "step": step,
+            "rank": self.rank,
+            "total_flops": total,
+            "step_time_ns": dur_ns,
+            "achieved_tflops": tflops,
+            "peak_tflops": peak,
+            "mfu": util,
+            "modules": {m: {"total": sum(ops.values()), "ops": ops} for m, ops in table.items()},
+        }
         path = self._name(f"flops_step{step}", ".json")
         from meshprof.rundir import atomic_write_text
 
@@ -458,7 +538,9 @@ class PerformanceMonitor:
             width = max((len(m) for m, _ in rows), default=6)
             text = "\n".join(f"  {m:<{width}}  {n / 1e9:12.6f} GFLOP" for m, n in rows)
             mfu_txt = f"{util:.1%}" if util is not None else "n/a (set MESHPROF_PEAK_TFLOPS)"
-            self._print(f"meshprof: FLOPs per module (step {step}):\n{text}\nmeshprof: step {step}: {total / 1e9:.6f} GFLOP, {tflops:.4f} TFLOP/s achieved, MFU {mfu_txt} (this step ran under the FLOP counter, so it was slower than usual)")
+            self._print(
+                f"meshprof: FLOPs per module (step {step}):\n{text}\nmeshprof: step {step}: {total / 1e9:.6f} GFLOP, {tflops:.4f} TFLOP/s achieved, MFU {mfu_txt} (this step ran under the FLOP counter, so it was slower than usual)"
+            )
 
     # -- communication log ------------------------------------------------------------------------------
     def _start_comm_log(self) -> dict[str, Any]:
@@ -479,7 +561,9 @@ class PerformanceMonitor:
         events = [e for e in self.prof.events() if e.step == step]
         rows = []
         for e in events:
-            module, phase = timeline.attribute(e.start_ns) if timeline is not None else ("", "other")
+            module, phase = (
+                timeline.attribute(e.start_ns) if timeline is not None else ("", "other")
+            )
             d = e.to_dict()
             d.update(module=module, phase=phase)
             rows.append(d)
@@ -497,23 +581,48 @@ class PerformanceMonitor:
             key = f"{r['module'] or '(no module)'} [{r['phase']}]"
             by_module.setdefault(key, {})
             by_module[key][r["op"]] = by_module[key].get(r["op"], 0) + 1
-        doc = {"step": step, "rank": self.rank, "world_size": self.world_size, "count": len(rows), "total_bytes": int(sum(max(r["in_bytes"], r["out_bytes"]) for r in rows)), "total_duration_ns": int(sum(max(r["duration_ns"], 0) for r in rows)), "by_module": by_module, "dtensor_comm_counts": dtensor, "events": rows}
+        doc = {
+            "step": step,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "count": len(rows),
+            "total_bytes": int(sum(max(r["in_bytes"], r["out_bytes"]) for r in rows)),
+            "total_duration_ns": int(sum(max(r["duration_ns"], 0) for r in rows)),
+            "by_module": by_module,
+            "dtensor_comm_counts": dtensor,
+            "events": rows,
+        }
         from meshprof.render.console import fmt_bytes, fmt_ns
         from meshprof.rundir import atomic_write_text
 
         jpath = self._name(f"comm_step{step}", ".json")
         atomic_write_text(jpath, json.dumps(doc, indent=1, default=str))
-        lines = [f"meshprof communication log: rank {self.rank}, step {step}, {len(rows)} collective(s)", ""]
-        lines.append(f"{'#':>4}  {'op':<16} {'group':<14} {'bytes':>10} {'time':>10}  {'phase':<9} module")
+        lines = [
+            f"meshprof communication log: rank {self.rank}, step {step}, {len(rows)} collective(s)",
+            "",
+        ]
+        lines.append(
+            f"{'#':>4}  {'op':<16} {'group':<14} {'bytes':>10} {'time':>10}  {'phase':<9} module"
+        )
         for i, r in enumerate(rows):
-            lines.append(f"{i:>4}  {r['op']:<16} {r['group_desc'] or r['group_name']:<14} {fmt_bytes(max(r['in_bytes'], r['out_bytes'])):>10} {fmt_ns(r['duration_ns']):>10}  {r['phase']:<9} {r['module'] or '-'}")
-        lines += ["", "per module and phase:"] + [f"  {k}: {v}" for k, v in sorted(by_module.items())]
-        lines += ["", "DTensor CommDebugMode (DTensor collectives per module, forward/backward):", table.strip() or "(no DTensor collectives in this step)"]
+            lines.append(
+                f"{i:>4}  {r['op']:<16} {r['group_desc'] or r['group_name']:<14} {fmt_bytes(max(r['in_bytes'], r['out_bytes'])):>10} {fmt_ns(r['duration_ns']):>10}  {r['phase']:<9} {r['module'] or '-'}"
+            )
+        lines += ["", "per module and phase:"] + [
+            f"  {k}: {v}" for k, v in sorted(by_module.items())
+        ]
+        lines += [
+            "",
+            "DTensor CommDebugMode (DTensor collectives per module, forward/backward):",
+            table.strip() or "(no DTensor collectives in this step)",
+        ]
         tpath = self._name(f"comm_debug_step{step}", ".txt")
         atomic_write_text(tpath, "\n".join(lines) + "\n")
         self.files += [jpath, tpath]
         if self.rank == 0:
-            self._print(f"meshprof: step {step}: {len(rows)} collective(s) logged -> {jpath}, {tpath}")
+            self._print(
+                f"meshprof: step {step}: {len(rows)} collective(s) logged -> {jpath}, {tpath}"
+            )
 
     # -- scalars --------------------------------------------------------------------------------------
     def _step_scalars(self, step: int, t0: int, t1: int) -> dict[str, float]:
@@ -522,10 +631,21 @@ class PerformanceMonitor:
         dur = max(t1 - t0, 1)
         arr, _ = self.prof.columns()
         sel = arr[(arr["step"] == step) & (arr["duration_ns"] >= 0)]
-        comm = _clipped_union(sel["start_ns"].astype(np.int64), (sel["start_ns"] + sel["duration_ns"]).astype(np.int64), t0, t1)
-        out = {"perf/step_time_ms": dur / 1e6, "perf/comm_share": comm / dur, "perf/collectives": float(len(sel))}
+        comm = _clipped_union(
+            sel["start_ns"].astype(np.int64),
+            (sel["start_ns"] + sel["duration_ns"]).astype(np.int64),
+            t0,
+            t1,
+        )
+        out = {
+            "perf/step_time_ms": dur / 1e6,
+            "perf/comm_share": comm / dur,
+            "perf/collectives": float(len(sel)),
+        }
         if self.flops_per_step:
-            tflops, util = mfu(self.flops_per_step, dur / 1e9, getattr(self.mon, "peak_tflops", None))
+            tflops, util = mfu(
+                self.flops_per_step, dur / 1e9, getattr(self.mon, "peak_tflops", None)
+            )
             out["perf/tflops"] = tflops
             if util is not None:
                 out["perf/mfu"] = util
@@ -548,10 +668,13 @@ class PerformanceMonitor:
     def _nvtx_hooks(self) -> list[Any]:
         import torch
 
-        root = self.model
-        pre = root.register_forward_pre_hook(lambda m, a: torch.cuda.nvtx.range_push("forward"))
-        post = root.register_forward_hook(lambda m, a, o: torch.cuda.nvtx.range_pop())
-        return [pre, post]
+        def push(m: Any, a: Any) -> None:
+            torch.cuda.nvtx.range_push("forward")
+
+        def pop(m: Any, a: Any, o: Any) -> None:
+            torch.cuda.nvtx.range_pop()
+
+        return [self.model.register_forward_pre_hook(push), self.model.register_forward_hook(pop)]
 
     # -- end ------------------------------------------------------------------------------------------
     def close(self) -> None:
@@ -595,7 +718,9 @@ def _clipped_union(starts: np.ndarray, ends: np.ndarray, lo: int, hi: int) -> in
     return union_ns(np.clip(starts, lo, hi), np.clip(ends, lo, hi))
 
 
-def performance_monitor(model: Any = None, *, enabled: bool = True, **kwargs: Any) -> PerformanceMonitor | _Off:
+def performance_monitor(
+    model: Any = None, *, enabled: bool = True, **kwargs: Any
+) -> PerformanceMonitor | _Off:
     """Build the monitor; decorate a training step with it (``@monitor``).
 
     Arguments: ``out_dir`` (run directory), ``wait``/``warmup``/``active``/``repeat``
