@@ -247,7 +247,7 @@ def _worker(rank: int, ws: int, names: list[str]) -> dict[str, Any]:
     import faulthandler
     import sys
 
-    faulthandler.dump_traceback_later(40, exit=True, file=sys.stderr)
+    faulthandler.dump_traceback_later(90, exit=True, file=sys.stderr)
     prof = meshprof.enable()
     out: dict[str, Any] = {}
     for name in names:

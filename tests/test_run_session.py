@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import subprocess
 import sys
@@ -138,7 +140,10 @@ def test_sigterm_writes_the_rank_file_and_dies_by_the_signal(
 
     code = _SIGTERM_CHILD.format(port=free_port(), block=block)
     proc = subprocess.Popen(
-        [sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", code, str(tmp_path)],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
     )
     try:
         assert proc.stdout is not None
@@ -152,6 +157,8 @@ def test_sigterm_writes_the_rank_file_and_dies_by_the_signal(
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        with contextlib.suppress(OSError):  # the `sleep` that system() started, now orphaned
+            os.killpg(proc.pid, signal.SIGKILL)
     assert rc == -signal.SIGTERM  # died by the signal, as without meshprof
     rd = load_rank_file(rank_file(tmp_path, 0))
     assert rd.meta["exit"]["how"] == "signal" and rd.meta["exit"]["code"] == 128 + signal.SIGTERM

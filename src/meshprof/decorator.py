@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import sys
 import threading
 import time
@@ -37,6 +38,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 F = TypeVar("F", bound=Callable[..., Any])
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")  # CommDebugMode colors its table for terminals
 
 
 def _rank_world() -> tuple[int, int]:
@@ -93,8 +95,9 @@ class ModuleTimeline:
             first = next(
                 (o for o in seq if isinstance(o, torch.Tensor) and o.grad_fn is not None), None
             )
-            if first is not None:
-                first.grad_fn.register_prehook(functools.partial(self._bw_start, name))
+            node = first.grad_fn if first is not None else None
+            if node is not None:
+                node.register_prehook(functools.partial(self._bw_start, name))
         except Exception:
             self.errors += 1
 
@@ -356,7 +359,6 @@ class PerformanceMonitor:
         return "\n".join(lines)
 
     def _start_profiler(self) -> None:
-        import torch
         from torch.profiler import ProfilerActivity, profile, schedule
 
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self._cuda else [])
@@ -372,7 +374,6 @@ class PerformanceMonitor:
             with_stack=self.with_stack,
         )
         self._torch_prof.start()
-        del torch
 
     def _trace_ready(self, p: Any) -> None:
         try:
@@ -383,12 +384,11 @@ class PerformanceMonitor:
             key = "self_device_time_total" if self._cuda else "self_cpu_time_total"
             avgs = sorted(p.key_averages(), key=lambda a: getattr(a, key, 0.0), reverse=True)[:10]
             if self.rank == 0:
-                unit = "device" if self._cuda else "CPU"
+                basis = "device (CUDA)" if self._cuda else "CPU"
+                table = p.key_averages().table(sort_by=key, row_limit=10)
                 self._print(
-                    f"meshprof: trace of steps up to {step} -> {path}\n"
-                    + p.key_averages().table(sort_by=key, row_limit=10)
+                    f"meshprof: trace of the window ending at step {step} -> {path}\nmeshprof: ten most expensive ops by self {basis} time:\n{table}"
                 )
-                del unit
             top = {f"prof/{a.key}_ms": getattr(a, key, 0.0) / 1000.0 for a in avgs}
             self._log(top, step)
             if self._writer is not None:
@@ -518,7 +518,10 @@ class PerformanceMonitor:
         self.mon.flops_per_step = float(total)
         peak = getattr(self.mon, "peak_tflops", None)
         tflops, util = mfu(total, dur_ns / 1e9, peak)
-        doc = {
+        modules: dict[str, dict[str, Any]] = {
+            m: {"total": sum(ops.values()), "ops": ops} for m, ops in table.items()
+        }
+        doc: dict[str, Any] = {
             "step": step,
             "rank": self.rank,
             "total_flops": total,
@@ -526,7 +529,7 @@ class PerformanceMonitor:
             "achieved_tflops": tflops,
             "peak_tflops": peak,
             "mfu": util,
-            "modules": {m: {"total": sum(ops.values()), "ops": ops} for m, ops in table.items()},
+            "modules": modules,
         }
         path = self._name(f"flops_step{step}", ".json")
         from meshprof.rundir import atomic_write_text
@@ -534,7 +537,7 @@ class PerformanceMonitor:
         atomic_write_text(path, json.dumps(doc, indent=2))
         self.files.append(path)
         if self.rank == 0:
-            rows = sorted(((m, d["total"]) for m, d in doc["modules"].items()), key=lambda x: -x[1])
+            rows = sorted(((m, int(d["total"])) for m, d in modules.items()), key=lambda x: -x[1])
             width = max((len(m) for m, _ in rows), default=6)
             text = "\n".join(f"  {m:<{width}}  {n / 1e9:12.6f} GFLOP" for m, n in rows)
             mfu_txt = f"{util:.1%}" if util is not None else "n/a (set MESHPROF_PEAK_TFLOPS)"
@@ -573,7 +576,7 @@ class PerformanceMonitor:
         if mode is not None:
             try:
                 dtensor = {str(k): int(v) for k, v in mode.get_comm_counts().items()}
-                table = mode.generate_comm_debug_tracing_table(noise_level=1)
+                table = _ANSI.sub("", mode.generate_comm_debug_tracing_table(noise_level=1))
             except Exception as e:
                 table = f"(CommDebugMode table unavailable: {type(e).__name__}: {e})"
         by_module: dict[str, dict[str, int]] = {}

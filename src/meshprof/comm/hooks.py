@@ -3,8 +3,8 @@
 One Python kernel is registered at the ``BackendSelect`` dispatch key for every ``c10d::`` op.
 ``BackendSelect`` sits just above the backend keys (CPU, CUDA) and, unlike the autograd keys, is
 not skipped under ``torch.inference_mode``; c10d ops have no kernel of their own there. The
-kernel notes the op, calls the original backend kernel directly (``SafeKernelFunction``
-``call_boxed``, no second trip through the dispatcher) and returns its result unchanged.
+kernel notes the op, redispatches to the backend kernel below ``BackendSelect`` (with the GIL
+released, as PyTorch's own bindings do) and returns its result unchanged.
 
 Because the choke point is the dispatcher, every path is seen exactly once: names imported before
 meshprof was enabled, DDP's C++ reducer, FSDP2, DTensor's functional collectives and pipelining.
@@ -41,25 +41,21 @@ OBJECT_COLLECTIVES = (
 
 
 class _KernelTable:
-    """Original backend kernels of one op, looked up once per dispatch key."""
+    """Calls the kernel below ``BackendSelect`` for one op, without holding the GIL.
+
+    ``OperatorHandle.redispatch_boxed`` releases the GIL while the backend kernel runs, as the
+    ``torch.distributed`` bindings do. That matters: a backend's worker thread can need the GIL
+    (gloo drops a finished work's tensors, which decrefs their Python objects, while holding the
+    lock that ``enqueue`` takes). Calling the kernel with the GIL held (``SafeKernelFunction
+    .call_boxed``) deadlocks the process within a few hundred collectives.
+    """
 
     def __init__(self, op: Any) -> None:
         self.op = op
-        self.kernels: dict[Any, Any] = {}
+        self.redispatch = op._handle.redispatch_boxed
 
     def call(self, keyset: Any, args: tuple[Any, ...]) -> Any:
-        below = keyset.remove(_BACKEND_SELECT)
-        key = below.highestPriorityTypeId()
-        kern = self.kernels.get(key)
-        if kern is None:
-            try:
-                kern = torch.library.get_kernel(self.op, key)
-            except Exception:
-                kern = False
-            self.kernels[key] = kern
-        if kern is False:
-            return self.op.redispatch(below, *args)
-        return kern.call_boxed(below, *args)
+        return self.redispatch(keyset.remove(_BACKEND_SELECT), *args)
 
 
 class Installation:

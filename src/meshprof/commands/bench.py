@@ -108,11 +108,17 @@ def run(args: argparse.Namespace) -> int:
     if args.nproc is None and _under_torchrun():
         import torch.distributed as dist
 
-        if not dist.is_initialized():
+        started_here = not dist.is_initialized()
+        if started_here:
             if backend == "nccl":
                 torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
             dist.init_process_group(backend)
-        result = run_bench_rank(dist.get_rank(), dist.get_world_size(), config)
+        try:
+            result = run_bench_rank(dist.get_rank(), dist.get_world_size(), config)
+        finally:
+            if started_here:  # leave together: a rank exiting early aborts the others' gloo pairs
+                dist.barrier()
+                dist.destroy_process_group()
         if result is None:
             return 0
     else:

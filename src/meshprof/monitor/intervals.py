@@ -34,3 +34,98 @@ def clipped_total(starts: np.ndarray, ends: np.ndarray, lo: int, hi: int) -> int
     s = np.clip(np.asarray(starts, dtype=np.int64), lo, hi)
     e = np.clip(np.asarray(ends, dtype=np.int64), lo, hi)
     return total(s, e)
+
+
+def covered(us: np.ndarray, ue: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Length of [a, b) covered by the disjoint sorted intervals (us, ue), per window (int64).
+    Windows with b <= a cover 0."""
+    a = np.asarray(a, dtype=np.int64)
+    b = np.asarray(b, dtype=np.int64)
+    if not len(us) or not len(a):
+        return np.zeros(len(a), dtype=np.int64)
+    cum = np.zeros(len(us) + 1, dtype=np.int64)
+    np.cumsum(ue - us, out=cum[1:])
+    i = np.searchsorted(ue, a, side="right")
+    j = np.searchsorted(us, b, side="left")
+    has = j > i
+    ii, jj = np.minimum(i, len(us) - 1), np.maximum(j - 1, 0)
+    tot = cum[np.maximum(j, i)] - cum[i]
+    tot -= np.where(has, np.maximum(a - us[ii], 0), 0)
+    tot -= np.where(has, np.maximum(ue[jj] - b, 0), 0)
+    return np.maximum(tot, 0)
+
+
+class Segments:
+    """Many "union of a subset of intervals, clipped to a window" questions, answered at once.
+
+    The intervals (sorted by start) are split into segments, each a contiguous range of them
+    (``lo[k]:hi[k]``; ranges may overlap, an interval then belongs to several segments). For a
+    subset of the intervals and windows ``[a, b)`` that each belong to one segment,
+    :meth:`clipped_totals` gives, per window, ``clipped_total(starts[sub], ends[sub], a, b)`` over
+    the subset's intervals of that segment only: the exact integers a loop over segments calling
+    :func:`clipped_total` gives. Each segment's time range is moved onto its own stretch of one
+    axis (a shift per segment, so lengths are unchanged), which turns the per-segment unions into
+    one union and the per-window clipping into one ``searchsorted``.
+    """
+
+    def __init__(
+        self,
+        starts: np.ndarray,
+        ends: np.ndarray,
+        lo: np.ndarray,
+        hi: np.ndarray,
+        seg_min: np.ndarray,
+        seg_max: np.ndarray,
+    ) -> None:
+        """``starts`` sorted ascending; segment k holds intervals lo[k]:hi[k], all of whose starts
+        are >= seg_min[k]; seg_max[k] bounds their ends and every window end asked about."""
+        lo = np.asarray(lo, dtype=np.int64)
+        hi = np.maximum(np.asarray(hi, dtype=np.int64), lo)
+        n = hi - lo
+        self.seg_min = np.asarray(seg_min, dtype=np.int64)
+        self.seg_max = np.maximum(np.asarray(seg_max, dtype=np.int64), self.seg_min)
+        span = self.seg_max - self.seg_min + 1
+        self.base = np.zeros(len(lo), dtype=np.int64)
+        if len(lo) > 1:
+            np.cumsum(span[:-1], out=self.base[1:])
+        total = int(n.sum())
+        seg = np.repeat(np.arange(len(lo), dtype=np.int64), n)
+        first = np.zeros(len(lo), dtype=np.int64)
+        if len(lo) > 1:
+            np.cumsum(n[:-1], out=first[1:])
+        #: interval index of each (segment, member) row, segment by segment, in start order
+        self.idx = (np.arange(total, dtype=np.int64) - first[seg] + lo[seg]) if total else seg
+        shift = self.base - self.seg_min
+        self.ks = np.asarray(starts, dtype=np.int64)[self.idx] + shift[seg]
+        self.ke = np.asarray(ends, dtype=np.int64)[self.idx] + shift[seg]
+
+    def key(self, seg: np.ndarray, t: np.ndarray) -> np.ndarray:
+        """Times of windows of segment ``seg`` on the shared axis (clamped into the segment)."""
+        seg = np.asarray(seg, dtype=np.int64)
+        t = np.clip(np.asarray(t, dtype=np.int64), self.seg_min[seg], self.seg_max[seg])
+        return t - self.seg_min[seg] + self.base[seg]
+
+    def clipped_totals(
+        self, subset: np.ndarray | None, seg: np.ndarray, a: np.ndarray, b: np.ndarray
+    ) -> np.ndarray:
+        """Per window (seg[i], [a[i], b[i])): union length of the subset's intervals of that
+        segment inside the window. ``subset`` is a boolean mask over the intervals (None: all)."""
+        ks, ke = self.ks, self.ke
+        if subset is not None:
+            keep = np.asarray(subset, dtype=bool)[self.idx]
+            ks, ke = ks[keep], ke[keep]
+        a = np.asarray(a, dtype=np.int64)
+        b = np.asarray(b, dtype=np.int64)
+        out = np.zeros(len(a), dtype=np.int64)
+        ok = b > a
+        if not len(ks) or not ok.any():
+            return out
+        # already sorted by start: merge without sorting again
+        run_max = np.maximum.accumulate(ke)
+        new = np.ones(len(ks), dtype=bool)
+        new[1:] = ks[1:] > run_max[:-1]
+        first = np.flatnonzero(new)
+        us, ue = ks[first], np.maximum.reduceat(ke, first)
+        seg = np.asarray(seg, dtype=np.int64)
+        out[ok] = covered(us, ue, self.key(seg[ok], a[ok]), self.key(seg[ok], b[ok]))
+        return out

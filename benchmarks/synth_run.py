@@ -1,0 +1,322 @@
+"""Write a realistic synthetic run directory: N ranks × M collectives, fast (vectorized numpy).
+
+The job is a dp × tp × pp mesh (8 ranks: dp=2, tp=2, pp=2; other sizes: dp=N, tp=pp=1). Every
+step has the same collective template on every rank, so sequence numbers agree and everything
+matches across ranks:
+
+- ``data`` phase: compute only;
+- ``forward``: TP all_reduces between layer computations, and every 50th slot a pipeline
+  send (pp stage 0 → 1) / recv;
+- ``backward``: TP all_reduces, a DP reduce_scatter every 10th slot, pipeline sends back
+  (stage 1 → 0) every 50th;
+- ``optimizer``: DP all_gathers and one all_reduce over the world group (the grad norm).
+
+Collectives are synchronous: a rank issues slot j+1 after slot j completed plus its compute gap;
+a collective completes when its last member arrived plus a size-dependent duration, so the early
+members wait. One rank (``--slow-rank``, default the last) computes ``--slow``
+longer in its forward phase (default 30 %): it arrives last and the others wait for it. Every rank's clock is
+off by a few ms (recorded as a timestamp exchange in ``meta["clock_sync"]``). Steps start on a
+common grid, one memory sample (CUDA-like) per step.
+
+    python benchmarks/synth_run.py OUT_DIR [--ranks 8] [--collectives 1000000] [--steps 1000]
+
+Writes OUT_DIR/manifest.json and OUT_DIR/rankNNNNN.npz (the format of :mod:`meshprof.rundir`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from meshprof.events import EVENT_DTYPE, MEMORY_DTYPE, OP_CODES, SPAN_DTYPE
+from meshprof.rundir import RankData, write_manifest, write_rank_file
+
+US = 1_000
+MS = 1_000_000
+BASE_NS = 1_750_000_000 * 10**9
+SPAN_NAMES = ["data", "forward", "backward", "optimizer", "step"]
+KINDS = ("world", "dp", "tp", "pp_fwd", "pp_bwd")
+
+
+@dataclass(frozen=True, slots=True)
+class Template:
+    """One step's collectives, the same on every rank (arrays over slots)."""
+
+    kind: np.ndarray
+    """int: index into KINDS (which group the slot runs on)."""
+    op: np.ndarray
+    """int: op code (EVENT_DTYPE op) for the collectives; p2p slots are decided per rank."""
+    nbytes: np.ndarray
+    """int64: message size (bytes)."""
+    gap_ns: np.ndarray
+    """int64: compute before the slot (ns)."""
+    phase: np.ndarray
+    """int: 1 forward, 2 backward, 3 optimizer."""
+
+
+def layout_for(n: int) -> tuple[int, int, int]:
+    """(dp, tp, pp): 2 × 2 × 2 style for multiples of 8, else pure data parallel."""
+    if n % 8 == 0:
+        return n // 4, 2, 2
+    return n, 1, 1
+
+
+def make_template(k: int, rng: np.random.Generator) -> Template:
+    """k slots: 40 % forward, 55 % backward, the rest optimizer."""
+    j = np.arange(k)
+    f_end, b_end = int(0.4 * k), int(0.95 * k)
+    phase = np.where(j < f_end, 1, np.where(j < b_end, 2, 3))
+    kind = np.full(k, KINDS.index("tp"))
+    kind[(phase == 1) & (j % 50 == 49)] = KINDS.index("pp_fwd")
+    kind[(phase == 2) & (j % 10 == 0)] = KINDS.index("dp")
+    kind[(phase == 2) & (j % 50 == 49)] = KINDS.index("pp_bwd")
+    kind[phase == 3] = KINDS.index("dp")
+    kind[-1] = KINDS.index("world")
+    op = np.full(k, OP_CODES["all_reduce"])
+    op[(phase == 2) & (kind == KINDS.index("dp"))] = OP_CODES["reduce_scatter"]
+    op[(phase == 3) & (kind == KINDS.index("dp"))] = OP_CODES["all_gather"]
+    nbytes = np.where(
+        kind == KINDS.index("tp"),
+        2**20,
+        np.where(kind == KINDS.index("dp"), 2**24, np.where(kind == KINDS.index("world"), 4, 2**22)),
+    ).astype(np.int64)
+    gap = rng.integers(20 * US, 60 * US, size=k).astype(np.int64)
+    return Template(kind, op, nbytes, gap, phase)
+
+
+def groups_for(n: int) -> tuple[list[dict], dict[str, np.ndarray]]:
+    """Run-wide group list and, per kind, the member matrix (instances × size, global ranks)."""
+    dp, tp, pp = layout_for(n)
+    r = np.arange(n).reshape(dp, tp, pp)  # rank = dp_rank·tp·pp + tp_rank·pp + pp_rank
+    members = {
+        "world": np.arange(n)[None, :],
+        "dp": r.transpose(1, 2, 0).reshape(-1, dp),
+        "tp": r.transpose(0, 2, 1).reshape(-1, tp),
+        "pp": r.reshape(-1, pp),
+    }
+    groups = [{"name": "0", "desc": "default_pg", "ranks": list(range(n)), "backend": "nccl"}]
+    for dim in ("dp", "tp", "pp"):
+        m = members[dim]
+        if m.shape[1] < 2:
+            continue
+        for i, row in enumerate(m):
+            groups.append(
+                {
+                    "name": f"{dim}{i}",
+                    "desc": f"mesh_{dim}",
+                    "ranks": [int(x) for x in row],
+                    "backend": "nccl",
+                }
+            )
+    return groups, members
+
+
+def _duration(nbytes: np.ndarray) -> np.ndarray:
+    """Latency + size / 50 GB/s (ns)."""
+    return (15 * US + nbytes // 50).astype(np.int64)
+
+
+def simulate(
+    n: int, steps: int, t: Template, slow_rank: int, slow: float, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Arrival and completion times relative to each step's start: (ranks, steps, slots) int64,
+    and each step's end (ranks, steps)."""
+    _, members = groups_for(n)
+    k = len(t.kind)
+    arr = np.empty((n, steps, k), dtype=np.int64)
+    done = np.empty((n, steps, k), dtype=np.int64)
+    data_ns = rng.integers(200 * US, 400 * US, size=(n, steps)).astype(np.int64)
+    prev = data_ns
+    factor = np.ones(n)
+    if 0 <= slow_rank < n:
+        factor[slow_rank] += slow
+    dur = _duration(t.nbytes)
+    pp_m = members["pp"] if members["pp"].shape[1] >= 2 else None
+    for j in range(k):
+        gap = t.gap_ns[j] * (factor if t.phase[j] == 1 else np.ones(n))
+        a = prev + gap.astype(np.int64)[:, None] + rng.integers(0, 5 * US, size=(n, steps))
+        kind = KINDS[t.kind[j]]
+        m = pp_m if kind.startswith("pp") else members[kind]
+        if m is None or m.shape[1] < 2:  # dimension of size 1: the slot runs on the world group
+            m = members["world"]
+        c = np.empty_like(a)
+        last = a[m].max(axis=1)  # (instances, steps)
+        c[m] = (last + dur[j])[:, None, :] + rng.integers(0, 3 * US, size=(*m.shape, steps))
+        arr[:, :, j] = a
+        done[:, :, j] = c
+        prev = c
+    end = prev + rng.integers(500 * US, 700 * US, size=(n, steps))
+    return arr, done, end
+
+
+def write_run(
+    out: Path,
+    n: int = 8,
+    collectives: int = 1_000_000,
+    steps: int = 1000,
+    slow_rank: int | None = None,
+    slow: float = 0.30,
+    seed: int = 0,
+) -> dict:
+    """Write the run directory; returns a summary (events per rank, layout, truth)."""
+    rng = np.random.default_rng(seed)
+    k = max(collectives // steps, 2)
+    t = make_template(k, rng)
+    slow_rank = n - 1 if slow_rank is None else slow_rank
+    arr, done, end = simulate(n, steps, t, slow_rank, slow, rng)
+    period = int(end.max()) + 1 * MS
+    step_start = BASE_NS + np.arange(steps, dtype=np.int64) * period  # true clock
+    offsets = rng.integers(-3 * MS, 3 * MS, size=n).astype(np.int64)
+    offsets[0] = 0
+    groups, members = groups_for(n)
+    dp, tp, pp = layout_for(n)
+    gindex = {g["name"]: i for i, g in enumerate(groups)}
+    for r in range(n):
+        my_groups = [g for g in groups if r in g["ranks"]]
+        local = {g["name"]: i for i, g in enumerate(my_groups)}
+        # this rank's group (local code), peer and op per slot
+        code = np.zeros(k, dtype=np.uint16)
+        peer = np.full(k, -1, dtype=np.int32)
+        op = t.op.astype(np.uint8).copy()
+        for kind_i, kind in enumerate(KINDS):
+            sel = t.kind == kind_i
+            if not sel.any():
+                continue
+            dim = "pp" if kind.startswith("pp") else kind
+            if dim == "world" or members[dim].shape[1] < 2:
+                code[sel] = local["0"]
+                continue
+            inst = int(np.nonzero((members[dim] == r).any(axis=1))[0][0])
+            code[sel] = local[f"{dim}{inst}"]
+            if kind.startswith("pp"):
+                row = members["pp"][inst]
+                me = int(np.nonzero(row == r)[0][0])
+                other = int(row[1 - me]) if len(row) == 2 else int(row[(me + 1) % len(row)])
+                sender = 0 if kind == "pp_fwd" else len(row) - 1
+                op[sel] = OP_CODES["send"] if me == sender else OP_CODES["recv"]
+                peer[sel] = other
+        # sequence numbers: per group, and per (pair, direction) for p2p
+        seq_in_step = np.zeros(k, dtype=np.int64)
+        per_step = np.zeros(k, dtype=np.int64)
+        for kind_i in range(len(KINDS)):
+            sel = t.kind == kind_i
+            seq_in_step[sel] = np.arange(int(sel.sum()))
+            per_step[sel] = int(sel.sum())
+        step_col = np.repeat(np.arange(steps, dtype=np.int64), k)
+        ev = np.zeros(steps * k, dtype=EVENT_DTYPE)
+        ev["op"] = np.tile(op, steps)
+        ev["group"] = np.tile(code, steps)
+        ev["peer"] = np.tile(peer, steps)
+        ev["seq"] = step_col * np.tile(per_step, steps) + np.tile(seq_in_step, steps)
+        ev["in_bytes"] = np.tile(t.nbytes, steps)
+        out_b = np.where(t.op == OP_CODES["reduce_scatter"], t.nbytes // max(dp, 1), t.nbytes)
+        ev["out_bytes"] = np.tile(out_b, steps)
+        a_abs = (arr[r] + step_start[:, None]).reshape(-1)
+        ev["start_ns"] = a_abs + offsets[r]
+        ev["duration_ns"] = (done[r] - arr[r]).reshape(-1)
+        ev["step"] = step_col
+        ev["flags"] = np.where(np.tile(t.kind, steps) == KINDS.index("dp"), 1, 0)
+        # spans: step, data, forward, backward, optimizer
+        sp = np.zeros(steps * 5, dtype=SPAN_DTYPE)
+        comm = done[r] - arr[r]  # (steps, k)
+        f_last = int(np.nonzero(t.phase == 1)[0][-1])
+        b_last = int(np.nonzero(t.phase == 2)[0][-1])
+        data_end = arr[r][:, 0] - t.gap_ns[0]
+        bounds = [
+            (np.zeros(steps, dtype=np.int64), end[r], None),
+            (np.zeros(steps, dtype=np.int64), data_end, 0),
+            (data_end, done[r][:, f_last], 1),
+            (done[r][:, f_last], done[r][:, b_last], 2),
+            (done[r][:, b_last], end[r], 3),
+        ]
+        for i, (lo, hi, ph) in enumerate(bounds):
+            rows = sp[i::5]
+            rows["kind"] = 0 if ph is None else 1
+            rows["depth"] = 0 if ph is None else 1
+            rows["name"] = SPAN_NAMES.index("step") if ph is None else ph
+            rows["step"] = np.arange(steps)
+            rows["start_ns"] = step_start + lo + offsets[r]
+            rows["duration_ns"] = hi - lo
+            in_ph = comm.sum(axis=1) if ph is None else comm[:, t.phase == ph].sum(axis=1)
+            if ph == 0:
+                in_ph = np.zeros(steps, dtype=np.int64)
+            rows["cpu_ns"] = (hi - lo) - in_ph
+            rows["tokens"] = 8192 if ph is None else 0
+            rows["samples"] = 4 if ph is None else 0
+            sp[i::5] = rows
+        mem = np.zeros(steps, dtype=MEMORY_DTYPE)
+        mem["step"] = np.arange(steps)
+        mem["t_ns"] = step_start + end[r] + offsets[r]
+        base = (20 + (4 if r == 0 else 0)) * 2**30
+        mem["allocated"] = base + rng.integers(0, 2**28, size=steps)
+        mem["reserved"] = base + 2**31
+        mem["peak"] = base + 2**30 + rng.integers(0, 2**28, size=steps)
+        mem["rss"] = 6 * 2**30
+        mem["capacity"] = 80 * 2**30
+        samples = []
+        if r != 0:
+            t0 = int(BASE_NS - 50 * MS)
+            for _ in range(10):
+                d1, d2 = (int(x) for x in rng.integers(20 * US, 80 * US, size=2))
+                samples.append([t0 + int(offsets[r]), t0 + d1, t0 + d1 + d2 + int(offsets[r])])
+                t0 += d1 + d2 + 10 * US
+        meta = {
+            "rank": r,
+            "world_size": n,
+            "hostname": f"node{r // 8}",
+            "groups": my_groups,
+            "dtypes": ["bfloat16"],
+            "labels": [],
+            "span_names": SPAN_NAMES,
+            "layout": {"dp": dp, "tp": tp, "pp": pp},
+            "clock_sync": {
+                "method": "pg",
+                "ref_rank": 0,
+                "rank": r,
+                "rounds": 10,
+                "samples": samples,
+                "error": "",
+            },
+        }
+        write_rank_file(out, RankData(r, ev, sp, mem, meta))
+    write_manifest(
+        out,
+        {
+            "world_size": n,
+            "command": f"synth_run.py --ranks {n} --collectives {collectives} --steps {steps}",
+            "layout": {"dp": dp, "tp": tp, "pp": pp},
+        },
+    )
+    return {
+        "ranks": n,
+        "events_per_rank": steps * k,
+        "steps": steps,
+        "layout": (dp, tp, pp),
+        "groups": len(gindex),
+        "slow_rank": slow_rank,
+        "clock_offsets_ns": offsets.tolist(),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("out", type=Path)
+    p.add_argument("--ranks", type=int, default=8)
+    p.add_argument("--collectives", type=int, default=1_000_000, help="per rank")
+    p.add_argument("--steps", type=int, default=1000)
+    p.add_argument("--slow-rank", type=int, default=None, help="default: the last rank")
+    p.add_argument("--slow", type=float, default=0.30, help="extra forward compute (fraction)")
+    p.add_argument("--seed", type=int, default=0)
+    a = p.parse_args(argv)
+    t0 = time.perf_counter()
+    info = write_run(a.out, a.ranks, a.collectives, a.steps, a.slow_rank, a.slow, a.seed)
+    print(f"wrote {a.out} in {time.perf_counter() - t0:.1f} s: {info}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
