@@ -266,6 +266,7 @@ def test_broken_parts_never_raise(
         warnings.simplefilter("always")
         assert [step() for _ in range(3)] == [3, 3, 3]
     mon.close()
+    assert "performance_monitor: 1 rank(s)" in lines[0] and "torch.profiler schedule" in lines[0]
     assert set(mon.failures) == {"profiler", "tensorboard"}
     assert "pip install 'meshprof[tensorboard]'" in mon.failures["tensorboard"]
     assert sum("switched off" in str(w.message) for w in caught) == 2  # once per part

@@ -79,6 +79,10 @@ class WorkerSession:
                 self.extra_meta["layout"] = launch.parse_layout(layout)
             except Exception as e:
                 _warn("reading $MESHPROF_LAYOUT", e)
+        elif os.environ.get("WORLD_SIZE", "").isdigit():
+            # no layout given: assume pure data parallelism over all ranks (said in the meta)
+            self.extra_meta["layout"] = {"dp": int(os.environ["WORLD_SIZE"]), "tp": 1, "pp": 1}
+            self.extra_meta["layout_assumed"] = True
         try:
             import meshprof
             from meshprof.config import ProfilerConfig

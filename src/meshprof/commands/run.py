@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -98,6 +99,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="print the result (run dir, exit code, manifest, statistics) as JSON",
     )
+    p.add_argument(
+        "--layout",
+        default=None,
+        metavar="dp=N,tp=N,pp=N",
+        help="the job's 3D-parallel layout, to attribute communication to dimensions "
+        "(default: $MESHPROF_LAYOUT, else pure data parallelism over all ranks)",
+    )
     p.add_argument("--no-summary", action="store_true", help="do not print the summary at the end")
     p.add_argument(
         "-m",
@@ -166,6 +174,11 @@ def options_from_args(args: argparse.Namespace, argv: list[str] | None = None) -
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.layout:
+        from meshprof.launch import ENV_LAYOUT, parse_layout
+
+        parse_layout(args.layout)  # a bad value is one line and exit code 2
+        os.environ[ENV_LAYOUT] = args.layout
     opts = options_from_args(args)
     result = launch(opts)
     if result.hang is not None:

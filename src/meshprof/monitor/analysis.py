@@ -44,7 +44,7 @@ from meshprof.monitor.bottlenecks import (
 )
 from meshprof.monitor.dimensions import Layout, dimension_of
 from meshprof.monitor.flops import mfu
-from meshprof.monitor.intervals import clipped_total
+from meshprof.monitor.intervals import Segments, clipped_total
 
 PIPELINE_CHUNKS = ("pp_forward", "pp_backward", "pp_backward_weight")
 DATA_PHASES = ("data", "data_loading", "dataloader")
@@ -229,13 +229,13 @@ def analyze_steps(
     ev = events[events["duration_ns"] >= 0]
     ev_start = ev["start_ns"].astype(np.int64)
     ev_end = ev_start + ev["duration_ns"].astype(np.int64)
-    ev_dim = (
-        np.array([dims[g] if g < len(dims) else "other" for g in ev["group"]], dtype=object)
-        if len(ev)
-        else np.zeros(0, dtype=object)
-    )
+    labels = [*dims, "other"]
+    g = ev["group"].astype(np.int64)
+    ev_label = np.where(g < len(dims), g, len(dims))
+    dim_names = sorted({str(labels[i]) for i in np.unique(ev_label).tolist()})
+    to_code = np.asarray([dim_names.index(x) if x in dim_names else -1 for x in labels])
+    ev_dcode = to_code[ev_label] if len(ev) else np.zeros(0, dtype=np.int64)
     ev_bytes = np.maximum(ev["in_bytes"], ev["out_bytes"]).astype(np.int64)
-    dim_names = sorted({str(d) for d in ev_dim})
 
     rows: list[StepRow] = []
     phase_totals: dict[str, list[float]] = {}
@@ -248,107 +248,170 @@ def analyze_steps(
     tp_fb_comm: list[float] = []
     bubbles: list[float] = []
 
-    for st in steps:
-        s_no = int(st["step"])
-        t0 = int(st["start_ns"])
-        t1 = t0 + int(st["duration_ns"])
-        in_step = (ev_start >= t0) & (ev_start < t1)
-        es, ee, ed = ev_start[in_step], ev_end[in_step], ev_dim[in_step]
-        ph = phases[
-            (phases["step"] == s_no) & (phases["start_ns"] >= t0) & (phases["start_ns"] < t1)
-        ]
+    # Every per-step question below ("communication of this subset of the step's collectives
+    # inside this window") is answered for all steps at once (intervals.Segments): the step's
+    # collectives are those issued in [t0, t1), a contiguous range of the start-sorted events.
+    ev_order = np.argsort(ev_start, kind="stable")
+    es_all, ee_all = ev_start[ev_order], ev_end[ev_order]
+    ed_all, eb_all = ev_dcode[ev_order], ev_bytes[ev_order]
+    st_start = steps["start_ns"].astype(np.int64)
+    st_dur = steps["duration_ns"].astype(np.int64)
+    seg_lo = np.searchsorted(es_all, st_start, side="left")
+    seg_hi = np.maximum(np.searchsorted(es_all, st_start + st_dur, side="left"), seg_lo)
+    segs = Segments(es_all, ee_all, seg_lo, seg_hi, st_start)
+
+    # the phases of each step: same step number, issued inside the step, in recorded order
+    p_step = phases["step"].astype(np.int64)
+    p_order = np.argsort(p_step, kind="stable")
+    p_sorted = p_step[p_order]
+    st_no = steps["step"].astype(np.int64)
+    p_lo = np.searchsorted(p_sorted, st_no, side="left").tolist()
+    p_hi = np.searchsorted(p_sorted, st_no, side="right").tolist()
+    p_order_l = p_order.tolist()
+    p_start = phases["start_ns"].astype(np.int64).tolist()
+    p_dur = phases["duration_ns"].astype(np.int64).tolist()
+    p_cpu = phases["cpu_ns"].astype(np.int64).tolist()
+    p_depth = phases["depth"].tolist()
+    p_nm = phases["name"].tolist()
+    p_label = [names[i] if i < len(names) else str(i) for i in p_nm]
+    p_is_fb = [i < len(names) and names[i] in FB_PHASES for i in p_nm]
+    p_is_chunk = [i < len(names) and names[i] in PIPELINE_CHUNKS for i in p_nm]
+    st_rows = list(
+        zip(
+            st_no.tolist(),
+            st_start.tolist(),
+            st_dur.tolist(),
+            steps["cpu_ns"].astype(np.int64).tolist(),
+            steps["tokens"].astype(np.int64).tolist(),
+            steps["samples"].astype(np.int64).tolist(),
+            strict=True,
+        )
+    )
+    step_ph: list[list[int]] = []
+    w_seg: list[int] = []  # windows: the top-level phases, then the fb phases
+    w_lo: list[int] = []
+    w_hi: list[int] = []
+    for k, (_, t0, dur, _, _, _) in enumerate(st_rows):
+        t1 = t0 + dur
+        ph_k = [i for i in p_order_l[p_lo[k] : p_hi[k]] if t0 <= p_start[i] < t1]
+        step_ph.append(ph_k)
+        for i in ph_k:
+            if p_depth[i] == 1:
+                w_seg.append(k)
+                w_lo.append(p_start[i])
+                w_hi.append(p_start[i] + p_dur[i])
+    n_top = len(w_seg)
+    for k, ph_k in enumerate(step_ph):
+        for i in ph_k:
+            if p_is_fb[i]:
+                w_seg.append(k)
+                w_lo.append(p_start[i])
+                w_hi.append(p_start[i] + p_dur[i])
+    wa, wb, ws = (np.asarray(x, dtype=np.int64) for x in (w_lo, w_hi, w_seg))
+    top_comm = segs.clipped_totals(None, ws[:n_top], wa[:n_top], wb[:n_top]).tolist()
+    step_k = np.arange(len(st_rows), dtype=np.int64)
+    step_comm = segs.clipped_totals(None, step_k, st_start, st_start + st_dur).tolist()
+    top_dim: list[list[int]] = []
+    step_dim: list[list[int]] = []
+    cnt_dim: list[list[int]] = []
+    bytes_dim: list[list[int]] = []
+    for di in range(len(dim_names)):
+        sub = ed_all == di
+        top_dim.append(segs.clipped_totals(sub, ws[:n_top], wa[:n_top], wb[:n_top]).tolist())
+        step_dim.append(segs.clipped_totals(sub, step_k, st_start, st_start + st_dur).tolist())
+        cs = np.zeros(len(sub) + 1, dtype=np.int64)
+        np.cumsum(sub, out=cs[1:])
+        cnt_dim.append((cs[seg_hi] - cs[seg_lo]).tolist())
+        np.cumsum(np.where(sub, eb_all, 0), out=cs[1:])
+        bytes_dim.append((cs[seg_hi] - cs[seg_lo]).tolist())
+    tp_sub = ed_all == (dim_names.index("tp") if "tp" in dim_names else -1)
+    fb_tp = segs.clipped_totals(tp_sub, ws[n_top:], wa[n_top:], wb[n_top:]).tolist()
+
+    top_w = 0
+    fb_w = 0
+    for k, (s_no, t0, dur, cpu_step, tok, smp) in enumerate(st_rows):
+        t1 = t0 + dur
+        ph_k = step_ph[k]
         per_name: dict[str, float] = {}
-        for p in ph:
-            n = names[p["name"]] if p["name"] < len(names) else str(p["name"])
-            per_name[n] = per_name.get(n, 0.0) + float(p["duration_ns"])
+        for i in ph_k:
+            per_name[p_label[i]] = per_name.get(p_label[i], 0.0) + float(p_dur[i])
         for n, v in per_name.items():
             phase_totals.setdefault(n, []).append(v)
         data_time.append(sum(v for n, v in per_name.items() if n in DATA_PHASES))
-        comm_total = clipped_total(es, ee, t0, t1)
+        comm_total = step_comm[k]
 
         # exposed communication, phase by phase (top-level phases + the remainder of the step)
-        top = ph[ph["depth"] == 1]
         exposed_by_dim = dict.fromkeys(dim_names, 0.0)
-        regions: list[tuple[int, int, int, int]] = []  # (lo, hi, wall, cpu)
         covered_wall = covered_cpu = 0
         covered_comm = 0
-        for p in top:
-            lo = int(p["start_ns"])
-            hi = lo + int(p["duration_ns"])
-            regions.append((lo, hi, int(p["duration_ns"]), int(p["cpu_ns"])))
         exposed_total = 0.0
-        for lo, hi, wall, cpu in regions:
-            comm_p = clipped_total(es, ee, lo, hi)
+        for i in ph_k:
+            if p_depth[i] != 1:
+                continue
+            wall, cpu = p_dur[i], p_cpu[i]
+            comm_p = top_comm[top_w]
             covered_wall += wall
             covered_cpu += max(cpu, 0)
             covered_comm += comm_p
             blocked = wall - cpu if cpu >= 0 else wall
             exp = float(min(max(blocked, 0), comm_p))
             exposed_total += exp
-            _split(exp, es, ee, ed, lo, hi, dim_names, exposed_by_dim)
-        rest_wall = int(st["duration_ns"]) - covered_wall
+            _split(exp, [c[top_w] for c in top_dim], dim_names, exposed_by_dim)
+            top_w += 1
+        rest_wall = dur - covered_wall
         rest_comm = max(comm_total - covered_comm, 0)
         if rest_comm > 0:
-            cpu_step = int(st["cpu_ns"])
             rest_blocked = rest_wall - (cpu_step - covered_cpu) if cpu_step >= 0 else rest_wall
             exp = float(min(max(rest_blocked, 0), rest_comm))
             exposed_total += exp
             # attribute the remainder's exposed time by the dimensions' share of the whole step
-            _split(exp, es, ee, ed, t0, t1, dim_names, exposed_by_dim)
-        for d in dim_names:
-            m = ed == d
-            dim_total[d].append(float(clipped_total(es[m], ee[m], t0, t1)))
+            _split(exp, [c[k] for c in step_dim], dim_names, exposed_by_dim)
+        for di, d in enumerate(dim_names):
+            dim_total[d].append(float(step_dim[di][k]))
             dim_exposed[d].append(exposed_by_dim[d])
-            dim_count[d].append(int(m.sum()))
-            dim_bytes[d].append(int(ev_bytes[in_step][m].sum()))
+            dim_count[d].append(cnt_dim[di][k])
+            dim_bytes[d].append(bytes_dim[di][k])
 
         # TP communication inside forward/backward
-        fb = (
-            ph[np.isin([names[i] if i < len(names) else "" for i in ph["name"]], FB_PHASES)]
-            if len(ph)
-            else ph
-        )
-        fb_total = float(fb["duration_ns"].sum()) if len(fb) else 0.0
-        fb_time.append(fb_total)
-        tpm = ed == "tp"
+        fb_total = 0
         tp_in = 0.0
-        for p in fb:
-            lo = int(p["start_ns"])
-            tp_in += clipped_total(es[tpm], ee[tpm], lo, lo + int(p["duration_ns"]))
+        for i in ph_k:
+            if p_is_fb[i]:
+                fb_total += p_dur[i]
+                tp_in += fb_tp[fb_w]
+                fb_w += 1
+        fb_time.append(float(fb_total))
         tp_fb_comm.append(tp_in)
 
         # pipeline bubble of this stage
-        chunk_mask = (
-            np.isin([names[i] if i < len(names) else "" for i in ph["name"]], PIPELINE_CHUNKS)
-            if len(ph)
-            else np.zeros(0, bool)
-        )
-        chunks = ph[chunk_mask] if len(ph) else ph
-        if len(chunks):
-            cs = chunks["start_ns"].astype(np.int64)
-            ce = cs + chunks["duration_ns"].astype(np.int64)
+        chunks_i = [i for i in ph_k if p_is_chunk[i]]
+        if chunks_i:
+            cs_ = np.asarray([p_start[i] for i in chunks_i], dtype=np.int64)
+            ce_ = cs_ + np.asarray([p_dur[i] for i in chunks_i], dtype=np.int64)
             lo_w, hi_w = t0, t1
             best = -1
-            for p in top:
-                lo = int(p["start_ns"])
-                hi = lo + int(p["duration_ns"])
-                ov = clipped_total(cs, ce, lo, hi)
-                if ov > best and names[p["name"]] not in PIPELINE_CHUNKS:
+            for i in ph_k:
+                if p_depth[i] != 1:
+                    continue
+                lo = p_start[i]
+                hi = lo + p_dur[i]
+                ov = clipped_total(cs_, ce_, lo, hi)
+                if ov > best and names[p_nm[i]] not in PIPELINE_CHUNKS:
                     best, lo_w, hi_w = ov, lo, hi
             window = hi_w - lo_w
             if window > 0:
-                bubbles.append(1.0 - clipped_total(cs, ce, lo_w, hi_w) / window)
+                bubbles.append(1.0 - clipped_total(cs_, ce_, lo_w, hi_w) / window)
 
         rows.append(
             StepRow(
                 step=s_no,
-                duration_ns=int(st["duration_ns"]),
-                cpu_ns=int(st["cpu_ns"]),
+                duration_ns=dur,
+                cpu_ns=cpu_step,
                 comm_ns=int(comm_total),
                 exposed_comm_ns=int(exposed_total),
-                compute_ns=int(st["duration_ns"]) - int(exposed_total),
-                tokens=int(st["tokens"]),
-                samples=int(st["samples"]),
+                compute_ns=dur - int(exposed_total),
+                tokens=tok,
+                samples=smp,
             )
         )
 
@@ -465,24 +528,15 @@ def analyze_steps(
     )
 
 
-def _split(
-    amount: float,
-    es: np.ndarray,
-    ee: np.ndarray,
-    ed: np.ndarray,
-    lo: int,
-    hi: int,
-    dim_names: list[str],
-    out: dict[str, float],
-) -> None:
-    """Add ``amount`` to ``out`` split by each dimension's communication inside [lo, hi)."""
+def _split(amount: float, per_dim: list[int], dim_names: list[str], out: dict[str, float]) -> None:
+    """Add ``amount`` to ``out`` split by each dimension's communication inside the window
+    (``per_dim[i]``: dimension ``dim_names[i]``'s union length there, ns)."""
     if amount <= 0 or not dim_names:
         return
-    per = {d: clipped_total(es[ed == d], ee[ed == d], lo, hi) for d in dim_names}
-    tot = sum(per.values())
+    tot = sum(per_dim)
     if tot <= 0:
         return
-    for d, v in per.items():
+    for d, v in zip(dim_names, per_dim, strict=True):
         out[d] += amount * v / tot
 
 

@@ -75,19 +75,12 @@ class Segments:
         lo: np.ndarray,
         hi: np.ndarray,
         seg_min: np.ndarray,
-        seg_max: np.ndarray,
     ) -> None:
-        """``starts`` sorted ascending; segment k holds intervals lo[k]:hi[k], all of whose starts
-        are >= seg_min[k]; seg_max[k] bounds their ends and every window end asked about."""
+        """``starts`` sorted ascending, ``ends`` >= ``starts``; segment k holds intervals
+        lo[k]:hi[k], whose starts are all >= seg_min[k]."""
         lo = np.asarray(lo, dtype=np.int64)
         hi = np.maximum(np.asarray(hi, dtype=np.int64), lo)
         n = hi - lo
-        self.seg_min = np.asarray(seg_min, dtype=np.int64)
-        self.seg_max = np.maximum(np.asarray(seg_max, dtype=np.int64), self.seg_min)
-        span = self.seg_max - self.seg_min + 1
-        self.base = np.zeros(len(lo), dtype=np.int64)
-        if len(lo) > 1:
-            np.cumsum(span[:-1], out=self.base[1:])
         total = int(n.sum())
         seg = np.repeat(np.arange(len(lo), dtype=np.int64), n)
         first = np.zeros(len(lo), dtype=np.int64)
@@ -95,9 +88,21 @@ class Segments:
             np.cumsum(n[:-1], out=first[1:])
         #: interval index of each (segment, member) row, segment by segment, in start order
         self.idx = (np.arange(total, dtype=np.int64) - first[seg] + lo[seg]) if total else seg
+        s = np.asarray(starts, dtype=np.int64)[self.idx]
+        e = np.asarray(ends, dtype=np.int64)[self.idx]
+        self.seg_min = np.asarray(seg_min, dtype=np.int64).copy()
+        # every member interval lies in [seg_min, seg_max]: clamping a window into it changes
+        # nothing it covers
+        self.seg_max = self.seg_min.copy()
+        if total:
+            np.maximum.at(self.seg_max, seg, e)
+        span = self.seg_max - self.seg_min + 1
+        self.base = np.zeros(len(lo), dtype=np.int64)
+        if len(lo) > 1:
+            np.cumsum(span[:-1], out=self.base[1:])
         shift = self.base - self.seg_min
-        self.ks = np.asarray(starts, dtype=np.int64)[self.idx] + shift[seg]
-        self.ke = np.asarray(ends, dtype=np.int64)[self.idx] + shift[seg]
+        self.ks = s + shift[seg]
+        self.ke = e + shift[seg]
 
     def key(self, seg: np.ndarray, t: np.ndarray) -> np.ndarray:
         """Times of windows of segment ``seg`` on the shared axis (clamped into the segment)."""
