@@ -82,7 +82,9 @@ def make_template(k: int, rng: np.random.Generator) -> Template:
     nbytes = np.where(
         kind == KINDS.index("tp"),
         2**20,
-        np.where(kind == KINDS.index("dp"), 2**24, np.where(kind == KINDS.index("world"), 4, 2**22)),
+        np.where(
+            kind == KINDS.index("dp"), 2**24, np.where(kind == KINDS.index("world"), 4, 2**22)
+        ),
     ).astype(np.int64)
     gap = rng.integers(20 * US, 60 * US, size=k).astype(np.int64)
     return Template(kind, op, nbytes, gap, phase)

@@ -69,7 +69,9 @@ class ProfilerConfig:
         known = {f.name for f in fields(self)}
         bad = sorted(set(changes) - known)
         if bad:
-            raise MeshprofError(f"unknown config field(s): {', '.join(bad)}; known: {', '.join(sorted(known))}")
+            raise MeshprofError(
+                f"unknown config field(s): {', '.join(bad)}; known: {', '.join(sorted(known))}"
+            )
         return replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:

@@ -38,6 +38,8 @@ from typing import Any, TypeVar
 import numpy as np
 
 F = TypeVar("F", bound=Callable[..., Any])
+#: Longest wait (seconds) for the communication-log step's collectives still in flight.
+COMM_SETTLE_S = 2.0
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")  # CommDebugMode colors its table for terminals
 
 
@@ -221,6 +223,7 @@ class PerformanceMonitor:
         self._writer: Any = None
         self._cuda = False
         self._cur_step = 0
+        self._pending_comm: tuple[dict[str, Any], int] | None = None
         self._lock = threading.Lock()
 
     # -- decorating -------------------------------------------------------------------------------
@@ -405,6 +408,7 @@ class PerformanceMonitor:
                     self._start()
             if self.closed:
                 return st
+            self._flush_comm_log()
             step = int(self.mon.current_step)
             self._cur_step = step
             st["step"] = step
@@ -432,6 +436,9 @@ class PerformanceMonitor:
                 try:
                     st["comm"] = self._start_comm_log()
                     if st["comm"]["mode"] is not None:
+                        # its module tracker's full backward hooks warn when inputs need no grad
+                        stack.enter_context(warnings.catch_warnings())
+                        warnings.filterwarnings("ignore", message="Full backward hook is firing")
                         stack.enter_context(st["comm"]["mode"])
                 except Exception as e:
                     self._fail("communication log", e)
@@ -476,10 +483,11 @@ class PerformanceMonitor:
             except Exception as e:
                 self._fail("FLOP counter", e)
         if "comm" in st:
-            try:
-                self._finish_comm_log(st["comm"], step)
-            except Exception as e:
-                self._fail("communication log", e)
+            # written at the next step (or close): asynchronous collectives of this step (DDP's
+            # buckets) are recorded when their completion callback has run
+            if st["comm"]["timeline"] is not None:
+                st["comm"]["timeline"].remove()
+            self._pending_comm = (st["comm"], step)
         if st.get("memsnap"):
             try:
                 import torch
@@ -557,10 +565,23 @@ class PerformanceMonitor:
         timeline = ModuleTimeline(self.model) if self.model is not None else None
         return {"mode": mode, "timeline": timeline}
 
+    def _flush_comm_log(self) -> None:
+        pending, self._pending_comm = self._pending_comm, None
+        if pending is None:
+            return
+        comm, step = pending
+        try:
+            deadline = time.monotonic() + COMM_SETTLE_S
+            while time.monotonic() < deadline and any(
+                getattr(r, "step", None) == step for r in list(self.prof._inflight.values())
+            ):
+                time.sleep(0.001)
+            self._finish_comm_log(comm, step)
+        except Exception as e:
+            self._fail("communication log", e)
+
     def _finish_comm_log(self, comm: dict[str, Any], step: int) -> None:
         timeline: ModuleTimeline | None = comm["timeline"]
-        if timeline is not None:
-            timeline.remove()
         events = [e for e in self.prof.events() if e.step == step]
         rows = []
         for e in events:
@@ -686,6 +707,7 @@ class PerformanceMonitor:
             self.closed = True
             return
         self.closed = True
+        self._flush_comm_log()
         if self._torch_prof is not None:
             try:
                 self._torch_prof.stop()

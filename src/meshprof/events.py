@@ -183,6 +183,7 @@ EVENT_DTYPE = np.dtype(
 FLAG_ASYNC = 1
 FLAG_DEVICE_TIMING = 2
 FLAG_DROPPED = 4  # timed and counted, but shorter than min_duration: not retained in the ring
+FLAG_UNSAMPLED = 8  # with FLAG_DROPPED: left out by sampling, counted only (duration -1)
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,6 +10,7 @@ synchronizing the host. Every failure inside meshprof is caught, counted and rep
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -27,22 +28,21 @@ from typing import Any
 import numpy as np
 import torch
 
-from meshprof.comm.ops import OpSpec, tensor_of
+from meshprof.comm.ops import OpSpec, _first
 from meshprof.config import ProfilerConfig
 from meshprof.events import (
     EVENT_DTYPE,
     FLAG_ASYNC,
     FLAG_DEVICE_TIMING,
     FLAG_DROPPED,
+    FLAG_UNSAMPLED,
     P2P_OPS,
     STATUS_CODES,
     STATUS_NAMES,
     CommEvent,
     GroupInfo,
     bandwidth_arrays,
-    nccl_tests_size,
     nccl_tests_size_array,
-    size_bucket,
     size_bucket_array,
 )
 from meshprof.recorder import EventLog
@@ -51,6 +51,8 @@ from meshprof.stats import Accumulator, Key, StatsReport, compute_stats
 _Work = torch._C._distributed_c10d.Work
 _PG = torch._C._distributed_c10d.ProcessGroup
 _OK = STATUS_CODES["ok"]
+perf_counter_ns = time.perf_counter_ns
+get_ident = threading.get_ident
 _ERR = STATUS_CODES["error"]
 
 
@@ -114,14 +116,18 @@ class _Poller:
 
     def add(self, work: Any, rec: _Rec) -> None:
         if rec.op_name in _WAIT_IN_THREAD:
-            threading.Thread(target=self._wait, args=(work, rec), name="meshprof-wait", daemon=True).start()
+            threading.Thread(
+                target=self._wait, args=(work, rec), name="meshprof-wait", daemon=True
+            ).start()
             return
         self._items.append((work, rec))
         if self._thread is None or not self._thread.is_alive():
             with self._start_lock:  # several issuing threads must not start two pollers
                 if self._thread is None or not self._thread.is_alive():
                     self._stop = False
-                    self._thread = threading.Thread(target=self._run, name="meshprof-poller", daemon=True)
+                    self._thread = threading.Thread(
+                        target=self._run, name="meshprof-poller", daemon=True
+                    )
                     self._thread.start()
         self._wake.set()
 
@@ -169,10 +175,9 @@ class _Poller:
                         err = exc if isinstance(exc, BaseException) else RuntimeError(str(exc))
                 except Exception:
                     pass
-                try:
+                # _complete reports its own errors; the poller must survive anything
+                with contextlib.suppress(Exception):
                     self._done(rec, time.perf_counter_ns(), err)
-                except Exception:
-                    pass  # _complete reports its own errors; the poller must survive
             delay = 0.0001 if progressed else min(delay * 2, 0.001)
             time.sleep(delay)
 
@@ -197,6 +202,7 @@ class CommProfiler:
         self.rank = -1
         self.world_size = -1
         self._groups: dict[Any, tuple[int, int, int, tuple[int, ...], str]] = {}
+        self._dtype_codes: dict[Any, int] = {}  # torch.dtype -> the log's dtype code
         self._seq: dict[int, int] = {}
         self._p2p_seq: dict[tuple[int, int, int], int] = {}
         self._inflight: dict[int, _Rec] = {}
@@ -220,10 +226,10 @@ class CommProfiler:
         newest events)."""
         new = self.config.updated(**changes)
         if new.max_events != self.config.max_events:
-            events, ids = self.log.snapshot()
+            events, _ids = self.log.snapshot()
             old = self.log
             self.log = EventLog(new.max_events)
-            self.log.listeners = [] if not old.listeners else []
+            self.log.listeners = []
             self.log.groups, self.log._group_index = old.groups, old._group_index
             self.log.dtypes, self.log._dtype_index = old.dtypes, old._dtype_index
             self.log.labels, self.log._label_index = old.labels, old._label_index
@@ -313,6 +319,7 @@ class CommProfiler:
         from meshprof import __version__
 
         self._ensure_rank()
+        self.flush()  # staged events count in the totals
         return {
             "meshprof_version": __version__,
             "torch_version": torch.__version__,
@@ -342,7 +349,9 @@ class CommProfiler:
             "stats": self.stats(since_id, until_id).to_dict(),
         }
 
-    def export_json(self, path: str | os.PathLike[str], since_id: int = 0, until_id: int | None = None) -> Path:
+    def export_json(
+        self, path: str | os.PathLike[str], since_id: int = 0, until_id: int | None = None
+    ) -> Path:
         """Write ``{"meta", "events", "stats"}`` to ``path`` atomically; returns the path."""
         from meshprof.rundir import atomic_write_text
 
@@ -366,10 +375,12 @@ class CommProfiler:
         self.internal_errors += 1
         if self.internal_errors == 1:
             self.first_internal_error = f"{type(e).__name__}: {e}"
-            try:
-                warnings.warn(f"meshprof: internal error, recording continues: {self.first_internal_error}", RuntimeWarning, stacklevel=3)
-            except Exception:
-                pass
+            with contextlib.suppress(Exception):
+                warnings.warn(
+                    f"meshprof: internal error, recording continues: {self.first_internal_error}",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
 
     def _ensure_rank(self) -> int:
         if self.rank < 0:
@@ -425,7 +436,10 @@ class CommProfiler:
             top.meta["c10d_ops"] = top.meta.get("c10d_ops", 0) + 1
             return None
         pg = _PG.unbox(args[spec.pg])
-        gidx, gsize, crc, ranks, _ = self._group(pg)
+        g = self._groups.get(pg)
+        if g is None:
+            g = self._group(pg)
+        gidx, _gsize, crc, ranks, _ = g
         peer = -1
         if spec.p2p:
             if spec.peer_arg is not None:
@@ -443,10 +457,31 @@ class CommProfiler:
             return None
         in_b = spec.in_bytes(args)
         out_b = spec.out_bytes(args)
-        if self._threshold < 4294967296 and (((seq * 2654435761) ^ crc) & 0xFFFFFFFF) >= self._threshold:
-            self.acc.add_untimed(self.rank, op, self.log.groups[gidx].name, size_bucket(nccl_tests_size(op, in_b, out_b, gsize)), nccl_tests_size(op, in_b, out_b, gsize))
+        if (
+            self._threshold < 4294967296
+            and (((seq * 2654435761) ^ crc) & 0xFFFFFFFF) >= self._threshold
+        ):
+            # not sampled: counted exactly (folded into the statistics at flush), never retained
+            self.log.append(
+                (
+                    self.log.op_code(op),
+                    _OK,
+                    0,
+                    FLAG_DROPPED | FLAG_UNSAMPLED,
+                    gidx,
+                    peer,
+                    seq,
+                    in_b,
+                    out_b,
+                    0,
+                    -1,
+                    self.step,
+                    None,
+                    None,
+                )
+            )
             return None
-        t = tensor_of(spec, args)
+        t = _first(args[spec.tensor_arg])
         rec = _Rec()
         rec.op = self.log.op_code(op)
         rec.op_name = op
@@ -455,7 +490,14 @@ class CommProfiler:
         rec.seq = seq
         rec.in_bytes = in_b
         rec.out_bytes = out_b
-        rec.dtype = self.log.dtype_code(str(t.dtype)[6:]) if t is not None else self.log.dtype_code("none")
+        if t is None:
+            rec.dtype = self.log.dtype_code("none")
+        else:
+            dt = t.dtype
+            code = self._dtype_codes.get(dt)
+            if code is None:
+                code = self._dtype_codes[dt] = self.log.dtype_code(str(dt)[6:])
+            rec.dtype = code
         # trailing arguments equal to their default (async_op=True) may be left out of the stack
         a = spec.async_arg
         rec.flags = FLAG_ASYNC if (a is not None and (a >= len(args) or args[a])) else 0
@@ -464,15 +506,15 @@ class CommProfiler:
         rec.composite = False
         rec.start_event = None
         rec.end_event = None
-        rec.thread = threading.get_ident()
-        rec.token = next(self._tokens)
+        rec.thread = get_ident()
+        rec.token = token = next(self._tokens)
         if t is not None and t.is_cuda and cfg.device_timing:
             rec.start_event = torch.cuda.Event(enable_timing=True)
             rec.start_event.record()
             rec.flags |= FLAG_DEVICE_TIMING
-        self._inflight[rec.token] = rec
-        rec.t0 = time.perf_counter_ns()
-        rec.start_ns = rec.t0 + self._wall_offset
+        self._inflight[token] = rec
+        rec.t0 = t0 = perf_counter_ns()
+        rec.start_ns = t0 + self._wall_offset
         return rec
 
     def _finish(self, rec: _Rec, out: Any) -> None:
@@ -487,7 +529,10 @@ class CommProfiler:
             except RuntimeError:
                 self._poller.add(w, rec)
                 return
-            fut.add_done_callback(lambda f, rec=rec: self._on_future(rec, f))
+            if fut.done():  # synchronous backends: no callback round trip through C++
+                self._on_future(rec, fut)
+            else:
+                fut.add_done_callback(lambda f, rec=rec: self._on_future(rec, f))
         except Exception as e:
             self._inflight.pop(rec.token, None)
             self._internal_error(e)
@@ -521,7 +566,9 @@ class CommProfiler:
         except Exception as e:
             self._internal_error(e)
 
-    def _complete(self, rec: _Rec, end: int, err: BaseException | None, dur: int | None = None) -> None:
+    def _complete(
+        self, rec: _Rec, end: int, err: BaseException | None, dur: int | None = None
+    ) -> None:
         self._inflight.pop(rec.token, None)
         if dur is None:
             dur = end - rec.t0
@@ -534,8 +581,22 @@ class CommProfiler:
         elif dur < self._min_ns:
             flags |= FLAG_DROPPED
         self.log.append(
-            (rec.op, status, rec.dtype, flags, rec.group, rec.peer, rec.seq, rec.in_bytes, rec.out_bytes,
-             rec.start_ns, dur, rec.step, error, rec.meta)
+            (
+                rec.op,
+                status,
+                rec.dtype,
+                flags,
+                rec.group,
+                rec.peer,
+                rec.seq,
+                rec.in_bytes,
+                rec.out_bytes,
+                rec.start_ns,
+                dur,
+                rec.step,
+                error,
+                rec.meta,
+            )
         )
 
     def _resolve_device(self) -> None:
@@ -551,7 +612,9 @@ class CommProfiler:
             except Exception as e:
                 self._internal_error(e)
 
-    def _begin_composite(self, label: str, group: Any, peer: int, metadata: dict[str, Any] | None = None) -> _Rec | None:
+    def _begin_composite(
+        self, label: str, group: Any, peer: int, metadata: dict[str, Any] | None = None
+    ) -> _Rec | None:
         import torch.distributed as dist
 
         if group is None:
@@ -574,7 +637,9 @@ class CommProfiler:
         rec.seq = seq
         rec.in_bytes = 0
         rec.out_bytes = 0
-        rec.dtype = self.log.dtype_code("object" if label.endswith(("object", "object_list")) else "none")
+        rec.dtype = self.log.dtype_code(
+            "object" if label.endswith(("object", "object_list")) else "none"
+        )
         rec.flags = 0
         rec.step = self.step
         rec.meta = dict(metadata or {})
@@ -610,21 +675,31 @@ class CommProfiler:
         return self.log.groups[g].name if g < len(self.log.groups) else str(g)
 
     def _fold(self, acc: Accumulator, chunk: np.ndarray) -> None:
-        acc.add_chunk(chunk, max(self.rank, 0), self.log.op_name, self._group_name, self._group_size)
+        acc.add_chunk(
+            chunk, max(self.rank, 0), self.log.op_name, self._group_name, self._group_size
+        )
 
     def _exact_samples(self, arr: np.ndarray) -> dict[Key, np.ndarray]:
         if len(arr) == 0:
             return {}
-        sizes = np.array([self._group_size(g) for g in range(len(self.log.groups) or 1)], dtype=np.int64)[arr["group"]]
-        buckets = size_bucket_array(nccl_tests_size_array(arr["op"], arr["in_bytes"], arr["out_bytes"], sizes))
-        keys = np.stack([arr["op"].astype(np.int64), arr["group"].astype(np.int64), buckets], axis=1)
+        sizes = np.array(
+            [self._group_size(g) for g in range(len(self.log.groups) or 1)], dtype=np.int64
+        )[arr["group"]]
+        buckets = size_bucket_array(
+            nccl_tests_size_array(arr["op"], arr["in_bytes"], arr["out_bytes"], sizes)
+        )
+        keys = np.stack(
+            [arr["op"].astype(np.int64), arr["group"].astype(np.int64), buckets], axis=1
+        )
         uniq, inverse = np.unique(keys, axis=0, return_inverse=True)
         inverse = inverse.reshape(-1)
         rank = max(self.rank, 0)
         out: dict[Key, np.ndarray] = {}
         dur = arr["duration_ns"]
         for k, (opc, g, b) in enumerate(uniq.tolist()):
-            out[(rank, self.log.op_name(opc), self._group_name(g), int(b))] = dur[(inverse == k) & (dur >= 0)]
+            out[(rank, self.log.op_name(opc), self._group_name(g), int(b))] = dur[
+                (inverse == k) & (dur >= 0)
+            ]
         return out
 
     def _to_events(self, arr: np.ndarray, ids: np.ndarray) -> list[CommEvent]:
@@ -632,7 +707,9 @@ class CommProfiler:
             return []
         groups = self.log.groups
         sizes = np.array([g.size for g in groups] or [1], dtype=np.int64)[arr["group"]]
-        alg, bus = bandwidth_arrays(arr["op"], arr["in_bytes"], arr["out_bytes"], arr["duration_ns"], sizes)
+        alg, bus = bandwidth_arrays(
+            arr["op"], arr["in_bytes"], arr["out_bytes"], arr["duration_ns"], sizes
+        )
         rank = max(self._ensure_rank(), 0)
         ws = self.world_size if self.world_size > 0 else 1
         out = []

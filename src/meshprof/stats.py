@@ -17,6 +17,7 @@ import numpy as np
 
 from meshprof.events import (
     FLAG_DROPPED,
+    FLAG_UNSAMPLED,
     STATUS_CODES,
     bandwidth_arrays,
     nccl_tests_size_array,
@@ -77,7 +78,11 @@ class Sketch:
         return 2.0 * self.gamma ** max(self.bins) / (self.gamma + 1.0)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"relative_error": self.relative_error, "zeros": self.zeros, "bins": {str(k): v for k, v in self.bins.items()}}
+        return {
+            "relative_error": self.relative_error,
+            "zeros": self.zeros,
+            "bins": {str(k): v for k, v in self.bins.items()},
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Sketch:
@@ -112,7 +117,7 @@ class Accumulator:
         self.relative_error = relative_error
         self.rows: dict[Key, AggRow] = {}
         self.sketches: dict[Key, Sketch] = {}
-        self.dropped = 0  # timed events not retained (min duration)
+        self.dropped = 0  # timed events not retained (min duration; sampled-out ones excluded)
 
     def add_chunk(
         self,
@@ -126,20 +131,29 @@ class Accumulator:
         if len(chunk) == 0:
             return
         gidx = chunk["group"].astype(np.int64)
-        sizes = np.array([group_size(int(g)) for g in range(int(gidx.max()) + 1)], dtype=np.int64)[gidx]
+        sizes = np.array([group_size(int(g)) for g in range(int(gidx.max()) + 1)], dtype=np.int64)[
+            gidx
+        ]
         s_bytes = nccl_tests_size_array(chunk["op"], chunk["in_bytes"], chunk["out_bytes"], sizes)
         dur = chunk["duration_ns"]
         timed = dur >= 0
-        alg, bus = bandwidth_arrays(chunk["op"], chunk["in_bytes"], chunk["out_bytes"], np.maximum(dur, 0), sizes)
+        alg, bus = bandwidth_arrays(
+            chunk["op"], chunk["in_bytes"], chunk["out_bytes"], np.maximum(dur, 0), sizes
+        )
         buckets = size_bucket_array(s_bytes)
         errors = chunk["status"] == STATUS_CODES["error"]
-        self.dropped += int(((chunk["flags"] & FLAG_DROPPED) != 0).sum())
-        keys = np.stack([chunk["op"].astype(np.int64), gidx, buckets], axis=1)
-        uniq, inverse = np.unique(keys, axis=0, return_inverse=True)
+        flags = chunk["flags"]
+        self.dropped += int((((flags & FLAG_DROPPED) != 0) & ((flags & FLAG_UNSAMPLED) == 0)).sum())
+        # one int64 key per event (op | group | bucket index): a 1-D unique is ~10x faster than
+        # np.unique(axis=0) on a (n, 3) array, and this runs once per 1024 events
+        bucket_values, bucket_idx = np.unique(buckets, return_inverse=True)
+        packed = (chunk["op"].astype(np.int64) << 32) | (gidx << 8) | bucket_idx.reshape(-1)
+        uniq, inverse = np.unique(packed, return_inverse=True)
         inverse = inverse.reshape(-1)
-        for k, (opc, g, b) in enumerate(uniq.tolist()):
+        for k, u in enumerate(uniq.tolist()):
+            opc, g, b = u >> 32, (u >> 8) & 0xFFFFFF, int(bucket_values[u & 0xFF])
             m = inverse == k
-            key: Key = (rank, op_name(opc), group_name(g), int(b))
+            key: Key = (rank, op_name(opc), group_name(g), b)
             row = self.rows.get(key)
             if row is None:
                 row = self.rows[key] = AggRow()
@@ -159,7 +173,9 @@ class Accumulator:
                 row.busbw_sum += float(bus[mt].sum())
                 self.sketches[key].add_many(d)
 
-    def add_untimed(self, rank: int, op: str, group: str, bucket: int, nbytes: int, count: int = 1) -> None:
+    def add_untimed(
+        self, rank: int, op: str, group: str, bucket: int, nbytes: int, count: int = 1
+    ) -> None:
         """Count collectives that sampling chose not to time."""
         key: Key = (rank, op, group, bucket)
         row = self.rows.get(key)
@@ -193,7 +209,14 @@ class Accumulator:
             "relative_error": self.relative_error,
             "dropped": self.dropped,
             "rows": [
-                {"rank": k[0], "op": k[1], "group": k[2], "bucket": k[3], **asdict(r), "sketch": self.sketches[k].to_dict()}
+                {
+                    "rank": k[0],
+                    "op": k[1],
+                    "group": k[2],
+                    "bucket": k[3],
+                    **asdict(r),
+                    "sketch": self.sketches[k].to_dict(),
+                }
                 for k, r in self.rows.items()
             ],
         }
@@ -242,7 +265,10 @@ class OpStats:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict; NaN (no timed event) becomes None so the JSON stays valid."""
-        return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in asdict(self).items()}
+        return {
+            k: (None if isinstance(v, float) and math.isnan(v) else v)
+            for k, v in asdict(self).items()
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -308,7 +334,11 @@ def compute_stats(
 
 
 def _slice_stats(
-    dim: str, value: str, keys: Iterable[Key], acc: Accumulator, exact_samples: dict[Key, np.ndarray] | None
+    dim: str,
+    value: str,
+    keys: Iterable[Key],
+    acc: Accumulator,
+    exact_samples: dict[Key, np.ndarray] | None,
 ) -> OpStats:
     count = timed = errors = total_bytes = total_ns = max_ns = 0
     min_ns = -1

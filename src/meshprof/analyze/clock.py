@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from meshprof.analyze.sorting import group_seq_key, unique_inverse
 from meshprof.analyze.table import EventTable
 from meshprof.rundir import LoadedRun
 
@@ -105,21 +106,34 @@ def exchange_estimate(clock_sync: dict | None) -> tuple[int, int] | None:
 
 def _sync_matrix(table: EventTable, ranks: list[int]) -> tuple[np.ndarray, int]:
     """Completion times (ns relative to a base, float) of synchronizing collectives:
-    one row per (group, seq) seen by ≥ 2 ranks, one column per rank (NaN where absent)."""
+    one row per (group, seq) seen by ≥ 2 ranks, one column per rank (NaN where absent); beyond
+    _MAX_SYNC rows, _MAX_SYNC evenly spaced ones (in (group, seq) order)."""
     sync_ops = np.asarray([i for i, o in enumerate(table.ops) if o in SYNC_OPS], dtype=np.int32)
-    sel = (table.peer < 0) & np.isin(table.op, sync_ops)
-    if not sel.any():
+    sel = np.flatnonzero((table.peer < 0) & np.isin(table.op, sync_ops))
+    if not len(sel):
         return np.zeros((0, len(ranks))), 0
-    gid, seq, rk, end = table.gid[sel], table.seq[sel], table.rank[sel], table.end_ns[sel]
-    key = gid.astype(np.int64) * (1 << 40) + seq
-    uniq, inv = np.unique(key, return_inverse=True)
-    col = {r: i for i, r in enumerate(ranks)}
+    gid, seq, rk = table.gid[sel], table.seq[sel], table.rank[sel]
+    end = table.start_ns[sel] + table.duration_ns[sel]
+    key = group_seq_key(gid, seq)
+    uniq, inv = unique_inverse(key)
+    colmap = np.full(max(max(ranks), int(rk.max())) + 1, -1, dtype=np.int64)
+    colmap[ranks] = np.arange(len(ranks))
+    col = colmap[rk]
     base = int(end.min())
-    m = np.full((len(uniq), len(ranks)), np.nan)
-    m[inv, [col[int(r)] for r in rk]] = (end - base).astype(np.float64)
-    m = m[np.sum(~np.isnan(m), axis=1) >= 2]
-    if len(m) > _MAX_SYNC:
-        m = m[np.linspace(0, len(m) - 1, _MAX_SYNC).astype(np.int64)]
+    # members per (group, seq), counting each (key, rank) cell once as the matrix does
+    seen = np.zeros((len(uniq), len(ranks)), dtype=bool)
+    seen[inv, col] = True
+    counts = seen.sum(axis=1)
+    del seen
+    rows = np.flatnonzero(counts >= 2)
+    if len(rows) > _MAX_SYNC:
+        rows = rows[np.linspace(0, len(rows) - 1, _MAX_SYNC).astype(np.int64)]
+    pos = np.full(len(uniq), -1, dtype=np.int64)
+    pos[rows] = np.arange(len(rows))
+    p = pos[inv]
+    keep = p >= 0
+    m = np.full((len(rows), len(ranks)), np.nan)
+    m[p[keep], col[keep]] = (end[keep] - base).astype(np.float64)
     return m, base
 
 

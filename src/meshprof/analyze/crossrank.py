@@ -23,6 +23,7 @@ from meshprof.analyze.stragglers import (
     covered_ns,
     find_stragglers,
 )
+from meshprof.analyze.sorting import stable_argsort
 from meshprof.analyze.table import EventTable, GroupRef, build_event_table
 from meshprof.events import bandwidth_arrays, size_bucket_array
 from meshprof.rundir import LoadedRun
@@ -280,22 +281,29 @@ def _by_size(table: EventTable) -> tuple[SizeRow, ...]:
         codes, table.size_bytes, table.size_bytes, table.duration_ns, table.group_size
     )
     bucket = size_bucket_array(table.size_bytes)
+    # group rows by (op, bucket) with one sort; buckets are 0 or powers of two
+    exp = np.zeros(len(bucket), dtype=np.int64)
+    pos = bucket > 0
+    exp[pos] = np.log2(bucket[pos]).astype(np.int64) + 1
+    order = stable_argsort(table.op.astype(np.int64) * 128 + exp)
+    key = (table.op.astype(np.int64) * 128 + exp)[order]
+    cut = np.flatnonzero(np.r_[True, key[1:] != key[:-1], True])
+    dur_s, alg_s, bus_s = table.duration_ns[order], alg[order], bus[order]
     rows = []
-    for o in np.unique(table.op):
-        for b in np.unique(bucket[table.op == o]):
-            sel = (table.op == o) & (bucket == b)
-            d = table.duration_ns[sel]
-            rows.append(
-                SizeRow(
-                    table.ops[o],
-                    int(b),
-                    int(sel.sum()),
-                    float(np.median(d)),
-                    float(np.percentile(d, 95)),
-                    float(np.median(alg[sel])),
-                    float(np.median(bus[sel])),
-                )
+    for g0, g1 in zip(cut[:-1].tolist(), cut[1:].tolist(), strict=True):
+        o, b = int(table.op[order[g0]]), int(bucket[order[g0]])
+        d = dur_s[g0:g1]
+        rows.append(
+            SizeRow(
+                table.ops[o],
+                b,
+                g1 - g0,
+                float(np.median(d)),
+                float(np.percentile(d, 95)),
+                float(np.median(alg_s[g0:g1])),
+                float(np.median(bus_s[g0:g1])),
             )
+        )
     return tuple(sorted(rows, key=lambda r: (r.op, r.size_bucket)))
 
 
@@ -339,22 +347,25 @@ def _comm_by_dim(
     )
     out = np.zeros((len(s.ranks), len(dims)))
     gdim = np.asarray([dims.index(g.dimension) for g in table.groups] or [0], dtype=np.int64)
+    gdim_row = gdim[table.gid]
+    start_all, end_all = table.start_ns, table.end_ns
     for i, r in enumerate(s.ranks):
-        mine = table.rank == r
+        mine = np.flatnonzero(table.rank == r)
         st = run.ranks[r].spans
         st = st[st["kind"] == 0]
         if len(st):
             a = st["start_ns"].astype(np.int64)
             b = a + st["duration_ns"].astype(np.int64)
-        elif mine.any():
-            a = np.asarray([table.start_ns[mine].min()])
-            b = np.asarray([table.end_ns[mine].max()])
+        elif len(mine):
+            a = np.asarray([start_all[mine].min()])
+            b = np.asarray([end_all[mine].max()])
         else:
             continue
         total = float((b - a).sum())
+        gd = gdim_row[mine]
         for j in range(len(dims)):
-            sel = mine & (gdim[table.gid] == j)
-            us, ue = _union(table.start_ns[sel], table.end_ns[sel])
+            sel = mine[gd == j]
+            us, ue = _union(start_all[sel], end_all[sel])
             out[i, j] = float(covered_ns(us, ue, a, b).sum()) / total if total > 0 else 0.0
     return dims, out
 
@@ -377,7 +388,11 @@ def _timeline(
     if starts:
         w0, w1 = min(starts), max(ends)
     elif len(table):
-        aligned = table.start_ns + np.asarray([clock.offset(int(r)) for r in table.rank])
+        offs = clock.offsets()
+        by_rank = np.asarray(
+            [offs.get(r, 0) for r in range(int(table.rank.max()) + 1)], dtype=np.int64
+        )
+        aligned = table.start_ns + by_rank[table.rank]
         w0 = int(aligned.min())
         w1 = w0 + 50_000_000
     else:
@@ -387,7 +402,10 @@ def _timeline(
         rd = run.ranks[r]
         off = clock.offset(r)
         names = rd.span_names
-        for row in rd.spans:
+        sp = rd.spans
+        sa = sp["start_ns"].astype(np.int64) + off
+        near = np.flatnonzero((sa + sp["duration_ns"] >= w0) & (sa <= w1))
+        for row in sp[near]:
             a = int(row["start_ns"]) + off
             if a + int(row["duration_ns"]) < w0 or a > w1:
                 continue

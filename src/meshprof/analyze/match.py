@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from meshprof.analyze.clock import ClockAlignment
+from meshprof.analyze.sorting import group_seq_key, lexsort2
 from meshprof.analyze.table import EventTable
 
 
@@ -111,9 +112,9 @@ def match_collectives(table: EventTable, clock: ClockAlignment) -> CollectiveMat
     )
     arrival = table.start_ns + off[table.rank] if len(table) else table.start_ns
     coll = np.nonzero(table.peer < 0)[0]
-    key = table.gid[coll].astype(np.int64) * (1 << 40) + table.seq[coll]
+    key = group_seq_key(table.gid[coll], table.seq[coll])
     # sort by key then arrival: each collective's members are contiguous, the last one arrived last
-    order = np.lexsort((arrival[coll], key))
+    order = lexsort2(arrival[coll], key)
     rows = coll[order]
     k = key[order]
     starts = np.nonzero(np.r_[True, k[1:] != k[:-1]])[0] if len(k) else np.zeros(0, dtype=np.int64)
@@ -134,25 +135,26 @@ def match_collectives(table: EventTable, clock: ClockAlignment) -> CollectiveMat
         else np.zeros(0, dtype=np.int64)
     )
     gid = table.gid[rows[starts]] if len(starts) else np.zeros(0, dtype=np.int32)
-    expected = np.asarray([len(table.groups[g].ranks) for g in gid], dtype=np.int32)
+    sizes = np.asarray([len(g.ranks) for g in table.groups] or [0], dtype=np.int32)
+    expected = sizes[gid] if len(gid) else np.zeros(0, dtype=np.int32)
     send_row, recv_row, unmatched = _match_p2p(table)
     return CollectiveMatch(
         gid=gid,
         seq=table.seq[rows[starts]] if len(starts) else np.zeros(0, dtype=np.int64),
         op=table.op[rows[starts]] if len(starts) else np.zeros(0, dtype=np.int32),
-        present=(ends - starts).astype(np.int32),
+        present=(ends - starts).astype(np.int32, copy=False),
         expected=expected,
-        first_arrival_ns=first.astype(np.int64),
-        last_arrival_ns=last.astype(np.int64),
-        last_rank=table.rank[rows[ends - 1]].astype(np.int32)
+        first_arrival_ns=first.astype(np.int64, copy=False),
+        last_arrival_ns=last.astype(np.int64, copy=False),
+        last_rank=table.rank[rows[ends - 1]].astype(np.int32, copy=False)
         if len(starts)
         else np.zeros(0, dtype=np.int32),
-        size_bytes=size.astype(np.int64),
-        member_coll=member_coll.astype(np.int64),
-        member_rank=table.rank[rows].astype(np.int32),
-        member_row=rows.astype(np.int64),
-        member_arrival_ns=arr.astype(np.int64),
-        member_wait_ns=wait.astype(np.int64),
+        size_bytes=size.astype(np.int64, copy=False),
+        member_coll=member_coll.astype(np.int64, copy=False),
+        member_rank=table.rank[rows].astype(np.int32, copy=False),
+        member_row=rows.astype(np.int64, copy=False),
+        member_arrival_ns=arr.astype(np.int64, copy=False),
+        member_wait_ns=wait.astype(np.int64, copy=False),
         p2p_send_row=send_row,
         p2p_recv_row=recv_row,
         unmatched_p2p=unmatched,
@@ -160,27 +162,43 @@ def match_collectives(table: EventTable, clock: ClockAlignment) -> CollectiveMat
 
 
 def _match_p2p(table: EventTable) -> tuple[np.ndarray, np.ndarray, int]:
-    """Pair each send with its recv by (group, src, dst, seq)."""
+    """Pair each send with its recv by (group, src, dst, seq).
+
+    Where several sends share a key the last one is kept; each key is matched once, by the first
+    recv that has it. Pairs come out in the recvs' table order."""
     p2p = np.nonzero(table.peer >= 0)[0]
+    empty = np.zeros(0, dtype=np.int64)
+    if not len(p2p):
+        return empty, empty.copy(), 0
     names = table.ops
-    is_send = np.asarray([names[o].startswith("send") for o in table.op[p2p]], dtype=bool)
-    is_recv = np.asarray([names[o].startswith("recv") for o in table.op[p2p]], dtype=bool)
-    sends, recvs = p2p[is_send], p2p[is_recv]
-    send_keys = {
-        (int(table.gid[i]), int(table.rank[i]), int(table.peer[i]), int(table.seq[i])): int(i)
-        for i in sends
-    }
-    s_rows: list[int] = []
-    r_rows: list[int] = []
-    for i in recvs:
-        j = send_keys.pop(
-            (int(table.gid[i]), int(table.peer[i]), int(table.rank[i]), int(table.seq[i])), None
-        )
-        if j is not None:
-            s_rows.append(j)
-            r_rows.append(int(i))
+    send_op = np.asarray([o.startswith("send") for o in names], dtype=bool)
+    recv_op = np.asarray([o.startswith("recv") for o in names], dtype=bool)
+    ops = table.op[p2p]
+    sends, recvs = p2p[send_op[ops]], p2p[recv_op[ops]]
+    if not len(sends) or not len(recvs):
+        return empty, empty.copy(), len(p2p)
+    # (group, src, dst, seq): a send's src is its own rank, a recv's src is its peer
+    keys = np.empty((len(sends) + len(recvs), 4), dtype=np.int64)
+    keys[:, 0] = table.gid[np.r_[sends, recvs]]
+    keys[:, 3] = table.seq[np.r_[sends, recvs]]
+    keys[: len(sends), 1] = table.rank[sends]
+    keys[: len(sends), 2] = table.peer[sends]
+    keys[len(sends) :, 1] = table.peer[recvs]
+    keys[len(sends) :, 2] = table.rank[recvs]
+    _, kid = np.unique(keys, axis=0, return_inverse=True)
+    kid = kid.reshape(-1)
+    ks, kr = kid[: len(sends)], kid[len(sends) :]
+    send_of = np.full(int(kid.max()) + 1, -1, dtype=np.int64)
+    # the last send of each key: first occurrence in the reversed order
+    u, first_rev = np.unique(ks[::-1], return_index=True)
+    send_of[u] = sends[::-1][first_rev]
+    u, first = np.unique(kr, return_index=True)
+    first = first[send_of[u] >= 0]
+    first.sort()
+    r_rows = recvs[first].astype(np.int64)
+    s_rows = send_of[kr[first]].astype(np.int64)
     unmatched = len(p2p) - 2 * len(s_rows)
-    return np.asarray(s_rows, dtype=np.int64), np.asarray(r_rows, dtype=np.int64), unmatched
+    return s_rows, r_rows, unmatched
 
 
 def summarize_match(m: CollectiveMatch) -> MatchSummary:

@@ -28,6 +28,7 @@ import numpy as np
 
 from meshprof.analyze.clock import ClockAlignment
 from meshprof.analyze.match import CollectiveMatch, arrived_last_share
+from meshprof.analyze.sorting import stable_argsort
 from meshprof.analyze.table import EventTable
 from meshprof.rundir import LoadedRun
 
@@ -114,7 +115,7 @@ def _union(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray
     """Disjoint, sorted union of intervals."""
     if not len(starts):
         return starts, ends
-    o = np.argsort(starts, kind="stable")
+    o = stable_argsort(starts)
     s, e = starts[o], ends[o]
     emax = np.maximum.accumulate(e)
     new = np.r_[True, s[1:] > emax[:-1]]
@@ -166,10 +167,11 @@ def find_stragglers(
     phase_names: list[str] = []
     phase_vals: dict[tuple[int, str], list[float]] = {}
     last = arrived_last_share(match)
+    end_all = table.end_ns
     for ri, r in enumerate(ranks):
         rd = run.ranks[r]
-        mine = table.rank == r
-        us, ue = _union(table.start_ns[mine], table.end_ns[mine])
+        mine = np.flatnonzero(table.rank == r)
+        us, ue = _union(table.start_ns[mine], end_all[mine])
         sp = rd.spans
         st = sp[sp["kind"] == 0]
         if len(st):
@@ -178,9 +180,9 @@ def find_stragglers(
             b = a + st["duration_ns"].astype(np.int64)
             step_ns[ri, cols] = st["duration_ns"]
             comm_ns[ri, cols] = covered_ns(us, ue, a, b)
-            mm = match.member_rank == r
+            mm = np.flatnonzero(match.member_rank == r)
             arr_local = match.member_arrival_ns[mm] - clock.offset(r)
-            o = np.argsort(arr_local)
+            o = stable_argsort(arr_local)  # wait sums below do not depend on the order of ties
             arr_local, w = arr_local[o], match.member_wait_ns[mm][o]
             cw = np.r_[0, np.cumsum(w)]
             wait_ns[ri, cols] = (

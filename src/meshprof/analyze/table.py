@@ -109,10 +109,8 @@ def build_event_table(run: LoadedRun) -> EventTable:
     gindex: dict[str, int] = {}
     ops: list[str] = []
     oindex: dict[str, int] = {}
-    cols: dict[str, list[np.ndarray]] = {
-        k: []
-        for k in ("rank", "gid", "op", "seq", "peer", "start", "dur", "in", "out", "gsize", "index")
-    }
+    # first pass: group and op tables, the rows kept per rank; second: fill preallocated columns
+    kept: list[tuple[int, np.ndarray, np.ndarray | None, np.ndarray, np.ndarray, np.ndarray]] = []
     for r in sorted(run.ranks):
         rd = run.ranks[r]
         layout = rd.meta.get("layout") or run.manifest.get("layout")
@@ -131,52 +129,67 @@ def build_event_table(run: LoadedRun) -> EventTable:
             & (ev["duration_ns"] >= 0)
             & (ev["group"] < len(gmap))
         )
-        idx = np.nonzero(keep)[0]
-        ev = ev[idx]
-        codes = np.unique(ev["op"])
+        idx = None if keep.all() else np.flatnonzero(keep)
+        op_raw = ev["op"] if idx is None else ev["op"][idx]
         omap = np.zeros(256, dtype=np.int32)
-        for c in codes:
+        size_code = np.zeros(256, dtype=np.int64)
+        for c in np.unique(op_raw).tolist():
             name = rd.op_name(int(c))
             if name not in oindex:
                 oindex[name] = len(ops)
                 ops.append(name)
-            omap[int(c)] = oindex[name]
-        gm = np.asarray(gmap, dtype=np.int32) if gmap else np.zeros(1, dtype=np.int32)
-        gid = gm[ev["group"].astype(np.int64)] if len(ev) else np.zeros(0, dtype=np.int32)
-        cols["rank"].append(np.full(len(ev), r, dtype=np.int32))
-        cols["gid"].append(gid)
-        cols["op"].append(omap[ev["op"]])
-        cols["seq"].append(ev["seq"].astype(np.int64))
-        cols["peer"].append(ev["peer"].astype(np.int32))
-        cols["start"].append(ev["start_ns"].astype(np.int64))
-        cols["dur"].append(ev["duration_ns"].astype(np.int64))
-        cols["in"].append(ev["in_bytes"].astype(np.int64))
-        cols["out"].append(ev["out_bytes"].astype(np.int64))
-        cols["gsize"].append(np.asarray([len(groups[g].ranks) for g in gid], dtype=np.int32))
-        cols["index"].append(idx.astype(np.int64))
+            omap[c] = oindex[name]
+            size_code[c] = _op_code(name)
+        gm = np.asarray(gmap or [0], dtype=np.int32)
+        kept.append((r, ev, idx, omap[op_raw], gm, size_code[op_raw]))
+    n = sum(len(k[3]) for k in kept)
+    out = {
+        "rank": np.empty(n, dtype=np.int32),
+        "gid": np.empty(n, dtype=np.int32),
+        "op": np.empty(n, dtype=np.int32),
+        "seq": np.empty(n, dtype=np.int64),
+        "peer": np.empty(n, dtype=np.int32),
+        "start": np.empty(n, dtype=np.int64),
+        "dur": np.empty(n, dtype=np.int64),
+        "size": np.empty(n, dtype=np.int64),
+        "gsize": np.empty(n, dtype=np.int32),
+        "index": np.empty(n, dtype=np.int64),
+    }
+    sizes = np.asarray([len(g.ranks) for g in groups] or [0], dtype=np.int32)
+    lo = 0
+    for r, ev, idx, op, gm, code in kept:
+        hi = lo + len(op)
 
-    def cat(k: str, dt: type) -> np.ndarray:
-        return np.concatenate(cols[k]).astype(dt) if cols[k] else np.zeros(0, dtype=dt)
+        def col(field: str, ev: np.ndarray = ev, idx: np.ndarray | None = idx) -> np.ndarray:
+            return ev[field] if idx is None else ev[field][idx]
 
-    op = cat("op", np.int32)
-    codes_by_name = np.asarray([_op_code(o) for o in ops] or [0], dtype=np.int64)
-    gsize = cat("gsize", np.int32)
-    size = nccl_tests_size_array(
-        codes_by_name[op] if len(op) else op, cat("in", np.int64), cat("out", np.int64), gsize
-    )
+        out["rank"][lo:hi] = r
+        gid = gm[col("group")]
+        out["gid"][lo:hi] = gid
+        out["op"][lo:hi] = op
+        out["seq"][lo:hi] = col("seq")
+        out["peer"][lo:hi] = col("peer")
+        out["start"][lo:hi] = col("start_ns")
+        out["dur"][lo:hi] = col("duration_ns")
+        out["gsize"][lo:hi] = sizes[gid]
+        out["size"][lo:hi] = nccl_tests_size_array(
+            code, col("in_bytes"), col("out_bytes"), out["gsize"][lo:hi]
+        )
+        out["index"][lo:hi] = np.arange(len(op)) if idx is None else idx
+        lo = hi
     return EventTable(
         groups=tuple(groups),
         ops=tuple(ops),
-        rank=cat("rank", np.int32),
-        gid=cat("gid", np.int32),
-        op=op,
-        seq=cat("seq", np.int64),
-        peer=cat("peer", np.int32),
-        start_ns=cat("start", np.int64),
-        duration_ns=cat("dur", np.int64),
-        size_bytes=size.astype(np.int64),
-        group_size=gsize,
-        index=cat("index", np.int64),
+        rank=out["rank"],
+        gid=out["gid"],
+        op=out["op"],
+        seq=out["seq"],
+        peer=out["peer"],
+        start_ns=out["start"],
+        duration_ns=out["dur"],
+        size_bytes=out["size"],
+        group_size=out["gsize"],
+        index=out["index"],
     )
 
 

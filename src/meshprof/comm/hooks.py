@@ -74,7 +74,12 @@ def install(prof: CommProfiler) -> Installation:
         warnings.simplefilter("ignore")
         for spec in available_specs():
             op = getattr(torch.ops.c10d, spec.schema_name).default
-            lib.impl(spec.schema_name, _make_kernel(prof, spec, _KernelTable(op)), "BackendSelect", with_keyset=True)
+            lib.impl(
+                spec.schema_name,
+                _make_kernel(prof, spec, _KernelTable(op)),
+                "BackendSelect",
+                with_keyset=True,
+            )
     inst.lib = lib
     _patch_object_collectives(prof, inst)
     return inst
@@ -138,7 +143,9 @@ def _patch_object_collectives(prof: CommProfiler, inst: Installation) -> None:
                 setattr(module, name, wrapper)
 
 
-def _wrap_object_collective(prof: CommProfiler, name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+def _wrap_object_collective(
+    prof: CommProfiler, name: str, original: Callable[..., Any]
+) -> Callable[..., Any]:
     sig = inspect.signature(original)
     is_send = name == "send_object_list"
     is_recv = name == "recv_object_list"
@@ -195,7 +202,13 @@ class composite_op:
     the labelled event and their count is kept in its metadata (``c10d_ops``).
     """
 
-    def __init__(self, prof: CommProfiler, label: str, group: Any = None, metadata: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        prof: CommProfiler,
+        label: str,
+        group: Any = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> None:
         self.prof = prof
         self.label = label
         self.group = group

@@ -16,15 +16,24 @@ import torch
 
 
 def _nbytes(t: Any) -> int:
-    return int(t.numel()) * int(t.element_size())
+    return t.nbytes  # type: ignore[no-any-return]
 
 
 def _sum_bytes(ts: Sequence[Any]) -> int:
-    return sum(int(t.numel()) * int(t.element_size()) for t in ts)
+    if len(ts) == 1:  # the common case, on the hot path
+        return ts[0].nbytes  # type: ignore[no-any-return]
+    n = 0
+    for t in ts:
+        n += t.nbytes
+    return n
 
 
 def _sum_bytes2(tss: Sequence[Sequence[Any]]) -> int:
-    return sum(_sum_bytes(ts) for ts in tss)
+    n = 0
+    for ts in tss:
+        for t in ts:
+            n += t.nbytes
+    return n
 
 
 def _first(x: Any) -> Any:
@@ -64,21 +73,145 @@ class OpSpec:
 
 
 SPECS: tuple[OpSpec, ...] = (
-    OpSpec("allreduce_", "all_reduce", 1, lambda a: _sum_bytes(a[0]), lambda a: _sum_bytes(a[0]), 0, async_arg=4),
-    OpSpec("allreduce_coalesced_", "all_reduce", 1, lambda a: _sum_bytes(a[0]), lambda a: _sum_bytes(a[0]), 0, async_arg=3, coalesced=True),
-    OpSpec("allgather_", "all_gather", 2, lambda a: _sum_bytes(a[1]), lambda a: _sum_bytes2(a[0]), 1, async_arg=3),
-    OpSpec("_allgather_base_", "all_gather", 2, lambda a: _nbytes(a[1]), lambda a: _nbytes(a[0]), 1, async_arg=3),
-    OpSpec("allgather_coalesced_", "all_gather", 2, lambda a: _sum_bytes(a[1]), lambda a: _sum_bytes2(a[0]), 1, async_arg=3, coalesced=True),
-    OpSpec("allgather_into_tensor_coalesced_", "all_gather", 2, lambda a: _sum_bytes(a[1]), lambda a: _sum_bytes(a[0]), 1, async_arg=3, coalesced=True),
-    OpSpec("reduce_scatter_", "reduce_scatter", 2, lambda a: _sum_bytes2(a[1]), lambda a: _sum_bytes(a[0]), 0, async_arg=4),
-    OpSpec("_reduce_scatter_base_", "reduce_scatter", 2, lambda a: _nbytes(a[1]), lambda a: _nbytes(a[0]), 0, async_arg=4),
-    OpSpec("reduce_scatter_tensor_coalesced_", "reduce_scatter", 2, lambda a: _sum_bytes(a[1]), lambda a: _sum_bytes(a[0]), 0, async_arg=4, coalesced=True),
-    OpSpec("broadcast_", "broadcast", 1, lambda a: _sum_bytes(a[0]), lambda a: _sum_bytes(a[0]), 0, async_arg=4),
-    OpSpec("reduce_", "reduce", 1, lambda a: _sum_bytes(a[0]), lambda a: _sum_bytes(a[0]), 0, async_arg=5),
-    OpSpec("gather_", "gather", 2, lambda a: _sum_bytes(a[1]), lambda a: _sum_bytes2(a[0]), 1, async_arg=4),
-    OpSpec("scatter_", "scatter", 2, lambda a: _sum_bytes2(a[1]), lambda a: _sum_bytes(a[0]), 0, async_arg=4),
-    OpSpec("alltoall_", "all_to_all", 2, lambda a: _sum_bytes(a[1]), lambda a: _sum_bytes(a[0]), 1, async_arg=3),
-    OpSpec("alltoall_base_", "all_to_all", 2, lambda a: _nbytes(a[1]), lambda a: _nbytes(a[0]), 1, async_arg=5),
+    OpSpec(
+        "allreduce_",
+        "all_reduce",
+        1,
+        lambda a: _sum_bytes(a[0]),
+        lambda a: _sum_bytes(a[0]),
+        0,
+        async_arg=4,
+    ),
+    OpSpec(
+        "allreduce_coalesced_",
+        "all_reduce",
+        1,
+        lambda a: _sum_bytes(a[0]),
+        lambda a: _sum_bytes(a[0]),
+        0,
+        async_arg=3,
+        coalesced=True,
+    ),
+    OpSpec(
+        "allgather_",
+        "all_gather",
+        2,
+        lambda a: _sum_bytes(a[1]),
+        lambda a: _sum_bytes2(a[0]),
+        1,
+        async_arg=3,
+    ),
+    OpSpec(
+        "_allgather_base_",
+        "all_gather",
+        2,
+        lambda a: _nbytes(a[1]),
+        lambda a: _nbytes(a[0]),
+        1,
+        async_arg=3,
+    ),
+    OpSpec(
+        "allgather_coalesced_",
+        "all_gather",
+        2,
+        lambda a: _sum_bytes(a[1]),
+        lambda a: _sum_bytes2(a[0]),
+        1,
+        async_arg=3,
+        coalesced=True,
+    ),
+    OpSpec(
+        "allgather_into_tensor_coalesced_",
+        "all_gather",
+        2,
+        lambda a: _sum_bytes(a[1]),
+        lambda a: _sum_bytes(a[0]),
+        1,
+        async_arg=3,
+        coalesced=True,
+    ),
+    OpSpec(
+        "reduce_scatter_",
+        "reduce_scatter",
+        2,
+        lambda a: _sum_bytes2(a[1]),
+        lambda a: _sum_bytes(a[0]),
+        0,
+        async_arg=4,
+    ),
+    OpSpec(
+        "_reduce_scatter_base_",
+        "reduce_scatter",
+        2,
+        lambda a: _nbytes(a[1]),
+        lambda a: _nbytes(a[0]),
+        0,
+        async_arg=4,
+    ),
+    OpSpec(
+        "reduce_scatter_tensor_coalesced_",
+        "reduce_scatter",
+        2,
+        lambda a: _sum_bytes(a[1]),
+        lambda a: _sum_bytes(a[0]),
+        0,
+        async_arg=4,
+        coalesced=True,
+    ),
+    OpSpec(
+        "broadcast_",
+        "broadcast",
+        1,
+        lambda a: _sum_bytes(a[0]),
+        lambda a: _sum_bytes(a[0]),
+        0,
+        async_arg=4,
+    ),
+    OpSpec(
+        "reduce_",
+        "reduce",
+        1,
+        lambda a: _sum_bytes(a[0]),
+        lambda a: _sum_bytes(a[0]),
+        0,
+        async_arg=5,
+    ),
+    OpSpec(
+        "gather_",
+        "gather",
+        2,
+        lambda a: _sum_bytes(a[1]),
+        lambda a: _sum_bytes2(a[0]),
+        1,
+        async_arg=4,
+    ),
+    OpSpec(
+        "scatter_",
+        "scatter",
+        2,
+        lambda a: _sum_bytes2(a[1]),
+        lambda a: _sum_bytes(a[0]),
+        0,
+        async_arg=4,
+    ),
+    OpSpec(
+        "alltoall_",
+        "all_to_all",
+        2,
+        lambda a: _sum_bytes(a[1]),
+        lambda a: _sum_bytes(a[0]),
+        1,
+        async_arg=3,
+    ),
+    OpSpec(
+        "alltoall_base_",
+        "all_to_all",
+        2,
+        lambda a: _nbytes(a[1]),
+        lambda a: _nbytes(a[0]),
+        1,
+        async_arg=5,
+    ),
     OpSpec("barrier", "barrier", 1, lambda a: 0, lambda a: 0, 0, async_arg=3),
     OpSpec("monitored_barrier_", "barrier", 1, lambda a: 0, lambda a: 0, 0),
     OpSpec("send", "send", 1, lambda a: _sum_bytes(a[0]), lambda a: 0, 0, peer_arg=2),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +28,12 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(out))
         return 0
     meta = export.meta
-    console = Console()
+    # piped output gets a width the 12-column table fits in, not rich's default of 80
+    console = Console(width=None if sys.stdout.isatty() else 160)
+    rank, world = meta.get("rank", -1), meta.get("world_size", -1)
+    where = f"rank {rank} of {world}" if isinstance(rank, int) and rank >= 0 else "no process group"
     console.print(
-        f"[bold]{args.file}[/]: rank {meta.get('rank')} of {meta.get('world_size')}, "
+        f"[bold]{args.file}[/]: {where}, "
         f"{meta.get('total_events', len(export.events))} events "
         f"({meta.get('evicted_events', 0)} evicted), meshprof {meta.get('meshprof_version', '?')}"
     )

@@ -10,15 +10,31 @@ import numpy as np
 from meshprof.events import MEMORY_DTYPE
 
 
+_TOTAL: int | None = None
+_PROC: tuple[int, object] | None = None  # (pid, psutil.Process)
+_LAST: tuple[int, int] = (0, -1)  # (monotonic ns of the last RSS read, RSS)
+RSS_INTERVAL_NS = 100_000_000
+"""Reading RSS costs ~60 µs here (/proc); it is read at most every 100 ms and reused between."""
+
+
 def _rss_and_total() -> tuple[int, int]:
+    """(RSS, host RAM) in bytes; RSS at most RSS_INTERVAL_NS old."""
+    global _TOTAL, _PROC, _LAST
     try:
         import psutil
 
-        return int(psutil.Process(os.getpid()).memory_info().rss), int(
-            psutil.virtual_memory().total
-        )
+        if _TOTAL is None:
+            _TOTAL = int(psutil.virtual_memory().total)
+        now = time.monotonic_ns()
+        pid = os.getpid()
+        if _PROC is None or _PROC[0] != pid:
+            _PROC = (pid, psutil.Process(pid))
+            _LAST = (0, -1)
+        if now - _LAST[0] >= RSS_INTERVAL_NS:
+            _LAST = (now, int(_PROC[1].memory_info().rss))  # type: ignore[attr-defined]
+        return _LAST[1], _TOTAL
     except Exception:
-        return -1, -1
+        return -1, -1 if _TOTAL is None else _TOTAL
 
 
 def _peak_rss() -> int:

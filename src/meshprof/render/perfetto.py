@@ -24,12 +24,48 @@ _STEP_TID = 1
 _PHASE_TID = 10  # + depth
 _GROUP_TID = 100  # + run-wide group code
 
+DEFAULT_MAX_EVENTS = 500_000
+"""Collective slices a trace keeps by default (about 2 × as many JSON events with the flow arrows,
+~150 MB of JSON, what ui.perfetto.dev and chrome://tracing still open comfortably). A longer run
+keeps its last whole steps that fit; ``None`` or 0 keeps everything."""
+
+
+def _cutoff(
+    run: LoadedRun, table: EventTable, aligned: np.ndarray, clock: ClockAlignment, cap: int
+) -> int | None:
+    """Aligned time from which the trace keeps events (None: keep all): the start of the first
+    step (earliest over ranks) at or after the start of the ``cap``-th last collective; when no
+    step starts there, that collective's start itself."""
+    if not cap or len(table) <= cap:
+        return None
+    t = int(np.partition(aligned, len(aligned) - cap)[len(aligned) - cap])
+    firsts: dict[int, int] = {}
+    for r, rd in run.ranks.items():
+        st = rd.spans[rd.spans["kind"] == 0]
+        a = st["start_ns"].astype(np.int64) + clock.offset(r)
+        for step, x in zip(st["step"].tolist(), a.tolist(), strict=True):
+            firsts[step] = min(firsts.get(step, x), x)
+    later = [x for x in firsts.values() if x >= t]
+    return min(later) if later else t
+
 
 def build_trace(
-    run: LoadedRun, table: EventTable, clock: ClockAlignment, match: CollectiveMatch
+    run: LoadedRun,
+    table: EventTable,
+    clock: ClockAlignment,
+    match: CollectiveMatch,
+    *,
+    max_events: int | None = DEFAULT_MAX_EVENTS,
 ) -> dict[str, Any]:
-    """The trace as a dict: ``{"traceEvents": [...], "displayTimeUnit": "ms", "metadata": {...}}``."""
-    starts = [int((table.start_ns + _offsets(table, clock)).min())] if len(table) else []
+    """The trace as a dict: ``{"traceEvents": [...], "displayTimeUnit": "ms", "metadata": {...}}``.
+
+    With more than ``max_events`` collectives (all ranks) only the last whole steps are kept:
+    every slice and arrow from the first kept step's start on (see :data:`DEFAULT_MAX_EVENTS`);
+    ``metadata["truncated"]`` then says from when and how much was left out."""
+    off_all = _offsets(table, clock)
+    aligned = table.start_ns + off_all
+    cut = _cutoff(run, table, aligned, clock, int(max_events or 0))
+    starts = [int(aligned.min())] if len(table) else []
     for r, rd in run.ranks.items():
         if len(rd.spans):
             starts.append(int(rd.spans["start_ns"].min()) + clock.offset(r))
@@ -38,7 +74,9 @@ def build_trace(
     def us(ns: int) -> float:
         return round((ns - t0) / 1000.0, 3)
 
+    keep_row = aligned >= cut if cut is not None else None
     ev: list[dict[str, Any]] = []
+    group_names = [g.name for g in table.groups]
     for r in sorted(run.ranks):
         rd = run.ranks[r]
         host = str(rd.meta.get("hostname", ""))
@@ -57,15 +95,21 @@ def build_trace(
         off = clock.offset(r)
         names = rd.span_names
         tids: set[int] = set()
-        for row in rd.spans:
-            kind = int(row["kind"])
-            tid = _STEP_TID if kind == 0 else _PHASE_TID + int(row["depth"])
+        sp = rd.spans
+        if cut is not None:
+            sp = sp[sp["start_ns"].astype(np.int64) + off >= cut]
+        for kind, depth, nm, step, start, dur in zip(
+            sp["kind"].tolist(),
+            sp["depth"].tolist(),
+            sp["name"].tolist(),
+            sp["step"].tolist(),
+            sp["start_ns"].tolist(),
+            sp["duration_ns"].tolist(),
+            strict=True,
+        ):
+            tid = _STEP_TID if kind == 0 else _PHASE_TID + depth
             tids.add(tid)
-            name = (
-                f"step {int(row['step'])}"
-                if kind == 0
-                else (names[row["name"]] if row["name"] < len(names) else f"#{int(row['name'])}")
-            )
+            name = f"step {step}" if kind == 0 else (names[nm] if nm < len(names) else f"#{nm}")
             ev.append(
                 {
                     "ph": "X",
@@ -73,30 +117,40 @@ def build_trace(
                     "cat": "step" if kind == 0 else "phase",
                     "pid": r,
                     "tid": tid,
-                    "ts": us(int(row["start_ns"]) + off),
-                    "dur": round(int(row["duration_ns"]) / 1000.0, 3),
-                    "args": {"step": int(row["step"])},
+                    "ts": us(start + off),
+                    "dur": round(dur / 1000.0, 3),
+                    "args": {"step": step},
                 }
             )
-        mine = np.nonzero(table.rank == r)[0]
-        for k in mine:
-            g = int(table.gid[k])
+        mine = np.flatnonzero(table.rank == r)
+        if keep_row is not None:
+            mine = mine[keep_row[mine]]
+        for g, op, start, dur, seq, size, peer in zip(
+            table.gid[mine].tolist(),
+            table.op[mine].tolist(),
+            table.start_ns[mine].tolist(),
+            table.duration_ns[mine].tolist(),
+            table.seq[mine].tolist(),
+            table.size_bytes[mine].tolist(),
+            table.peer[mine].tolist(),
+            strict=True,
+        ):
             tid = _GROUP_TID + g
             tids.add(tid)
             ev.append(
                 {
                     "ph": "X",
-                    "name": table.ops[table.op[k]],
+                    "name": table.ops[op],
                     "cat": "comm",
                     "pid": r,
                     "tid": tid,
-                    "ts": us(int(table.start_ns[k]) + off),
-                    "dur": round(int(table.duration_ns[k]) / 1000.0, 3),
+                    "ts": us(start + off),
+                    "dur": round(dur / 1000.0, 3),
                     "args": {
-                        "group": table.groups[g].name,
-                        "seq": int(table.seq[k]),
-                        "bytes": int(table.size_bytes[k]),
-                        "peer": int(table.peer[k]),
+                        "group": group_names[g],
+                        "seq": seq,
+                        "bytes": size,
+                        "peer": peer,
                     },
                 }
             )
@@ -120,55 +174,86 @@ def build_trace(
                     "args": {"sort_index": tid},
                 }
             )
-    ev.extend(_flows(table, match, us, clock))
-    return {
-        "traceEvents": ev,
-        "displayTimeUnit": "ms",
-        "metadata": {
-            "meshprof": "merged timeline",
-            "t0_ns": t0,
-            "clock_max_uncertainty_ns": clock.max_uncertainty_ns,
-        },
+    ev.extend(_flows(table, match, us, clock, keep_row))
+    meta: dict[str, Any] = {
+        "meshprof": "merged timeline",
+        "t0_ns": t0,
+        "clock_max_uncertainty_ns": clock.max_uncertainty_ns,
     }
+    if cut is not None and keep_row is not None:
+        meta["truncated"] = {
+            "kept_from_ns": cut,
+            "collectives_total": len(table),
+            "collectives_kept": int(keep_row.sum()),
+            "max_events": int(max_events or 0),
+        }
+    return {"traceEvents": ev, "displayTimeUnit": "ms", "metadata": meta}
 
 
 def _offsets(table: EventTable, clock: ClockAlignment) -> np.ndarray:
     offs = clock.offsets()
-    return np.asarray([offs.get(int(r), 0) for r in table.rank], dtype=np.int64)
+    if not len(table):
+        return np.zeros(0, dtype=np.int64)
+    by_rank = np.asarray(
+        [offs.get(r, 0) for r in range(int(table.rank.max()) + 1)], dtype=np.int64
+    )
+    return by_rank[table.rank]
 
 
 def _flows(
-    table: EventTable, m: CollectiveMatch, us: Any, clock: ClockAlignment
+    table: EventTable,
+    m: CollectiveMatch,
+    us: Any,
+    clock: ClockAlignment,
+    keep_row: np.ndarray | None = None,
 ) -> list[dict[str, Any]]:
+    """Arrows from each early member of a collective to its last member (the last one in the
+    collective's arrival-ordered block), then from each send to its recv."""
     out: list[dict[str, Any]] = []
     fid = 0
-    last_member = {}
-    for i in range(len(m.member_coll)):
-        c = int(m.member_coll[i])
-        if m.present[c] >= 2 and int(m.member_rank[i]) == int(m.last_rank[c]):
-            last_member[c] = i
-    for i in range(len(m.member_coll)):
-        c = int(m.member_coll[i])
-        j = last_member.get(c)
-        if j is None or j == i:
-            continue
-        fid += 1
-        name = f"{table.ops[m.op[c]]} {table.groups[m.gid[c]].name}#{int(m.seq[c])}"
-        for ph, idx in (("s", i), ("f", j)):
-            row = int(m.member_row[idx])
-            e = {
-                "ph": ph,
-                "id": fid,
-                "name": name,
-                "cat": "match",
-                "pid": int(table.rank[row]),
-                "tid": _GROUP_TID + int(table.gid[row]),
-                "ts": us(int(m.member_arrival_ns[idx])),
-            }
-            if ph == "f":
-                e["bp"] = "e"
-            out.append(e)
+    n = len(m.member_coll)
+    if n:
+        # members of a collective are contiguous, in arrival order: its last member ends the block
+        block_end = np.r_[np.flatnonzero(m.member_coll[1:] != m.member_coll[:-1]), n - 1]
+        last_of = np.full(len(m), -1, dtype=np.int64)
+        last_of[m.member_coll[block_end]] = block_end
+        last_i = last_of[m.member_coll]
+        early = np.flatnonzero((m.present[m.member_coll] >= 2) & (last_i != np.arange(n)))
+        if keep_row is not None:
+            ok = keep_row[m.member_row[early]] & keep_row[m.member_row[last_i[early]]]
+            early = early[ok]
+        j = last_i[early]
+        c = m.member_coll[early]
+        rows_i, rows_j = m.member_row[early], m.member_row[j]
+        group_names = [g.name for g in table.groups]
+        for ri, rj, ai, aj, op, gid, seq in zip(
+            rows_i.tolist(),
+            rows_j.tolist(),
+            m.member_arrival_ns[early].tolist(),
+            m.member_arrival_ns[j].tolist(),
+            m.op[c].tolist(),
+            m.gid[c].tolist(),
+            m.seq[c].tolist(),
+            strict=True,
+        ):
+            fid += 1
+            name = f"{table.ops[op]} {group_names[gid]}#{seq}"
+            for ph, row, arr in (("s", ri, ai), ("f", rj, aj)):
+                e = {
+                    "ph": ph,
+                    "id": fid,
+                    "name": name,
+                    "cat": "match",
+                    "pid": int(table.rank[row]),
+                    "tid": _GROUP_TID + int(table.gid[row]),
+                    "ts": us(arr),
+                }
+                if ph == "f":
+                    e["bp"] = "e"
+                out.append(e)
     for s_row, r_row in zip(m.p2p_send_row.tolist(), m.p2p_recv_row.tolist(), strict=True):
+        if keep_row is not None and not (keep_row[s_row] and keep_row[r_row]):
+            continue
         fid += 1
         for ph, row in (("s", s_row), ("f", r_row)):
             rk = int(table.rank[row])

@@ -1,0 +1,111 @@
+"""``meshprof summary FILE``: run the real command line on a real export."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from meshprof.config import ProfilerConfig
+from meshprof.events import OP_CODES, GroupInfo
+from meshprof.profiler import CommProfiler
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "meshprof.cli", "summary", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.fixture
+def export(tmp_path: Path) -> Path:
+    prof = CommProfiler(ProfilerConfig())
+    g = prof.log.group_index(GroupInfo("0", "default_pg", (0, 1, 2, 3), "gloo"))
+    d = prof.log.dtype_code("float32")
+    durs = [1_000_000, 2_000_000, 3_000_000]
+    for i, dur in enumerate(durs):
+        prof.log.append(
+            (
+                OP_CODES["all_reduce"],
+                0,
+                d,
+                0,
+                g,
+                -1,
+                i,
+                1_000_000,
+                1_000_000,
+                0,
+                dur,
+                -1,
+                None,
+                None,
+            )
+        )
+    prof.log.append(
+        (OP_CODES["broadcast"], 1, d, 0, g, -1, 3, 4096, 4096, 0, 500, -1, "RuntimeError: x", None)
+    )
+    path = tmp_path / "rank0.json"
+    prof.export_json(path)
+    return path
+
+
+def test_summary_table(export: Path) -> None:
+    r = _cli(str(export))
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert "all_reduce" in out and "broadcast" in out
+    assert "2.00 ms" in out  # mean and p50 of 1, 2, 3 ms
+    assert "percentiles: exact" in out
+    assert "default_pg" in out or " 0 " in out
+
+
+def test_summary_json(export: Path) -> None:
+    r = _cli(str(export), "--json")
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    by_op = {s["key"]: s for s in data["stats"]["by_op"]}
+    ar = by_op["all_reduce"]
+    assert ar["count"] == 3 and ar["total_ns"] == 6_000_000
+    assert ar["p50_ns"] == float(np.percentile([1e6, 2e6, 3e6], 50))
+    # 1 MB in 1, 2, 3 ms on 4 ranks: algbw 1, 0.5, 0.333 GB/s; busbw x 1.5
+    assert ar["mean_algbw_gbps"] == pytest.approx((1 + 0.5 + 1 / 3) / 3)
+    assert ar["mean_busbw_gbps"] == pytest.approx(1.5 * (1 + 0.5 + 1 / 3) / 3)
+    assert by_op["broadcast"]["errors"] == 1
+    assert data["meta"]["total_events"] == 4
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        (None, "no such file"),
+        ("{not json", "not valid JSON"),
+        ('{"meta": {}}', "not a meshprof export"),
+        ('{"meta": {}, "events": [{"bogus": 1}], "stats": {}}', "malformed"),
+        ("[1, 2]", "not a meshprof export"),
+    ],
+)
+def test_summary_bad_input_one_line_exit_2(
+    tmp_path: Path, content: str | None, needle: str
+) -> None:
+    path = tmp_path / "x.json"
+    if content is not None:
+        path.write_text(content)
+    r = _cli(str(path))
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert lines[0].startswith("meshprof summary: error:") and needle in lines[0]
+    assert r.stdout == ""
+
+
+def test_summary_directory_is_an_error(tmp_path: Path) -> None:
+    r = _cli(str(tmp_path))
+    assert r.returncode == 2 and "is a directory" in r.stderr

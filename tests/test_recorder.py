@@ -1,0 +1,387 @@
+"""Recorder behaviour on real gloo groups: sampling, seq, ring buffer, min duration, ops filter,
+threads, never breaking training, failed collectives, profile() windows, the JSON export."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from meshprof.events import CommEvent
+from meshprof.tools.spawn import run_ranks
+
+N_SAMPLED = 300
+
+
+def _idle(prof: Any) -> None:
+    deadline = time.monotonic() + 10
+    while prof.inflight() and time.monotonic() < deadline:
+        time.sleep(0.001)
+
+
+def _sampling(rank: int, ws: int) -> dict[str, Any]:
+    import torch
+    import torch.distributed as dist
+
+    import meshprof
+
+    sub = dist.new_group([0, 1])
+    prof = meshprof.enable(meshprof.ProfilerConfig(sample_rate=0.25))
+    t = torch.ones(2)
+    for i in range(N_SAMPLED):
+        dist.all_reduce(t, group=sub if i % 3 == 0 else None)
+    _idle(prof)
+    st = prof.stats()
+    op = {s.key: s for s in st.by_op}["all_reduce"]
+    return {
+        "retained": sorted((e.group_name, e.seq) for e in prof.events()),
+        "count": op.count,
+        "timed": op.timed,
+        "total_bytes": op.total_bytes,
+    }
+
+
+def test_sampling_same_collectives_on_every_rank() -> None:
+    r0, r1 = run_ranks(_sampling, 2, timeout=90)
+    assert r0["retained"] == r1["retained"]
+    n = len(r0["retained"])
+    assert 0.12 * N_SAMPLED < n < 0.4 * N_SAMPLED  # about a quarter, decided by (group, seq)
+    assert len({g for g, _ in r0["retained"]}) == 2
+    for r in (r0, r1):
+        assert r["count"] == N_SAMPLED  # exact counts include the collectives not sampled
+        assert r["timed"] == n
+        assert r["total_bytes"] == N_SAMPLED * 8
+
+
+def _behaviour(rank: int, ws: int) -> dict[str, Any]:
+    import threading
+    import warnings
+
+    import torch
+    import torch.distributed as dist
+
+    import meshprof
+    from meshprof.comm import ops
+
+    out: dict[str, Any] = {}
+
+    # -- min duration: only the collective delayed by the peer is retained ----------------------
+    prof = meshprof.enable(meshprof.ProfilerConfig(min_duration_us=100_000))
+    t = torch.ones(4)
+    for i in range(3):
+        if i == 1 and rank == 1:
+            time.sleep(0.3)  # injected: rank 0's second all_reduce waits 300 ms
+        dist.all_reduce(t)
+    _idle(prof)
+    st = {s.key: s for s in prof.stats().by_op}["all_reduce"]
+    out["min_dur"] = {
+        "retained": [(e.seq, e.duration_ns) for e in prof.events()],
+        "count": st.count,
+        "timed": st.timed,
+        "dropped": prof.meta()["dropped_events"],
+    }
+    meshprof.reset()
+
+    # -- ops filter: only broadcasts are recorded, but seq counts every collective ---------------
+    prof = meshprof.enable(meshprof.ProfilerConfig(ops=frozenset({"broadcast"})))
+    dist.all_reduce(t)
+    dist.broadcast(t, 0)
+    dist.barrier()
+    dist.broadcast(t, 1)
+    _idle(prof)
+    out["ops_filter"] = [(e.op, e.seq) for e in prof.events()]
+    meshprof.reset()
+
+    # -- threads issuing collectives on separate groups at the same time ----------------------
+    groups = [dist.new_group([0, 1]) for _ in range(2)]
+    prof = meshprof.enable()
+    dist.barrier()
+
+    def issue(g: Any, n: int) -> None:
+        x = torch.ones(8)
+        for _ in range(n):
+            dist.all_reduce(x, group=g)
+            dist.broadcast(x, 0, group=g)
+
+    threads = [threading.Thread(target=issue, args=(g, 40)) for g in groups]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    _idle(prof)
+    evs = prof.events()
+    out["threads"] = {
+        g.group_name: sorted((e.seq, e.op) for e in evs if e.group_name == g.group_name)
+        for g in groups
+    }
+    out["threads_errors"] = prof.internal_errors
+    meshprof.reset()
+
+    # -- an error inside meshprof is caught, counted, reported once; training goes on ----------
+    spec = next(s for s in ops.SPECS if s.schema_name == "allreduce_")
+    original = spec.in_bytes
+
+    def broken(args: Any) -> int:
+        raise ValueError("injected byte-count failure")
+
+    object.__setattr__(spec, "in_bytes", broken)
+    try:
+        prof = meshprof.enable()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            vals = []
+            for _ in range(3):
+                x = torch.ones(2) * (rank + 1)
+                dist.all_reduce(x)
+                vals.append(x.tolist())
+            dist.broadcast(x, 0)
+        _idle(prof)
+        out["internal"] = {
+            "values": vals,
+            "count": prof.internal_errors,
+            "first": prof.first_internal_error,
+            "warnings": [str(w.message) for w in caught if "meshprof" in str(w.message)],
+            "ops": [e.op for e in prof.events()],
+            "meta": prof.meta()["internal_errors"],
+        }
+    finally:
+        object.__setattr__(spec, "in_bytes", original)
+        meshprof.reset()
+
+    # -- a collective's own exception passes through unchanged and is recorded as failed ------
+    def bad_all_gather() -> BaseException:
+        try:
+            # wrong number of output tensors: gloo's kernel rejects it
+            dist.all_gather([torch.zeros(2)] * (ws + 1), torch.ones(2))
+        except Exception as e:
+            return e
+        raise AssertionError("gloo accepted a wrong output list")
+
+    plain = bad_all_gather()  # without meshprof: the oracle for type and message
+    prof = meshprof.enable()
+    seen = bad_all_gather()
+    x = torch.ones(2)
+    dist.all_reduce(x)  # the group still works, and seq continues
+    _idle(prof)
+    out["failed"] = {
+        "plain": (type(plain).__name__, str(plain)),
+        "seen": (type(seen).__name__, str(seen)),
+        "events": [(e.op, e.status, e.error, e.seq, e.in_bytes) for e in prof.events()],
+        "sum": x[0].item(),
+        "stats_errors": {s.key: s.errors for s in prof.stats().by_op},
+        "internal": prof.internal_errors,
+    }
+    meshprof.reset()
+
+    # -- profile(): context manager and decorator windows -------------------------------------
+    with meshprof.profile() as window:
+        dist.all_reduce(x)
+        dist.broadcast(x, 0)
+    after = meshprof.get_profiler()
+    installed_after = after is not None and after.installed
+    dist.all_reduce(x)  # not recorded: the window enabled the recorder and disabled it again
+
+    deco = meshprof.profile()
+
+    @deco
+    def step() -> None:
+        dist.barrier()
+        dist.all_reduce(x)
+
+    step()
+    prof = meshprof.enable()
+    dist.broadcast(x, 1)
+    with meshprof.profile() as inner:
+        dist.all_reduce(x)
+    dist.barrier()
+    _idle(prof)
+    out["windows"] = {
+        "ctx": [e.op for e in window.events()],
+        "ctx_count": {s.key: s.count for s in window.stats().by_op},
+        "installed_after": installed_after,
+        "decorated": [e.op for e in deco.events()],
+        "inner": [e.op for e in inner.events()],
+        "still_installed": prof.installed,
+        "summary": inner.summary(),
+    }
+    return out
+
+
+@pytest.fixture(scope="module")
+def behaviour() -> list[dict[str, Any]]:
+    return run_ranks(_behaviour, 2, timeout=120, pg_timeout_s=30)
+
+
+def test_min_duration_counts_but_does_not_retain(behaviour: list[dict[str, Any]]) -> None:
+    r = behaviour[0]["min_dur"]
+    assert [seq for seq, _ in r["retained"]] == [1]
+    assert r["retained"][0][1] >= 250_000_000
+    assert r["count"] == 3 and r["timed"] == 3 and r["dropped"] == 2
+
+
+def test_ops_filter_keeps_seq_aligned(behaviour: list[dict[str, Any]]) -> None:
+    for r in behaviour:
+        assert r["ops_filter"] == [("broadcast", 1), ("broadcast", 3)]
+
+
+def test_threads_on_separate_groups(behaviour: list[dict[str, Any]]) -> None:
+    r0, r1 = behaviour
+    assert r0["threads_errors"] == 0 and r1["threads_errors"] == 0
+    assert r0["threads"] == r1["threads"]
+    assert len(r0["threads"]) == 2
+    for evs in r0["threads"].values():
+        assert [s for s, _ in evs] == list(range(80))  # every op once, seq without gaps
+        assert [op for _, op in evs] == ["all_reduce", "broadcast"] * 40
+
+
+def test_internal_error_caught_counted_reported_once(behaviour: list[dict[str, Any]]) -> None:
+    for r in behaviour:
+        i = r["internal"]
+        assert i["values"] == [[3.0, 3.0]] * 3  # the collective itself ran correctly
+        assert i["count"] == 3 and i["meta"] == 3
+        assert i["first"] == "ValueError: injected byte-count failure"
+        assert len(i["warnings"]) == 1
+        assert i["ops"] == ["broadcast"]  # other ops are still recorded
+
+
+def test_collective_exception_passes_through_and_is_recorded(
+    behaviour: list[dict[str, Any]],
+) -> None:
+    for r in behaviour:
+        f = r["failed"]
+        assert f["seen"] == f["plain"]
+        assert f["internal"] == 0
+        (op, status, error, seq, in_b), ok = f["events"]
+        assert (op, status, in_b) == ("all_gather", "error", 8)
+        assert error == f"{f['seen'][0]}: {f['seen'][1]}"
+        assert ok[:2] == ("all_reduce", "ok") and ok[3] == seq + 1
+        assert f["sum"] == 2.0
+        assert f["stats_errors"] == {"all_gather": 1, "all_reduce": 0}
+
+
+def test_profile_windows(behaviour: list[dict[str, Any]]) -> None:
+    for r in behaviour:
+        w = r["windows"]
+        assert w["ctx"] == ["all_reduce", "broadcast"]
+        assert w["ctx_count"] == {"all_reduce": 1, "broadcast": 1}
+        assert w["installed_after"] is False
+        assert w["decorated"] == ["barrier", "all_reduce"]
+        assert w["inner"] == ["all_reduce"]
+        assert w["still_installed"] is True
+        assert "all_reduce" in w["summary"] and "broadcast" not in w["summary"]
+
+
+def _export(rank: int, ws: int, path: str) -> dict[str, Any]:
+    import torch
+    import torch.distributed as dist
+
+    import meshprof
+
+    prof = meshprof.enable()
+    t = torch.ones(256)
+    dist.all_reduce(t)
+    dist.all_gather([torch.zeros(256) for _ in range(ws)], t)
+    if rank == 0:
+        dist.send(t, 1)
+    else:
+        dist.recv(t, 0)
+    _idle(prof)
+    prof.export_json(f"{path}.{rank}.json")
+    return {"n": len(prof.events())}
+
+
+def test_export_json_format(tmp_path: Any) -> None:
+    base = str(tmp_path / "rank")
+    run_ranks(_export, 2, (base,), timeout=60)
+    for rank in (0, 1):
+        data = json.loads(Path(f"{base}.{rank}.json").read_text())
+        assert set(data) == {"meta", "events", "stats"}
+        m = data["meta"]
+        assert m["rank"] == rank and m["world_size"] == 2
+        assert m["total_events"] == 3 and m["evicted_events"] == 0 and m["internal_errors"] == 0
+        assert m["groups"][0]["ranks"] == [0, 1] and m["groups"][0]["backend"] == "gloo"
+        names = [f.name for f in fields(CommEvent)]
+        for e in data["events"]:
+            assert list(e) == names
+        ar = data["events"][0]
+        assert (ar["op"], ar["in_bytes"], ar["group_ranks"], ar["seq"]) == (
+            "all_reduce",
+            1024,
+            [0, 1],
+            0,
+        )
+        # algbw = S / t with S = 1024 bytes; busbw = algbw * 2(n-1)/n = algbw for n = 2
+        assert ar["algbw_gbps"] == pytest.approx(1024 / ar["duration_ns"])
+        assert ar["busbw_gbps"] == pytest.approx(ar["algbw_gbps"])
+        ag = data["events"][1]
+        assert ag["algbw_gbps"] == pytest.approx(2048 / ag["duration_ns"])
+        assert ag["busbw_gbps"] == pytest.approx(ag["algbw_gbps"] / 2)
+        st = data["stats"]
+        assert set(st) == {
+            "by_op",
+            "by_rank",
+            "by_group",
+            "by_size",
+            "percentiles",
+            "sketch_relative_error",
+        }
+        assert st["percentiles"] == "exact"
+        row = st["by_op"][0]
+        for k in (
+            "count",
+            "total_bytes",
+            "total_ns",
+            "min_ns",
+            "mean_ns",
+            "max_ns",
+            "p50_ns",
+            "p95_ns",
+            "p99_ns",
+            "mean_algbw_gbps",
+            "mean_busbw_gbps",
+            "errors",
+        ):
+            assert k in row
+        assert sum(r["count"] for r in st["by_op"]) == 3
+
+
+def _no_host_sync(rank: int, ws: int) -> dict[str, Any]:
+    import torch
+    import torch.distributed as dist
+
+    import meshprof
+
+    torch.cuda.set_device(rank)
+    prof = meshprof.enable()
+    t = torch.ones(1 << 20, device="cuda")
+    dist.all_reduce(t)  # warm up NCCL outside the checked region
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")  # any host synchronization raises
+    try:
+        for _ in range(5):
+            dist.all_reduce(t)
+            dist.broadcast(t, 0)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    evs = prof.events()
+    return {
+        "n": len(evs),
+        "device_timed": prof.internal_errors,
+        "durs": [e.duration_ns for e in evs],
+    }
+
+
+@pytest.mark.gpu
+def test_cuda_path_never_synchronizes_the_host() -> None:
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 CUDA devices")
+    r0, _ = run_ranks(_no_host_sync, 2, backend="nccl", timeout=120)
+    assert r0["device_timed"] == 0
+    assert r0["n"] == 11
+    assert all(d > 0 for d in r0["durs"])
