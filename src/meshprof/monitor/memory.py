@@ -9,7 +9,6 @@ import numpy as np
 
 from meshprof.events import MEMORY_DTYPE
 
-
 _TOTAL: int | None = None
 _PROC: tuple[int, object] | None = None  # (pid, psutil.Process)
 _LAST: tuple[int, int] = (0, -1)  # (monotonic ns of the last RSS read, RSS)
