@@ -103,12 +103,13 @@ def test_dtensor_tp_collectives_on_the_tp_group(runs: list[dict[str, Any]]) -> N
             assert e["status"] == "ok"
         # RowwiseParallel's forward all-reduce of the (4, 8) float output
         assert any(e["op"] == "all_reduce" and e["in_bytes"] == 4 * 8 * 4 for e in evs)
+
     # the two members of each TP group saw the same collectives with the same seqs
+    def key(r: dict[str, Any]) -> list[tuple[str, int, int]]:
+        evs = sorted(r["tp_events"], key=lambda e: e["seq"])
+        return [(e["op"], e["seq"], e["in_bytes"]) for e in evs]
+
     for a, b in ((0, 1), (2, 3)):
-        key = lambda r: [
-            (e["op"], e["seq"], e["in_bytes"])
-            for e in sorted(r["tp_events"], key=lambda e: e["seq"])
-        ]  # noqa: E731
         assert runs[a]["tp_group"] == runs[b]["tp_group"]
         assert key(runs[a]) == key(runs[b])
     assert runs[0]["tp_group"] != runs[2]["tp_group"]

@@ -11,7 +11,13 @@ import pytest
 
 from meshprof.errors import MeshprofError
 from meshprof.parallel.config import ParallelConfig
-from meshprof.parallel.mapping import RankMapping, all_groups, coords_of, dimension_of_group, rank_of
+from meshprof.parallel.mapping import (
+    RankMapping,
+    all_groups,
+    coords_of,
+    dimension_of_group,
+    rank_of,
+)
 
 
 def test_rank_mapping_examples_from_the_issue():
@@ -65,10 +71,18 @@ def test_dimension_of_group():
     [
         (dict(dp=2, tp=2, pp=2), 6, ["2×2×2", "8", "6"]),
         (dict(pp=4, num_layers=6), None, ["num_layers=6", "pp=4"]),
-        (dict(pp=2, num_layers=6, schedule="interleaved_1f1b", virtual_stages=2), None, ["num_layers=6", "2×2 = 4"]),
+        (
+            dict(pp=2, num_layers=6, schedule="interleaved_1f1b", virtual_stages=2),
+            None,
+            ["num_layers=6", "2×2 = 4"],
+        ),
         (dict(pp=4, num_microbatches=2, num_layers=8), None, ["num_microbatches", "2", "pp=4"]),
         (dict(pp=2, schedule="interleaved_1f1b", virtual_stages=1), None, ["virtual_stages"]),
-        (dict(pp=2, schedule="zbv_zero_bubble", virtual_stages=3, num_layers=12), None, ["virtual_stages=2"]),
+        (
+            dict(pp=2, schedule="zbv_zero_bubble", virtual_stages=3, num_layers=12),
+            None,
+            ["virtual_stages=2"],
+        ),
         (dict(dp=2, grad_compression="powersgd"), None, ["powersgd", "ddp"]),
     ],
 )
@@ -97,18 +111,37 @@ def test_plan_cli_json_and_errors(capsys):
     assert main(["plan", "--dp", "2", "--tp", "2", "--pp", "2", "--layers", "24", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert [r["rank"] for r in doc["ranks"]] == list(range(8))
-    assert (doc["ranks"][5]["dp_rank"], doc["ranks"][5]["tp_rank"], doc["ranks"][5]["pp_rank"]) == (1, 0, 1)
+    assert (doc["ranks"][5]["dp_rank"], doc["ranks"][5]["tp_rank"], doc["ranks"][5]["pp_rank"]) == (
+        1,
+        0,
+        1,
+    )
     assert doc["ranks"][1]["layers"] == list(range(12, 24))
     assert doc["groups"]["tp"] == [[0, 2], [1, 3], [4, 6], [5, 7]]
     strategies = {b["strategy"]: b["total_bytes"] for b in doc["memory"]["by_strategy"]}
-    assert strategies["extreme"] < strategies["aggressive"] < strategies["standard"] < strategies["basic"]
-    for bad in (["--pp", "5", "--layers", "24"], ["--tp", "3", "--layers", "24"], ["--pp", "4", "--microbatches", "2"], ["--dp", "2", "--world-size", "4"]):
+    assert (
+        strategies["extreme"]
+        < strategies["aggressive"]
+        < strategies["standard"]
+        < strategies["basic"]
+    )
+    for bad in (
+        ["--pp", "5", "--layers", "24"],
+        ["--tp", "3", "--layers", "24"],
+        ["--pp", "4", "--microbatches", "2"],
+        ["--dp", "2", "--world-size", "4"],
+    ):
         assert main(["plan", *bad]) == 2, bad
         out = capsys.readouterr()
         assert out.out == "" and len(out.err.strip().splitlines()) == 1 and "error" in out.err
 
 
 def test_plan_command_line_text_output():
-    p = subprocess.run([sys.executable, "-m", "meshprof.cli", "plan", "--dp", "2", "--pp", "2", "--layers", "8"], capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-m", "meshprof.cli", "plan", "--dp", "2", "--pp", "2", "--layers", "8"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode == 0, p.stderr
     assert "process groups" in p.stdout and "memory per device" in p.stdout and "[0,2]" in p.stdout

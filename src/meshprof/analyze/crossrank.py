@@ -563,6 +563,21 @@ def run_bottlenecks(run: LoadedRun, s: StragglerReport, memory: MemoryImbalance,
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class RunAnalysis:
+    """The report with the intermediate results it was built from (for renderers that need
+    every event, such as the merged trace, without computing them again)."""
+
+    report: RunReport
+    """What ``meshprof report`` shows."""
+    table: EventTable
+    """Every completed event of every loaded rank."""
+    clock: ClockAlignment
+    """The clock offsets used."""
+    match: CollectiveMatch
+    """The matched collectives."""
+
+
 def analyze_run(
     run: LoadedRun,
     *,
@@ -573,6 +588,16 @@ def analyze_run(
 
     Bottlenecks come from the step monitor's rules on every rank and the cross-rank rules
     (:mod:`meshprof.monitor.bottlenecks`); ``bottlenecks`` adds more, rendered as given."""
+    return analyze_run_parts(run, threshold=threshold, bottlenecks=bottlenecks).report
+
+
+def analyze_run_parts(
+    run: LoadedRun,
+    *,
+    threshold: float = DEFAULT_THRESHOLD,
+    bottlenecks: tuple[dict[str, Any], ...] | list[dict[str, Any]] = (),
+) -> RunAnalysis:
+    """:func:`analyze_run`, keeping the event table, clock alignment and match it computed."""
     table = build_event_table(run)
     clock = align_clocks(run, table)
     m = match_collectives(table, clock)
@@ -633,7 +658,7 @@ def analyze_run(
         for k, v in run.manifest.items()
         if isinstance(v, str | int | float | bool | list | dict)
     }
-    return RunReport(
+    report = RunReport(
         path=str(run.path),
         world_size=run.world_size,
         loaded_ranks=tuple(sorted(run.ranks)),
@@ -655,6 +680,7 @@ def analyze_run(
         bottlenecks=tuple(found),
         rank_analyses=tuple(a.to_dict() for _, a in sorted(analyses.items())),
     )
+    return RunAnalysis(report, table, clock, m)
 
 
 def _as_dict(b: Any) -> dict[str, Any]:

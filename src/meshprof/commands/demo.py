@@ -13,7 +13,12 @@ from rich.console import Console
 from rich.table import Table
 
 from meshprof.errors import MeshprofError
-from meshprof.parallel.args import add_layout_args, add_model_args, model_config_from_args, parallel_config_from_args
+from meshprof.parallel.args import (
+    add_layout_args,
+    add_model_args,
+    model_config_from_args,
+    parallel_config_from_args,
+)
 from meshprof.parallel.demo import DTYPES, DemoConfig, demo_worker
 from meshprof.render.console import fmt_bytes, fmt_ns
 from meshprof.rundir import atomic_write_text
@@ -23,14 +28,27 @@ DEFAULT_LAYOUT = (2, 1, 2)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("demo", help="train a small 3D-parallel transformer on local ranks, profiled")
-    p.add_argument("-o", "--out", default="meshprof-demo", help="output directory (default ./meshprof-demo)")
+    p = sub.add_parser(
+        "demo", help="train a small 3D-parallel transformer on local ranks, profiled"
+    )
+    p.add_argument(
+        "-o", "--out", default="meshprof-demo", help="output directory (default ./meshprof-demo)"
+    )
     p.add_argument("--steps", type=int, default=12, help="optimizer steps (default 12)")
     p.add_argument("--seed", type=int, default=0, help="seed of weights and tokens (default 0)")
     p.add_argument("--lr", type=float, default=1e-2, help="AdamW learning rate (default 0.01)")
-    p.add_argument("--dtype", choices=DTYPES, default="float32", help="parameter dtype (default float32)")
-    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="cuda (NCCL) when enough GPUs exist, else cpu (gloo)")
-    p.add_argument("--timeout", type=float, default=600.0, help="give up after this many seconds (default 600)")
+    p.add_argument(
+        "--dtype", choices=DTYPES, default="float32", help="parameter dtype (default float32)"
+    )
+    p.add_argument(
+        "--device",
+        choices=("auto", "cpu", "cuda"),
+        default="auto",
+        help="cuda (NCCL) when enough GPUs exist, else cpu (gloo)",
+    )
+    p.add_argument(
+        "--timeout", type=float, default=600.0, help="give up after this many seconds (default 600)"
+    )
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     add_layout_args(p)
     add_model_args(p)
@@ -42,14 +60,19 @@ def _device(choice: str, world_size: int) -> str:
 
     n = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if choice == "cuda" and n < world_size:
-        raise MeshprofError(f"--device cuda needs {world_size} GPUs (one per rank), this machine has {n}")
+        raise MeshprofError(
+            f"--device cuda needs {world_size} GPUs (one per rank), this machine has {n}"
+        )
     if choice == "auto":
         return "cuda" if n >= world_size else "cpu"
     return choice
 
 
 def _dimension_table(results: list[dict[str, Any]]) -> Table:
-    t = Table(title="collectives during training, per parallel dimension (all ranks)", title_justify="left")
+    t = Table(
+        title="collectives during training, per parallel dimension (all ranks)",
+        title_justify="left",
+    )
     for name in ("dimension", "count", "bytes", "time (sum)", "time per rank"):
         t.add_column(name, justify="right" if name != "dimension" else "left")
     n = len(results)
@@ -69,7 +92,15 @@ def run(args: argparse.Namespace) -> int:
     parallel = parallel_config_from_args(args, default=DEFAULT_LAYOUT)
     model = model_config_from_args(args)
     device = _device(args.device, parallel.world_size)
-    cfg = DemoConfig(parallel=parallel, model=model, steps=args.steps, seed=args.seed, lr=args.lr, dtype=args.dtype, device=device)
+    cfg = DemoConfig(
+        parallel=parallel,
+        model=model,
+        steps=args.steps,
+        seed=args.seed,
+        lr=args.lr,
+        dtype=args.dtype,
+        device=device,
+    )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     console = Console(stderr=args.json)
@@ -89,7 +120,15 @@ def run(args: argparse.Namespace) -> int:
     wall = time.perf_counter() - t0
     losses = results[0]["losses"]
     doc = {
-        "config": {"parallel": parallel.to_dict(), "model": model.to_dict(), "steps": cfg.steps, "seed": cfg.seed, "lr": cfg.lr, "dtype": cfg.dtype, "device": device},
+        "config": {
+            "parallel": parallel.to_dict(),
+            "model": model.to_dict(),
+            "steps": cfg.steps,
+            "seed": cfg.seed,
+            "lr": cfg.lr,
+            "dtype": cfg.dtype,
+            "device": device,
+        },
         "losses": losses,
         "wall_s": wall,
         "ranks": [{k: v for k, v in r.items() if k != "summary"} for r in results],
@@ -99,9 +138,13 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(doc))
         return 0
-    console.print(results[0]["summary"], highlight=False, markup=False)
+    print(results[0]["summary"], end="")
     console.print(_dimension_table(results))
-    console.print("[bold]loss per step[/] (global batch, nats/token): " + " ".join(f"{x:.3f}" for x in losses))
+    console.print(
+        "[bold]loss per step[/] (global batch, nats/token): " + " ".join(f"{x:.3f}" for x in losses)
+    )
     train_s = max(r["train_s"] for r in results)
-    console.print(f"trained in {train_s:.1f} s ({wall:.1f} s with start-up); per-rank recorder exports and demo.json in {out}/")
+    console.print(
+        f"trained in {train_s:.1f} s ({wall:.1f} s with start-up); per-rank recorder exports and demo.json in {out}/"
+    )
     return 0

@@ -10,7 +10,12 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from meshprof.parallel.args import add_layout_args, add_model_args, model_config_from_args, parallel_config_from_args
+from meshprof.parallel.args import (
+    add_layout_args,
+    add_model_args,
+    model_config_from_args,
+    parallel_config_from_args,
+)
 from meshprof.parallel.config import ParallelConfig
 from meshprof.parallel.mapping import RankMapping, all_groups
 from meshprof.parallel.memory import MemoryBreakdown, MemoryEstimate, estimate_memory
@@ -23,9 +28,25 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("plan", help="rank table, groups and memory estimate of a dp×tp×pp layout")
     add_layout_args(p, default_layers=24, default_microbatches=8)
     add_model_args(p, d_model=1024, heads=16, vocab=50257, seq_len=1024)
-    p.add_argument("--param-bytes", type=int, choices=(2, 4, 8), default=4, help="bytes per parameter element (default 4: float32)")
-    p.add_argument("--device-type", choices=("cuda", "cpu"), default="cuda", help="device the estimate is for (CPU offload only helps CUDA)")
-    p.add_argument("--world-size", type=int, default=None, help="check that dp×tp×pp equals this number of ranks")
+    p.add_argument(
+        "--param-bytes",
+        type=int,
+        choices=(2, 4, 8),
+        default=4,
+        help="bytes per parameter element (default 4: float32)",
+    )
+    p.add_argument(
+        "--device-type",
+        choices=("cuda", "cpu"),
+        default="cuda",
+        help="device the estimate is for (CPU offload only helps CUDA)",
+    )
+    p.add_argument(
+        "--world-size",
+        type=int,
+        default=None,
+        help="check that dp×tp×pp equals this number of ranks",
+    )
     p.add_argument("--json", action="store_true", help="print everything as JSON")
     p.set_defaults(func=run)
 
@@ -88,11 +109,20 @@ def _memory_table(title: str, rows: list[MemoryBreakdown], first: str) -> Table:
     per_stage = first != "strategy"
     t = Table(title=title, title_justify="left")
     t.add_column(first)
-    names = ["params", "grads", "optim", "activ."] + (["no ckpt", "ckpt"] if per_stage else []) + ["temp", "total"]
+    names = (
+        ["params", "grads", "optim", "activ."]
+        + (["no ckpt", "ckpt"] if per_stage else [])
+        + ["temp", "total"]
+    )
     for name in names:
         t.add_column(name, justify="right")
     for b in rows:
-        cells = [fmt_bytes(b.params_bytes), fmt_bytes(b.grads_bytes), fmt_bytes(b.optimizer_bytes), fmt_bytes(b.activations_bytes)]
+        cells = [
+            fmt_bytes(b.params_bytes),
+            fmt_bytes(b.grads_bytes),
+            fmt_bytes(b.optimizer_bytes),
+            fmt_bytes(b.activations_bytes),
+        ]
         if per_stage:
             cells += [fmt_bytes(b.activations_no_ckpt_bytes), fmt_bytes(b.activations_ckpt_bytes)]
         cells += [fmt_bytes(b.transient_bytes), f"[bold]{fmt_bytes(b.total_bytes)}[/]"]
@@ -100,13 +130,22 @@ def _memory_table(title: str, rows: list[MemoryBreakdown], first: str) -> Table:
     return t
 
 
-def _print(config: ParallelConfig, est: MemoryEstimate, rows: list[dict[str, Any]], groups: dict[str, list[tuple[int, ...]]]) -> None:
+def _print(
+    config: ParallelConfig,
+    est: MemoryEstimate,
+    rows: list[dict[str, Any]],
+    groups: dict[str, list[tuple[int, ...]]],
+) -> None:
     console = Console()
     m = est.model
     console.print(
         f"[bold]layout[/] dp={config.dp} × tp={config.tp} × pp={config.pp} = {config.world_size} ranks; "
         f"{config.num_layers} layers, {config.num_stages} pipeline stage(s) of {config.layers_per_stage if config.pp > 1 else config.num_layers} layers"
-        + (f", schedule {config.schedule} (virtual stages {config.virtual_stages})" if config.pp > 1 else "")
+        + (
+            f", schedule {config.schedule} (virtual stages {config.virtual_stages})"
+            if config.pp > 1
+            else ""
+        )
     )
     console.print(
         f"[bold]model[/] d_model={m.d_model}, heads={m.n_heads}, ffn={m.ffn_hidden}, vocab={m.vocab_size}, seq={m.seq_len}: "
@@ -136,11 +175,23 @@ def _print(config: ParallelConfig, est: MemoryEstimate, rows: list[dict[str, Any
     g.add_column("size", justify="right")
     g.add_column("groups")
     for dim, gs in groups.items():
-        text = " ".join("[" + ",".join(map(str, x)) + "]" for x in gs[:16]) + (" …" if len(gs) > 16 else "")
+        text = " ".join("[" + ",".join(map(str, x)) + "]" for x in gs[:16]) + (
+            " …" if len(gs) > 16 else ""
+        )
         g.add_row(dim, str(len(gs)), str(len(gs[0])), text)
     console.print(g)
-    console.print(_memory_table(f"memory per device, strategy {config.memory_strategy} ({est.param_bytes}-byte parameters, AdamW)", list(est.per_stage), "pp rank"))
-    console.print(_memory_table("busiest device under each memory strategy", list(est.by_strategy), "strategy"))
+    console.print(
+        _memory_table(
+            f"memory per device, strategy {config.memory_strategy} ({est.param_bytes}-byte parameters, AdamW)",
+            list(est.per_stage),
+            "pp rank",
+        )
+    )
+    console.print(
+        _memory_table(
+            "busiest device under each memory strategy", list(est.by_strategy), "strategy"
+        )
+    )
     console.print("[dim]assumptions:[/]")
     for a in est.assumptions:
         console.print(f"[dim]  - {a}[/]", highlight=False)
@@ -149,7 +200,9 @@ def _print(config: ParallelConfig, est: MemoryEstimate, rows: list[dict[str, Any
 def run(args: argparse.Namespace) -> int:
     config = parallel_config_from_args(args)
     model = model_config_from_args(args)
-    config.validate(args.world_size, n_heads=model.n_heads, hidden=model.d_model, ffn_hidden=model.ffn_hidden)
+    config.validate(
+        args.world_size, n_heads=model.n_heads, hidden=model.d_model, ffn_hidden=model.ffn_hidden
+    )
     est = estimate_memory(config, model, param_bytes=args.param_bytes, device_type=args.device_type)
     rows = _rank_rows(config)
     groups = {d: all_groups(config, d) for d in ("dp", "tp", "pp")}

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from meshprof.analyze.crossrank import analyze_run
+from meshprof.analyze.crossrank import analyze_run_parts
 from meshprof.analyze.stragglers import DEFAULT_THRESHOLD
 from meshprof.errors import MeshprofError
 from meshprof.rundir import load_run
@@ -22,6 +22,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
     p.add_argument("--html", metavar="FILE", help="write a self-contained HTML report")
     p.add_argument("--trace", metavar="FILE", help="write a merged Perfetto/Chrome JSON trace")
+    p.add_argument(
+        "--trace-max-events",
+        type=int,
+        default=None,
+        metavar="N",
+        help="collectives the trace keeps: beyond N, only the last whole steps that fit "
+        "(default 500000; 0 keeps everything)",
+    )
     p.add_argument(
         "--threshold",
         type=float,
@@ -38,26 +46,22 @@ def run(args: argparse.Namespace) -> int:
         target = getattr(args, opt)
         if target and Path(target).is_dir():
             raise MeshprofError(f"--{opt} {target}: is a directory (give a file name)")
+    if args.trace_max_events is not None and args.trace_max_events < 0:
+        raise MeshprofError(f"--trace-max-events must be >= 0, got {args.trace_max_events}")
     loaded = load_run(Path(args.dir))
-    rep = analyze_run(loaded, threshold=args.threshold)
+    parts = analyze_run_parts(loaded, threshold=args.threshold)
+    rep = parts.report
     written = []
     if args.html:
         from meshprof.render.html import write_html
 
         written.append(write_html(Path(args.html), rep))
     if args.trace:
-        from meshprof.analyze.clock import align_clocks
-        from meshprof.analyze.match import match_collectives
-        from meshprof.analyze.table import build_event_table
-        from meshprof.render.perfetto import build_trace, write_trace
+        from meshprof.render.perfetto import DEFAULT_MAX_EVENTS, build_trace, write_trace
 
-        table = build_event_table(loaded)
-        clock = align_clocks(loaded, table)
-        written.append(
-            write_trace(
-                Path(args.trace), build_trace(loaded, table, clock, match_collectives(table, clock))
-            )
-        )
+        cap = DEFAULT_MAX_EVENTS if args.trace_max_events is None else args.trace_max_events
+        trace = build_trace(loaded, parts.table, parts.clock, parts.match, max_events=cap)
+        written.append(write_trace(Path(args.trace), trace))
     if args.json:
         print(json.dumps(rep.to_dict(), default=str))
         return 0

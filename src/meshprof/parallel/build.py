@@ -36,9 +36,13 @@ def build_mesh(config: ParallelConfig, device_type: str = "cpu") -> Any:
     from torch.distributed.device_mesh import init_device_mesh
 
     if not dist.is_initialized():
-        raise MeshprofError("build_mesh needs torch.distributed to be initialized (run under torchrun or meshprof.tools.spawn)")
+        raise MeshprofError(
+            "build_mesh needs torch.distributed to be initialized (run under torchrun or meshprof.tools.spawn)"
+        )
     config.validate(dist.get_world_size())
-    return init_device_mesh(device_type, (config.dp, config.tp, config.pp), mesh_dim_names=MESH_DIM_NAMES)
+    return init_device_mesh(
+        device_type, (config.dp, config.tp, config.pp), mesh_dim_names=MESH_DIM_NAMES
+    )
 
 
 @dataclass
@@ -119,22 +123,45 @@ def _apply_ac(chunk: Transformer) -> None:
         chunk.layers[name] = checkpoint_wrapper(block, preserve_rng_state=False)
 
 
-def _apply_fsdp(chunk: Transformer, config: ParallelConfig, dp_mesh: Any, device: torch.device) -> nn.Module:
-    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+def _apply_fsdp(
+    chunk: Transformer, config: ParallelConfig, dp_mesh: Any, device: torch.device
+) -> nn.Module:
+    from torch.distributed.fsdp import (
+        CPUOffloadPolicy,
+        MixedPrecisionPolicy,
+        OffloadPolicy,
+        fully_shard,
+    )
 
     s = config.settings
     mp = MixedPrecisionPolicy(
         param_dtype=_LOW_PRECISION.get(config.mixed_precision),
         reduce_dtype=_REDUCE_DTYPE.get(config.grad_compression),
     )
-    offload: OffloadPolicy = CPUOffloadPolicy() if s.cpu_offload and device.type == "cuda" else OffloadPolicy()
+    offload: OffloadPolicy = (
+        CPUOffloadPolicy() if s.cpu_offload and device.type == "cuda" else OffloadPolicy()
+    )
     for block in chunk.layers.values():
-        fully_shard(block, mesh=dp_mesh, reshard_after_forward=s.reshard_after_forward, mp_policy=mp, offload_policy=offload)
-    fully_shard(chunk, mesh=dp_mesh, reshard_after_forward=s.reshard_after_forward, mp_policy=mp, offload_policy=offload)
+        fully_shard(
+            block,
+            mesh=dp_mesh,
+            reshard_after_forward=s.reshard_after_forward,
+            mp_policy=mp,
+            offload_policy=offload,
+        )
+    fully_shard(
+        chunk,
+        mesh=dp_mesh,
+        reshard_after_forward=s.reshard_after_forward,
+        mp_policy=mp,
+        offload_policy=offload,
+    )
     return chunk
 
 
-def _apply_ddp(chunk: Transformer, config: ParallelConfig, dp_group: Any, device: torch.device) -> tuple[nn.Module, Any]:
+def _apply_ddp(
+    chunk: Transformer, config: ParallelConfig, dp_group: Any, device: torch.device
+) -> tuple[nn.Module, Any]:
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
     from torch.nn.parallel import DistributedDataParallel
 
@@ -149,7 +176,12 @@ def _apply_ddp(chunk: Transformer, config: ParallelConfig, dp_group: Any, device
         # issue the buckets' all_reduces in different orders and gloo fails with a size
         # mismatch. One bucket keeps a single chain.
         kwargs["bucket_cap_mb"] = 1 << 14
-    ddp = DistributedDataParallel(chunk, process_group=dp_group, device_ids=[device.index] if device.type == "cuda" else None, **kwargs)
+    ddp = DistributedDataParallel(
+        chunk,
+        process_group=dp_group,
+        device_ids=[device.index] if device.type == "cuda" else None,
+        **kwargs,
+    )
     state: Any = None
     if config.grad_compression is GradCompression.FP16:
         ddp.register_comm_hook(dp_group, default_hooks.fp16_compress_hook)
@@ -157,7 +189,11 @@ def _apply_ddp(chunk: Transformer, config: ParallelConfig, dp_group: Any, device
         ddp.register_comm_hook(dp_group, default_hooks.bf16_compress_hook)
     elif config.grad_compression is GradCompression.POWERSGD:
         state = powerSGD_hook.PowerSGDState(
-            process_group=dp_group, matrix_approximation_rank=config.powersgd_rank, start_powerSGD_iter=2, use_error_feedback=True, warm_start=True
+            process_group=dp_group,
+            matrix_approximation_rank=config.powersgd_rank,
+            start_powerSGD_iter=2,
+            use_error_feedback=True,
+            warm_start=True,
         )
         ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
     return ddp, state
@@ -168,7 +204,9 @@ def _schedule(config: ParallelConfig, stages: list[Any]) -> Any:
 
     cls = getattr(schedules, config.schedule.torch_class_name)
     if config.schedule.is_multi_stage:
-        return cls(stages, n_microbatches=config.num_microbatches, loss_fn=loss_fn, scale_grads=True)
+        return cls(
+            stages, n_microbatches=config.num_microbatches, loss_fn=loss_fn, scale_grads=True
+        )
     return cls(stages[0], n_microbatches=config.num_microbatches, loss_fn=loss_fn, scale_grads=True)
 
 
@@ -189,10 +227,12 @@ def build_job(
     """
     world = dist.get_world_size() if dist.is_initialized() else 1
     rank = dist.get_rank() if dist.is_initialized() else 0
-    config.validate(world, n_heads=model_cfg.n_heads, hidden=model_cfg.d_model, ffn_hidden=model_cfg.ffn_hidden)
+    config.validate(
+        world, n_heads=model_cfg.n_heads, hidden=model_cfg.d_model, ffn_hidden=model_cfg.ffn_hidden
+    )
     dev = torch.device(device) if device is not None else torch.device("cpu")
     mapping = RankMapping(config, rank)
-    mesh = build_mesh(config, dev.type) if dist.is_initialized() else None
+    mesh: Any = build_mesh(config, dev.type) if dist.is_initialized() else None
 
     stage_ids = mapping.stage_indices()
     per = config.layers_per_stage
@@ -201,7 +241,9 @@ def build_job(
     for s in stage_ids:
         chunk = build_model(model_cfg, config.num_layers, seed=seed, dtype=dtype)
         if config.pp > 1:
-            chunk.keep_only(range(s * per, (s + 1) * per), first=s == 0, last=s == config.num_stages - 1)
+            chunk.keep_only(
+                range(s * per, (s + 1) * per), first=s == 0, last=s == config.num_stages - 1
+            )
         chunk.to(dev)
         if config.tp > 1:
             _apply_tp(chunk, mesh["tp"])
@@ -220,12 +262,27 @@ def build_job(
     # foreach=False: under TP a chunk mixes DTensor (sharded) and plain (replicated) parameters,
     # which one foreach kernel call cannot take together.
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0, foreach=False)
-    job = ParallelJob(config, model_cfg, mapping, dev, mesh, chunks, optimizer, autocast_dtype=autocast_dtype, comm_hook_state=hook_state)
+    job = ParallelJob(
+        config,
+        model_cfg,
+        mapping,
+        dev,
+        mesh,
+        chunks,
+        optimizer,
+        autocast_dtype=autocast_dtype,
+        comm_hook_state=hook_state,
+    )
     if config.pp > 1:
         from torch.distributed.pipelining import PipelineStage
 
         pp_group = mesh["pp"].get_group()
-        job.stages = [PipelineStage(c, stage_index=s, num_stages=config.num_stages, device=dev, group=pp_group) for c, s in zip(chunks, stage_ids, strict=True)]
+        job.stages = [
+            PipelineStage(
+                c, stage_index=s, num_stages=config.num_stages, device=dev, group=pp_group
+            )
+            for c, s in zip(chunks, stage_ids, strict=True)
+        ]
         job.schedule = _schedule(config, job.stages)
         job.has_first = 0 in stage_ids
         job.has_last = config.num_stages - 1 in stage_ids

@@ -198,17 +198,36 @@ class ParallelConfig:
     """Timeout of the process groups in seconds: a collective that waits longer fails."""
 
     def __post_init__(self) -> None:
-        for name in ("dp", "tp", "pp", "num_layers", "micro_batch_size", "num_microbatches", "virtual_stages", "powersgd_rank"):
+        for name in (
+            "dp",
+            "tp",
+            "pp",
+            "num_layers",
+            "micro_batch_size",
+            "num_microbatches",
+            "virtual_stages",
+            "powersgd_rank",
+        ):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise MeshprofError(f"{name}={v!r} must be a positive integer")
         if not self.comm_timeout_s > 0:
-            raise MeshprofError(f"comm_timeout_s={self.comm_timeout_s!r} must be a positive number of seconds")
+            raise MeshprofError(
+                f"comm_timeout_s={self.comm_timeout_s!r} must be a positive number of seconds"
+            )
         object.__setattr__(self, "schedule", _enum(PipelineSchedule, self.schedule, "schedule"))
-        object.__setattr__(self, "mixed_precision", _enum(Precision, self.mixed_precision, "mixed_precision"))
-        object.__setattr__(self, "memory_strategy", _enum(MemoryStrategy, self.memory_strategy, "memory_strategy"))
+        object.__setattr__(
+            self, "mixed_precision", _enum(Precision, self.mixed_precision, "mixed_precision")
+        )
+        object.__setattr__(
+            self, "memory_strategy", _enum(MemoryStrategy, self.memory_strategy, "memory_strategy")
+        )
         object.__setattr__(self, "dp_mode", _enum(DataParallelMode, self.dp_mode, "dp_mode"))
-        object.__setattr__(self, "grad_compression", _enum(GradCompression, self.grad_compression, "grad_compression"))
+        object.__setattr__(
+            self,
+            "grad_compression",
+            _enum(GradCompression, self.grad_compression, "grad_compression"),
+        )
 
     @property
     def world_size(self) -> int:
@@ -236,54 +255,92 @@ class ParallelConfig:
         s = strategy_settings(self.memory_strategy)
         if self.activation_checkpointing is None:
             return s
-        return StrategySettings(s.reshard_after_forward, bool(self.activation_checkpointing), s.cpu_offload)
+        return StrategySettings(
+            s.reshard_after_forward, bool(self.activation_checkpointing), s.cpu_offload
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready fields (enums as their string values)."""
         return {k: (v.value if isinstance(v, enum.Enum) else v) for k, v in asdict(self).items()}
 
-    def validate(self, world_size: int | None = None, *, n_heads: int | None = None, hidden: int | None = None, ffn_hidden: int | None = None) -> ParallelConfig:
+    def validate(
+        self,
+        world_size: int | None = None,
+        *,
+        n_heads: int | None = None,
+        hidden: int | None = None,
+        ffn_hidden: int | None = None,
+    ) -> ParallelConfig:
         """Check the layout; raise :class:`MeshprofError` naming the field and numbers. Returns self.
 
         ``world_size``: the number of ranks the job has. ``n_heads``, ``hidden``, ``ffn_hidden``:
         the model's attention heads, width and MLP width, which tp must divide.
         """
         if world_size is not None and self.world_size != world_size:
-            raise MeshprofError(f"dp×tp×pp = {self.dp}×{self.tp}×{self.pp} = {self.world_size} ranks, but the world size is {world_size}")
+            raise MeshprofError(
+                f"dp×tp×pp = {self.dp}×{self.tp}×{self.pp} = {self.world_size} ranks, but the world size is {world_size}"
+            )
         self._validate_pipeline()
-        for name, value in (("attention heads", n_heads), ("hidden size", hidden), ("MLP hidden size", ffn_hidden)):
+        for name, value in (
+            ("attention heads", n_heads),
+            ("hidden size", hidden),
+            ("MLP hidden size", ffn_hidden),
+        ):
             if value is not None and value % self.tp != 0:
                 raise MeshprofError(f"tp={self.tp} does not divide the {name} ({value})")
-        if self.grad_compression is GradCompression.POWERSGD and self.dp_mode is not DataParallelMode.DDP:
-            raise MeshprofError("grad_compression=powersgd needs dp_mode=ddp (it is a DDP communication hook)")
+        if (
+            self.grad_compression is GradCompression.POWERSGD
+            and self.dp_mode is not DataParallelMode.DDP
+        ):
+            raise MeshprofError(
+                "grad_compression=powersgd needs dp_mode=ddp (it is a DDP communication hook)"
+            )
         if self.grad_compression is not GradCompression.NONE and self.dp == 1:
-            raise MeshprofError(f"grad_compression={self.grad_compression} needs dp > 1 (there are no DP gradients to communicate with dp=1)")
+            raise MeshprofError(
+                f"grad_compression={self.grad_compression} needs dp > 1 (there are no DP gradients to communicate with dp=1)"
+            )
         if self.memory_strategy is MemoryStrategy.EXTREME and self.dp_mode is DataParallelMode.DDP:
-            raise MeshprofError("memory_strategy=extreme offloads FSDP shards to CPU and needs dp_mode=fsdp")
+            raise MeshprofError(
+                "memory_strategy=extreme offloads FSDP shards to CPU and needs dp_mode=fsdp"
+            )
         return self
 
     def _validate_pipeline(self) -> None:
         sched, v, n = self.schedule, self.virtual_stages, self.num_microbatches
         if self.pp == 1:
             if v != 1:
-                raise MeshprofError(f"virtual_stages={v} needs pp > 1 (there is no pipeline with pp=1)")
+                raise MeshprofError(
+                    f"virtual_stages={v} needs pp > 1 (there is no pipeline with pp=1)"
+                )
             if self.num_layers < 1:
                 raise MeshprofError("num_layers must be at least 1")
             return
         if sched.is_v_shape and v != 2:
             raise MeshprofError(f"schedule={sched} needs virtual_stages=2 (got {v})")
         if sched.is_multi_stage and not sched.is_v_shape and v < 2:
-            raise MeshprofError(f"schedule={sched} runs several chunks per rank: set virtual_stages ≥ 2 (got {v})")
+            raise MeshprofError(
+                f"schedule={sched} runs several chunks per rank: set virtual_stages ≥ 2 (got {v})"
+            )
         if not sched.is_multi_stage and v != 1:
-            raise MeshprofError(f"schedule={sched} runs one chunk per rank: virtual_stages must be 1 (got {v}); use interleaved_1f1b for more")
+            raise MeshprofError(
+                f"schedule={sched} runs one chunk per rank: virtual_stages must be 1 (got {v}); use interleaved_1f1b for more"
+            )
         stages = self.num_stages
         if self.num_layers % stages != 0:
-            what = f"pp×virtual_stages = {self.pp}×{v} = {stages} stages" if v > 1 else f"pp={self.pp} stages"
+            what = (
+                f"pp×virtual_stages = {self.pp}×{v} = {stages} stages"
+                if v > 1
+                else f"pp={self.pp} stages"
+            )
             raise MeshprofError(f"num_layers={self.num_layers} is not divisible into {what}")
         if sched is PipelineSchedule.ONE_F_ONE_B and n < self.pp:
-            raise MeshprofError(f"schedule=1f1b needs num_microbatches ≥ pp: got {n} micro-batches for pp={self.pp}")
+            raise MeshprofError(
+                f"schedule=1f1b needs num_microbatches ≥ pp: got {n} micro-batches for pp={self.pp}"
+            )
         if sched is PipelineSchedule.DUALPIPE_V and n < stages:
-            raise MeshprofError(f"schedule=dualpipe_v needs num_microbatches ≥ 2·pp = {stages}: got {n}")
+            raise MeshprofError(
+                f"schedule=dualpipe_v needs num_microbatches ≥ 2·pp = {stages}: got {n}"
+            )
         if sched in (PipelineSchedule.INTERLEAVED_1F1B, PipelineSchedule.INTERLEAVED_ZERO_BUBBLE):
             rounds = max(1, n // self.pp)
             if n % rounds != 0:

@@ -88,7 +88,14 @@ def demo_worker(rank: int, world_size: int, cfg: DemoConfig, out_dir: str) -> di
         device = torch.device("cpu")
     prof = meshprof.enable()
     t0 = time.perf_counter()
-    job = build_job(cfg.parallel, cfg.model, seed=cfg.seed, dtype=getattr(torch, cfg.dtype), device=device, lr=cfg.lr)
+    job = build_job(
+        cfg.parallel,
+        cfg.model,
+        seed=cfg.seed,
+        dtype=getattr(torch, cfg.dtype),
+        device=device,
+        lr=cfg.lr,
+    )
     build_s = time.perf_counter() - t0
     prof.flush()
     first_train_event = prof.log.total

@@ -39,7 +39,9 @@ class RankCoords:
 def coords_of(config: ParallelConfig, rank: int) -> RankCoords:
     """(dp_rank, tp_rank, pp_rank) of a global rank."""
     if not 0 <= rank < config.world_size:
-        raise MeshprofError(f"rank {rank} is outside the layout dp×tp×pp = {config.world_size} ranks")
+        raise MeshprofError(
+            f"rank {rank} is outside the layout dp×tp×pp = {config.world_size} ranks"
+        )
     pp_rank = rank % config.pp
     tp_rank = (rank // config.pp) % config.tp
     dp_rank = rank // (config.pp * config.tp)
@@ -48,7 +50,11 @@ def coords_of(config: ParallelConfig, rank: int) -> RankCoords:
 
 def rank_of(config: ParallelConfig, dp_rank: int, tp_rank: int, pp_rank: int) -> int:
     """The global rank at (dp_rank, tp_rank, pp_rank): the inverse of :func:`coords_of`."""
-    for name, value, size in (("dp_rank", dp_rank, config.dp), ("tp_rank", tp_rank, config.tp), ("pp_rank", pp_rank, config.pp)):
+    for name, value, size in (
+        ("dp_rank", dp_rank, config.dp),
+        ("tp_rank", tp_rank, config.tp),
+        ("pp_rank", pp_rank, config.pp),
+    ):
         if not 0 <= value < size:
             raise MeshprofError(f"{name}={value} is outside 0…{size - 1}")
     return dp_rank * config.tp * config.pp + tp_rank * config.pp + pp_rank
@@ -112,7 +118,11 @@ class RankMapping:
     def next_pp_rank(self) -> int | None:
         """Global rank of the next pipeline stage (activations go there); None on the last."""
         c = self.coords
-        return None if c.pp_rank == self.config.pp - 1 else rank_of(self.config, c.dp_rank, c.tp_rank, c.pp_rank + 1)
+        return (
+            None
+            if c.pp_rank == self.config.pp - 1
+            else rank_of(self.config, c.dp_rank, c.tp_rank, c.pp_rank + 1)
+        )
 
     @property
     def prev_pp_rank(self) -> int | None:
@@ -147,7 +157,9 @@ def all_groups(config: ParallelConfig, dim: str) -> list[tuple[int, ...]]:
     return sorted(seen)
 
 
-def dimension_of_group(mapping: RankMapping | ParallelConfig, group_ranks: Iterable[int]) -> Dimension:
+def dimension_of_group(
+    mapping: RankMapping | ParallelConfig, group_ranks: Iterable[int]
+) -> Dimension:
     """Which parallel dimension a process group (given by its global ranks) belongs to.
 
     "dp", "tp" or "pp" when the ranks are exactly one group of that dimension of size > 1 (they
@@ -169,4 +181,12 @@ def dimension_of_group(mapping: RankMapping | ParallelConfig, group_ranks: Itera
     return "other"
 
 
-__all__ = ["Dimension", "RankCoords", "RankMapping", "all_groups", "coords_of", "dimension_of_group", "rank_of"]
+__all__ = [
+    "Dimension",
+    "RankCoords",
+    "RankMapping",
+    "all_groups",
+    "coords_of",
+    "dimension_of_group",
+    "rank_of",
+]

@@ -10,7 +10,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from meshprof.parallel.config import DataParallelMode, MemoryStrategy, ParallelConfig, PipelineSchedule, Precision, strategy_settings
+from meshprof.parallel.config import (
+    DataParallelMode,
+    MemoryStrategy,
+    ParallelConfig,
+    PipelineSchedule,
+    Precision,
+    strategy_settings,
+)
 from meshprof.parallel.mapping import RankMapping
 from meshprof.parallel.model import ModelConfig
 
@@ -66,7 +73,13 @@ class MemoryBreakdown:
     @property
     def total_bytes(self) -> int:
         """Peak device bytes: parameters + gradients + optimizer + activations + transient."""
-        return self.params_bytes + self.grads_bytes + self.optimizer_bytes + self.activations_bytes + self.transient_bytes
+        return (
+            self.params_bytes
+            + self.grads_bytes
+            + self.optimizer_bytes
+            + self.activations_bytes
+            + self.transient_bytes
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +124,14 @@ def _inflight(config: ParallelConfig, pp_rank: int) -> float:
     return chunks / v
 
 
-def _breakdown(config: ParallelConfig, model: ModelConfig, pp_rank: int, strategy: MemoryStrategy, param_bytes: int, device_type: str) -> MemoryBreakdown:
+def _breakdown(
+    config: ParallelConfig,
+    model: ModelConfig,
+    pp_rank: int,
+    strategy: MemoryStrategy,
+    param_bytes: int,
+    device_type: str,
+) -> MemoryBreakdown:
     st = strategy_settings(strategy)
     # an explicit activation_checkpointing overrides only the configured strategy's own setting
     override = config.activation_checkpointing is not None and strategy is config.memory_strategy
@@ -135,7 +155,9 @@ def _breakdown(config: ParallelConfig, model: ModelConfig, pp_rank: int, strateg
     offload = fsdp and st.cpu_offload and device_type == "cuda"
     if fsdp:
         shard = math.ceil(p_rank / config.dp)
-        gathered = root_p + (min(2, n_blocks) * block_p if st.reshard_after_forward else n_blocks * block_p)
+        gathered = root_p + (
+            min(2, n_blocks) * block_p if st.reshard_after_forward else n_blocks * block_p
+        )
         params = (0 if offload else shard) + gathered
         grads = (0 if offload else shard) + 2 * block_p
         optim = 0 if offload else 2 * shard
@@ -166,7 +188,9 @@ def _breakdown(config: ParallelConfig, model: ModelConfig, pp_rank: int, strateg
     )
 
 
-def estimate_memory(config: ParallelConfig, model: ModelConfig, *, param_bytes: int = 4, device_type: str = "cuda") -> MemoryEstimate:
+def estimate_memory(
+    config: ParallelConfig, model: ModelConfig, *, param_bytes: int = 4, device_type: str = "cuda"
+) -> MemoryEstimate:
     """Estimated peak memory per device of the demo transformer trained with AdamW under
     ``config``, for every pipeline rank and every memory strategy (see :data:`ASSUMPTIONS`).
 
@@ -174,11 +198,27 @@ def estimate_memory(config: ParallelConfig, model: ModelConfig, *, param_bytes: 
     "cpu" (CPU offload only moves bytes off a CUDA device).
     """
     config.validate(n_heads=model.n_heads, hidden=model.d_model, ffn_hidden=model.ffn_hidden)
-    per_stage = tuple(_breakdown(config, model, r, config.memory_strategy, param_bytes, device_type) for r in range(config.pp))
-    by_strategy = tuple(
-        max((_breakdown(config, model, r, strat, param_bytes, device_type) for r in range(config.pp)), key=lambda x: x.total_bytes) for strat in MemoryStrategy
+    per_stage = tuple(
+        _breakdown(config, model, r, config.memory_strategy, param_bytes, device_type)
+        for r in range(config.pp)
     )
-    return MemoryEstimate(config=config, model=model, param_bytes=param_bytes, per_stage=per_stage, by_strategy=by_strategy)
+    by_strategy = tuple(
+        max(
+            (
+                _breakdown(config, model, r, strat, param_bytes, device_type)
+                for r in range(config.pp)
+            ),
+            key=lambda x: x.total_bytes,
+        )
+        for strat in MemoryStrategy
+    )
+    return MemoryEstimate(
+        config=config,
+        model=model,
+        param_bytes=param_bytes,
+        per_stage=per_stage,
+        by_strategy=by_strategy,
+    )
 
 
 __all__ = ["ASSUMPTIONS", "MemoryBreakdown", "MemoryEstimate", "estimate_memory"]

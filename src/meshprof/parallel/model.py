@@ -41,7 +41,9 @@ class ModelConfig:
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise MeshprofError(f"{name}={v!r} must be a positive integer")
         if self.d_model % self.n_heads:
-            raise MeshprofError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
+            raise MeshprofError(
+                f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}"
+            )
         if self.vocab_size < 2:
             raise MeshprofError(f"vocab_size={self.vocab_size} must be at least 2")
 
@@ -165,7 +167,9 @@ class Transformer(nn.Module):
         return self
 
 
-def build_model(cfg: ModelConfig, num_layers: int, *, seed: int, dtype: torch.dtype = torch.float32) -> Transformer:
+def build_model(
+    cfg: ModelConfig, num_layers: int, *, seed: int, dtype: torch.dtype = torch.float32
+) -> Transformer:
     """The full model with weights that depend only on ``seed`` (so every rank and every layout
     starts from the same weights)."""
     gen_state = torch.random.get_rng_state()
@@ -179,10 +183,17 @@ def build_model(cfg: ModelConfig, num_layers: int, *, seed: int, dtype: torch.dt
 
 def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean next-token cross entropy over all tokens of the batch (nats per token)."""
-    return F.cross_entropy(logits.flatten(0, 1).float() if logits.dtype in (torch.bfloat16, torch.float16) else logits.flatten(0, 1), targets.flatten())
+    return F.cross_entropy(
+        logits.flatten(0, 1).float()
+        if logits.dtype in (torch.bfloat16, torch.float16)
+        else logits.flatten(0, 1),
+        targets.flatten(),
+    )
 
 
-def synthetic_batch(step: int, *, seed: int, batch_size: int, cfg: ModelConfig) -> tuple[torch.Tensor, torch.Tensor]:
+def synthetic_batch(
+    step: int, *, seed: int, batch_size: int, cfg: ModelConfig
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Inputs and targets (``batch_size`` × ``seq_len`` int64) of the global batch of ``step``.
 
     Every sequence follows x[t+1] = (5·x[t] + 7) mod vocab, with 10% of the tokens replaced by
@@ -202,4 +213,11 @@ def synthetic_batch(step: int, *, seed: int, batch_size: int, cfg: ModelConfig) 
     return seq[:, :-1].contiguous(), seq[:, 1:].contiguous()
 
 
-__all__ = ["ModelConfig", "Transformer", "TransformerBlock", "build_model", "loss_fn", "synthetic_batch"]
+__all__ = [
+    "ModelConfig",
+    "Transformer",
+    "TransformerBlock",
+    "build_model",
+    "loss_fn",
+    "synthetic_batch",
+]

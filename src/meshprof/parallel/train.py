@@ -39,13 +39,17 @@ class _NoMonitor:
 def local_batch(job: ParallelJob, step: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """This DP rank's slice (num_microbatches × micro_batch_size sequences) of the global batch."""
     cfg = job.config
-    inputs, targets = synthetic_batch(step, seed=seed, batch_size=cfg.global_batch_size, cfg=job.model_cfg)
+    inputs, targets = synthetic_batch(
+        step, seed=seed, batch_size=cfg.global_batch_size, cfg=job.model_cfg
+    )
     n = cfg.num_microbatches * cfg.micro_batch_size
     lo = job.mapping.dp_rank * n
     return inputs[lo : lo + n].to(job.device), targets[lo : lo + n].to(job.device)
 
 
-def _forward_backward_no_pp(job: ParallelJob, inputs: torch.Tensor, targets: torch.Tensor, mon: StepMonitorLike) -> float:
+def _forward_backward_no_pp(
+    job: ParallelJob, inputs: torch.Tensor, targets: torch.Tensor, mon: StepMonitorLike
+) -> float:
     cfg = job.config
     model = job.chunks[0]
     mbs, n = cfg.micro_batch_size, cfg.num_microbatches
@@ -61,7 +65,9 @@ def _forward_backward_no_pp(job: ParallelJob, inputs: torch.Tensor, targets: tor
     return total
 
 
-def _forward_backward_pp(job: ParallelJob, inputs: torch.Tensor, targets: torch.Tensor, mon: StepMonitorLike) -> float:
+def _forward_backward_pp(
+    job: ParallelJob, inputs: torch.Tensor, targets: torch.Tensor, mon: StepMonitorLike
+) -> float:
     losses: list[torch.Tensor] = []
     args = (inputs,) if job.has_first else ()
     with mon.phase("forward_backward"), job.autocast():
@@ -84,7 +90,9 @@ def _global_loss(job: ParallelJob, local: float) -> float:
     return float(t.item()) / (job.config.dp * job.config.tp)
 
 
-def train(job: ParallelJob, steps: int, *, seed: int = 0, monitor: StepMonitorLike | None = None) -> list[float]:
+def train(
+    job: ParallelJob, steps: int, *, seed: int = 0, monitor: StepMonitorLike | None = None
+) -> list[float]:
     """Run ``steps`` optimizer steps; return the global-batch loss of each (same on all ranks)."""
     mon: StepMonitorLike = monitor if monitor is not None else _NoMonitor()
     cfg, mcfg = job.config, job.model_cfg

@@ -1,0 +1,45 @@
+"""`meshprof demo` end to end: the command a user runs, then the files it wrote."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from meshprof.events import CommEvent
+
+
+def _demo(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "meshprof.cli", "demo", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_demo_trains_profiles_and_writes_its_output(tmp_path):
+    out = tmp_path / "demo"
+    p = _demo("-o", str(out), "--steps", "8", "--json", "--timeout", "200")
+    assert p.returncode == 0, p.stderr[-3000:]
+    doc = json.loads(p.stdout)
+    losses = doc["losses"]
+    assert len(losses) == 8 and losses[-1] < losses[0] - 0.5, losses  # it learns the token rule
+    assert doc["config"]["parallel"]["dp"] == 2 and doc["config"]["parallel"]["pp"] == 2
+    assert [r["rank"] for r in doc["ranks"]] == [0, 1, 2, 3]
+    assert all(r["losses"] == losses for r in doc["ranks"])
+    assert json.loads((out / "demo.json").read_text())["losses"] == losses
+    # the default layout (dp=2 × pp=2) communicates over DP and PP and never over TP
+    dims = {d: sum(r["dimensions"][d]["count"] for r in doc["ranks"]) for d in ("dp", "tp", "pp")}
+    assert dims["dp"] > 0 and dims["pp"] > 0 and dims["tp"] == 0, dims
+    # each rank's recorder export is there and its pipeline sends go to the next PP rank
+    assert doc["files"] == [f"comm_rank{r:05d}.json" for r in range(4)]
+    rank0 = json.loads((out / "comm_rank00000.json").read_text())
+    sends = [CommEvent.from_dict(e) for e in rank0["events"] if e["op"] == "send"]
+    assert sends and {e.peer for e in sends} == {1}
+
+
+def test_demo_rejects_bad_layouts_with_one_line():
+    p = _demo("--tp", "3", "--steps", "1", timeout=60)
+    assert p.returncode == 2
+    assert p.stdout == "" and p.stderr.strip().count("\n") == 0 and "tp=3" in p.stderr
