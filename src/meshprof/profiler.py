@@ -78,6 +78,7 @@ class _Rec:
         "t0",
         "thread",
         "token",
+        "work",
     )
 
 
@@ -168,16 +169,10 @@ class _Poller:
                     self._items.append((work, rec))
                     continue
                 progressed = True
-                err: BaseException | None = None
-                try:
-                    exc = work.exception()
-                    if exc is not None:
-                        err = exc if isinstance(exc, BaseException) else RuntimeError(str(exc))
-                except Exception:
-                    pass
-                # _complete reports its own errors; the poller must survive anything
+                # An error surfaces (and is recorded) where the caller waits on the work; the
+                # poller only notes completion. _complete reports its own errors.
                 with contextlib.suppress(Exception):
-                    self._done(rec, time.perf_counter_ns(), err)
+                    self._done(rec, time.perf_counter_ns(), None)
             delay = 0.0001 if progressed else min(delay * 2, 0.001)
             time.sleep(delay)
 
@@ -208,7 +203,8 @@ class CommProfiler:
         self._inflight: dict[int, _Rec] = {}
         self._tokens = itertools.count(1)  # next() is atomic under the GIL
         self._tls = threading.local()
-        self._poller = _Poller(self._complete)
+        self._poller = _Poller(self._work_polled)
+        self._by_work: dict[int, tuple[Any, _Rec]] = {}
         self._device_pending: deque[_Rec] = deque()
         self._threshold = int(self.config.sample_rate * 2**32)
         self._min_ns = int(self.config.min_duration_us * 1000)
@@ -518,24 +514,46 @@ class CommProfiler:
         return rec
 
     def _finish(self, rec: _Rec, out: Any) -> None:
+        """Arrange for the op's completion to be noticed.
+
+        Host timing never puts a Python callback on the backend's thread (it would need the GIL
+        there, stalling the backend's worker and skewing the timestamp by the GIL wait).
+        Instead the op ends at whichever comes first: ``Work.wait()`` returning in Python (the
+        caller's own thread: exact for synchronous collectives, which ``torch.distributed``
+        waits on at once), or the poller seeing ``is_completed()`` (C++ callers such as DDP's
+        reducer and functional collectives; 0.1–1 ms resolution).
+        """
         try:
             work = out[1] if isinstance(out, tuple) and len(out) == 2 else out
             if work is None or isinstance(work, tuple):
                 self._complete(rec, time.perf_counter_ns(), None)
                 return
             w = _Work.unbox(work)
-            try:
+            if rec.start_event is not None:  # CUDA: the end event goes on the work's stream
                 fut = w.get_future()
-            except RuntimeError:
-                self._poller.add(w, rec)
+                if fut.done():
+                    self._on_future(rec, fut)
+                else:
+                    fut.add_done_callback(lambda f, rec=rec: self._on_future(rec, f))
                 return
-            if fut.done():  # synchronous backends: no callback round trip through C++
-                self._on_future(rec, fut)
-            else:
-                fut.add_done_callback(lambda f, rec=rec: self._on_future(rec, f))
+            rec.work = w
+            self._by_work[id(w)] = (w, rec)
+            self._poller.add(w, rec)
         except Exception as e:
             self._inflight.pop(rec.token, None)
             self._internal_error(e)
+
+    def _work_waited(self, w: Any, end: int, err: BaseException | None) -> None:
+        """``Work.wait()`` returned (or raised) in Python: complete the op it belongs to."""
+        entry = self._by_work.pop(id(w), None)
+        if entry is not None and entry[0] is w:
+            self._complete(entry[1], end, err)
+
+    def _work_polled(self, rec: _Rec, end: int, err: BaseException | None) -> None:
+        entry = self._by_work.get(id(rec.work)) if rec.work is not None else None
+        if entry is not None and entry[1] is rec:
+            self._by_work.pop(id(rec.work), None)
+        self._complete(rec, end, err)
 
     def _on_future(self, rec: _Rec, fut: Any) -> None:
         end = time.perf_counter_ns()
@@ -548,7 +566,6 @@ class CommProfiler:
             if rec.start_event is not None and err is None:
                 rec.end_event = torch.cuda.Event(enable_timing=True)
                 rec.end_event.record()  # on the stream the future synchronized with the work
-                self._inflight.pop(rec.token, None)
                 self._device_pending.append(rec)
                 return
             self._complete(rec, end, err)
@@ -569,7 +586,9 @@ class CommProfiler:
     def _complete(
         self, rec: _Rec, end: int, err: BaseException | None, dur: int | None = None
     ) -> None:
-        self._inflight.pop(rec.token, None)
+        if self._inflight.pop(rec.token, None) is None:
+            return  # already completed (by Work.wait or by the poller, whichever came first)
+        rec.work = None
         if dur is None:
             dur = end - rec.t0
         flags = rec.flags
@@ -647,6 +666,7 @@ class CommProfiler:
         rec.composite = True
         rec.start_event = None
         rec.end_event = None
+        rec.work = None
         rec.thread = threading.get_ident()
         rec.token = next(self._tokens)
         self._inflight[rec.token] = rec

@@ -112,26 +112,28 @@ def _sync_matrix(table: EventTable, ranks: list[int]) -> tuple[np.ndarray, int]:
     sel = np.flatnonzero((table.peer < 0) & np.isin(table.op, sync_ops))
     if not len(sel):
         return np.zeros((0, len(ranks))), 0
-    gid, seq, rk = table.gid[sel], table.seq[sel], table.rank[sel]
-    end = table.start_ns[sel] + table.duration_ns[sel]
-    key = group_seq_key(gid, seq)
-    uniq, inv = unique_inverse(key)
+    n_keys, inv = unique_inverse(group_seq_key(table.gid[sel], table.seq[sel]))
+    n_keys = len(n_keys)
+    rk = table.rank[sel]
     colmap = np.full(max(max(ranks), int(rk.max())) + 1, -1, dtype=np.int64)
     colmap[ranks] = np.arange(len(ranks))
     col = colmap[rk]
-    base = int(end.min())
+    del rk
     # members per (group, seq), counting each (key, rank) cell once as the matrix does
-    seen = np.zeros((len(uniq), len(ranks)), dtype=bool)
+    seen = np.zeros((n_keys, len(ranks)), dtype=bool)
     seen[inv, col] = True
     counts = seen.sum(axis=1)
     del seen
     rows = np.flatnonzero(counts >= 2)
     if len(rows) > _MAX_SYNC:
         rows = rows[np.linspace(0, len(rows) - 1, _MAX_SYNC).astype(np.int64)]
-    pos = np.full(len(uniq), -1, dtype=np.int64)
+    pos = np.full(n_keys, -1, dtype=np.int64)
     pos[rows] = np.arange(len(rows))
     p = pos[inv]
-    keep = p >= 0
+    del inv, pos
+    keep = np.flatnonzero(p >= 0)
+    end = table.start_ns[sel] + table.duration_ns[sel]
+    base = int(end.min())
     m = np.full((len(rows), len(ranks)), np.nan)
     m[p[keep], col[keep]] = (end[keep] - base).astype(np.float64)
     return m, base

@@ -16,6 +16,7 @@ import numpy as np
 
 from meshprof.analyze.clock import ClockAlignment, align_clocks
 from meshprof.analyze.match import CollectiveMatch, MatchSummary, match_collectives, summarize_match
+from meshprof.analyze.sorting import stable_argsort, unique_inverse
 from meshprof.analyze.stragglers import (
     DEFAULT_THRESHOLD,
     StragglerReport,
@@ -23,7 +24,6 @@ from meshprof.analyze.stragglers import (
     covered_ns,
     find_stragglers,
 )
-from meshprof.analyze.sorting import stable_argsort
 from meshprof.analyze.table import EventTable, GroupRef, build_event_table
 from meshprof.events import bandwidth_arrays, size_bucket_array
 from meshprof.rundir import LoadedRun
@@ -269,30 +269,43 @@ def _peak(mem: np.ndarray) -> int:
     return -1
 
 
+_BW_CHUNK = 1 << 20
+
+
 def _by_size(table: EventTable) -> tuple[SizeRow, ...]:
     if not len(table):
         return ()
     from meshprof.events import OP_CODES
 
-    codes = np.asarray([OP_CODES.get(o, OP_CODES["custom"]) for o in table.ops], dtype=np.int64)[
-        table.op
-    ]
-    alg, bus = bandwidth_arrays(
-        codes, table.size_bytes, table.size_bytes, table.duration_ns, table.group_size
-    )
-    bucket = size_bucket_array(table.size_bytes)
-    # group rows by (op, bucket) with one sort; buckets are 0 or powers of two
-    exp = np.zeros(len(bucket), dtype=np.int64)
-    pos = bucket > 0
-    exp[pos] = np.log2(bucket[pos]).astype(np.int64) + 1
-    order = stable_argsort(table.op.astype(np.int64) * 128 + exp)
-    key = (table.op.astype(np.int64) * 128 + exp)[order]
+    code_of = np.asarray([OP_CODES.get(o, OP_CODES["custom"]) for o in table.ops], dtype=np.int64)
+    # group rows by (op, size bucket) with one sort; message sizes repeat, so the buckets are
+    # computed once per distinct size (they are 0 or powers of two: their exponent is the key)
+    sizes, inv = unique_inverse(table.size_bytes)
+    bucket_u = size_bucket_array(sizes)
+    exp_u = np.zeros(len(sizes), dtype=np.int64)
+    pos = bucket_u > 0
+    exp_u[pos] = np.log2(bucket_u[pos]).astype(np.int64) + 1
+    exp = exp_u[inv]
+    bucket_row = inv  # a row's bucket is bucket_u[inv[row]]
+    exp += table.op.astype(np.int64) * 128
+    order = stable_argsort(exp)
+    key = exp[order]
+    del exp
     cut = np.flatnonzero(np.r_[True, key[1:] != key[:-1], True])
-    dur_s, alg_s, bus_s = table.duration_ns[order], alg[order], bus[order]
+    del key
     rows = []
     for g0, g1 in zip(cut[:-1].tolist(), cut[1:].tolist(), strict=True):
-        o, b = int(table.op[order[g0]]), int(bucket[order[g0]])
-        d = dur_s[g0:g1]
+        o, b = int(table.op[order[g0]]), int(bucket_u[bucket_row[order[g0]]])
+        idx = order[g0:g1]
+        d = table.duration_ns[idx]
+        alg = np.empty(len(idx))
+        bus = np.empty(len(idx))
+        for c0 in range(0, len(idx), _BW_CHUNK):
+            ci = idx[c0 : c0 + _BW_CHUNK]
+            sz = table.size_bytes[ci]
+            alg[c0 : c0 + len(ci)], bus[c0 : c0 + len(ci)] = bandwidth_arrays(
+                np.full(len(ci), code_of[o]), sz, sz, d[c0 : c0 + len(ci)], table.group_size[ci]
+            )
         rows.append(
             SizeRow(
                 table.ops[o],
@@ -300,8 +313,8 @@ def _by_size(table: EventTable) -> tuple[SizeRow, ...]:
                 g1 - g0,
                 float(np.median(d)),
                 float(np.percentile(d, 95)),
-                float(np.median(alg_s[g0:g1])),
-                float(np.median(bus_s[g0:g1])),
+                float(np.median(alg)),
+                float(np.median(bus)),
             )
         )
     return tuple(sorted(rows, key=lambda r: (r.op, r.size_bucket)))
@@ -498,7 +511,9 @@ def rank_analyses(run: LoadedRun) -> dict[int, Any]:
     for r, rd in sorted(run.ranks.items()):
         meta = rd.meta
         mon = meta.get("monitor") or {}
-        layout = Layout.from_any(mon.get("layout") or meta.get("layout") or run.manifest.get("layout"))
+        layout = Layout.from_any(
+            mon.get("layout") or meta.get("layout") or run.manifest.get("layout")
+        )
         th = mon.get("thresholds")
         thresholds = BottleneckThresholds(**th) if isinstance(th, dict) else None
         out[r] = analyze_steps(
@@ -520,7 +535,9 @@ def rank_analyses(run: LoadedRun) -> dict[int, Any]:
     return out
 
 
-def run_bottlenecks(run: LoadedRun, s: StragglerReport, memory: MemoryImbalance, analyses: dict[int, Any]) -> list[dict[str, Any]]:
+def run_bottlenecks(
+    run: LoadedRun, s: StragglerReport, memory: MemoryImbalance, analyses: dict[int, Any]
+) -> list[dict[str, Any]]:
     """Per-rank bottlenecks (merged across ranks: one entry per category, the worst rank's,
     with the list of ranks where it fired) and the cross-rank rules (load and memory imbalance)."""
     from meshprof.monitor import evaluate_cross_rank
@@ -546,11 +563,17 @@ def run_bottlenecks(run: LoadedRun, s: StragglerReport, memory: MemoryImbalance,
     for d in merged.values():
         n = len(d["metrics"]["ranks"])
         if n > 1:
-            d["evidence"] += f" (fired on {n} ranks: {', '.join(map(str, sorted(d['metrics']['ranks'])))})"
+            d["evidence"] += (
+                f" (fired on {n} ranks: {', '.join(map(str, sorted(d['metrics']['ranks'])))})"
+            )
     scores = [sc.score for sc in s.scores if sc.score == sc.score]
     load = max(scores) if scores else None
     straggler = s.stragglers[0] if s.stragglers else None
-    worst = max(s.scores, key=lambda sc: sc.score if sc.score == sc.score else -1e9) if s.scores else None
+    worst = (
+        max(s.scores, key=lambda sc: sc.score if sc.score == sc.score else -1e9)
+        if s.scores
+        else None
+    )
     cross = evaluate_cross_rank(
         load,
         straggler.rank if straggler else (worst.rank if worst else None),

@@ -110,25 +110,33 @@ def match_collectives(table: EventTable, clock: ClockAlignment) -> CollectiveMat
         [offsets.get(int(r), 0) for r in range(int(table.rank.max()) + 1)] if len(table) else [0],
         dtype=np.int64,
     )
-    arrival = table.start_ns + off[table.rank] if len(table) else table.start_ns
-    coll = np.nonzero(table.peer < 0)[0]
+    coll = np.flatnonzero(table.peer < 0)
+    arrival = table.start_ns[coll] + off[table.rank[coll]] if len(coll) else table.start_ns[:0]
     key = group_seq_key(table.gid[coll], table.seq[coll])
     # sort by key then arrival: each collective's members are contiguous, the last one arrived last
-    order = lexsort2(arrival[coll], key)
-    rows = coll[order]
+    order = lexsort2(arrival, key)
     k = key[order]
+    del key
+    rows = coll[order]
+    arr = arrival[order]
+    del coll, arrival, order
     starts = np.nonzero(np.r_[True, k[1:] != k[:-1]])[0] if len(k) else np.zeros(0, dtype=np.int64)
-    ends = np.r_[starts[1:], len(k)].astype(np.int64)
+    del k
+    ends = np.r_[starts[1:], len(rows)].astype(np.int64)
     member_coll = (
         np.repeat(np.arange(len(starts)), ends - starts)
         if len(starts)
         else np.zeros(0, dtype=np.int64)
     )
-    arr = arrival[rows]
     first = arr[starts] if len(starts) else arr[:0]
     last = arr[ends - 1] if len(starts) else arr[:0]
-    wait = np.minimum(last[member_coll] - arr, table.duration_ns[rows]) if len(rows) else arr[:0]
-    wait = np.maximum(wait, 0)
+    if len(rows):
+        wait = last[member_coll]
+        wait -= arr
+        np.minimum(wait, table.duration_ns[rows], out=wait)
+        np.maximum(wait, 0, out=wait)
+    else:
+        wait = arr[:0]
     size = (
         np.maximum.reduceat(table.size_bytes[rows], starts)
         if len(starts)

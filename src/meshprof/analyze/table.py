@@ -15,6 +15,7 @@ from meshprof.events import STATUS_CODES, nccl_tests_size_array
 from meshprof.rundir import LoadedRun
 
 DIMENSIONS = ("dp", "tp", "pp", "other")
+_BLOCK = 1 << 16  # rows copied at a time (54 B each: a few MB, cache-sized)
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,26 +157,27 @@ def build_event_table(run: LoadedRun) -> EventTable:
         "index": np.empty(n, dtype=np.int64),
     }
     sizes = np.asarray([len(g.ranks) for g in groups] or [0], dtype=np.int32)
+    fields = (("seq", "seq"), ("peer", "peer"), ("start", "start_ns"), ("dur", "duration_ns"))
     lo = 0
     for r, ev, idx, op, gm, code in kept:
         hi = lo + len(op)
-
-        def col(field: str, ev: np.ndarray = ev, idx: np.ndarray | None = idx) -> np.ndarray:
-            return ev[field] if idx is None else ev[field][idx]
-
         out["rank"][lo:hi] = r
-        gid = gm[col("group")]
-        out["gid"][lo:hi] = gid
         out["op"][lo:hi] = op
-        out["seq"][lo:hi] = col("seq")
-        out["peer"][lo:hi] = col("peer")
-        out["start"][lo:hi] = col("start_ns")
-        out["dur"][lo:hi] = col("duration_ns")
-        out["gsize"][lo:hi] = sizes[gid]
-        out["size"][lo:hi] = nccl_tests_size_array(
-            code, col("in_bytes"), col("out_bytes"), out["gsize"][lo:hi]
-        )
         out["index"][lo:hi] = np.arange(len(op)) if idx is None else idx
+        # rows in blocks that stay in cache while every column is copied out of them
+        for b0 in range(0, len(op), _BLOCK):
+            b1 = min(b0 + _BLOCK, len(op))
+            blk = ev[b0:b1] if idx is None else ev[idx[b0:b1]]
+            o0, o1 = lo + b0, lo + b1
+            for dst, src in fields:
+                out[dst][o0:o1] = blk[src]
+            gid = gm[blk["group"]]
+            out["gid"][o0:o1] = gid
+            gsize = sizes[gid]
+            out["gsize"][o0:o1] = gsize
+            out["size"][o0:o1] = nccl_tests_size_array(
+                code[b0:b1], blk["in_bytes"], blk["out_bytes"], gsize
+            )
         lo = hi
     return EventTable(
         groups=tuple(groups),

@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import inspect
 import threading
+import time
 import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -82,6 +83,7 @@ def install(prof: CommProfiler) -> Installation:
             )
     inst.lib = lib
     _patch_object_collectives(prof, inst)
+    _patch_work_wait(prof, inst)
     return inst
 
 
@@ -92,6 +94,38 @@ def uninstall(inst: Installation) -> None:
     if inst.lib is not None:
         inst.lib._destroy()
         inst.lib = None
+
+
+def _patch_work_wait(prof: CommProfiler, inst: Installation) -> None:
+    """Wrap ``Work.wait`` so an op issued from Python ends when its caller's wait returns: the
+    exact completion time as the caller sees it, taken on the caller's thread."""
+    work_cls = torch._C._distributed_c10d.Work
+    original = work_cls.wait
+    perf = time.perf_counter_ns
+    waited = prof._work_waited
+
+    def wait(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            result = original(self, *args, **kwargs)
+        except BaseException as e:
+            if prof._by_work:
+                try:
+                    waited(self, perf(), e)
+                except Exception as e2:
+                    prof._internal_error(e2)
+            raise
+        if prof._by_work:
+            end = perf()
+            try:
+                waited(self, end, None)
+            except Exception as e:
+                prof._internal_error(e)
+        return result
+
+    wait.__doc__ = original.__doc__
+    wait.__meshprof_original__ = original  # type: ignore[attr-defined]
+    inst.patched.append((work_cls, "wait", original))
+    work_cls.wait = wait
 
 
 def _make_kernel(prof: CommProfiler, spec: OpSpec, table: _KernelTable) -> Callable[..., Any]:

@@ -28,7 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=None,
         metavar="N",
         help="collectives the trace keeps: beyond N, only the last whole steps that fit "
-        "(default 500000; 0 keeps everything)",
+        "(default 250000; 0 keeps everything)",
     )
     p.add_argument(
         "--threshold",

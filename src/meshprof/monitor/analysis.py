@@ -307,25 +307,49 @@ def analyze_steps(
                 w_seg.append(k)
                 w_lo.append(p_start[i])
                 w_hi.append(p_start[i] + p_dur[i])
-    wa, wb, ws = (np.asarray(x, dtype=np.int64) for x in (w_lo, w_hi, w_seg))
-    top_comm = segs.clipped_totals(None, ws[:n_top], wa[:n_top], wb[:n_top]).tolist()
+    # one call per subset of the events (each computes that subset's union once) over all the
+    # windows: the top-level phases, the fb phases, then the steps themselves
+    n_fb = len(w_seg) - n_top
     step_k = np.arange(len(st_rows), dtype=np.int64)
-    step_comm = segs.clipped_totals(None, step_k, st_start, st_start + st_dur).tolist()
+    ws = np.concatenate([np.asarray(w_seg, dtype=np.int64), step_k])
+    wa = np.concatenate([np.asarray(w_lo, dtype=np.int64), st_start])
+    wb = np.concatenate([np.asarray(w_hi, dtype=np.int64), st_start + st_dur])
+    n_w = len(ws)
+    top_sl, step_sl = slice(0, n_top), slice(n_top + n_fb, n_w)
+    not_fb = np.r_[
+        np.ones(n_top, dtype=bool),
+        np.zeros(n_fb, dtype=bool),
+        np.ones(n_w - n_top - n_fb, dtype=bool),
+    ]
+    sel_w = np.flatnonzero(not_fb)
+
+    def totals(sub: np.ndarray | None, which: np.ndarray) -> np.ndarray:
+        out = np.zeros(n_w, dtype=np.int64)
+        out[which] = segs.clipped_totals(sub, ws[which], wa[which], wb[which])
+        return out
+
+    all_w = totals(None, sel_w)
+    top_comm = all_w[top_sl].tolist()
+    step_comm = all_w[step_sl].tolist()
     top_dim: list[list[int]] = []
     step_dim: list[list[int]] = []
     cnt_dim: list[list[int]] = []
     bytes_dim: list[list[int]] = []
+    tp_code = dim_names.index("tp") if "tp" in dim_names else -1
+    fb_tp: list[int] = [0] * n_fb
     for di in range(len(dim_names)):
         sub = ed_all == di
-        top_dim.append(segs.clipped_totals(sub, ws[:n_top], wa[:n_top], wb[:n_top]).tolist())
-        step_dim.append(segs.clipped_totals(sub, step_k, st_start, st_start + st_dur).tolist())
+        # the tp subset also answers the fb windows
+        w = totals(sub, np.arange(n_w) if di == tp_code else sel_w)
+        top_dim.append(w[top_sl].tolist())
+        step_dim.append(w[step_sl].tolist())
+        if di == tp_code:
+            fb_tp = w[n_top : n_top + n_fb].tolist()
         cs = np.zeros(len(sub) + 1, dtype=np.int64)
         np.cumsum(sub, out=cs[1:])
         cnt_dim.append((cs[seg_hi] - cs[seg_lo]).tolist())
         np.cumsum(np.where(sub, eb_all, 0), out=cs[1:])
         bytes_dim.append((cs[seg_hi] - cs[seg_lo]).tolist())
-    tp_sub = ed_all == (dim_names.index("tp") if "tp" in dim_names else -1)
-    fb_tp = segs.clipped_totals(tp_sub, ws[n_top:], wa[n_top:], wb[n_top:]).tolist()
 
     top_w = 0
     fb_w = 0
