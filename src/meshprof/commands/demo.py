@@ -108,6 +108,23 @@ def run(args: argparse.Namespace) -> int:
         f"[bold]meshprof demo[/]: dp={parallel.dp} × tp={parallel.tp} × pp={parallel.pp} = {parallel.world_size} ranks on {device} "
         f"({cfg.backend}), {parallel.num_layers} layers, {args.steps} steps → {out}"
     )
+    import socket
+    import sys
+
+    from meshprof.commands.version import versions
+    from meshprof.rundir import write_manifest
+
+    write_manifest(
+        out,
+        {
+            "command": ["meshprof", *sys.argv[1:]] if sys.argv and "demo" in sys.argv else ["meshprof", "demo"],
+            "world_size": parallel.world_size,
+            "hosts": [socket.gethostname()],
+            "layout": {"dp": parallel.dp, "tp": parallel.tp, "pp": parallel.pp},
+            "versions": versions(),
+            "start_ns": time.time_ns(),
+        },
+    )
     t0 = time.perf_counter()
     results = run_ranks(
         demo_worker,
@@ -140,6 +157,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(results[0]["summary"], end="")
     console.print(_dimension_table(results))
+    print(results[0]["analysis"], end="")
     console.print(
         "[bold]loss per step[/] (global batch, nats/token): " + " ".join(f"{x:.3f}" for x in losses)
     )
@@ -147,4 +165,32 @@ def run(args: argparse.Namespace) -> int:
     console.print(
         f"trained in {train_s:.1f} s ({wall:.1f} s with start-up); per-rank recorder exports and demo.json in {out}/"
     )
+    _report(out, console)
     return 0
+
+
+def _report(out: Path, console: Console) -> None:
+    """The cross-rank report of the demo's run directory: terminal summary, HTML and trace."""
+    from meshprof.analyze.crossrank import analyze_run
+    from meshprof.render.report_console import print_report
+    from meshprof.rundir import load_run
+
+    run_ = load_run(out)
+    rep = analyze_run(run_)
+    print_report(rep, console)
+    written = []
+    try:
+        from meshprof.render.html import write_html
+
+        written.append(write_html(out / "report.html", rep))
+    except ImportError as e:  # jinja2 missing: the html extra
+        console.print(f"no HTML report ({e}); pip install 'meshprof[html]'")
+    from meshprof.analyze.clock import align_clocks
+    from meshprof.analyze.match import match_collectives
+    from meshprof.analyze.table import build_event_table
+    from meshprof.render.perfetto import build_trace, write_trace
+
+    table = build_event_table(run_)
+    clock = align_clocks(run_, table)
+    written.append(write_trace(out / "trace.json", build_trace(run_, table, clock, match_collectives(table, clock))))
+    console.print("wrote " + ", ".join(str(w) for w in written) + f" — later: meshprof report {out}", highlight=False)

@@ -87,6 +87,10 @@ def demo_worker(rank: int, world_size: int, cfg: DemoConfig, out_dir: str) -> di
     else:
         device = torch.device("cpu")
     prof = meshprof.enable()
+    from meshprof.comm.clocksync import exchange_timestamps
+    from meshprof.monitor import StepMonitor
+
+    clock_sync = exchange_timestamps()  # before any recorded work: the report aligns clocks
     t0 = time.perf_counter()
     job = build_job(
         cfg.parallel,
@@ -99,14 +103,34 @@ def demo_worker(rank: int, world_size: int, cfg: DemoConfig, out_dir: str) -> di
     build_s = time.perf_counter() - t0
     prof.flush()
     first_train_event = prof.log.total
+    par = cfg.parallel
+    tokens_per_step = par.dp * par.micro_batch_size * par.num_microbatches * cfg.model.seq_len
+    # parameters of this rank's pipeline stage(s) (DTensor numel is the global size), split by TP
+    n_params = sum(p.numel() for c in job.chunks for p in c.parameters()) // max(par.tp, 1)
+    mon = StepMonitor(
+        par,
+        profiler=prof,
+        rank=rank,
+        schedule=str(getattr(par.schedule, "value", par.schedule)),
+        microbatches=par.num_microbatches,
+        virtual_stages=par.virtual_stages,
+        # the usual 6·N·T estimate (forward 2·N·T, backward 4·N·T) over this rank's parameters
+        flops_per_step=6.0 * n_params * tokens_per_step / max(par.dp, 1),
+        warmup_steps=1,
+    )
     t1 = time.perf_counter()
-    losses = train(job, cfg.steps, seed=cfg.seed)
+    losses = train(job, cfg.steps, seed=cfg.seed, monitor=mon)
     train_s = time.perf_counter() - t1
     prof.flush()
     events = prof.events(first_train_event)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     prof.export_json(out / f"comm_rank{rank:05d}.json")
+    from meshprof.rundir import write_rank_file
+    from meshprof.session import rank_data
+
+    layout = {"dp": par.dp, "tp": par.tp, "pp": par.pp}
+    write_rank_file(out, rank_data(prof, mon, {"rank": rank, "layout": layout, "clock_sync": clock_sync}))
     return {
         "rank": rank,
         "coords": job.mapping.coords.as_tuple(),
@@ -116,6 +140,7 @@ def demo_worker(rank: int, world_size: int, cfg: DemoConfig, out_dir: str) -> di
         "train_collectives": len(events),
         "dimensions": dimension_totals(events, cfg.parallel),
         "summary": prof.summary(first_train_event) if rank == 0 else "",
+        "analysis": mon.report() if rank == 0 else "",
     }
 
 
