@@ -51,9 +51,28 @@ def _ddp_step_factory(rank: int) -> Any:
 
 
 def _demo_step_factory(rank: int, world: int) -> Any:
-    from meshprof.parallel import train as demo_train  # the demo job's training loop
+    """One optimizer step of the demo's transformer, dp × pp over the ranks (pp=2 when even)."""
+    import torch
 
-    return demo_train.make_benchmark_step(rank, world)
+    from meshprof.parallel.build import build_job
+    from meshprof.parallel.config import ParallelConfig
+    from meshprof.parallel.model import ModelConfig
+    from meshprof.parallel.train import train
+
+    pp = 2 if world % 2 == 0 else 1
+    job = build_job(
+        ParallelConfig(dp=world // pp, pp=pp),
+        ModelConfig(),
+        seed=0,
+        dtype=torch.float32,
+        device=torch.device("cpu"),
+        lr=1e-3,
+    )
+
+    def step(mon: Any) -> None:
+        train(job, 1, seed=0, monitor=mon)
+
+    return step
 
 
 def _worker(rank: int, world: int, model: str, rounds: int, steps: int) -> dict[str, list[float]]:
@@ -66,7 +85,7 @@ def _worker(rank: int, world: int, model: str, rounds: int, steps: int) -> dict[
     for _ in range(5):
         step(None)
     times: dict[str, list[float]] = {v: [] for v in VARIANTS}
-    mon = StepMonitor({"dp": world})
+    mon = StepMonitor({"dp": world} if model == "ddp" else {"dp": world // 2, "pp": 2})
     for r in range(rounds):
         order = VARIANTS[r % len(VARIANTS) :] + VARIANTS[: r % len(VARIANTS)]
         for variant in order:
@@ -79,8 +98,11 @@ def _worker(rank: int, world: int, model: str, rounds: int, steps: int) -> dict[
                     step(None)
             elif variant == "meshprof":
                 for _ in range(steps):
-                    with mon.step(tokens=64):
-                        step(mon)
+                    if model == "ddp":
+                        with mon.step(tokens=64):
+                            step(mon)
+                    else:
+                        step(mon)  # the demo's loop opens the step itself
             elif variant == "torch.profiler":
                 with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
                     for _ in range(steps):

@@ -11,6 +11,7 @@ synchronizing the host. Every failure inside meshprof is caught, counted and rep
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import json
 import os
@@ -80,6 +81,25 @@ class _Rec:
         "token",
         "work",
     )
+    composite: bool
+    dtype: int
+    end_event: Any
+    flags: int
+    group: int
+    in_bytes: int
+    meta: dict[str, Any] | None
+    op: int
+    op_name: str
+    out_bytes: int
+    peer: int
+    seq: int
+    start_event: Any
+    start_ns: int
+    step: int
+    t0: int
+    thread: int
+    token: int
+    work: Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -534,7 +554,7 @@ class CommProfiler:
                 if fut.done():
                     self._on_future(rec, fut)
                 else:
-                    fut.add_done_callback(lambda f, rec=rec: self._on_future(rec, f))
+                    fut.add_done_callback(functools.partial(self._on_future, rec))
                 return
             rec.work = w
             self._by_work[id(w)] = (w, rec)

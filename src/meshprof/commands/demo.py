@@ -117,7 +117,9 @@ def run(args: argparse.Namespace) -> int:
     write_manifest(
         out,
         {
-            "command": ["meshprof", *sys.argv[1:]] if sys.argv and "demo" in sys.argv else ["meshprof", "demo"],
+            "command": ["meshprof", *sys.argv[1:]]
+            if sys.argv and "demo" in sys.argv
+            else ["meshprof", "demo"],
             "world_size": parallel.world_size,
             "hosts": [socket.gethostname()],
             "layout": {"dp": parallel.dp, "tp": parallel.tp, "pp": parallel.pp},
@@ -192,5 +194,12 @@ def _report(out: Path, console: Console) -> None:
 
     table = build_event_table(run_)
     clock = align_clocks(run_, table)
-    written.append(write_trace(out / "trace.json", build_trace(run_, table, clock, match_collectives(table, clock))))
-    console.print("wrote " + ", ".join(str(w) for w in written) + f" — later: meshprof report {out}", highlight=False)
+    written.append(
+        write_trace(
+            out / "trace.json", build_trace(run_, table, clock, match_collectives(table, clock))
+        )
+    )
+    console.print(
+        "wrote " + ", ".join(str(w) for w in written) + f" — later: meshprof report {out}",
+        highlight=False,
+    )

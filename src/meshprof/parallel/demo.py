@@ -130,7 +130,9 @@ def demo_worker(rank: int, world_size: int, cfg: DemoConfig, out_dir: str) -> di
     from meshprof.session import rank_data
 
     layout = {"dp": par.dp, "tp": par.tp, "pp": par.pp}
-    write_rank_file(out, rank_data(prof, mon, {"rank": rank, "layout": layout, "clock_sync": clock_sync}))
+    write_rank_file(
+        out, rank_data(prof, mon, {"rank": rank, "layout": layout, "clock_sync": clock_sync})
+    )
     return {
         "rank": rank,
         "coords": job.mapping.coords.as_tuple(),

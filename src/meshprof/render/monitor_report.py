@@ -48,16 +48,16 @@ def print_analysis(a: StepAnalysis, console: Console) -> None:
             "exposed share",
         ):
             t.add_column(c, justify="right" if c != "dimension" else "left")
-        for c in a.comm:
+        for d in a.comm:
             t.add_row(
-                c.dimension,
-                str(c.count),
-                fmt_bytes(c.bytes),
-                fmt_ns(c.total_ns),
-                fmt_ns(c.exposed_ns),
-                fmt_ns(c.hidden_ns),
-                f"{c.total_share:.1%}",
-                f"{c.exposed_share:.1%}",
+                d.dimension,
+                str(d.count),
+                fmt_bytes(d.bytes),
+                fmt_ns(d.total_ns),
+                fmt_ns(d.exposed_ns),
+                fmt_ns(d.hidden_ns),
+                f"{d.total_share:.1%}",
+                f"{d.exposed_share:.1%}",
             )
         console.print(t)
     lines = []
@@ -66,10 +66,11 @@ def print_analysis(a: StepAnalysis, console: Console) -> None:
     if a.tp_efficiency is not None:
         lines.append(f"TP efficiency {a.tp_efficiency:.1%}")
     if a.pipeline is not None:
-        p = a.pipeline
-        theory = f" (theory {p.bubble_theory:.1%})" if p.bubble_theory is not None else ""
+        pl = a.pipeline
+        theory = f" (theory {pl.bubble_theory:.1%})" if pl.bubble_theory is not None else ""
         lines.append(
-            f"pipeline {p.schedule} p={p.stages} m={p.microbatches}: bubble {p.bubble:.1%}{theory}, utilization {p.utilization:.1%}"
+            f"pipeline {pl.schedule} p={pl.stages} m={pl.microbatches}: this stage's bubble "
+            f"{pl.bubble:.1%}{theory}, utilization {pl.utilization:.1%}"
         )
     if a.data_loading_share:
         lines.append(f"data loading {a.data_loading_share:.1%} of step")
