@@ -125,23 +125,35 @@ _WAIT_IN_THREAD = frozenset({"reduce_scatter"})
 
 
 class _Poller:
-    """Completes works that have no future (gloo send/recv) by polling ``is_completed``."""
+    """Notices completion of works that nobody waits on from Python, by polling
+    ``is_completed()`` on a daemon thread.
+
+    Two tiers: works of asynchronous ops (DDP's reducer, functional collectives, ``async_op=True``
+    calls) are polled every 0.1 ms, backing off to 1 ms while none completes; works of synchronous
+    calls, which ``torch.distributed`` waits on at once (so the ``Work.wait`` hook completes
+    them), are only a safety net swept every 20 ms. With nothing pending the thread sleeps on an
+    event, so an idle or synchronous-only job pays nothing for it.
+    """
+
+    SLOW_S = 0.020
 
     def __init__(self, done: Callable[[_Rec, int, BaseException | None], None]) -> None:
         self._done = done
-        self._items: deque[tuple[Any, _Rec]] = deque()
+        self._fast: deque[tuple[Any, _Rec]] = deque()
+        self._slow: deque[tuple[Any, _Rec]] = deque()
         self._wake = threading.Event()
+        self._idle = True
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
         self._stop = False
 
-    def add(self, work: Any, rec: _Rec) -> None:
-        if rec.op_name in _WAIT_IN_THREAD:
+    def add(self, work: Any, rec: _Rec, sync: bool) -> None:
+        if rec.op_name in _WAIT_IN_THREAD and not sync:
             threading.Thread(
                 target=self._wait, args=(work, rec), name="meshprof-wait", daemon=True
             ).start()
             return
-        self._items.append((work, rec))
+        (self._slow if sync else self._fast).append((work, rec))
         if self._thread is None or not self._thread.is_alive():
             with self._start_lock:  # several issuing threads must not start two pollers
                 if self._thread is None or not self._thread.is_alive():
@@ -150,7 +162,8 @@ class _Poller:
                         target=self._run, name="meshprof-poller", daemon=True
                     )
                     self._thread.start()
-        self._wake.set()
+        if self._idle and not sync:
+            self._wake.set()
 
     def _wait(self, work: Any, rec: _Rec) -> None:
         err: BaseException | None = None
@@ -164,37 +177,52 @@ class _Poller:
         self._stop = True
         self._wake.set()
 
+    def _sweep(self, items: deque[tuple[Any, _Rec]]) -> bool:
+        progressed = False
+        for _ in range(len(items)):
+            try:
+                work, rec = items.popleft()
+            except IndexError:
+                break
+            if rec.work is None:  # already completed through Work.wait
+                continue
+            try:
+                completed = work.is_completed()
+            except Exception:
+                completed = True
+            if not completed:
+                items.append((work, rec))
+                continue
+            progressed = True
+            # An error surfaces (and is recorded) where the caller waits on the work; the
+            # poller only notes completion. _complete reports its own errors.
+            with contextlib.suppress(Exception):
+                self._done(rec, time.perf_counter_ns(), None)
+        return progressed
+
     def _run(self) -> None:
-        # Poll every 0.1 ms while works complete, backing off to 1 ms while they do not (a
-        # pipeline stage can wait on a recv for a long time; polling must not steal its CPU).
         # Pending works are drained even after stop(), so no recorded op is lost.
         delay = 0.0001
-        while not self._stop or self._items:
-            if not self._items:
-                self._wake.wait(0.5)
-                self._wake.clear()
-                delay = 0.0001
-                continue
-            progressed = False
-            for _ in range(len(self._items)):
-                try:
-                    work, rec = self._items.popleft()
-                except IndexError:
-                    break
-                try:
-                    completed = work.is_completed()
-                except Exception:
-                    completed = True
-                if not completed:
-                    self._items.append((work, rec))
+        last_slow = 0.0
+        while not self._stop or self._fast or self._slow:
+            if not self._fast:
+                if not self._slow:
+                    self._idle = True
+                    self._wake.wait(0.5)
+                    self._wake.clear()
+                    self._idle = False
+                    delay = 0.0001
                     continue
-                progressed = True
-                # An error surfaces (and is recorded) where the caller waits on the work; the
-                # poller only notes completion. _complete reports its own errors.
-                with contextlib.suppress(Exception):
-                    self._done(rec, time.perf_counter_ns(), None)
-            delay = 0.0001 if progressed else min(delay * 2, 0.001)
-            time.sleep(delay)
+                self._wake.wait(self.SLOW_S)
+                self._wake.clear()
+            now = time.monotonic()
+            if now - last_slow >= self.SLOW_S:
+                self._sweep(self._slow)
+                last_slow = now
+            if self._fast:
+                progressed = self._sweep(self._fast)
+                delay = 0.0001 if progressed else min(delay * 2, 0.001)
+                time.sleep(delay)
 
 
 class CommProfiler:
@@ -558,7 +586,7 @@ class CommProfiler:
                 return
             rec.work = w
             self._by_work[id(w)] = (w, rec)
-            self._poller.add(w, rec)
+            self._poller.add(w, rec, not (rec.flags & FLAG_ASYNC))
         except Exception as e:
             self._inflight.pop(rec.token, None)
             self._internal_error(e)

@@ -11,10 +11,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from meshprof.events import STATUS_CODES, nccl_tests_size_array
+from meshprof.events import OP_CODES, STATUS_CODES, nccl_tests_size_array
 from meshprof.rundir import LoadedRun
 
 DIMENSIONS = ("dp", "tp", "pp", "other")
+_SIZE_TIMES_N = [
+    OP_CODES[o] for o in ("gather", "gather_object", "scatter", "scatter_object_list")
+]  # ops whose nccl-tests size is not max(in, out) (see events.nccl_tests_size)
 _BLOCK = 1 << 16  # rows copied at a time (54 B each: a few MB, cache-sized)
 
 
@@ -161,6 +164,7 @@ def build_event_table(run: LoadedRun) -> EventTable:
     lo = 0
     for r, ev, idx, op, gm, code in kept:
         hi = lo + len(op)
+        plain = not np.isin(code, _SIZE_TIMES_N).any()
         out["rank"][lo:hi] = r
         out["op"][lo:hi] = op
         out["index"][lo:hi] = np.arange(len(op)) if idx is None else idx
@@ -175,9 +179,12 @@ def build_event_table(run: LoadedRun) -> EventTable:
             out["gid"][o0:o1] = gid
             gsize = sizes[gid]
             out["gsize"][o0:o1] = gsize
-            out["size"][o0:o1] = nccl_tests_size_array(
-                code[b0:b1], blk["in_bytes"], blk["out_bytes"], gsize
-            )
+            if plain:  # no gather/scatter-like op on this rank: S = max(in, out)
+                np.maximum(blk["in_bytes"], blk["out_bytes"], out=out["size"][o0:o1])
+            else:
+                out["size"][o0:o1] = nccl_tests_size_array(
+                    code[b0:b1], blk["in_bytes"], blk["out_bytes"], gsize
+                )
         lo = hi
     return EventTable(
         groups=tuple(groups),
