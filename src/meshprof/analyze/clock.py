@@ -112,8 +112,9 @@ def _sync_matrix(table: EventTable, ranks: list[int]) -> tuple[np.ndarray, int]:
     sel = np.flatnonzero((table.peer < 0) & np.isin(table.op, sync_ops))
     if not len(sel):
         return np.zeros((0, len(ranks))), 0
-    n_keys, inv = unique_inverse(group_seq_key(table.gid[sel], table.seq[sel]))
-    n_keys = len(n_keys)
+    keys, inv = unique_inverse(group_seq_key(table.gid[sel], table.seq[sel]))
+    n_keys = len(keys)
+    del keys
     rk = table.rank[sel]
     colmap = np.full(max(max(ranks), int(rk.max())) + 1, -1, dtype=np.int64)
     colmap[ranks] = np.arange(len(ranks))

@@ -147,7 +147,7 @@ def build_event_table(run: LoadedRun) -> EventTable:
         gm = np.asarray(gmap or [0], dtype=np.int32)
         kept.append((r, ev, idx, omap[op_raw], gm, size_code[op_raw]))
     n = sum(len(k[3]) for k in kept)
-    out = {
+    out: dict[str, np.ndarray] = {
         "rank": np.empty(n, dtype=np.int32),
         "gid": np.empty(n, dtype=np.int32),
         "op": np.empty(n, dtype=np.int32),
