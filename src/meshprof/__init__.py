@@ -1,15 +1,63 @@
-"""meshprof: a profiler and performance monitor for distributed PyTorch."""
+"""meshprof: a profiler and performance monitor for distributed PyTorch.
+
+The public names are loaded on first use (PEP 562), so ``import meshprof`` and the analysis
+commands (``meshprof report``) do not pay for importing torch; the recorder imports it when it
+is enabled.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from meshprof._version import __version__
-from meshprof.api import disable, enable, get_profiler, profile, reset
-from meshprof.config import ProfilerConfig
-from meshprof.decorator import PerformanceMonitor, performance_monitor
 from meshprof.errors import MeshprofError
-from meshprof.events import CommEvent, GroupInfo, OpType
-from meshprof.monitor import Bottleneck, BottleneckThresholds, StepAnalysis, StepMonitor
-from meshprof.profiler import CommProfiler
-from meshprof.stats import OpStats, StatsReport
-from meshprof.tools.logs import setup_logging
+
+_EXPORTS: dict[str, str] = {
+    "disable": "meshprof.api",
+    "enable": "meshprof.api",
+    "get_profiler": "meshprof.api",
+    "profile": "meshprof.api",
+    "reset": "meshprof.api",
+    "ProfilerConfig": "meshprof.config",
+    "PerformanceMonitor": "meshprof.decorator",
+    "performance_monitor": "meshprof.decorator",
+    "CommEvent": "meshprof.events",
+    "GroupInfo": "meshprof.events",
+    "OpType": "meshprof.events",
+    "Bottleneck": "meshprof.monitor",
+    "BottleneckThresholds": "meshprof.monitor",
+    "StepAnalysis": "meshprof.monitor",
+    "StepMonitor": "meshprof.monitor",
+    "CommProfiler": "meshprof.profiler",
+    "OpStats": "meshprof.stats",
+    "StatsReport": "meshprof.stats",
+    "setup_logging": "meshprof.tools.logs",
+}
+
+if TYPE_CHECKING:
+    from meshprof.api import disable, enable, get_profiler, profile, reset
+    from meshprof.config import ProfilerConfig
+    from meshprof.decorator import PerformanceMonitor, performance_monitor
+    from meshprof.events import CommEvent, GroupInfo, OpType
+    from meshprof.monitor import Bottleneck, BottleneckThresholds, StepAnalysis, StepMonitor
+    from meshprof.profiler import CommProfiler
+    from meshprof.stats import OpStats, StatsReport
+    from meshprof.tools.logs import setup_logging
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'meshprof' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])
+
 
 __all__ = [
     "Bottleneck",

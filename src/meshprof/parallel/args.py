@@ -13,7 +13,7 @@ from meshprof.parallel.config import (
     PipelineSchedule,
     Precision,
 )
-from meshprof.parallel.model import ModelConfig
+from meshprof.parallel.model_config import ModelConfig
 
 
 def _choices(enum_cls: type) -> list[str]:

@@ -16,7 +16,7 @@ from typing import Any
 from meshprof.errors import MeshprofError
 from meshprof.parallel.config import ParallelConfig
 from meshprof.parallel.mapping import dimension_of_group
-from meshprof.parallel.model import ModelConfig
+from meshprof.parallel.model_config import ModelConfig
 
 DTYPES = ("float32", "float64", "bfloat16")
 

@@ -19,7 +19,7 @@ from meshprof.parallel.config import (
     strategy_settings,
 )
 from meshprof.parallel.mapping import RankMapping
-from meshprof.parallel.model import ModelConfig
+from meshprof.parallel.model_config import ModelConfig
 
 ASSUMPTIONS: tuple[str, ...] = (
     "Parameters, gradients and the two AdamW moments are stored in the parameter dtype (param_bytes each).",
