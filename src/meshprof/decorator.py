@@ -224,6 +224,7 @@ class PerformanceMonitor:
         self._cuda = False
         self._cur_step = 0
         self._pending_comm: tuple[dict[str, Any], int] | None = None
+        self._pending_scalars: tuple[int, int, int] | None = None
         self._lock = threading.Lock()
 
     # -- decorating -------------------------------------------------------------------------------
@@ -409,6 +410,7 @@ class PerformanceMonitor:
             if self.closed:
                 return st
             self._flush_comm_log()
+            self._flush_scalars()
             step = int(self.mon.current_step)
             self._cur_step = step
             st["step"] = step
@@ -503,10 +505,9 @@ class PerformanceMonitor:
             except Exception as e:
                 self._fail("memory snapshot", e)
         if self._tb is not None or self._wandb is not None:
-            try:
-                self._log(self._step_scalars(step, st["t0"], t1), step)
-            except Exception as e:
-                self._fail("logging", e)
+            # logged at the next step (or close), like the communication log: asynchronous
+            # collectives of this step are recorded once their completion has been noticed
+            self._pending_scalars = (step, st["t0"], t1)
         if self._torch_prof is not None and self._ok("profiler"):
             try:
                 self._torch_prof.step()
@@ -564,6 +565,25 @@ class PerformanceMonitor:
             mode = None
         timeline = ModuleTimeline(self.model) if self.model is not None else None
         return {"mode": mode, "timeline": timeline}
+
+    def _settle(self, step: int, timeout_s: float) -> None:
+        """Wait (at most ``timeout_s``) until no collective of ``step`` is in flight."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and any(
+            getattr(r, "step", None) == step for r in list(self.prof._inflight.values())
+        ):
+            time.sleep(0.001)
+
+    def _flush_scalars(self) -> None:
+        pending, self._pending_scalars = self._pending_scalars, None
+        if pending is None:
+            return
+        step, t0, t1 = pending
+        try:
+            self._settle(step, 0.2)
+            self._log(self._step_scalars(step, t0, t1), step)
+        except Exception as e:
+            self._fail("logging", e)
 
     def _flush_comm_log(self) -> None:
         pending, self._pending_comm = self._pending_comm, None
@@ -708,6 +728,7 @@ class PerformanceMonitor:
             return
         self.closed = True
         self._flush_comm_log()
+        self._flush_scalars()
         if self._torch_prof is not None:
             try:
                 self._torch_prof.stop()

@@ -193,6 +193,12 @@ class RunReport:
     """Bottlenecks: the step monitor's rules on each rank and the cross-rank rules."""
     rank_analyses: tuple[dict[str, Any], ...] = ()
     """The step monitor's analysis of each rank (:class:`meshprof.monitor.StepAnalysis` as dicts)."""
+    pipeline: dict[str, Any] | None = None
+    """The pipeline bubble measured from all stages' timelines on the aligned clock
+    (:class:`meshprof.monitor.pipeline.PipelineBubble` as a dict); None without pipelining."""
+    kineto: tuple[dict[str, Any], ...] = ()
+    """Per rank, torch.profiler traces found in the run directory split into computation,
+    communication and other time (:class:`meshprof.analyze.kineto.KinetoBreakdown` as dicts)."""
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (numpy arrays become nested lists, NaN becomes None)."""
@@ -240,6 +246,8 @@ class RunReport:
                 "by_size": [dataclasses.asdict(x) for x in self.by_size],
                 "bottlenecks": [dict(b) for b in self.bottlenecks],
                 "rank_analyses": list(self.rank_analyses),
+                "pipeline": self.pipeline,
+                "kineto": list(self.kineto),
             }
         )
 
@@ -536,7 +544,11 @@ def rank_analyses(run: LoadedRun) -> dict[int, Any]:
 
 
 def run_bottlenecks(
-    run: LoadedRun, s: StragglerReport, memory: MemoryImbalance, analyses: dict[int, Any]
+    run: LoadedRun,
+    s: StragglerReport,
+    memory: MemoryImbalance,
+    analyses: dict[int, Any],
+    pipeline: Any = None,
 ) -> list[dict[str, Any]]:
     """Per-rank bottlenecks (merged across ranks: one entry per category, the worst rank's,
     with the list of ranks where it fired) and the cross-rank rules (load and memory imbalance)."""
@@ -560,9 +572,26 @@ def run_bottlenecks(
                     d["metrics"]["ranks"] = ranks
                     d["evidence"] = f"rank {r}: {d['evidence']}"
                     merged[b.category] = d
+    if pipeline is not None:
+        # the stages' joint timeline replaces each stage's local (lower-bound) view
+        from meshprof.monitor.bottlenecks import BottleneckThresholds, rule_pipeline
+
+        merged.pop("pipeline", None)
+        b = rule_pipeline(
+            pipeline.utilization,
+            pipeline.bubble,
+            pipeline.bubble_theory,
+            pipeline.stages,
+            pipeline.microbatches,
+            BottleneckThresholds(),
+        )
+        if b is not None:
+            d = b.to_dict()
+            d["metrics"] = dict(d.get("metrics") or {}) | {"ranks": sorted(pipeline.per_stage)}
+            merged["pipeline"] = d
     for d in merged.values():
         n = len(d["metrics"]["ranks"])
-        if n > 1:
+        if n > 1 and "fired on" not in d["evidence"] and d["category"] != "pipeline":
             d["evidence"] += (
                 f" (fired on {n} ranks: {', '.join(map(str, sorted(d['metrics']['ranks'])))})"
             )
@@ -675,7 +704,9 @@ def analyze_run_parts(
         {"stragglers": s, "memory": memory, "problems": problems, "clock": clock, "match": ms}
     )
     analyses = rank_analyses(run)
-    found = run_bottlenecks(run, s, memory, analyses) + [_as_dict(b) for b in bottlenecks]
+    pipeline = run_pipeline_bubble(run, clock)
+    found = run_bottlenecks(run, s, memory, analyses, pipeline) + [_as_dict(b) for b in bottlenecks]
+    kineto = run_kineto(run)
     meta = {
         k: v
         for k, v in run.manifest.items()
@@ -702,8 +733,57 @@ def analyze_run_parts(
         findings=findings,
         bottlenecks=tuple(found),
         rank_analyses=tuple(a.to_dict() for _, a in sorted(analyses.items())),
+        pipeline=dataclasses.asdict(pipeline) if pipeline is not None else None,
+        kineto=kineto,
     )
     return RunAnalysis(report, table, clock, m)
+
+
+def run_pipeline_bubble(run: LoadedRun, clock: ClockAlignment) -> Any:
+    """The bubble of every pipeline group, from its stages' spans on the aligned clock."""
+    from meshprof.monitor import Layout
+    from meshprof.monitor.pipeline import StageTimeline, measure_pipeline_bubble
+
+    mon: dict[str, Any] = {}
+    layout = None
+    for rd in run.ranks.values():
+        mon = rd.meta.get("monitor") or {}
+        layout = Layout.from_any(
+            mon.get("layout") or rd.meta.get("layout") or run.manifest.get("layout")
+        )
+        if layout is not None:
+            break
+    if layout is None or layout.pp <= 1:
+        return None
+    stages = [
+        StageTimeline(
+            r,
+            rd.spans,
+            rd.span_names or list((rd.meta.get("monitor") or {}).get("span_names", [])),
+            clock.offset(r),
+        )
+        for r, rd in sorted(run.ranks.items())
+    ]
+    return measure_pipeline_bubble(
+        stages,
+        layout,
+        str(mon.get("schedule", "") or ""),
+        int(mon.get("microbatches", 0) or 0),
+        int(mon.get("virtual_stages", 1) or 1),
+        warmup_steps=int(mon.get("warmup_steps", 0) or 0),
+    )
+
+
+def run_kineto(run: LoadedRun) -> tuple[dict[str, Any], ...]:
+    """Computation / communication / other per rank from the torch.profiler traces in the run
+    directory (written by ``@performance_monitor``); empty when there are none."""
+    from meshprof.analyze.kineto import find_traces, kineto_breakdown
+
+    try:
+        paths = find_traces(run.path)
+        return tuple(dataclasses.asdict(b) for b in kineto_breakdown(paths)) if paths else ()
+    except Exception as e:  # a damaged trace must not cost the rest of the report
+        return ({"error": f"{type(e).__name__}: {e}"},)
 
 
 def _as_dict(b: Any) -> dict[str, Any]:

@@ -245,19 +245,18 @@ def kineto_breakdown(paths: Sequence[str | os.PathLike[str]]) -> list[KinetoBrea
     return out
 
 
+_TRACE_NAME = re.compile(r"^(trace_rank\d+.*|.*\.pt\.trace)\.json(\.gz)?$")
+
+
 def find_traces(run_dir: str | os.PathLike[str]) -> list[Path]:
-    """torch.profiler traces in a run directory (``*.json``/``*.json.gz`` named ``trace_*``,
-    directly in it or in ``traces/``)."""
+    """torch.profiler traces in a run directory, directly in it or in ``traces/``:
+    ``trace_rank{r}_step{s}.json[.gz]`` (``@performance_monitor``) and ``*.pt.trace.json[.gz]``
+    (``torch.profiler.tensorboard_trace_handler``). meshprof's own merged trace is not one."""
     d = Path(run_dir)
     found: list[Path] = []
     for sub in (d, d / "traces"):
         if sub.is_dir():
-            found += [
-                f
-                for f in sorted(sub.iterdir())
-                if f.name.startswith("trace")
-                and (f.name.endswith(".json") or f.name.endswith(".json.gz"))
-            ]
+            found += [f for f in sorted(sub.iterdir()) if _TRACE_NAME.match(f.name)]
     return found
 
 

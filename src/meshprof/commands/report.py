@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
@@ -39,6 +40,23 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def _merge_kineto(trace: dict[str, Any], loaded: Any, clock: Any) -> None:
+    """Link the run's torch.profiler traces into the merged timeline: each rank's trace events
+    join that rank's process, moved onto the aligned clock."""
+    from meshprof.analyze.kineto import find_traces, kineto_events, load_trace, trace_rank
+
+    origin = int(trace.get("metadata", {}).get("t0_ns", 0))
+    merged = 0
+    for path in find_traces(loaded.path):
+        try:
+            rank = trace_rank(load_trace(path), path)
+            trace["traceEvents"] += kineto_events(path, rank, clock.offset(rank), origin_ns=origin)
+            merged += 1
+        except Exception as e:  # a damaged trace is named, never fatal
+            trace.setdefault("metadata", {}).setdefault("kineto_errors", []).append(f"{path}: {e}")
+    trace.setdefault("metadata", {})["kineto_traces_merged"] = merged
+
+
 def run(args: argparse.Namespace) -> int:
     if not (0.0 < args.threshold < 10.0):
         raise MeshprofError(f"--threshold must be a fraction in (0, 10), got {args.threshold}")
@@ -61,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
 
         cap = DEFAULT_MAX_EVENTS if args.trace_max_events is None else args.trace_max_events
         trace = build_trace(loaded, parts.table, parts.clock, parts.match, max_events=cap)
+        _merge_kineto(trace, loaded, parts.clock)
         written.append(write_trace(Path(args.trace), trace))
     if args.json:
         print(json.dumps(rep.to_dict(), default=str))

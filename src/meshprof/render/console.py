@@ -34,7 +34,19 @@ def fmt_bytes(n: float) -> str:
 def stats_table(title: str, rows: list[OpStats], first_col: str) -> Table:
     t = Table(title=title, title_justify="left", show_lines=False)
     t.add_column(first_col)
-    for name in ("count", "bytes", "total", "mean", "p50", "p95", "p99", "max", "algbw GB/s", "busbw GB/s", "errors"):
+    for name in (
+        "count",
+        "bytes",
+        "total",
+        "mean",
+        "p50",
+        "p95",
+        "p99",
+        "max",
+        "algbw GB/s",
+        "busbw GB/s",
+        "errors",
+    ):
         t.add_column(name, justify="right")
     for s in rows:
         key = fmt_bytes(int(s.key)) if first_col == "size ≤" else s.key
@@ -74,4 +86,8 @@ def print_stats(report: StatsReport, console: Console, header: str = "") -> None
     console.print(stats_table("by process group", report.by_group, "group"))
     if len(report.by_rank) > 1:
         console.print(stats_table("by rank", report.by_rank, "rank"))
-    console.print(stats_table("by message size (nccl-tests S, power-of-two buckets)", report.by_size, "size ≤"))
+    console.print(
+        stats_table(
+            "by message size (nccl-tests S, power-of-two buckets)", report.by_size, "size ≤"
+        )
+    )

@@ -483,6 +483,40 @@ def _groups(rep: RunReport) -> str:
     )
 
 
+def _pipeline_traces(rep: RunReport) -> str:
+    out = []
+    p = rep.pipeline
+    if p:
+        theory = f", theory {p['bubble_theory']:.1%}" if p.get("bubble_theory") is not None else ""
+        rows = "".join(
+            f"<tr><td>{_E(str(r))}</td><td>{v:.1%}</td></tr>"
+            for r, v in sorted(p["per_stage"].items(), key=lambda kv: int(kv[0]))
+        )
+        out.append(
+            f"<p>Pipeline {_E(str(p['schedule']))}, p={p['stages']}, m={p['microbatches']}, {p['steps']} steps: "
+            f"bubble <b>{p['bubble']:.1%}</b>{_E(theory)}, utilization {p['utilization']:.1%} "
+            "(all stages joined on the aligned clock).</p>"
+            f"<table><tr><th>rank</th><th>bubble</th></tr>{rows}</table>"
+        )
+    ks = [k for k in rep.kineto if "error" not in k]
+    if ks:
+        rows = "".join(
+            f"<tr><td>{k['rank']}</td><td>{len(k['paths'])}</td><td>{k['window_ns'] / 1e6:.2f} ms</td>"
+            f"<td>{k['compute_ns'] / max(k['window_ns'], 1):.1%}</td><td>{k['comm_ns'] / max(k['window_ns'], 1):.1%}</td>"
+            f"<td>{k['other_ns'] / max(k['window_ns'], 1):.1%}</td><td>{_E(str(k['basis']))}</td></tr>"
+            for k in ks
+        )
+        out.append(
+            "<p>torch.profiler traces (<code>@performance_monitor</code>): time split per rank.</p>"
+            "<table><tr><th>rank</th><th>traces</th><th>window</th><th>computation</th>"
+            f"<th>communication</th><th>other</th><th>basis</th></tr>{rows}</table>"
+        )
+    return (
+        "".join(out)
+        or '<p class="muted">No pipeline stages and no torch.profiler traces in this run.</p>'
+    )
+
+
 def render_html(rep: RunReport, title: str = "meshprof report") -> str:
     """The report as one HTML document."""
     sections = [
@@ -492,6 +526,7 @@ def render_html(rep: RunReport, title: str = "meshprof report") -> str:
         ("Step time per rank and step", _heatmap(rep)),
         ("Communication share by dimension", _dims(rep)),
         ("Collective latency and bandwidth by message size", _sizes(rep)),
+        ("Pipeline and profiler traces", _pipeline_traces(rep)),
         ("Stragglers", _straggler_view(rep)),
         ("Timeline excerpt", _timeline(rep)),
         ("Collectives matched across ranks", _groups(rep)),

@@ -41,12 +41,19 @@ def print_report(rep: RunReport, console: Console) -> None:
             if "category" in b and "rule" in b:  # a meshprof.monitor Bottleneck
                 console.print(
                     f"  • {str(b.get('severity', '')).upper()} {b['category']}: {b.get('evidence', '')}",
-                    highlight=False, markup=False,
+                    highlight=False,
+                    markup=False,
                 )
-                console.print(f"      rule: {b['rule']}; fix: {b.get('suggestion', '')}", highlight=False, markup=False)
+                console.print(
+                    f"      rule: {b['rule']}; fix: {b.get('suggestion', '')}",
+                    highlight=False,
+                    markup=False,
+                )
                 continue
             title = b.get("title") or b.get("message") or b.get("kind") or "bottleneck"
-            console.print(f"  • [{b.get('severity', 'info')}] {title}", highlight=False, markup=False)
+            console.print(
+                f"  • [{b.get('severity', 'info')}] {title}", highlight=False, markup=False
+            )
     else:
         console.print("[green]No straggler, imbalance or bottleneck found.[/]")
     if s.note:
@@ -83,6 +90,7 @@ def print_report(rep: RunReport, console: Console) -> None:
             _pct(row.last_share),
         )
     console.print(t)
+    _print_pipeline_and_traces(rep, console)
     if s.phases:
         pt = Table(
             title="compute per phase (median per step, communication excluded)",
@@ -146,3 +154,42 @@ def render_report(rep: RunReport, width: int = 140) -> str:
     buf = io.StringIO()
     print_report(rep, Console(file=buf, width=width, force_terminal=False, color_system=None))
     return buf.getvalue()
+
+
+def _print_pipeline_and_traces(rep: RunReport, console: Console) -> None:
+    """The joint pipeline bubble and the torch.profiler trace breakdown, when present."""
+    p = rep.pipeline
+    if p:
+        theory = f", theory {p['bubble_theory']:.1%}" if p.get("bubble_theory") is not None else ""
+        stages = ", ".join(
+            f"rank {r} {v:.1%}"
+            for r, v in sorted(p["per_stage"].items(), key=lambda kv: int(kv[0]))
+        )
+        console.print(
+            f"pipeline ({p['schedule']}, p={p['stages']}, m={p['microbatches']}, {p['steps']} steps, all stages on "
+            f"the aligned clock): bubble {p['bubble']:.1%}{theory}, utilization {p['utilization']:.1%} ({stages})",
+            highlight=False,
+            markup=False,
+        )
+    rows = [k for k in rep.kineto if "error" not in k]
+    for k in rep.kineto:
+        if "error" in k:
+            console.print(
+                f"torch.profiler traces not read: {k['error']}", highlight=False, markup=False
+            )
+    if rows:
+        kt = Table(title="torch.profiler traces: time split per rank", title_justify="left")
+        for c in ("rank", "traces", "window", "computation", "communication", "other", "basis"):
+            kt.add_column(c, justify="left" if c in ("rank", "basis") else "right")
+        for k in rows:
+            w = max(int(k["window_ns"]), 1)
+            kt.add_row(
+                str(k["rank"]),
+                str(len(k["paths"])),
+                _ns(k["window_ns"]),
+                f"{_ns(k['compute_ns'])} ({k['compute_ns'] / w:.0%})",
+                f"{_ns(k['comm_ns'])} ({k['comm_ns'] / w:.0%})",
+                f"{_ns(k['other_ns'])} ({k['other_ns'] / w:.0%})",
+                str(k["basis"]),
+            )
+        console.print(kt)
