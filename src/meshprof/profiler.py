@@ -136,6 +136,8 @@ class _Poller:
     """
 
     SLOW_S = 0.020
+    FAST_MIN_S = 0.0001
+    FAST_MAX_S = 0.001
 
     def __init__(self, done: Callable[[_Rec, int, BaseException | None], None]) -> None:
         self._done = done
@@ -202,7 +204,7 @@ class _Poller:
 
     def _run(self) -> None:
         # Pending works are drained even after stop(), so no recorded op is lost.
-        delay = 0.0001
+        delay = self.FAST_MIN_S
         last_slow = 0.0
         while not self._stop or self._fast or self._slow:
             if not self._fast:
@@ -211,7 +213,7 @@ class _Poller:
                     self._wake.wait(0.5)
                     self._wake.clear()
                     self._idle = False
-                    delay = 0.0001
+                    delay = self.FAST_MIN_S
                     continue
                 self._wake.wait(self.SLOW_S)
                 self._wake.clear()
@@ -221,7 +223,7 @@ class _Poller:
                 last_slow = now
             if self._fast:
                 progressed = self._sweep(self._fast)
-                delay = 0.0001 if progressed else min(delay * 2, 0.001)
+                delay = self.FAST_MIN_S if progressed else min(delay * 2, self.FAST_MAX_S)
                 time.sleep(delay)
 
 
