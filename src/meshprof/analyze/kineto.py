@@ -19,6 +19,7 @@ on a CPU-only trace the CPU ops are ("host" basis). computation + communication 
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 import os
@@ -131,8 +132,10 @@ def load_trace(path: str | os.PathLike[str]) -> dict[str, Any]:
     return data
 
 
+@functools.lru_cache(maxsize=65536)
 def is_comm_name(name: str) -> bool:
-    """Whether an op or kernel name is a collective (see :data:`COMM_MARKERS`)."""
+    """Whether an op or kernel name is a collective (see :data:`COMM_MARKERS`); memoized, since a
+    trace repeats a few thousand distinct names over millions of events."""
     n = name.lower()
     return any(m in n for m in COMM_MARKERS)
 
