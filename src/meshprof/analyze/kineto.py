@@ -110,6 +110,20 @@ class KinetoBreakdown:
         }
 
 
+def _loads(raw: bytes) -> Any:
+    """Parse JSON with orjson when it is installed (the ``fast`` extra; ~3× faster on big
+    traces), else the standard library."""
+    try:
+        import orjson
+    except ImportError:
+        return json.loads(raw.decode("utf-8"))
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        # Kineto may write NaN/Infinity, which only the standard library accepts
+        return json.loads(raw.decode("utf-8"))
+
+
 def load_trace(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Load a Chrome/Kineto trace (``.json`` or gzip-compressed). Bad files raise MeshprofError."""
     p = Path(path)
@@ -122,7 +136,7 @@ def load_trace(path: str | os.PathLike[str]) -> dict[str, Any]:
     try:
         if raw[:2] == b"\x1f\x8b":
             raw = gzip.decompress(raw)
-        data = json.loads(raw.decode("utf-8"))
+        data = _loads(raw)
     except (OSError, EOFError, ValueError, UnicodeDecodeError) as e:
         raise MeshprofError(f"{p}: not a JSON trace ({type(e).__name__}: {e})") from None
     if isinstance(data, list):
