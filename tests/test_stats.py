@@ -194,3 +194,35 @@ def test_errors_and_groups_per_dimension() -> None:
     assert by_size == {128: 1, 1024: 2, 4096: 1}
     assert [s.key for s in st.by_rank] == ["0"]
     assert prof.events()[2].error == "boom"
+
+
+def test_per_rank_and_per_group_tracking_can_be_turned_off():
+    import torch
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    import meshprof
+    from meshprof.config import ProfilerConfig
+
+    dist.init_process_group("fake", rank=0, world_size=2, store=FakeStore())
+    try:
+        sub = dist.new_group([0, 1])
+        t = torch.ones(8)
+        for cfg, groups, ranks in (
+            (ProfilerConfig(), 2, 1),
+            (ProfilerConfig(track_per_group=False, track_per_rank=False), 0, 0),
+        ):
+            meshprof.reset()
+            prof = meshprof.enable(cfg)
+            for _ in range(3):
+                dist.all_reduce(t)
+                dist.all_reduce(t, group=sub)
+            for w in list(prof._by_work.values()):
+                w[0].wait()
+            st = prof.stats()
+            assert len(st.by_group) == groups and len(st.by_rank) == ranks
+            assert [(s.key, s.count) for s in st.by_op] == [("all_reduce", 6)]
+            assert sum(s.count for s in st.by_size) == 6
+            meshprof.disable()
+    finally:
+        dist.destroy_process_group()

@@ -35,10 +35,12 @@ class ProfilerConfig:
     None records every op."""
 
     track_per_rank: bool = True
-    """Keep per-rank statistics (a run merged from several ranks reports each rank)."""
+    """Keep the rank in every statistics key, so a run merged from several ranks reports each
+    rank. Off: statistics have no per-rank rows (one key for all ranks, less memory)."""
 
     track_per_group: bool = True
-    """Keep per-process-group statistics."""
+    """Keep the process group in every statistics key (per-group rows). Off: no per-group rows,
+    fewer keys when a job has many groups. Events always keep their group."""
 
     device_timing: bool = True
     """On CUDA, time collectives with CUDA events on the device (never synchronizing the host).

@@ -47,7 +47,7 @@ from meshprof.events import (
     size_bucket_array,
 )
 from meshprof.recorder import EventLog
-from meshprof.stats import Accumulator, Key, StatsReport, compute_stats
+from meshprof.stats import ALL_GROUPS, ALL_RANKS, Accumulator, Key, StatsReport, compute_stats
 
 _Work = torch._C._distributed_c10d.Work
 _PG = torch._C._distributed_c10d.ProcessGroup
@@ -744,9 +744,17 @@ class CommProfiler:
     def _group_name(self, g: int) -> str:
         return self.log.groups[g].name if g < len(self.log.groups) else str(g)
 
+    def _stats_group(self, g: int) -> str:
+        """The group part of a statistics key: the name, or ALL_GROUPS without per-group tracking."""
+        return self._group_name(g) if self.config.track_per_group else ALL_GROUPS
+
+    def _stats_rank(self) -> int:
+        """The rank part of a statistics key: this rank, or ALL_RANKS without per-rank tracking."""
+        return max(self.rank, 0) if self.config.track_per_rank else ALL_RANKS
+
     def _fold(self, acc: Accumulator, chunk: np.ndarray) -> None:
         acc.add_chunk(
-            chunk, max(self.rank, 0), self.log.op_name, self._group_name, self._group_size
+            chunk, self._stats_rank(), self.log.op_name, self._stats_group, self._group_size
         )
 
     def _exact_samples(self, arr: np.ndarray) -> dict[Key, np.ndarray]:
@@ -763,13 +771,13 @@ class CommProfiler:
         )
         uniq, inverse = np.unique(keys, axis=0, return_inverse=True)
         inverse = inverse.reshape(-1)
-        rank = max(self.rank, 0)
+        rank = self._stats_rank()
         out: dict[Key, np.ndarray] = {}
         dur = arr["duration_ns"]
         for k, (opc, g, b) in enumerate(uniq.tolist()):
-            out[(rank, self.log.op_name(opc), self._group_name(g), int(b))] = dur[
-                (inverse == k) & (dur >= 0)
-            ]
+            key = (rank, self.log.op_name(opc), self._stats_group(g), int(b))
+            sel = dur[(inverse == k) & (dur >= 0)]
+            out[key] = np.concatenate([out[key], sel]) if key in out else sel
         return out
 
     def _to_events(self, arr: np.ndarray, ids: np.ndarray) -> list[CommEvent]:

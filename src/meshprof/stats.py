@@ -25,6 +25,10 @@ from meshprof.events import (
 )
 
 DIMENSIONS = ("op", "rank", "group", "size")
+ALL_RANKS = -1
+"""Rank part of a statistics key when per-rank tracking is off (ProfilerConfig.track_per_rank)."""
+ALL_GROUPS = "*"
+"""Group part of a statistics key when per-group tracking is off (ProfilerConfig.track_per_group)."""
 
 
 class Sketch:
@@ -314,6 +318,8 @@ def compute_stats(
     for dim in DIMENSIONS:
         slices: dict[str, list[Key]] = {}
         for key in acc.rows:
+            if (dim == "rank" and key[0] == ALL_RANKS) or (dim == "group" and key[2] == ALL_GROUPS):
+                continue  # that dimension is not tracked
             slices.setdefault(_dim_value(key, dim), []).append(key)
         rows: list[OpStats] = []
         for value, keys in slices.items():

@@ -96,11 +96,29 @@ def uninstall(inst: Installation) -> None:
         inst.lib = None
 
 
+def _work_classes() -> list[type]:
+    """``Work`` and every subclass that binds its own ``wait`` (FakeWork, PythonCallbackWork...)."""
+    base = torch._C._distributed_c10d.Work
+    out: list[type] = [base]
+    todo = list(base.__subclasses__())
+    while todo:
+        cls = todo.pop()
+        todo += cls.__subclasses__()
+        if "wait" in cls.__dict__:
+            out.append(cls)
+    return out
+
+
 def _patch_work_wait(prof: CommProfiler, inst: Installation) -> None:
-    """Wrap ``Work.wait`` so an op issued from Python ends when its caller's wait returns: the
-    exact completion time as the caller sees it, taken on the caller's thread."""
-    work_cls = torch._C._distributed_c10d.Work
-    original = work_cls.wait
+    """Wrap ``Work.wait`` (and the subclasses' own) so an op issued from Python ends when its
+    caller's wait returns: the exact completion time as the caller sees it, on its own thread."""
+    for cls in _work_classes():
+        original = cls.__dict__["wait"]
+        inst.patched.append((cls, "wait", original))
+        setattr(cls, "wait", _wrap_wait(prof, original))  # noqa: B010
+
+
+def _wrap_wait(prof: CommProfiler, original: Any) -> Callable[..., Any]:
     perf = time.perf_counter_ns
     waited = prof._work_waited
 
@@ -122,10 +140,9 @@ def _patch_work_wait(prof: CommProfiler, inst: Installation) -> None:
                 prof._internal_error(e)
         return result
 
-    wait.__doc__ = original.__doc__
+    wait.__doc__ = getattr(original, "__doc__", None)
     wait.__meshprof_original__ = original  # type: ignore[attr-defined]
-    inst.patched.append((work_cls, "wait", original))
-    setattr(work_cls, "wait", wait)  # noqa: B010
+    return wait
 
 
 def _make_kernel(prof: CommProfiler, spec: OpSpec, table: _KernelTable) -> Callable[..., Any]:
