@@ -9,6 +9,7 @@ excerpt, and findings. ``bottlenecks`` (from :mod:`meshprof.monitor`) are carrie
 from __future__ import annotations
 
 import dataclasses
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -650,6 +651,10 @@ def analyze_run_parts(
     bottlenecks: tuple[dict[str, Any], ...] | list[dict[str, Any]] = (),
 ) -> RunAnalysis:
     """:func:`analyze_run`, keeping the event table, clock alignment and match it computed."""
+    # The per-rank step analyses do not depend on the cross-rank steps: run them on a second
+    # thread (numpy releases the GIL in its kernels, so this uses a second core when there is one).
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="meshprof-rank-analyses")
+    analyses_future = pool.submit(rank_analyses, run)
     table = build_event_table(run)
     clock = align_clocks(run, table)
     m = match_collectives(table, clock)
@@ -703,7 +708,8 @@ def analyze_run_parts(
     findings = _findings(
         {"stragglers": s, "memory": memory, "problems": problems, "clock": clock, "match": ms}
     )
-    analyses = rank_analyses(run)
+    analyses = analyses_future.result()
+    pool.shutdown()
     pipeline = run_pipeline_bubble(run, clock)
     found = run_bottlenecks(run, s, memory, analyses, pipeline) + [_as_dict(b) for b in bottlenecks]
     kineto = run_kineto(run)
