@@ -24,6 +24,7 @@ import gzip
 import json
 import os
 import re
+import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -231,13 +232,49 @@ def breakdown_of(data: dict[str, Any]) -> tuple[str, int, int, int, int, int]:
     return basis, window_end - window_start, compute, comm, int(comm_mask.sum()), window_start
 
 
+def _read_one(path: str) -> tuple[str, int, tuple[str, int, int, int, int, int]]:
+    data = load_trace(path)
+    return path, trace_rank(data, path), breakdown_of(data)
+
+
+PARALLEL_MIN_BYTES = 32 << 20
+"""Read traces in parallel processes (one per core) when they add up to more than this."""
+
+
+def _read_all(
+    paths: Sequence[str | os.PathLike[str]],
+) -> list[tuple[str, int, tuple[str, int, int, int, int, int]]]:
+    """Parse every trace and reduce it to its breakdown; several files go to a pool of forked
+    processes (parsing JSON is CPU-bound and holds the GIL). Only the small breakdown tuples come
+    back. Falls back to this process when forking is not safe (torch already imported: its
+    threads do not survive a fork) or not possible; errors are the same either way."""
+    names = [str(p) for p in paths]
+    cores = os.cpu_count() or 1
+    try:
+        total = sum(os.path.getsize(p) for p in names)
+    except OSError:
+        total = 0
+    if len(names) > 1 and cores > 1 and total >= PARALLEL_MIN_BYTES and "torch" not in sys.modules:
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor
+
+        try:
+            ctx = mp.get_context("fork")
+            with ProcessPoolExecutor(max_workers=min(cores, len(names)), mp_context=ctx) as pool:
+                return list(pool.map(_read_one, names))
+        except MeshprofError:
+            raise
+        except Exception:
+            pass  # no fork here: read in this process
+    return [_read_one(p) for p in names]
+
+
 def kineto_breakdown(paths: Sequence[str | os.PathLike[str]]) -> list[KinetoBreakdown]:
     """Computation / communication / other time per rank from torch.profiler trace files
     (several files of one rank, e.g. one per active window, are summed). Sorted by rank."""
     per: dict[int, list[tuple[str, tuple[str, int, int, int, int, int]]]] = {}
-    for p in paths:
-        data = load_trace(p)
-        per.setdefault(trace_rank(data, p), []).append((str(p), breakdown_of(data)))
+    for p, rank, b in _read_all(paths):
+        per.setdefault(rank, []).append((p, b))
     out = []
     for rank in sorted(per):
         items = per[rank]
