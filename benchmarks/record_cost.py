@@ -8,6 +8,7 @@ Modes, alternated round by round in one process so drift hits all of them alike:
                floor of any dispatcher-level hook (PyTorch's Python-kernel dispatch)
   enabled      meshprof.enable(): full recording
   sampled      meshprof.enable(sample_rate=0.1)
+  native       meshprof.enable(native=True): the C++ dispatcher kernel (compiled at first use)
 
 First on PyTorch's fake backend (no communication: the figure is the hook's own cost), then on
 gloo with 2 ranks (a real 16-byte all_reduce; differences are smaller than gloo's own jitter).
@@ -23,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-MODES = ("disabled", "passthrough", "enabled", "sampled")
+MODES = ("disabled", "passthrough", "enabled", "sampled", "native")
 
 
 class _Passthrough:
@@ -59,6 +60,8 @@ def _set_mode(mode: str, state: dict[str, Any]) -> None:
         meshprof.enable(meshprof.ProfilerConfig(max_events=100_000))
     elif mode == "sampled":
         meshprof.enable(meshprof.ProfilerConfig(max_events=100_000, sample_rate=0.1))
+    elif mode == "native":
+        meshprof.enable(meshprof.ProfilerConfig(max_events=100_000, native=True))
 
 
 def _time_calls(n: int, barrier: Any = None) -> np.ndarray:

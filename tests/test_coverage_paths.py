@@ -284,22 +284,32 @@ def _worker(rank: int, ws: int, names: list[str]) -> dict[str, Any]:
     out["all_events"] = [e.to_dict() for e in prof.events()]
     out["internal_errors"] = prof.internal_errors
     out["first_internal_error"] = prof.first_internal_error
+    out["native"] = prof._native is not None or bool(prof.config.native)
     return out
 
 
-@pytest.fixture(scope="module")
-def runs() -> list[dict[str, Any]]:
+@pytest.fixture(scope="module", params=["python", "native"])
+def runs(request: pytest.FixtureRequest) -> list[dict[str, Any]]:
+    """Every scenario on every rank, with the Python recorder and with the native (C++) one
+    (``MESHPROF_NATIVE=1`` makes every ``enable()`` in the workers native)."""
+    env = {"TORCH_FR_BUFFER_SIZE": "2000"}
+    if request.param == "native":
+        import meshprof.native
+
+        meshprof.native.load()  # build once here, before the ranks start
+        env["MESHPROF_NATIVE"] = "1"
     res = run_ranks(
         _worker,
         WS,
         (list(SCENARIOS),),
         timeout=150,
         pg_timeout_s=20,
-        env={"TORCH_FR_BUFFER_SIZE": "2000"},
+        env=env,
     )
     for r in res:
         assert "error" not in r, r.get("error")
         assert r["internal_errors"] == 0, r["first_internal_error"]
+        assert r["native"] == (request.param == "native")
     return res
 
 

@@ -45,8 +45,15 @@ def _sampling(rank: int, ws: int) -> dict[str, Any]:
     }
 
 
-def test_sampling_same_collectives_on_every_rank() -> None:
-    r0, r1 = run_ranks(_sampling, 2, timeout=90)
+@pytest.mark.parametrize("native", [False, True], ids=["python", "native"])
+def test_sampling_same_collectives_on_every_rank(native: bool) -> None:
+    env = {}
+    if native:
+        import meshprof.native
+
+        meshprof.native.load()
+        env["MESHPROF_NATIVE"] = "1"
+    r0, r1 = run_ranks(_sampling, 2, timeout=90, env=env)
     assert r0["retained"] == r1["retained"]
     n = len(r0["retained"])
     assert 0.12 * N_SAMPLED < n < 0.4 * N_SAMPLED  # about a quarter, decided by (group, seq)

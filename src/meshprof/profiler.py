@@ -239,7 +239,8 @@ class CommProfiler:
         self.log = EventLog(self.config.max_events)
         self.acc = Accumulator(self.config.sketch_relative_error)
         self.log.listeners.append(self._on_flush)
-        self.step = -1
+        self._step = -1
+        self._native: Any = None  # meshprof.native.NativeRecorder when config.native
         """Current training step (set by the step monitor or automatic step detection)."""
         self.internal_errors = 0
         """Errors inside meshprof that were caught so training could go on."""
@@ -285,6 +286,8 @@ class CommProfiler:
         self.config = new
         self._threshold = int(new.sample_rate * 2**32)
         self._min_ns = int(new.min_duration_us * 1000)
+        if self._native is not None:
+            self._native.configure()  # enabled, sampling and the ops filter live in C++ too
         return new
 
     def clear(self) -> None:
@@ -293,6 +296,18 @@ class CommProfiler:
         self.log.clear()
         self.acc = Accumulator(self.config.sketch_relative_error)
 
+    @property
+    def step(self) -> int:
+        """Current training step (set by the step monitor or automatic step detection); every
+        collective issued from now on carries it."""
+        return self._step
+
+    @step.setter
+    def step(self, value: int) -> None:
+        self._step = int(value)
+        if self._native is not None:
+            self._native.set_step(self._step)
+
     def set_step(self, step: int) -> None:
         self.step = int(step)
 
@@ -300,12 +315,22 @@ class CommProfiler:
         """Resolve finished device timings and move staged events into the buffer."""
         self._resolve_device()
         self._wall_offset = time.time_ns() - time.perf_counter_ns()
+        if self._native is not None:
+            try:
+                self._native.drain()
+            except Exception as e:
+                self._internal_error(e)
         self.log.flush()
 
     def inflight(self) -> list[InflightOp]:
         """Collectives issued and not yet completed, oldest first."""
         now = time.perf_counter_ns()
         out = []
+        if self._native is not None:
+            try:
+                out += [InflightOp(**d) for d in self._native.inflight()]
+            except Exception as e:
+                self._internal_error(e)
         for rec in sorted(list(self._inflight.values()), key=lambda r: r.t0):
             g = self.log.groups[rec.group]
             out.append(
@@ -628,6 +653,7 @@ class CommProfiler:
                 stack = self._stack()
                 if stack and stack[-1] is rec:
                     stack.pop()
+                self._native_composite_exit(rec)
             rec.start_event = None
             self._complete(rec, time.perf_counter_ns(), exc)
         except Exception as e:
@@ -688,8 +714,11 @@ class CommProfiler:
 
         if group is None:
             group = dist.distributed_c10d._get_default_group()
-        gidx, _gsize, _crc, _ranks, _ = self._group(group)
-        if label in P2P_OPS:
+        gidx, _gsize, _crc, _ranks, gname = self._group(group)
+        if self._native is not None:  # one set of counters: the native recorder's
+            p2p = (3 if label.startswith("send") else 4) if label in P2P_OPS else 0
+            seq = int(self._native.mod.next_seq(gname, peer if p2p else -1, p2p))
+        elif label in P2P_OPS:
             key = (gidx, peer, 0 if label.startswith("send") else 1)
             seq = self._p2p_seq.get(key, 0)
             self._p2p_seq[key] = seq + 1
@@ -720,17 +749,29 @@ class CommProfiler:
         rec.thread = threading.get_ident()
         rec.token = next(self._tokens)
         self._inflight[rec.token] = rec
+        if self._native is not None:
+            self._native.mod.composite_enter()
         rec.t0 = time.perf_counter_ns()
         rec.start_ns = rec.t0 + self._wall_offset
         self._stack().append(rec)
         return rec
 
+    def _native_composite_exit(self, rec: _Rec) -> None:
+        if self._native is not None:
+            in_b, out_b, n = self._native.mod.composite_exit()
+            rec.in_bytes += int(in_b)
+            rec.out_bytes += int(out_b)
+            if rec.meta is not None:
+                rec.meta["c10d_ops"] = rec.meta.get("c10d_ops", 0) + int(n)
+
     def _finish_composite(self, rec: _Rec) -> None:
         try:
+            end = time.perf_counter_ns()
             stack = self._stack()
             if stack and stack[-1] is rec:
                 stack.pop()
-            self._complete(rec, time.perf_counter_ns(), None)
+            self._native_composite_exit(rec)
+            self._complete(rec, end, None)
         except Exception as e:
             self._internal_error(e)
 

@@ -64,12 +64,21 @@ class Installation:
 
     def __init__(self) -> None:
         self.lib: Any = None
+        self.native: Any = None
         self.patched: list[tuple[Any, str, Any]] = []
 
 
 def install(prof: CommProfiler) -> Installation:
     """Register the c10d kernels and wrap the object collectives; returns what to undo."""
     inst = Installation()
+    if prof.config.native and _native_allowed(prof):
+        from meshprof.native import NativeRecorder
+
+        inst.native = prof._native = NativeRecorder(prof)
+        inst.native.install()
+        inst.native.set_step(prof.step)
+        _patch_object_collectives(prof, inst)
+        return inst
     lib = torch.library.Library("c10d", "IMPL")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -87,7 +96,25 @@ def install(prof: CommProfiler) -> Installation:
     return inst
 
 
+def _native_allowed(prof: CommProfiler) -> bool:
+    """The native recorder times on the host only: with CUDA present keep the Python one."""
+    if torch.cuda.is_available() and prof.config.device_timing:
+        warnings.warn(
+            "meshprof: native=True ignored: CUDA is present and the native recorder cannot time "
+            "on the device; using the Python recorder with CUDA-event timing",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return False
+    return True
+
+
 def uninstall(inst: Installation) -> None:
+    if inst.native is not None:
+        inst.native.uninstall()
+        inst.native.prof.flush()
+        inst.native.prof._native = None
+        inst.native = None
     for module, name, original in reversed(inst.patched):
         setattr(module, name, original)
     inst.patched.clear()

@@ -106,6 +106,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="the job's 3D-parallel layout, to attribute communication to dimensions "
         "(default: $MESHPROF_LAYOUT, else pure data parallelism over all ranks)",
     )
+    p.add_argument(
+        "--native",
+        action="store_true",
+        help="record with the native (C++) recorder: < 1 µs per collective; built once (~30 s) "
+        "with torch's C++ extension tools before the workers start",
+    )
     p.add_argument("--no-summary", action="store_true", help="do not print the summary at the end")
     p.add_argument(
         "-m",
@@ -174,6 +180,11 @@ def options_from_args(args: argparse.Namespace, argv: list[str] | None = None) -
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.native:
+        import meshprof.native
+
+        meshprof.native.load()  # build here once; the workers then load the cached module
+        os.environ["MESHPROF_NATIVE"] = "1"
     if args.layout:
         from meshprof.launch import ENV_LAYOUT, parse_layout
 
