@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -168,7 +167,7 @@ class NativeRecorder:
         try:
             import torch
 
-            pg = torch._C._distributed_c10d._resolve_process_group(name)
+            pg = torch._C._distributed_c10d._resolve_process_group(name)  # type: ignore[arg-type]
         except Exception:
             pg = None
         if pg is not None:
