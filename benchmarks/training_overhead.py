@@ -17,7 +17,7 @@ import statistics
 import time
 from typing import Any
 
-VARIANTS = ("plain", "meshprof", "torch.profiler", "torch.profiler schedule")
+VARIANTS = ("plain", "meshprof", "meshprof native", "torch.profiler", "torch.profiler schedule")
 
 
 def _ddp_step_factory(rank: int) -> Any:
@@ -89,14 +89,15 @@ def _worker(rank: int, world: int, model: str, rounds: int, steps: int) -> dict[
     for r in range(rounds):
         order = VARIANTS[r % len(VARIANTS) :] + VARIANTS[: r % len(VARIANTS)]
         for variant in order:
-            if variant == "meshprof":
-                meshprof.enable()  # installing the hooks is a one-time cost, not timed
+            if variant.startswith("meshprof"):
+                # installing the hooks is a one-time cost, not timed
+                meshprof.enable(meshprof.ProfilerConfig(native=variant == "meshprof native"))
             torch.distributed.barrier()
             t0 = time.perf_counter()
             if variant == "plain":
                 for _ in range(steps):
                     step(None)
-            elif variant == "meshprof":
+            elif variant.startswith("meshprof"):
                 for _ in range(steps):
                     if model == "ddp":
                         with mon.step(tokens=64):
@@ -117,8 +118,8 @@ def _worker(rank: int, world: int, model: str, rounds: int, steps: int) -> dict[
                         p.step()
             torch.distributed.barrier()
             times[variant].append((time.perf_counter() - t0) / steps)
-            if variant == "meshprof":
-                meshprof.disable()
+            if variant.startswith("meshprof"):
+                meshprof.reset()
     return times
 
 
@@ -129,6 +130,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--model", choices=("ddp", "demo"), default="ddp")
     args = ap.parse_args()
+    import meshprof.native
+
+    meshprof.native.load()  # build the native recorder once, before the ranks start
     from meshprof.tools.spawn import run_ranks
 
     res = run_ranks(_worker, args.nproc, args=(args.model, args.rounds, args.steps), timeout=1800)
