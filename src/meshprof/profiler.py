@@ -16,6 +16,7 @@ import itertools
 import json
 import os
 import socket
+import sys
 import threading
 import time
 import warnings
@@ -613,7 +614,13 @@ class CommProfiler:
                 return
             rec.work = w
             self._by_work[id(w)] = (w, rec)
-            self._poller.add(w, rec, not (rec.flags & FLAG_ASYNC))
+            # A work that goes back to Python code (a torch.distributed function or a
+            # ProcessGroup method called from Python) is waited on there, where the Work.wait
+            # hook completes it exactly: the poller only keeps a slow safety net for it. Works
+            # of C++ callers (DDP's reducer, functional collectives) need the fast poller.
+            caller = sys._getframe(2).f_globals.get("__name__", "")
+            from_python = caller == "torch.distributed.distributed_c10d"
+            self._poller.add(w, rec, from_python or not (rec.flags & FLAG_ASYNC))
         except Exception as e:
             self._inflight.pop(rec.token, None)
             self._internal_error(e)
