@@ -226,3 +226,33 @@ def test_per_rank_and_per_group_tracking_can_be_turned_off():
             meshprof.disable()
     finally:
         dist.destroy_process_group()
+
+
+def test_native_build_failure_falls_back_to_the_python_recorder(monkeypatch):
+    import warnings
+
+    import torch
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    import meshprof
+    import meshprof.native
+    from meshprof.config import ProfilerConfig
+    from meshprof.errors import MeshprofError
+
+    def no_compiler():
+        raise MeshprofError("the native recorder could not be built (no compiler)")
+
+    monkeypatch.setattr(meshprof.native, "load", no_compiler)
+    dist.init_process_group("fake", rank=0, world_size=2, store=FakeStore())
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            prof = meshprof.enable(ProfilerConfig(native=True))
+        assert any("could not be built" in str(w.message) for w in caught)
+        assert prof._native is None
+        dist.all_reduce(torch.ones(4))
+        assert [e.op for e in prof.events()] == ["all_reduce"]
+    finally:
+        meshprof.disable()
+        dist.destroy_process_group()

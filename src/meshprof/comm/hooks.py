@@ -72,13 +72,19 @@ def install(prof: CommProfiler) -> Installation:
     """Register the c10d kernels and wrap the object collectives; returns what to undo."""
     inst = Installation()
     if prof.config.native and _native_allowed(prof):
+        from meshprof.errors import MeshprofError
         from meshprof.native import NativeRecorder
 
-        inst.native = prof._native = NativeRecorder(prof)
-        inst.native.install()
-        inst.native.set_step(prof.step)
-        _patch_object_collectives(prof, inst)
-        return inst
+        try:
+            native = NativeRecorder(prof)
+        except MeshprofError as e:  # no compiler, no headers: record with Python instead
+            warnings.warn(f"meshprof: {e}", RuntimeWarning, stacklevel=3)
+        else:
+            inst.native = prof._native = native
+            native.install()
+            native.set_step(prof.step)
+            _patch_object_collectives(prof, inst)
+            return inst
     lib = torch.library.Library("c10d", "IMPL")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
