@@ -22,6 +22,7 @@ from meshprof.tools.bench import (
     size_list,
     to_csv,
 )
+from meshprof.tools.spawn import under_torchrun
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -96,16 +97,12 @@ def _worker(rank: int, world_size: int, config: BenchConfig) -> BenchResult | No
     return run_bench_rank(rank, world_size, config)
 
 
-def _under_torchrun() -> bool:
-    return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ
-
-
 def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     import torch
 
     backend = args.backend or ("nccl" if torch.cuda.is_available() else "gloo")
-    if args.nproc is None and _under_torchrun():
+    if args.nproc is None and under_torchrun():
         import torch.distributed as dist
 
         started_here = not dist.is_initialized()

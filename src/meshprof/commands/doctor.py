@@ -18,6 +18,7 @@ from meshprof.tools.doctor import (
     read_results,
     render_checks,
 )
+from meshprof.tools.spawn import under_torchrun
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -77,10 +78,7 @@ def run(args: argparse.Namespace) -> int:
     if args.timeout <= 0:
         raise MeshprofError(f"--timeout {args.timeout}: must be > 0 seconds")
     cfg = DoctorConfig(backend=backend, timeout_s=args.timeout)
-    under_torchrun = (
-        "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ
-    )
-    if args.nproc is None and under_torchrun:
+    if args.nproc is None and under_torchrun():
         rank, ws = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         checks = doctor_rank(rank, ws, cfg)
         if rank != 0:

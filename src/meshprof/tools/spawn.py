@@ -31,6 +31,11 @@ def _context() -> Any:
     return _CTX
 
 
+def under_torchrun() -> bool:
+    """True inside a worker started by torchrun (or any launcher that sets the env:// variables)."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
