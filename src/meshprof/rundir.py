@@ -49,7 +49,8 @@ def atomic_write_text(path: Path, text: str) -> Path:
 #   DIR/hang/                  watchdog dumps (optional)
 #
 # A rank file is a numpy .npz archive (loaded with allow_pickle=False: never unpickled):
-#   events   EVENT_DTYPE rows (collectives), oldest first
+#   events   EVENT_DTYPE rows (collectives) in the order they completed: an asynchronous op
+#            issued earlier can end later, so sort by start_ns for issue order
 #   spans    SPAN_DTYPE rows (steps and phases)
 #   memory   MEMORY_DTYPE rows (one per step)
 #   meta     uint8 array holding UTF-8 JSON: rank, world_size, hostname, pid, versions, the
