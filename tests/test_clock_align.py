@@ -72,3 +72,45 @@ def test_real_run_shifted_rank_is_realigned(tmp_path):
     assert abs(after.offset(1) - (-37 * MS)) < 200 * US
     assert 0 <= after.max_uncertainty_ns < 200 * US
     assert after.ranks[1].collective_samples >= 4
+
+
+def _shift_timestamps_only(path, shift_ns: int) -> None:
+    """The rank's clock stepped after the start-up exchange: its recorded events, spans and
+    memory samples read ``shift_ns`` later, its exchange samples do not."""
+    from meshprof.rundir import RankData, load_rank_file, write_rank_file
+
+    rd = load_rank_file(path)
+    ev, sp, mm = rd.events.copy(), rd.spans.copy(), rd.memory.copy()
+    ev["start_ns"] += shift_ns
+    sp["start_ns"] += shift_ns
+    mm["t_ns"] += shift_ns
+    write_rank_file(path.parent, RankData(rd.rank, ev, sp, mm, rd.meta))
+
+
+def test_clock_stepped_after_exchange_collectives_win(tmp_path):
+    """Exchange says 0 ms, the run's collectives say −5 ms: the collectives cover the run, so they
+    win and the disagreement is reported."""
+    synthetic_run(tmp_path, 2, [0, 0], steps=8, seed=5)
+    _shift_timestamps_only(tmp_path / "rank00001.npz", 5 * MS)
+    run = load_run(tmp_path)
+    rc = align_clocks(run, build_event_table(run)).ranks[1]
+    assert rc.method == "collectives"
+    assert abs(rc.offset_ns - (-5 * MS)) < 100 * US
+    assert abs(rc.exchange_offset_ns) <= rc.exchange_rtt_ns // 2
+    assert abs(rc.disagreement_ns - 5 * MS) < 100 * US
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_few_noisy_collectives_do_not_override_a_tight_exchange(tmp_path, seed):
+    """A loaded host: 4 collectives whose completions are seen up to ±400 µs apart, and an
+    exchange with a ~60 µs best round trip. Their medians can differ by a few hundred µs without
+    either being wrong; the result must stay inside the exchange's causal bound (±RTT/2 around
+    its estimate, which holds the true offset of 23 ms whatever the delays)."""
+    off = 23 * MS
+    synthetic_run(tmp_path, 2, [0, off], steps=4, seed=seed, completion_jitter_ns=400 * US)
+    run = load_run(tmp_path)
+    rc = align_clocks(run, build_event_table(run)).ranks[1]
+    assert rc.method == "exchange+collectives", rc
+    assert abs(rc.offset_ns - rc.exchange_offset_ns) <= rc.exchange_rtt_ns // 2, rc
+    assert abs(rc.offset_ns + off) <= rc.exchange_rtt_ns, rc
+    assert rc.uncertainty_ns <= rc.exchange_rtt_ns // 2, rc

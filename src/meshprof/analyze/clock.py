@@ -13,10 +13,14 @@ Two estimates of each rank's offset (``aligned = local + offset``), combined:
    aligned outward from the reference (a rank that shares no collective with the reference is
    aligned through ranks that do).
 
-Combining: when both exist and agree (differ by less than the sum of their uncertainties) the
-collective estimate is kept inside the exchange interval ``[o_x − RTT/2, o_x + RTT/2]`` and the
-uncertainty is the smaller one. When they disagree (a clock stepped or drifted after start) the
-collective estimate wins, since it covers the whole run, and the disagreement is reported.
+Combining: when both exist and agree (differ by at most ``_AGREE_FACTOR`` times the sum of
+their uncertainties) the collective estimate is kept inside the exchange interval
+``[o_x − RTT/2, o_x + RTT/2]`` when it is the tighter one, else the exchange estimate is kept;
+the uncertainty is the collective one when its median lay inside the interval, else RTT/2. The factor matters on a loaded host: with a handful of
+collectives whose completions are seen hundreds of µs apart, the MAD-based standard error
+understates the spread, and a strict test would throw away a ±35 µs exchange for a ±300 µs
+median. When they disagree by more (a clock stepped or drifted after start) the collective
+estimate wins, since it covers the whole run, and the disagreement is reported.
 Clock drift during the run is not modelled: one constant offset per rank.
 """
 
@@ -35,6 +39,7 @@ SYNC_OPS = frozenset(
     {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "barrier", "all_gather_object"}
 )
 _MAX_SYNC = 20000  # collectives used for refinement (evenly spaced over the run beyond this)
+_AGREE_FACTOR = 3  # exchange and collective estimates agree within this × their summed uncertainty
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,13 +213,16 @@ def align_clocks(run: LoadedRun, table: EventTable) -> ClockAlignment:
         if x is not None and c is not None and c_off is not None and c_unc is not None:
             xo, xu = x[0], x[1] // 2
             diff = abs(c_off - xo)
-            if diff <= xu + c_unc:
+            if diff <= _AGREE_FACTOR * (xu + c_unc):
                 final = min(max(c_off, xo - xu), xo + xu) if c_unc < xu else xo
+                # a collective median clamped to the exchange interval keeps only the causal
+                # bound; an unclamped one keeps its (smaller, statistical) uncertainty
+                unc = c_unc if c_unc < xu and final == c_off else xu
                 out.append(
                     RankClock(
                         r,
                         final,
-                        min(xu, c_unc),
+                        unc,
                         "exchange+collectives",
                         xo,
                         x[1],
