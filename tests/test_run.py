@@ -183,3 +183,137 @@ def test_run_hang_is_dumped_diagnosed_and_ended(tmp_path: Path) -> None:
     assert [OP_NAMES[c] for c in run.ranks[0].events["op"].tolist()] == ["all_reduce"]
     assert run.ranks[0].meta["exit"]["how"] == "signal"
     assert "all_reduce" in p.stdout and "1" in p.stdout  # the diagnosis names the op and the rank
+
+
+@pytest.mark.timeout(240)
+def test_run_two_nodes_share_one_run_dir(tmp_path: Path) -> None:
+    """Two launchers (`--nnodes 2 --node-rank 0/1`, static rendezvous on this host) write one
+    run directory: one node record each, every rank's file, and a manifest merged from both
+    (nodes, hosts, per-rank exit codes, status)."""
+    from meshprof.tools.spawn import free_port
+
+    out = tmp_path / "run"
+    port = str(free_port())
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "meshprof.cli",
+                "run",
+                "--nnodes",
+                "2",
+                "--node-rank",
+                str(k),
+                "--nproc-per-node",
+                "1",
+                "--master-addr",
+                "127.0.0.1",
+                "--master-port",
+                port,
+                "-o",
+                str(out),
+                "--no-summary",
+                str(SCRIPTS / "run_nodes.py"),
+                "-1",
+                "0",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for k in (0, 1)
+    ]
+    outs = [p.communicate(timeout=200) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [o[1][-2000:] for o in outs]
+    run = load_run(out)
+    assert sorted(run.ranks) == [0, 1] and run.problems == {}
+    for r, rd in run.ranks.items():
+        assert op_names(rd.events) == ["all_reduce"] * 3 + ["barrier"]
+        assert rd.meta["node_rank"] == r and rd.meta["node_id"]
+    assert run.ranks[0].meta["node_id"] != run.ranks[1].meta["node_id"]
+    m = run.manifest
+    nodes = m["nodes"]
+    assert [n["node_rank"] for n in nodes] == [0, 1]
+    assert [n["ranks"] for n in nodes] == [[0], [1]]
+    assert [n["node_id"] for n in nodes] == [run.ranks[r].meta["node_id"] for r in (0, 1)]
+    assert [(n["exit_code"], n["status"]) for n in nodes] == [(0, "ok"), (0, "ok")]
+    assert m["rank_exit_codes"] == {"0": 0, "1": 0}
+    assert m["exit_code"] == 0 and m["status"] == "ok" and m["world_size"] == 2
+    assert m["end_ns"] == max(n["end_ns"] for n in nodes) > m["start_ns"]
+    # the manifest on disk, written by the last launcher to finish, is the merged one
+    on_disk = json.loads((out / "manifest.json").read_text())
+    assert on_disk["status"] == "ok" and len(on_disk["nodes"]) == 2
+    p = meshprof_cli("report", str(out), "--json")
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert sorted(r["rank"] for r in json.loads(p.stdout)["ranks"]) == [0, 1]
+
+
+def test_node_records_merge_without_a_shared_file_system(tmp_path: Path) -> None:
+    """Per-node directories copied together: the manifest.json that survives is one node's
+    (here the healthy node's), but the node records decide the job's status, exit code and
+    per-rank codes; a node still running keeps end_ns open."""
+    from meshprof.rundir import write_manifest, write_node_record
+
+    run_dir = tmp_path / "run"
+    base = {"node_rank": 0, "host": "a", "hosts": ["a"], "start_ns": 100, "end_ns": 900}
+    write_node_record(
+        run_dir,
+        "a-1",
+        {
+            **base,
+            "node_id": "a-1",
+            "ranks": [0, 1],
+            "rank_exit_codes": {"0": 0, "1": 0},
+            "exit_code": 0,
+            "torchrun_exit_code": 0,
+            "status": "ok",
+        },
+    )
+    write_node_record(
+        run_dir,
+        "b-7",
+        {
+            **base,
+            "node_id": "b-7",
+            "node_rank": 1,
+            "host": "b",
+            "hosts": ["b"],
+            "ranks": [2, 3],
+            "rank_exit_codes": {"2": 0, "3": 3},
+            "exit_code": 3,
+            "torchrun_exit_code": 1,
+            "status": "failed",
+            "start_ns": 50,
+            "end_ns": 1000,
+        },
+    )
+    write_manifest(
+        run_dir,
+        {
+            "world_size": 4,
+            "hosts": ["a"],
+            "status": "ok",
+            "exit_code": 0,
+            "rank_exit_codes": {"0": 0, "1": 0},
+            "start_ns": 100,
+        },
+    )
+    from meshprof.rundir import merge_node_records, read_node_records
+
+    recs = read_node_records(run_dir)
+    assert [r["node_id"] for r in recs] == ["a-1", "b-7"]
+    m = merge_node_records(json.loads((run_dir / "manifest.json").read_text()), recs)
+    assert m["status"] == "failed" and m["exit_code"] == 3 and m["torchrun_exit_code"] == 1
+    assert m["rank_exit_codes"] == {"0": 0, "1": 0, "2": 0, "3": 3}
+    assert m["hosts"] == ["a", "b"] and m["start_ns"] == 50 and m["end_ns"] == 1000
+    assert [n["ranks"] for n in m["nodes"]] == [[0, 1], [2, 3]]
+    # node b still running (its launcher has not finished): the job is not over
+    write_node_record(
+        run_dir, "b-7", {**recs[1], "status": "running", "end_ns": None, "exit_code": None}
+    )
+    m = merge_node_records({}, read_node_records(run_dir))
+    assert m["status"] == "running" and m["end_ns"] is None and m["exit_code"] == 0
+    # a damaged record is skipped, the others still merge
+    (run_dir / "nodes" / "zz.json").write_text("{not json")
+    assert len(read_node_records(run_dir)) == 2

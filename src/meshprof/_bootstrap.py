@@ -68,6 +68,7 @@ class WorkerSession:
             target=target,
             local_rank=int(os.environ.get("LOCAL_RANK", "0") or 0),
             node_rank=int(os.environ.get("GROUP_RANK", "0") or 0),
+            node_id=os.environ.get(launch.ENV_NODE_ID, ""),
             torchrun_restart=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0),
             bootstrap_start_ns=time.time_ns(),
         )

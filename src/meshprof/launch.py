@@ -26,7 +26,14 @@ from pathlib import Path
 from typing import Any
 
 from meshprof.errors import MeshprofError
-from meshprof.rundir import MANIFEST, load_run, write_manifest
+from meshprof.rundir import (
+    MANIFEST,
+    load_run,
+    merge_node_records,
+    read_node_records,
+    write_manifest,
+    write_node_record,
+)
 
 ENV_RUN_DIR = "MESHPROF_RUN_DIR"
 ENV_FLUSH_INTERVAL = "MESHPROF_FLUSH_INTERVAL"
@@ -35,6 +42,7 @@ ENV_HANG_ACTION = "MESHPROF_HANG_ACTION"
 ENV_STEP_DETECT = "MESHPROF_STEP_DETECT"
 ENV_LAYOUT = "MESHPROF_LAYOUT"
 ENV_MAX_EVENTS = "MESHPROF_MAX_EVENTS"
+ENV_NODE_ID = "MESHPROF_NODE_ID"
 
 HANG_DIR = "hang"
 #: Exit code of ``meshprof run`` when it ended a hung job (the script never got to exit).
@@ -188,6 +196,7 @@ def worker_env(
     """The environment of torchrun and its workers: the caller's, plus meshprof's settings."""
     env = dict(os.environ if base is None else base)
     env[ENV_RUN_DIR] = str(run_dir)
+    env[ENV_NODE_ID] = node_id()
     env[ENV_FLUSH_INTERVAL] = repr(float(opts.flush_interval_s))
     env[ENV_HANG_TIMEOUT] = repr(float(opts.hang_timeout_s))
     env[ENV_HANG_ACTION] = opts.hang_action
@@ -198,6 +207,34 @@ def worker_env(
     src = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return env
+
+
+def node_id() -> str:
+    """This launcher's id in the run directory (host and pid: unique across the nodes of a job
+    and across launchers restarted on one host). Its workers write it into their rank files."""
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def _node_record(
+    opts: RunOptions, cmd: list[str], start_ns: int, status: str = "running"
+) -> dict[str, Any]:
+    return {
+        "node_id": node_id(),
+        "node_rank": opts.node_rank,
+        "host": socket.gethostname(),
+        "hosts": [socket.gethostname()],
+        "pid": os.getpid(),
+        "nproc_per_node": opts.nproc_per_node,
+        "torchrun_command": cmd,
+        "cwd": os.getcwd(),
+        "ranks": [],
+        "rank_exit_codes": {},
+        "start_ns": start_ns,
+        "end_ns": None,
+        "torchrun_exit_code": None,
+        "exit_code": None,
+        "status": status,
+    }
 
 
 def _versions() -> dict[str, Any]:
@@ -246,6 +283,7 @@ def start_manifest(opts: RunOptions, run_dir: Path, cmd: list[str]) -> dict[str,
     old = _read_manifest(run_dir)
     if old.get("hosts"):  # another node's launcher wrote it first (shared file system)
         manifest["hosts"] = sorted(set(old["hosts"]) | set(manifest["hosts"]))
+    manifest["_node"] = _node_record(opts, cmd, manifest["start_ns"])
     return manifest
 
 
@@ -261,35 +299,50 @@ def _read_manifest(run_dir: Path) -> dict[str, Any]:
 def finish_manifest(
     manifest: dict[str, Any], run_dir: Path, torchrun_rc: int, hang: dict[str, Any] | None
 ) -> int:
-    """Complete the manifest from the rank files; return the exit code ``meshprof run`` keeps.
+    """Write this node's record and the merged manifest; return the exit code ``meshprof run``
+    keeps.
 
-    The code is the script's: when torchrun failed, the lowest rank that recorded a non-zero exit
-    code of its own (not a signal torchrun sent) gives it, else the lowest rank with any non-zero
-    code; when no rank recorded one (killed hard), torchrun's own code.
+    The code is the script's on this node: when torchrun failed, the lowest local rank that
+    recorded a non-zero exit code of its own (not a signal torchrun sent) gives it, else the
+    lowest local rank with any non-zero code; when no rank recorded one (killed hard), torchrun's
+    own code. Local ranks are those whose rank file names this launcher's :func:`node_id`.
     """
     code = torchrun_rc
     own_failures: list[int] = []  # codes of ranks that ended by themselves, not by a signal
-    hosts = set(manifest.get("hosts") or [])
+    me = node_id()
+    rec = dict(manifest.get("_node") or {})
+    manifest = {k: v for k, v in manifest.items() if k != "_node"}
+    hosts = {socket.gethostname()}
     try:
         run = load_run(run_dir)
     except MeshprofError:
         run = None
     if run is not None:
         manifest["world_size"] = run.world_size
-        hosts |= {str(rd.meta["hostname"]) for rd in run.ranks.values() if rd.meta.get("hostname")}
         layout = next(
             (rd.meta["layout"] for rd in run.ranks.values() if rd.meta.get("layout")), None
         )
         if layout and not manifest.get("layout"):
             manifest["layout"] = layout
+        tagged = any(rd.meta.get("node_id") for rd in run.ranks.values())
+        local = {
+            r: rd
+            for r, rd in sorted(run.ranks.items())
+            if rd.meta.get("node_id") == me or not tagged
+        }
+        hosts |= {str(rd.meta["hostname"]) for rd in local.values() if rd.meta.get("hostname")}
+        node_ranks = {rd.meta.get("node_rank") for rd in local.values()}
+        if len(node_ranks) == 1 and isinstance(next(iter(node_ranks)), int):
+            rec["node_rank"] = next(iter(node_ranks))  # the rendezvous' choice (GROUP_RANK)
         rank_codes: dict[int, int] = {}
-        for r, rd in sorted(run.ranks.items()):
+        for r, rd in local.items():
             ex = rd.meta.get("exit") or {}
             if isinstance(ex.get("code"), int):
                 rank_codes[r] = ex["code"]
                 if ex["code"] != 0 and ex.get("how") != "signal":
                     own_failures.append(ex["code"])
-        manifest["rank_exit_codes"] = {str(r): c for r, c in rank_codes.items()}
+        rec["ranks"] = sorted(local)
+        rec["rank_exit_codes"] = {str(r): c for r, c in rank_codes.items()}
         if torchrun_rc != 0:
             # torchrun ends the other workers with SIGTERM after the first failure: the root
             # cause is a rank that failed by itself.
@@ -298,18 +351,23 @@ def finish_manifest(
                 code = failed[0]
         manifest["missing_ranks"] = {str(r): why for r, why in sorted(run.problems.items())}
     if hang is not None:
-        manifest["hang"] = hang
+        rec["hang"] = hang
         if hang.get("killed"):  # the ranks died of our SIGTERM: the hang is the cause
             code = own_failures[0] if own_failures else EXIT_HANG
-    manifest["hosts"] = sorted(hosts | set(_read_manifest(run_dir).get("hosts") or []))
-    manifest["end_ns"] = time.time_ns()
-    manifest["end_time"] = _dt.datetime.now().astimezone().isoformat(timespec="seconds")
-    manifest["torchrun_exit_code"] = torchrun_rc
-    manifest["exit_code"] = code
-    manifest["status"] = (
-        "hang" if hang and hang.get("killed") else ("ok" if code == 0 else "failed")
+    rec["hosts"] = sorted(hosts)
+    rec["end_ns"] = time.time_ns()
+    rec["torchrun_exit_code"] = torchrun_rc
+    rec["exit_code"] = code
+    rec["status"] = "hang" if hang and hang.get("killed") else ("ok" if code == 0 else "failed")
+    write_node_record(run_dir, me, rec)
+    # Job-level fields: this launcher's view merged with every node's record (the last
+    # launcher to finish writes the complete one; load_run merges again in any case).
+    merged = merge_node_records(manifest, read_node_records(run_dir))
+    merged["hosts"] = sorted(
+        set(merged.get("hosts") or []) | set(_read_manifest(run_dir).get("hosts") or [])
     )
-    write_manifest(run_dir, manifest)
+    merged["end_time"] = _dt.datetime.now().astimezone().isoformat(timespec="seconds")
+    write_manifest(run_dir, merged)
     return code
 
 
@@ -404,7 +462,13 @@ def launch(opts: RunOptions) -> LaunchResult:
         raise MeshprofError(f"{run_dir}: cannot create the run directory ({e.strerror})") from None
     cmd = torchrun_command(opts)
     manifest = start_manifest(opts, run_dir, cmd)
-    write_manifest(run_dir, manifest)
+    write_node_record(run_dir, node_id(), manifest["_node"])
+    write_manifest(
+        run_dir,
+        merge_node_records(
+            {k: v for k, v in manifest.items() if k != "_node"}, read_node_records(run_dir)
+        ),
+    )
     proc = subprocess.Popen(cmd, env=worker_env(opts, run_dir))
 
     def forward(signum: int, _frame: Any) -> None:
@@ -454,6 +518,7 @@ __all__ = [
     "ENV_HANG_TIMEOUT",
     "ENV_LAYOUT",
     "ENV_MAX_EVENTS",
+    "ENV_NODE_ID",
     "ENV_RUN_DIR",
     "ENV_STEP_DETECT",
     "EXIT_HANG",

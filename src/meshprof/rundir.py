@@ -43,7 +43,12 @@ def atomic_write_text(path: Path, text: str) -> Path:
 # --------------------------------------------------------------------------------------------
 # The run directory
 #
-#   DIR/manifest.json          written by the launcher (or rank 0): see Manifest
+#   DIR/manifest.json          written by the launcher (or rank 0): see Manifest; with several
+#                              nodes, each launcher rewrites it merged with every node record
+#   DIR/nodes/NODE.json        one record per launcher (node): its ranks, exit codes, hosts,
+#                              torchrun's exit code, status; load_run merges them into the
+#                              manifest, so a run copied together from per-node directories
+#                              (no shared file system) reads the same as one on a shared one
 #   DIR/rank00000.npz ...      one file per rank: see RankData
 #   DIR/traces/                torch.profiler traces (optional)
 #   DIR/hang/                  watchdog dumps (optional)
@@ -62,6 +67,7 @@ def atomic_write_text(path: Path, text: str) -> Path:
 
 RUN_FORMAT = "meshprof-run/1"
 MANIFEST = "manifest.json"
+NODES_DIR = "nodes"
 _RANK_RE = _re.compile(r"^rank(\d+)\.npz$")
 
 
@@ -161,6 +167,91 @@ def write_manifest(run_dir: Path, manifest: dict[str, _Any]) -> Path:
     return atomic_write_text(Path(run_dir) / MANIFEST, _json.dumps(manifest, indent=2, default=str))
 
 
+def node_record_path(run_dir: Path, node_id: str) -> Path:
+    """Where the launcher ``node_id`` keeps its node record."""
+    safe = _re.sub(r"[^A-Za-z0-9_.-]", "_", node_id) or "node"
+    return Path(run_dir) / NODES_DIR / f"{safe}.json"
+
+
+def write_node_record(run_dir: Path, node_id: str, record: dict[str, _Any]) -> Path:
+    return atomic_write_text(
+        node_record_path(run_dir, node_id), _json.dumps(record, indent=2, default=str)
+    )
+
+
+def read_node_records(run_dir: Path) -> list[dict[str, _Any]]:
+    """Every readable node record, ordered by node rank then id (a damaged one is skipped: the
+    manifest still has what that launcher wrote into it)."""
+    out: list[dict[str, _Any]] = []
+    d = Path(run_dir) / NODES_DIR
+    if not d.is_dir():
+        return out
+    for f in sorted(d.glob("*.json")):
+        try:
+            rec = _json.loads(f.read_text(encoding="utf-8"))
+        except (OSError, ValueError, UnicodeDecodeError):
+            continue
+        if isinstance(rec, dict):
+            out.append(rec)
+    out.sort(key=lambda r: (int(r.get("node_rank") or 0), str(r.get("node_id", ""))))
+    return out
+
+
+#: How a job ended, worst first: the merged status is the worst node's.
+_STATUS_ORDER = ("hang", "failed", "running", "ok")
+
+
+def merge_node_records(
+    manifest: dict[str, _Any], records: list[dict[str, _Any]]
+) -> dict[str, _Any]:
+    """The manifest with the job-level fields derived from the node records: ``nodes`` (one
+    summary per node), ``hosts`` (union), ``rank_exit_codes`` (union), ``status`` (the worst
+    node's: hang, failed, running, ok), ``exit_code`` (the first failing node's, by node rank),
+    ``torchrun_exit_code`` (likewise), ``end_ns`` (the last node's; None while one runs)."""
+    if not records:
+        return manifest
+    m = dict(manifest)
+    m["nodes"] = [
+        {
+            k: rec.get(k)
+            for k in (
+                "node_id",
+                "node_rank",
+                "host",
+                "ranks",
+                "status",
+                "exit_code",
+                "torchrun_exit_code",
+                "start_ns",
+                "end_ns",
+            )
+        }
+        for rec in records
+    ]
+    hosts = set(m.get("hosts") or [])
+    codes: dict[str, _Any] = dict(m.get("rank_exit_codes") or {})
+    for rec in records:
+        hosts |= set(rec.get("hosts") or [])
+        codes.update({str(k): v for k, v in (rec.get("rank_exit_codes") or {}).items()})
+    m["hosts"] = sorted(hosts)
+    m["rank_exit_codes"] = dict(sorted(codes.items(), key=lambda kv: int(kv[0])))
+    statuses = [str(rec.get("status") or "running") for rec in records]
+    m["status"] = min(statuses, key=lambda s: _STATUS_ORDER.index(s) if s in _STATUS_ORDER else 0)
+    failing = [rec for rec in records if rec.get("exit_code") not in (0, None)]
+    first = failing[0] if failing else records[0]
+    m["exit_code"] = first.get("exit_code")
+    m["torchrun_exit_code"] = first.get("torchrun_exit_code")
+    ends = [rec.get("end_ns") for rec in records]
+    m["end_ns"] = None if None in ends else max(int(e) for e in ends if e is not None)
+    starts = [rec.get("start_ns") for rec in records if rec.get("start_ns")]
+    if starts:
+        m["start_ns"] = min([*starts, *([m["start_ns"]] if m.get("start_ns") else [])])
+    hangs = [rec["hang"] for rec in records if rec.get("hang")]
+    if hangs and not m.get("hang"):
+        m["hang"] = hangs[0]
+    return m
+
+
 def load_run(run_dir: Path) -> LoadedRun:
     """Load every rank file of a run directory. Missing or damaged ranks are listed in
     ``problems``; the rest still load. No usable rank at all raises :class:`MeshprofError`."""
@@ -176,6 +267,7 @@ def load_run(run_dir: Path) -> LoadedRun:
             manifest = _json.loads(mpath.read_text(encoding="utf-8"))
         except (ValueError, UnicodeDecodeError) as e:
             raise MeshprofError(f"{mpath}: damaged manifest ({e})") from None
+    manifest = merge_node_records(manifest, read_node_records(run_dir))
     ranks: dict[int, RankData] = {}
     problems: dict[int, str] = {}
     for f in sorted(run_dir.iterdir()):

@@ -288,6 +288,13 @@ def print_run_summary(run_dir: Path) -> None:
     console.print(
         f"[bold]meshprof run[/]: {run_dir} — world size {run_.world_size}, exit code {m.get('exit_code')}, hosts {', '.join(m.get('hosts') or [])}"
     )
+    nodes = m.get("nodes") or []
+    if len(nodes) > 1:
+        for n in nodes:
+            console.print(
+                f"  node {n.get('node_rank')} ({n.get('host')}): ranks {n.get('ranks')}, "
+                f"{n.get('status')}, exit code {n.get('exit_code')}"
+            )
     t = Table(title="ranks", title_justify="left")
     for col in ("rank", "host", "events", "steps", "exit"):
         t.add_column(col, justify="left" if col in ("host", "exit") else "right")
