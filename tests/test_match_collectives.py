@@ -78,6 +78,6 @@ def test_dimension_from_layout_and_desc():
     assert dimension_of("", (0, 4), layout) == "dp"
     assert dimension_of("", (0, 2), layout) == "tp"
     assert dimension_of("", (2, 3), layout) == "pp"
-    assert dimension_of("", tuple(range(8)), layout) == "dp+tp+pp"
+    assert dimension_of("", tuple(range(8)), layout) == "world"
     assert dimension_of("mesh_tp", (0, 1), None) == "tp"
     assert dimension_of("default_pg", (0, 1), None) == "other"

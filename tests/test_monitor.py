@@ -89,8 +89,26 @@ def test_dimension_of_group_follows_rank_formula():
     assert dimension_of([0, 2], lay) == "tp"
     assert dimension_of([1, 5], lay) == "dp"
     assert dimension_of(list(range(8)), lay) == "world"
-    assert dimension_of([0, 3], lay) == "other"
+    assert dimension_of([0, 3], lay) == "tp+pp"  # a flattened tp × pp group
     assert dimension_of([0, 1], None, "mesh_tp") == "tp"
+    # one definition everywhere: the report's and the layout module's agree with the monitor's
+    from meshprof.analyze.table import dimension_of as table_dimension_of
+    from meshprof.parallel import ParallelConfig, RankMapping, dimension_of_group
+
+    cfg = ParallelConfig(dp=2, tp=2, pp=2, num_layers=2)
+    groups = [[0, 1], [0, 2], [1, 5], list(range(8)), [0, 3], [0, 4, 1, 5], [3], [6, 7]]
+    for g in groups:
+        want = dimension_of(g, lay)
+        assert table_dimension_of("", tuple(g), {"dp": 2, "tp": 2, "pp": 2}) == want
+        assert dimension_of_group(RankMapping(cfg, 0), g) == want
+        assert dimension_of(g, "dp=2,tp=2,pp=2") == want == dimension_of(g, cfg)
+    assert dimension_of([0, 4, 1, 5], lay) == "dp+pp"
+    assert dimension_of([3], lay) == "other"
+    # a layout where one dimension is > 1: the world group is that dimension's
+    assert dimension_of([0, 1, 2, 3], Layout(dp=4)) == "dp"
+    # no usable layout: the description decides
+    assert dimension_of([0, 1], {"dp": "x"}, "dp_shard") == "dp"
+    assert dimension_of([0, 9], lay, "default_pg") == "other"
 
 
 def test_bubble_theory():
@@ -233,12 +251,15 @@ def _pipeline_worker(rank, ws, schedule_name, m):
     class Slow(torch.autograd.Function):
         @staticmethod
         def forward(ctx, x):
-            time.sleep(0.040)  # known stage costs: 40 ms forward, 80 ms backward per micro-batch
+            # known stage costs: 80 ms forward, 160 ms backward per micro-batch (long enough that
+            # the schedule's own ~1 ms per micro-batch, and a scheduler hiccup on 2 shared
+            # cores, stay well inside the 10% tolerance)
+            time.sleep(0.080)
             return x * 1.0
 
         @staticmethod
         def backward(ctx, g):
-            time.sleep(0.080)
+            time.sleep(0.160)
             return g
 
     class Stage(torch.nn.Module):

@@ -59,8 +59,8 @@ def test_dimension_of_group():
     assert dimension_of_group(m, [1, 5]) == "dp"
     assert dimension_of_group(m, [5, 7]) == "tp"
     assert dimension_of_group(m, [6, 7]) == "pp"
-    assert dimension_of_group(m, range(8)) == "other"
-    assert dimension_of_group(m, [0, 3]) == "other"
+    assert dimension_of_group(m, range(8)) == "world"
+    assert dimension_of_group(m, [0, 3]) == "tp+pp"
     assert dimension_of_group(m, [2]) == "other"
     # only one dimension > 1: the world group is that dimension's group
     assert dimension_of_group(ParallelConfig(dp=4), [0, 1, 2, 3]) == "dp"

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from meshprof.events import OP_CODES, STATUS_CODES, nccl_tests_size_array
+from meshprof.monitor.dimensions import dimension_of as _dimension_of
 from meshprof.rundir import LoadedRun
 
 DIMENSIONS = ("dp", "tp", "pp", "other")
@@ -32,38 +33,15 @@ class GroupRef:
     ranks: tuple[int, ...]
     """Global ranks of the members."""
     dimension: str
-    """Parallelism dimension: "dp", "tp", "pp", a "+"-joined mix ("dp+tp"), or "other"."""
-
-
-def _coords(rank: int, dp: int, tp: int, pp: int) -> tuple[int, int, int]:
-    # rank = dp_rank * tp * pp + tp_rank * pp + pp_rank
-    return rank // (tp * pp), (rank // pp) % tp, rank % pp
+    """Parallelism dimension: "dp", "tp", "pp", "world", a "+"-joined mix ("dp+tp"), or
+    "other" (see :func:`meshprof.monitor.dimensions.dimension_of`)."""
 
 
 def dimension_of(desc: str, ranks: tuple[int, ...], layout: dict | None) -> str:
-    """The dimension a group spans.
-
-    With a layout ``{"dp", "tp", "pp"}`` the group's members are placed by
-    rank = dp_rank·tp·pp + tp_rank·pp + pp_rank and the dimension is the coordinate(s) that vary
-    among them (computed here, independent of :mod:`meshprof.parallel`). Without a layout the group
-    description decides ("mesh_dp" → "dp"); anything else is "other".
-    """
-    if layout:
-        try:
-            dp, tp, pp = (max(int(layout.get(k, 1)), 1) for k in ("dp", "tp", "pp"))
-            if dp * tp * pp >= max(ranks, default=0) + 1 and len(ranks) > 1:
-                cs = [_coords(r, dp, tp, pp) for r in ranks]
-                varying = [
-                    n for i, n in enumerate(("dp", "tp", "pp")) if len({c[i] for c in cs}) > 1
-                ]
-                return "+".join(varying) if varying else "other"
-        except (TypeError, ValueError):
-            pass
-    d = desc.lower()
-    for dim in ("dp", "tp", "pp"):
-        if d == dim or d.endswith("_" + dim) or f"_{dim}_" in d or d.startswith(dim + "_"):
-            return dim
-    return "other"
+    """The dimension a group spans (:func:`meshprof.monitor.dimensions.dimension_of`, the one
+    definition the step monitor uses too): "dp", "tp", "pp", "world", a "+"-joined mix, or
+    "other"."""
+    return _dimension_of(ranks, layout, desc)
 
 
 @dataclass(frozen=True, slots=True)

@@ -76,12 +76,17 @@ def _dimension_table(results: list[dict[str, Any]]) -> Table:
     for name in ("dimension", "count", "bytes", "time (sum)", "time per rank"):
         t.add_column(name, justify="right" if name != "dimension" else "left")
     n = len(results)
-    for dim in ("dp", "tp", "pp", "other"):
-        count = sum(r["dimensions"][dim]["count"] for r in results)
+    dims = sorted(
+        {d for r in results for d in r["dimensions"]},
+        key=lambda d: (("dp", "tp", "pp").index(d) if d in ("dp", "tp", "pp") else 3, d),
+    )
+    for dim in dims:
+        rows = [r["dimensions"][dim] for r in results if dim in r["dimensions"]]
+        count = sum(x["count"] for x in rows)
         if not count:
             continue
-        nbytes = sum(r["dimensions"][dim]["bytes"] for r in results)
-        ns = sum(r["dimensions"][dim]["time_ns"] for r in results)
+        nbytes = sum(x["bytes"] for x in rows)
+        ns = sum(x["time_ns"] for x in rows)
         t.add_row(dim, str(count), fmt_bytes(nbytes), fmt_ns(ns), fmt_ns(ns / n))
     return t
 

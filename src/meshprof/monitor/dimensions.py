@@ -51,19 +51,51 @@ class Layout:
             return None
 
 
-def dimension_of(group_ranks: Sequence[int], layout: Layout | None, desc: str = "") -> str:
-    """ "dp", "tp", "pp", "world" or "other" for a group with these global ranks."""
-    ranks = list(group_ranks)
-    if layout is not None and len(ranks) > 1 and max(ranks) < layout.world_size:
-        coords = [layout.coords(r) for r in ranks]
-        varying = [i for i in range(3) if len({c[i] for c in coords}) > 1]
-        if len(varying) == 1:
-            return DIMS[varying[0]]
-        if len(ranks) == layout.world_size:
-            return "world"
-        return "other"
+def _from_desc(desc: str) -> str:
     d = desc.lower()
     for dim in DIMS:
-        if d == dim or d.endswith(f"_{dim}") or d.startswith(f"{dim}_") or f"mesh_{dim}" in d:
+        if (
+            d == dim
+            or d.endswith(f"_{dim}")
+            or d.startswith(f"{dim}_")
+            or f"_{dim}_" in d
+            or f"mesh_{dim}" in d
+        ):
             return dim
     return "other"
+
+
+def dimension_of(group_ranks: Sequence[int], layout: object, desc: str = "") -> str:
+    """The parallel dimension a process group spans, from its members' global ranks.
+
+    With a layout (a :class:`Layout`, a ParallelConfig or RankMapping, a ``{"dp", "tp", "pp"}``
+    dict or a ``"dp=2,tp=2,pp=1"`` string) whose world holds every member:
+
+    - "dp", "tp" or "pp" when the members differ in that coordinate only (a whole group of that
+      dimension, or a subset of one);
+    - "world" when they are the whole world and more than one dimension is > 1 (when only one is,
+      the world group is that dimension's group and gets its name);
+    - a "+"-joined mix in dp, tp, pp order ("dp+tp") for other groups spanning several
+      dimensions (flattened meshes such as FSDP's dp_shard × cp).
+
+    Otherwise (no layout, a single-rank group, ranks outside the layout) the group's description
+    decides ("mesh_tp", "tp", "dp_shard" -> that dimension), and anything else is "other".
+    This is the one definition every part of meshprof uses (the step monitor, the cross-rank
+    report, the demo's summary).
+    """
+    ranks = sorted({int(r) for r in group_ranks})
+    try:
+        lay = Layout.from_any(layout)
+    except (TypeError, ValueError):
+        lay = None
+    if lay is not None and min(lay.dp, lay.tp, lay.pp) < 1:
+        lay = None
+    if lay is not None and len(ranks) > 1 and ranks[0] >= 0 and ranks[-1] < lay.world_size:
+        coords = [lay.coords(r) for r in ranks]
+        varying = [DIMS[i] for i in range(3) if len({c[i] for c in coords}) > 1]
+        if len(varying) == 1:
+            return varying[0]
+        if len(ranks) == lay.world_size:
+            return "world"
+        return "+".join(varying)
+    return _from_desc(desc)

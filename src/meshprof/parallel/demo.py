@@ -62,10 +62,12 @@ class DemoConfig:
 
 
 def dimension_totals(events: list[Any], config: ParallelConfig) -> dict[str, dict[str, int]]:
-    """Per parallel dimension: collectives, bytes (input side) and summed duration in ns."""
+    """Per parallel dimension (:func:`dimension_of_group` labels; dp, tp, pp and other always
+    present): collectives, bytes (input side) and summed duration in ns."""
     out = {d: {"count": 0, "bytes": 0, "time_ns": 0} for d in ("dp", "tp", "pp", "other")}
     for ev in events:
-        row = out[dimension_of_group(config, ev.group_ranks or (ev.rank,))]
+        dim = dimension_of_group(config, ev.group_ranks or (ev.rank,))
+        row = out.setdefault(dim, {"count": 0, "bytes": 0, "time_ns": 0})
         row["count"] += 1
         row["bytes"] += max(int(ev.in_bytes), int(ev.out_bytes))
         row["time_ns"] += int(ev.duration_ns)

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Literal
 
 from meshprof.errors import MeshprofError
 from meshprof.parallel.config import ParallelConfig
 
-Dimension = Literal["dp", "tp", "pp", "other"]
+Dimension = str
+"""A dimension label: "dp", "tp", "pp", "world", a "+"-joined mix ("tp+pp") or "other"."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,25 +160,17 @@ def all_groups(config: ParallelConfig, dim: str) -> list[tuple[int, ...]]:
 def dimension_of_group(
     mapping: RankMapping | ParallelConfig, group_ranks: Iterable[int]
 ) -> Dimension:
-    """Which parallel dimension a process group (given by its global ranks) belongs to.
-
-    "dp", "tp" or "pp" when the ranks are exactly one group of that dimension of size > 1 (they
-    differ only in that coordinate and cover all of it); "other" for anything else (the world
-    group when more than one dimension is > 1, flattened meshes, single-rank groups, subsets).
-    When only one dimension is > 1 the world group is that dimension's group.
+    """Which parallel dimension a process group (given by its global ranks) belongs to: "dp",
+    "tp" or "pp" when its members differ in that coordinate only, "world" for the whole world
+    when several dimensions are > 1, a "+"-joined mix ("tp+pp") for other groups spanning
+    several, "other" for single-rank groups and ranks outside the layout. The same definition
+    as :func:`meshprof.monitor.dimensions.dimension_of`, which the step monitor and the report
+    use.
     """
+    from meshprof.monitor.dimensions import Layout, dimension_of
+
     config = mapping.config if isinstance(mapping, RankMapping) else mapping
-    ranks = sorted(set(int(r) for r in group_ranks))
-    if len(ranks) < 2 or ranks[0] < 0 or ranks[-1] >= config.world_size:
-        return "other"
-    cs = [coords_of(config, r).as_tuple() for r in ranks]
-    for axis, (dim, size) in enumerate((("dp", config.dp), ("tp", config.tp), ("pp", config.pp))):
-        if len(ranks) != size:
-            continue
-        others = {tuple(c[i] for i in range(3) if i != axis) for c in cs}
-        if len(others) == 1 and sorted(c[axis] for c in cs) == list(range(size)):
-            return dim  # type: ignore[return-value]
-    return "other"
+    return dimension_of(list(group_ranks), Layout(config.dp, config.tp, config.pp))
 
 
 __all__ = [
