@@ -64,33 +64,45 @@ def _set_mode(mode: str, state: dict[str, Any]) -> None:
         meshprof.enable(meshprof.ProfilerConfig(max_events=100_000, native=True))
 
 
-def _time_calls(n: int, barrier: Any = None) -> np.ndarray:
+def _time_calls(n: int, barrier: Any = None, op: str = "all_reduce") -> np.ndarray:
+    """Per-call times (ns): ``all_reduce`` of 4 float32, or ``p2p``: one send and one recv of
+    4 float32 with the other rank through ``batch_isend_irecv``, both waited (the pattern of
+    torch.distributed.pipelining)."""
     import torch
     import torch.distributed as dist
 
     t = torch.ones(4)
+    r = torch.empty(4)
     out = np.empty(n, dtype=np.int64)
     clock = time.perf_counter_ns
+    peer = 1 - dist.get_rank() if op == "p2p" else 0
     for i in range(n):
         if barrier is not None and i % 200 == 0:
             barrier()
         t0 = clock()
-        dist.all_reduce(t)
+        if op == "p2p":
+            ops = [dist.P2POp(dist.isend, t, peer), dist.P2POp(dist.irecv, r, peer)]
+            for w in dist.batch_isend_irecv(ops):
+                w.wait()
+        else:
+            dist.all_reduce(t)
         out[i] = clock() - t0
     return out
 
 
-def measure(calls: int, rounds: int, barrier: Any = None) -> dict[str, np.ndarray]:
+def measure(
+    calls: int, rounds: int, barrier: Any = None, op: str = "all_reduce"
+) -> dict[str, np.ndarray]:
     state: dict[str, Any] = {}
     samples: dict[str, list[np.ndarray]] = {m: [] for m in MODES}
     for m in MODES:  # warm-up round, discarded
         _set_mode(m, state)
-        _time_calls(min(calls, 200), barrier)
+        _time_calls(min(calls, 200), barrier, op)
     for r in range(rounds):
         order = MODES if r % 2 == 0 else tuple(reversed(MODES))
         for m in order:
             _set_mode(m, state)
-            samples[m].append(_time_calls(calls, barrier))
+            samples[m].append(_time_calls(calls, barrier, op))
     _set_mode("disabled", state)
     return {m: np.concatenate(v) for m, v in samples.items()}
 
@@ -108,10 +120,10 @@ def _fake(calls: int, rounds: int) -> dict[str, np.ndarray]:
         dist.destroy_process_group()
 
 
-def _gloo_rank(rank: int, ws: int, calls: int, rounds: int) -> dict[str, list[int]]:
+def _gloo_rank(rank: int, ws: int, calls: int, rounds: int, op: str) -> dict[str, list[int]]:
     import torch.distributed as dist
 
-    res = measure(calls, rounds, barrier=dist.barrier)
+    res = measure(calls, rounds, barrier=dist.barrier, op=op)
     return {m: v.tolist() for m, v in res.items()}
 
 
@@ -124,7 +136,7 @@ def _row(name: str, v: np.ndarray, base: np.ndarray | None) -> str:
     return f"| {name:<12} | {med:8.2f} | {p99:8.2f} | {dmed:+10.2f} | {dp99:+10.2f} |"
 
 
-def _table(title: str, res: dict[str, np.ndarray]) -> str:
+def _table(title: str, res: dict[str, np.ndarray], what: str = "all_reduce of 4 float32") -> str:
     lines = [
         f"### {title}",
         "",
@@ -136,7 +148,7 @@ def _table(title: str, res: dict[str, np.ndarray]) -> str:
         lines.append(_row(m, res[m], None if m == "disabled" else base))
     n = len(base)
     lines.append("")
-    lines.append(f"{n} calls per mode; all_reduce of 4 float32.")
+    lines.append(f"{n} calls per mode; {what}.")
     return "\n".join(lines)
 
 
@@ -157,9 +169,18 @@ def main() -> None:
     if not args.no_gloo:
         from meshprof.tools.spawn import run_ranks
 
-        r0, _ = run_ranks(_gloo_rank, 2, (args.calls // 4, args.rounds), timeout=600)
+        r0, _ = run_ranks(_gloo_rank, 2, (args.calls // 4, args.rounds, "all_reduce"), timeout=600)
         print()
         print(_table("gloo, 2 ranks, rank 0", {m: np.array(v) for m, v in r0.items()}))
+        r0, _ = run_ranks(_gloo_rank, 2, (args.calls // 4, args.rounds, "p2p"), timeout=600)
+        print()
+        print(
+            _table(
+                "gloo, 2 ranks, rank 0: send + recv (batch_isend_irecv, as pipelining)",
+                {m: np.array(v) for m, v in r0.items()},
+                "one send and one recv of 4 float32 per call (two recorded ops)",
+            )
+        )
 
 
 if __name__ == "__main__":

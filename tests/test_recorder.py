@@ -392,3 +392,49 @@ def test_cuda_path_never_synchronizes_the_host() -> None:
     assert r0["device_timed"] == 0
     assert r0["n"] == 11
     assert all(d > 0 for d in r0["durs"])
+
+
+def _native_p2p(rank: int, ws: int) -> dict[str, Any]:
+    import torch
+    import torch.distributed as dist
+
+    import meshprof
+    from meshprof.config import ProfilerConfig
+
+    prof = meshprof.enable(ProfilerConfig(native=True))
+    mod = prof._native.mod
+    t = torch.ones(256)
+    waits = []
+    for _ in range(6):
+        dist.barrier()
+        if rank == 0:
+            time.sleep(0.03)  # rank 1's recv waits ~30 ms for this send
+            w = dist.isend(t, 1)
+        else:
+            w = dist.irecv(t, 0)
+        t0 = time.perf_counter_ns()
+        w.wait()
+        waits.append(time.perf_counter_ns() - t0)
+    polled = mod.polled_count()  # every waited work left the poller's list at its wait
+    _idle(prof)
+    ev = [e for e in prof.events() if e.op in ("send", "recv")]
+    meshprof.disable()
+    return {"polled": polled, "durs": [e.duration_ns for e in ev], "waits": waits}
+
+
+def test_native_p2p_ends_at_the_python_wait() -> None:
+    """Native recorder, gloo send/recv (works without a future): an op waited on from Python
+    ends when its wait returns, not when the (slow, ≤ 20 ms) safety-net poller next looks. The
+    recv's recorded duration is the ~30 ms the receiver waited, within 2 ms of the wait the test
+    timed itself."""
+    import meshprof.native
+
+    meshprof.native.load()  # build once here (cached), before the ranks start
+    res = run_ranks(_native_p2p, 2, timeout=120)
+    for r in res:
+        assert r["polled"] == 0
+        assert len(r["durs"]) == 6
+    recv = res[1]
+    for d, w in zip(recv["durs"], recv["waits"], strict=True):
+        assert d >= 20e6  # it really waited for the late send
+        assert d <= w + 2e6  # and ended at the wait, not up to 20 ms later at a poll

@@ -14,6 +14,7 @@ ops; they are wrapped so that each is recorded as one event of its own name.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import threading
@@ -84,6 +85,7 @@ def install(prof: CommProfiler) -> Installation:
             native.install()
             native.set_step(prof.step)
             _patch_object_collectives(prof, inst)
+            _patch_work_wait_native(native, inst)
             return inst
     lib = torch.library.Library("c10d", "IMPL")
     with warnings.catch_warnings():
@@ -149,6 +151,38 @@ def _patch_work_wait(prof: CommProfiler, inst: Installation) -> None:
         original = cls.__dict__["wait"]
         inst.patched.append((cls, "wait", original))
         setattr(cls, "wait", _wrap_wait(prof, original))  # noqa: B010
+
+
+def _patch_work_wait_native(native: Any, inst: Installation) -> None:
+    """Native mode: a future-less work (gloo's send/recv) waited on from Python ends when its
+    wait returns (the C++ poller then only backs up works nobody waits on, so it can poll
+    slowly: 1 ms, backing off to 20 ms)."""
+    try:
+        waited = native.mod.work_waited
+    except AttributeError:  # a build from before this hook: keep its fast poller
+        return
+    for cls in _work_classes():
+        original = cls.__dict__["wait"]
+        inst.patched.append((cls, "wait", original))
+        setattr(cls, "wait", _wrap_wait_native(waited, original))  # noqa: B010
+    native.mod.set_poll_interval(1000, 20000)
+
+
+def _wrap_wait_native(waited: Callable[[Any, str], bool], original: Any) -> Callable[..., Any]:
+    def wait(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            out = original(self, *args, **kwargs)
+        except BaseException as e:
+            with contextlib.suppress(Exception):
+                waited(self, f"{type(e).__name__}: {e}")
+            raise
+        with contextlib.suppress(Exception):
+            waited(self, "")
+        return out
+
+    wait.__doc__ = getattr(original, "__doc__", None)
+    wait.__meshprof_original__ = original  # type: ignore[attr-defined]
+    return wait
 
 
 def _wrap_wait(prof: CommProfiler, original: Any) -> Callable[..., Any]:

@@ -6,7 +6,10 @@ Opt-in with ``ProfilerConfig(native=True)`` (or ``MESHPROF_NATIVE=1``): the firs
 cached per torch version under ``TORCH_EXTENSIONS_DIR``); it needs a C++ compiler. The C++ kernel
 runs at the same ``BackendSelect`` key for every ``c10d::`` op, assigns seq with the same rules,
 samples with the same hash and takes completion from the Work's future (a C++ callback, no GIL)
-or a C++ polling thread. Python drains finished records into the event log at every flush.
+or, for works without one (gloo's send/recv; each Work class is asked for its future once), from
+``Work.wait()`` returning in Python (``work_waited``), with a C++ polling thread (1 ms, backing off
+to 20 ms) as the safety net for works nobody waits on. Python drains finished records into the
+event log at every flush.
 
 CUDA tensors are not timed natively (their futures complete at enqueue): with CUDA present the
 Python path with CUDA-event timing is used instead.

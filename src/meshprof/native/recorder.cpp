@@ -21,7 +21,10 @@
 #include <string>
 #include <thread>
 #include <tuple>
+#include <typeindex>
+#include <typeinfo>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 namespace {
@@ -80,7 +83,13 @@ std::unique_ptr<torch::Library> lib;
 std::mutex poll_mu;
 std::condition_variable poll_cv;
 std::vector<std::pair<c10::intrusive_ptr<c10d::Work>, int64_t>> polled;
+std::unordered_map<const c10d::Work*, int64_t> polled_token;  // works still polled -> token
 bool poller_started = false;
+// Poll period (µs): from min after progress, doubling to max while nothing completes. With the
+// Python Work.wait hook on (set_poll_interval), works waited on from Python end when their wait
+// returns and the poller is only a safety net for works nobody waits on.
+std::atomic<int64_t> poll_min_us{100};
+std::atomic<int64_t> poll_max_us{1000};
 
 thread_local int comp_depth = 0;
 thread_local int64_t comp_in = 0, comp_out = 0, comp_n = 0;
@@ -148,19 +157,20 @@ void complete(int64_t token, int64_t end, const std::string* err) {
 }
 
 void poll_loop() {
-  int64_t delay_us = 100;
+  int64_t delay_us = poll_min_us.load();
   while (true) {
     std::vector<std::pair<c10::intrusive_ptr<c10d::Work>, int64_t>> items;
     {
       std::unique_lock<std::mutex> g(poll_mu);
       if (polled.empty()) {
         poll_cv.wait(g, [] { return !polled.empty(); });
-        delay_us = 100;
+        delay_us = poll_min_us.load();
       }
       items.swap(polled);
     }
     bool progressed = false;
     std::vector<std::pair<c10::intrusive_ptr<c10d::Work>, int64_t>> keep;
+    std::vector<std::pair<c10::intrusive_ptr<c10d::Work>, int64_t>> finished;
     for (auto& it : items) {
       bool completed = true;
       try {
@@ -168,27 +178,55 @@ void poll_loop() {
       } catch (...) {
       }
       if (completed) {
-        complete(it.second, now_ns(), nullptr);
+        finished.push_back(std::move(it));
         progressed = true;
       } else {
         keep.push_back(std::move(it));
       }
     }
-    if (!keep.empty()) {
+    const int64_t end = now_ns();
+    std::vector<int64_t> mine;  // tokens that no Python wait() completed first
+    {
       std::lock_guard<std::mutex> g(poll_mu);
-      for (auto& it : keep) polled.push_back(std::move(it));
+      for (auto& it : keep) {  // a work whose wait() already returned is dropped
+        if (polled_token.count(it.first.get())) polled.push_back(std::move(it));
+      }
+      for (auto& it : finished) {
+        auto pt = polled_token.find(it.first.get());
+        if (pt != polled_token.end() && pt->second == it.second) {
+          polled_token.erase(pt);
+          mine.push_back(it.second);
+        }
+      }
     }
-    delay_us = progressed ? 100 : std::min<int64_t>(delay_us * 2, 1000);
+    for (int64_t tok : mine) complete(tok, end, nullptr);
+    delay_us = progressed ? poll_min_us.load()
+                          : std::min<int64_t>(delay_us * 2, poll_max_us.load());
     std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
   }
 }
 
+// Work classes whose getFuture() throws (gloo's SendWork/RecvWork): asking again would cost a
+// c10::Error with its backtrace, tens of µs per op, so each class is asked once.
+std::mutex no_future_mu;
+std::unordered_set<std::type_index> no_future_types;
+
 void watch(const c10::intrusive_ptr<c10d::Work>& work, int64_t token, bool wait_thread) {
   c10::intrusive_ptr<c10::ivalue::Future> fut;
-  try {
-    fut = work->getFuture();
-  } catch (...) {
-    fut.reset();
+  const std::type_index kind(typeid(*work));
+  bool ask;
+  {
+    std::lock_guard<std::mutex> g(no_future_mu);
+    ask = no_future_types.count(kind) == 0;
+  }
+  if (ask) {
+    try {
+      fut = work->getFuture();
+    } catch (...) {
+      fut.reset();
+      std::lock_guard<std::mutex> g(no_future_mu);
+      no_future_types.insert(kind);
+    }
   }
   if (fut) {
     fut->addCallback([token](c10::ivalue::Future& f) {
@@ -215,6 +253,7 @@ void watch(const c10::intrusive_ptr<c10d::Work>& work, int64_t token, bool wait_
     return;
   }
   std::lock_guard<std::mutex> g(poll_mu);
+  polled_token[work.get()] = token;
   polled.emplace_back(work, token);
   if (!poller_started) {
     poller_started = true;
@@ -382,6 +421,38 @@ std::vector<std::string> names_of_groups() {
   return group_names;
 }
 
+// Python's Work.wait() on this work returned (err: what it raised, "" if nothing): a polled
+// op ends now, as its caller saw it. Returns whether the work was one the poller was watching.
+bool work_waited(py::handle work, const std::string& err) {
+  const int64_t end = now_ns();
+  const c10d::Work* ptr = nullptr;
+  try {
+    ptr = py::cast<c10d::Work*>(work);
+  } catch (...) {
+    return false;
+  }
+  int64_t token = -1;
+  {
+    std::lock_guard<std::mutex> g(poll_mu);
+    auto it = polled_token.find(ptr);
+    if (it == polled_token.end()) return false;
+    token = it->second;
+    polled_token.erase(it);
+  }
+  complete(token, end, err.empty() ? nullptr : &err);
+  return true;
+}
+
+void set_poll_interval(int64_t min_us, int64_t max_us) {
+  poll_min_us.store(std::max<int64_t>(min_us, 1));
+  poll_max_us.store(std::max<int64_t>(max_us, min_us));
+}
+
+int64_t polled_count() {
+  std::lock_guard<std::mutex> g(poll_mu);
+  return static_cast<int64_t>(polled_token.size());
+}
+
 int64_t record_size() { return static_cast<int64_t>(sizeof(Rec)); }
 
 int64_t now() { return now_ns(); }
@@ -413,6 +484,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("drain", &drain);
   m.def("inflight_records", &inflight_records);
   m.def("record_size", &record_size);
+  m.def("work_waited", &work_waited);
+  m.def("set_poll_interval", &set_poll_interval);
+  m.def("polled_count", &polled_count);
   m.def("group_names", &names_of_groups);
   m.def("now", &now);
   m.def("composite_enter", &composite_enter);
