@@ -28,20 +28,21 @@ MODES = ("disabled", "passthrough", "enabled", "sampled", "native")
 
 
 class _Passthrough:
-    """An empty BackendSelect kernel for c10d::allreduce_ that only redispatches."""
+    """An empty Python BackendSelect kernel for c10d::allreduce_, send and recv_ that only
+    redispatches (the floor of any Python-level recorder)."""
 
     def __init__(self) -> None:
         import torch
 
-        op = torch.ops.c10d.allreduce_.default
-        redispatch = op._handle.redispatch_boxed
         bs = torch._C.DispatchKey.BackendSelect
-
-        def kernel(keyset: Any, *args: Any) -> Any:
-            return redispatch(keyset.remove(bs), *args)
-
         self.lib = torch.library.Library("c10d", "IMPL")
-        self.lib.impl("allreduce_", kernel, "BackendSelect", with_keyset=True)
+        for name in ("allreduce_", "send", "recv_"):
+            redispatch = getattr(torch.ops.c10d, name).default._handle.redispatch_boxed
+
+            def kernel(keyset: Any, *args: Any, _r: Any = redispatch) -> Any:
+                return _r(keyset.remove(bs), *args)
+
+            self.lib.impl(name, kernel, "BackendSelect", with_keyset=True)
 
     def close(self) -> None:
         self.lib._destroy()
