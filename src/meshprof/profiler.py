@@ -180,6 +180,22 @@ class _Poller:
         self._stop = True
         self._wake.set()
 
+    def pending(self) -> int:
+        """Works not yet seen complete."""
+        return len(self._fast) + len(self._slow)
+
+    def settle(self, timeout_s: float) -> None:
+        """Sweep the pending works on the calling thread until none is left or ``timeout_s``
+        passes (0: one sweep). Before a final write this catches ops that completed while the
+        poller thread was starved of the GIL or CPU (a loaded host at interpreter exit)."""
+        deadline = time.monotonic() + max(timeout_s, 0.0)
+        while True:
+            self._sweep(self._fast)
+            self._sweep(self._slow)
+            if not self.pending() or time.monotonic() >= deadline:
+                return
+            time.sleep(0.001)
+
     def _sweep(self, items: deque[tuple[Any, _Rec]]) -> bool:
         progressed = False
         for _ in range(len(items)):
@@ -322,6 +338,19 @@ class CommProfiler:
             except Exception as e:
                 self._internal_error(e)
         self.log.flush()
+
+    def settle(self, timeout_s: float = 0.2) -> None:
+        """Notice every op that has completed, then flush: pending works are swept on this
+        thread for up to ``timeout_s`` (an op that never completes, such as a gloo send nobody
+        waits on, stays in flight). Called before a rank file's final write; never raises."""
+        try:
+            self._poller.settle(timeout_s)
+        except Exception as e:
+            self._internal_error(e)
+        try:
+            self.flush()
+        except Exception as e:
+            self._internal_error(e)
 
     def inflight(self) -> list[InflightOp]:
         """Collectives issued and not yet completed, oldest first."""

@@ -34,6 +34,9 @@ RANK_FORMAT = "meshprof-rank/1"
 #: Seconds the SIGTERM handler waits for the final write before exiting anyway (the write
 #: cannot finish if the signal interrupted the main thread inside the recorder's own lock).
 SIGNAL_WRITE_TIMEOUT_S = 10.0
+#: Seconds the final write waits for completed-but-unnoticed ops to be swept (an op that never
+#: completes costs this once, at exit).
+SETTLE_S = 0.2
 
 
 def rank_data(
@@ -169,6 +172,7 @@ class RankWriter:
                 with contextlib.suppress(ValueError, OSError):
                     signal.signal(signal.SIGTERM, self._prev_sigterm)
         if final_write:
+            self._settle(SETTLE_S)
             self.write()
 
     def set_exit(self, how: str, code: int | None = None, error: str = "") -> None:
@@ -228,10 +232,16 @@ class RankWriter:
             self.write()
 
     # -- handlers -------------------------------------------------------------------------------
+    def _settle(self, timeout_s: float) -> None:
+        """Let the recorder notice ops that completed but were not seen yet (never raises)."""
+        with contextlib.suppress(Exception):
+            self.prof.settle(timeout_s)
+
     def _at_exit(self) -> None:
         if self._exit is None:
             self.set_exit("normal", 0)
         self._stop.set()
+        self._settle(SETTLE_S)
         self.write()
 
     def _excepthook(
@@ -241,6 +251,7 @@ class RankWriter:
             self.set_exit(
                 "exception", 1, "".join(traceback.format_exception_only(etype, value)).strip()
             )
+            self._settle(SETTLE_S)
             self.write()
         except BaseException:
             pass
@@ -286,6 +297,7 @@ class RankWriter:
     def _sigterm_from_thread(self) -> None:
         self.set_exit("signal", 128 + signal.SIGTERM, signal.Signals.SIGTERM.name)
         self._stop.set()
+        self._settle(0.0)
         self.write()
         if self._prev_sigterm not in (signal.SIG_DFL, None):
             return  # the script's own handler (or SIG_IGN) decides, from the main thread
