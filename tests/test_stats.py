@@ -256,3 +256,44 @@ def test_native_build_failure_falls_back_to_the_python_recorder(monkeypatch):
     finally:
         meshprof.disable()
         dist.destroy_process_group()
+
+
+def test_poller_settle_notices_completed_works_without_its_thread() -> None:
+    """The final write's sweep: works that completed while the poller thread never ran (a
+    starved thread at interpreter exit) are completed by ``settle`` on the caller's thread; a
+    work that completes a little later is waited for; one that never completes is left in flight
+    after the timeout."""
+    import threading
+    import time
+
+    from meshprof.profiler import _Poller, _Rec
+
+    class Work:
+        def __init__(self, done: bool) -> None:
+            self.done = done
+
+        def is_completed(self) -> bool:
+            return self.done
+
+    ended: list[str] = []
+    poller = _Poller(lambda rec, end, err: ended.append(rec.op_name))
+
+    def rec(name: str, work: Work) -> tuple[Work, _Rec]:
+        r = _Rec()
+        r.op_name, r.work = name, work
+        return work, r
+
+    poller._fast.append(rec("done", Work(True)))  # no poller thread: nobody sweeps but settle
+    poller._slow.append(rec("done_slow", Work(True)))
+    late = Work(False)
+    poller._fast.append(rec("late", late))
+    threading.Timer(0.03, lambda: setattr(late, "done", True)).start()
+    poller.settle(0.0)
+    assert sorted(ended) == ["done", "done_slow"] and poller.pending() == 1
+    poller.settle(2.0)
+    assert ended[-1] == "late" and poller.pending() == 0
+    poller._fast.append(rec("never", Work(False)))
+    t0 = time.monotonic()
+    poller.settle(0.05)
+    assert 0.05 <= time.monotonic() - t0 < 1.0 and poller.pending() == 1
+    assert "never" not in ended
