@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 from data.meshprof_synth import MS, synthetic_run
 
@@ -67,3 +68,45 @@ def test_bad_input_exit_2(tmp_path):
     assert p.returncode == 2 and "--threshold" in p.stderr
     p = _run(str(tmp_path), "--html", str(tmp_path))
     assert p.returncode == 2 and "is a directory" in p.stderr
+
+
+def _evicting_worker(rank: int, world: int, out: str) -> int:
+    """60 all_reduces of 64 B and 30 of 4 KiB through a 16-event ring buffer, half of them
+    sampled out; the rank file is written as the launcher writes it."""
+    import torch
+    import torch.distributed as dist
+
+    import meshprof
+    from meshprof.rundir import write_rank_file
+    from meshprof.session import rank_data
+
+    prof = meshprof.enable(meshprof.ProfilerConfig(max_events=16, sample_rate=0.5))
+    for _ in range(60):
+        dist.all_reduce(torch.ones(16))
+    for _ in range(30):
+        dist.all_reduce(torch.ones(1024))
+    prof.settle(1.0)
+    write_rank_file(Path(out), rank_data(prof, extra_meta={"rank": rank, "world_size": world}))
+    meshprof.disable()
+    return len(prof.columns()[0])
+
+
+def test_report_size_table_counts_evicted_and_sampled_out_collectives(tmp_path):
+    """The latency columns cover the retained events (at most 16 per rank here); the issued
+    column is exact for the whole run: 60 + 30 collectives per rank, 2 ranks, counted by the
+    test itself."""
+    from meshprof.analyze.crossrank import analyze_run
+    from meshprof.rundir import load_run
+    from meshprof.tools.spawn import run_ranks
+
+    retained = run_ranks(_evicting_worker, 2, (str(tmp_path),), timeout=90)
+    assert all(n <= 16 for n in retained)
+    rep = analyze_run(load_run(tmp_path))
+    rows = {(x.op, x.size_bucket): x for x in rep.by_size}
+    small, big = rows[("all_reduce", 64)], rows[("all_reduce", 4096)]
+    assert small.recorded == 2 * 60 and big.recorded == 2 * 30
+    assert small.count + big.count <= sum(retained)
+    p = _run(str(tmp_path), "--json")
+    assert p.returncode == 0, p.stderr
+    got = {(r["op"], r["size_bucket"]): r["recorded"] for r in json.loads(p.stdout)["by_size"]}
+    assert got[("all_reduce", 64)] == 120 and got[("all_reduce", 4096)] == 60

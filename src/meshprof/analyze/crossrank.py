@@ -94,6 +94,11 @@ class SizeRow:
     """Median algorithm bandwidth (GB/s = 1e9 B/s)."""
     busbw_gbps: float
     """Median bus bandwidth (GB/s)."""
+    recorded: int = -1
+    """Collectives of this op and size issued over the whole run on the loaded ranks, exact:
+    events evicted from a rank's ring buffer, sampled out, failed or still in flight at the last
+    write included (from the rank files' statistics); -1 when the rank files carry none. The
+    latency columns cover the ``count`` retained, completed ones."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -279,6 +284,33 @@ def _peak(mem: np.ndarray) -> int:
 
 
 _BW_CHUNK = 1 << 20
+
+
+def _recorded_by_size(run: LoadedRun) -> dict[tuple[str, int], int] | None:
+    """(op, size bucket) -> exact collectives issued, summed over the loaded ranks' statistics
+    (None when some rank file carries none)."""
+    out: dict[tuple[str, int], int] = {}
+    for rd in run.ranks.values():
+        stats = rd.meta.get("stats")
+        if not isinstance(stats, dict) or "rows" not in stats:
+            return None
+        for r in stats["rows"]:
+            try:
+                key = (str(r["op"]), int(r["bucket"]))
+                out[key] = out.get(key, 0) + int(r["count"])
+            except (KeyError, TypeError, ValueError):
+                return None
+    return out
+
+
+def _with_recorded(
+    rows: tuple[SizeRow, ...], recorded: dict[tuple[str, int], int] | None
+) -> tuple[SizeRow, ...]:
+    if recorded is None:
+        return rows
+    return tuple(
+        dataclasses.replace(x, recorded=recorded.get((x.op, x.size_bucket), x.count)) for x in rows
+    )
 
 
 def _by_size(table: EventTable) -> tuple[SizeRow, ...]:
@@ -733,7 +765,7 @@ def analyze_run_parts(
         memory=memory,
         dimensions=dims,
         comm_share_by_dim=share,
-        by_size=_by_size(table),
+        by_size=_with_recorded(_by_size(table), _recorded_by_size(run)),
         timeline=timeline,
         timeline_ns=tl_ns,
         findings=findings,

@@ -307,6 +307,7 @@ def _sizes(rep: RunReport) -> str:
             (_E(x.op), x.op),
             (fmt_bytes(x.size_bucket), x.size_bucket),
             (str(x.count), x.count),
+            (str(x.recorded) if x.recorded >= 0 else "–", x.recorded),
             (_ns(x.p50_ns), x.p50_ns),
             (_ns(x.p95_ns), x.p95_ns),
             (f"{x.algbw_gbps:.3f}", x.algbw_gbps),
@@ -327,7 +328,19 @@ def _sizes(rep: RunReport) -> str:
         )
     parts.append("</svg>")
     return (
-        _table(["op", "size ≤", "count", "p50", "p95", "algbw GB/s", "busbw GB/s"], rows)
+        _table(
+            [
+                "op",
+                "size ≤",
+                "retained",
+                "issued (exact)",
+                "p50",
+                "p95",
+                "algbw GB/s",
+                "busbw GB/s",
+            ],
+            rows,
+        )
         + '<p class="muted">median latency (log scale)</p>'
         + "".join(parts)
     )
