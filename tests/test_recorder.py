@@ -409,10 +409,8 @@ def _native_p2p(rank: int, ws: int) -> dict[str, Any]:
         dist.barrier()
         if rank == 0:
             time.sleep(0.03)  # rank 1's recv waits ~30 ms for this send
-            w = dist.isend(t, 1)
-        else:
-            w = dist.irecv(t, 0)
-        t0 = time.perf_counter_ns()
+        t0 = time.perf_counter_ns()  # the op's whole life lies between t0 and the end below
+        w = dist.isend(t, 1) if rank == 0 else dist.irecv(t, 0)
         w.wait()
         waits.append(time.perf_counter_ns() - t0)
     polled = mod.polled_count()  # every waited work left the poller's list at its wait
@@ -425,8 +423,8 @@ def _native_p2p(rank: int, ws: int) -> dict[str, Any]:
 def test_native_p2p_ends_at_the_python_wait() -> None:
     """Native recorder, gloo send/recv (works without a future): an op waited on from Python
     ends when its wait returns, not when the (slow, ≤ 20 ms) safety-net poller next looks. The
-    recv's recorded duration is the ~30 ms the receiver waited, within 2 ms of the wait the test
-    timed itself."""
+    recv's recorded duration is the ~30 ms the receiver waited, and no longer than the test's own
+    timing around the call and its wait (a poll after the wait would make it longer)."""
     import meshprof.native
 
     meshprof.native.load()  # build once here (cached), before the ranks start
@@ -437,4 +435,4 @@ def test_native_p2p_ends_at_the_python_wait() -> None:
     recv = res[1]
     for d, w in zip(recv["durs"], recv["waits"], strict=True):
         assert d >= 20e6  # it really waited for the late send
-        assert d <= w + 2e6  # and ended at the wait, not up to 20 ms later at a poll
+        assert d <= w + 200_000  # and ended at the wait, not up to 20 ms later at a poll
