@@ -247,6 +247,8 @@ def test_run_two_nodes_share_one_run_dir(tmp_path: Path) -> None:
     p = meshprof_cli("report", str(out), "--json")
     assert p.returncode == 0, p.stderr[-2000:]
     assert sorted(r["rank"] for r in json.loads(p.stdout)["ranks"]) == [0, 1]
+    p = meshprof_cli("report", str(out))
+    assert p.returncode == 0 and "job: ok, exit code 0, 2 nodes" in p.stdout, p.stdout[:2000]
 
 
 def test_node_records_merge_without_a_shared_file_system(tmp_path: Path) -> None:

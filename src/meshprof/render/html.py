@@ -124,6 +124,13 @@ def _summary(rep: RunReport) -> str:
         ),
         ("memory imbalance", _pct(rep.memory.imbalance) if rep.memory.max_rank >= 0 else "-"),
     ]
+    md = rep.metadata
+    if md.get("status"):
+        nodes = md.get("nodes") or []
+        job = f"{md['status']}, exit code {md.get('exit_code')}"
+        if len(nodes) > 1:
+            job += f", {len(nodes)} nodes"
+        cards.insert(0, ("job", _E(job)))
     body = "".join(
         f'<div class="card"><span class="muted">{_E(k)}</span><b>{v}</b></div>' for k, v in cards
     )

@@ -30,6 +30,17 @@ def print_report(rep: RunReport, console: Console) -> None:
         markup=True,
         highlight=False,
     )
+    md = rep.metadata
+    if md.get("status"):
+        nodes = md.get("nodes") or []
+        where = (
+            f", {len(nodes)} nodes ({', '.join(md.get('hosts') or [])})" if len(nodes) > 1 else ""
+        )
+        console.print(
+            f"job: {md['status']}, exit code {md.get('exit_code')}{where}",
+            highlight=False,
+            markup=False,
+        )
     for r, why in rep.problems:
         console.print(f"[red]rank {r} not analyzed:[/] {why}", highlight=False)
     if rep.findings or rep.bottlenecks:
