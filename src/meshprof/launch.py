@@ -360,14 +360,22 @@ def finish_manifest(
     rec["exit_code"] = code
     rec["status"] = "hang" if hang and hang.get("killed") else ("ok" if code == 0 else "failed")
     write_node_record(run_dir, me, rec)
-    # Job-level fields: this launcher's view merged with every node's record (the last
-    # launcher to finish writes the complete one; load_run merges again in any case).
-    merged = merge_node_records(manifest, read_node_records(run_dir))
-    merged["hosts"] = sorted(
-        set(merged.get("hosts") or []) | set(_read_manifest(run_dir).get("hosts") or [])
-    )
-    merged["end_time"] = _dt.datetime.now().astimezone().isoformat(timespec="seconds")
-    write_manifest(run_dir, merged)
+    # Job-level fields: this launcher's view merged with every node's record. Launchers that
+    # finish together race: one can write a manifest merged from records read before another
+    # node's final record landed, after that node wrote its own. So each writer reads the
+    # records again after its write and rewrites while they changed: the last writer's view is
+    # then complete (load_run merges again in any case).
+    hosts = set(_read_manifest(run_dir).get("hosts") or [])
+    records = read_node_records(run_dir)
+    for _ in range(10):
+        merged = merge_node_records(manifest, records)
+        merged["hosts"] = sorted(set(merged.get("hosts") or []) | hosts)
+        merged["end_time"] = _dt.datetime.now().astimezone().isoformat(timespec="seconds")
+        write_manifest(run_dir, merged)
+        again = read_node_records(run_dir)
+        if again == records:
+            break
+        records = again
     return code
 
 
