@@ -436,3 +436,45 @@ def test_native_p2p_ends_at_the_python_wait() -> None:
     for d, w in zip(recv["durs"], recv["waits"], strict=True):
         assert d >= 20e6  # it really waited for the late send
         assert d <= w + 200_000  # and ended at the wait, not up to 20 ms later at a poll
+
+
+def _any_source(rank: int, ws: int) -> dict[str, Any]:
+    import torch
+    import torch.distributed as dist
+
+    import meshprof
+
+    prof = meshprof.enable()
+    t = torch.zeros(8)
+    senders = []
+    if rank == 0:
+        for _ in range(2 * (ws - 1)):  # every other rank sends twice; rank 0 names no source
+            senders.append(dist.recv(t))
+    else:
+        for k in range(2):
+            dist.send(torch.full((8,), float(10 * rank + k)), 0)
+    dist.barrier()
+    _idle(prof)
+    ev = [(e.op, e.peer, e.seq) for e in prof.events()]
+    native = prof._native is not None
+    meshprof.disable()
+    return {"senders": senders, "events": ev, "native": native}
+
+
+@pytest.mark.parametrize("native", [False, True], ids=["python", "native"])
+def test_recv_from_any_source_pairs_with_its_send(native: bool) -> None:
+    """``dist.recv(t)`` with no source: the recorded recv carries the sender torch returned and
+    the seq of that (sender → receiver) direction, so each one pairs with exactly one send."""
+    env = {}
+    if native:
+        import meshprof.native
+
+        meshprof.native.load()
+        env["MESHPROF_NATIVE"] = "1"
+    res = run_ranks(_any_source, 3, timeout=90, env=env)
+    assert all(r["native"] == native for r in res)
+    recvs = [(p, s) for op, p, s in res[0]["events"] if op == "recv"]
+    assert sorted(p for p, _ in recvs) == sorted(res[0]["senders"]) == [1, 1, 2, 2]
+    sends = sorted((r, s) for r in (1, 2) for op, p, s in res[r]["events"] if op == "send")
+    assert sends == [(1, 0), (1, 1), (2, 0), (2, 1)]
+    assert sorted(recvs) == sends  # (sender, seq) of every recv is one send's (rank, seq)

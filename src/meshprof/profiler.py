@@ -268,6 +268,7 @@ class CommProfiler:
         self._dtype_codes: dict[Any, int] = {}  # torch.dtype -> the log's dtype code
         self._seq: dict[int, int] = {}
         self._p2p_seq: dict[tuple[int, int, int], int] = {}
+        self._seq_lock = threading.Lock()  # seqs assigned at completion (recv from any source)
         self._inflight: dict[int, _Rec] = {}
         self._tokens = itertools.count(1)  # next() is atomic under the GIL
         self._tls = threading.local()
@@ -700,7 +701,10 @@ class CommProfiler:
     ) -> None:
         if self._inflight.pop(rec.token, None) is None:
             return  # already completed (by Work.wait or by the poller, whichever came first)
+        work = getattr(rec, "work", None)  # unset when the op failed before it returned one
         rec.work = None
+        if rec.peer < 0 and rec.op_name == "recv" and err is None and work is not None:
+            self._resolve_any_source(rec, work)
         if dur is None:
             dur = end - rec.t0
         flags = rec.flags
@@ -729,6 +733,24 @@ class CommProfiler:
                 rec.meta,
             )
         )
+
+    def _resolve_any_source(self, rec: _Rec, work: Any) -> None:
+        """A recv from any source learns its sender at completion (``Work._source_rank``): it
+        gets that peer and the next seq of the (sender → this rank) direction, so it pairs with
+        the sender's send like a recv that named its source. Exact when the pair's messages are
+        all received from any source, or all by name (PyTorch matches each direction in order)."""
+        try:
+            src_local = int(work._source_rank())
+            ranks = self.log.groups[rec.group].ranks
+            src = ranks[src_local] if 0 <= src_local < len(ranks) else src_local
+            with self._seq_lock:
+                key = (rec.group, src, 1)
+                seq = self._p2p_seq.get(key, 0)
+                self._p2p_seq[key] = seq + 1
+            rec.peer, rec.seq = src, seq
+            rec.meta = {**(rec.meta or {}), "any_source": True}
+        except Exception as e:
+            self._internal_error(e)
 
     def _resolve_device(self) -> None:
         pending = self._device_pending

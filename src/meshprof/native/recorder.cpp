@@ -142,12 +142,31 @@ int16_t dtype_of(const c10::IValue& v) {
   return -1;
 }
 
-void complete(int64_t token, int64_t end, const std::string* err) {
+int recv_any_op = -1;  // op code of recv_any_source_ (set by configure)
+
+// A recv from any source learns its sender at completion: that peer (group-local, as for a
+// named recv) and the next seq of the (sender -> this rank) direction, so it pairs with the send.
+void resolve_any_source(Rec& r, c10d::Work* work) {  // mu held
+  int src = -1;
+  try {
+    src = work->sourceRank();
+  } catch (...) {
+    return;
+  }
+  if (src < 0) return;
+  r.peer = src;
+  r.seq = p2p_seqs[std::make_tuple(static_cast<int>(r.group), src, 2)]++;
+}
+
+void complete(int64_t token, int64_t end, const std::string* err, c10d::Work* work = nullptr) {
   std::lock_guard<std::mutex> g(mu);
   auto it = inflight.find(token);
   if (it == inflight.end()) return;
   Rec r = it->second;
   inflight.erase(it);
+  if (work != nullptr && err == nullptr && r.peer < 0 && r.op == recv_any_op) {
+    resolve_any_source(r, work);
+  }
   r.dur = end - r.t0;
   if (err != nullptr) {
     r.status = 1;
@@ -185,7 +204,7 @@ void poll_loop() {
       }
     }
     const int64_t end = now_ns();
-    std::vector<int64_t> mine;  // tokens that no Python wait() completed first
+    std::vector<std::pair<c10::intrusive_ptr<c10d::Work>, int64_t>> mine;  // no wait() came first
     {
       std::lock_guard<std::mutex> g(poll_mu);
       for (auto& it : keep) {  // a work whose wait() already returned is dropped
@@ -195,11 +214,11 @@ void poll_loop() {
         auto pt = polled_token.find(it.first.get());
         if (pt != polled_token.end() && pt->second == it.second) {
           polled_token.erase(pt);
-          mine.push_back(it.second);
+          mine.push_back(std::move(it));
         }
       }
     }
-    for (int64_t tok : mine) complete(tok, end, nullptr);
+    for (auto& it : mine) complete(it.second, end, nullptr, it.first.get());
     delay_us = progressed ? poll_min_us.load()
                           : std::min<int64_t>(delay_us * 2, poll_max_us.load());
     std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
@@ -376,6 +395,7 @@ void configure(const std::vector<std::tuple<std::string, int, int, int, int, int
     Spec s{std::get<1>(t), std::get<2>(t), std::get<3>(t), std::get<4>(t), std::get<5>(t),
            std::get<6>(t), std::get<7>(t), std::get<8>(t), std::get<9>(t)};
     specs["c10d::" + std::get<0>(t)] = s;
+    if (std::get<0>(t) == "recv_any_source_") recv_any_op = std::get<1>(t);
   }
   threshold = static_cast<uint64_t>(sample_threshold);
   op_mask = static_cast<uint64_t>(mask);
@@ -425,7 +445,7 @@ std::vector<std::string> names_of_groups() {
 // op ends now, as its caller saw it. Returns whether the work was one the poller was watching.
 bool work_waited(py::handle work, const std::string& err) {
   const int64_t end = now_ns();
-  const c10d::Work* ptr = nullptr;
+  c10d::Work* ptr = nullptr;
   try {
     ptr = py::cast<c10d::Work*>(work);
   } catch (...) {
@@ -439,7 +459,7 @@ bool work_waited(py::handle work, const std::string& err) {
     token = it->second;
     polled_token.erase(it);
   }
-  complete(token, end, err.empty() ? nullptr : &err);
+  complete(token, end, err.empty() ? nullptr : &err, ptr);
   return true;
 }
 
