@@ -478,3 +478,36 @@ def test_recv_from_any_source_pairs_with_its_send(native: bool) -> None:
     sends = sorted((r, s) for r in (1, 2) for op, p, s in res[r]["events"] if op == "send")
     assert sends == [(1, 0), (1, 1), (2, 0), (2, 1)]
     assert sorted(recvs) == sends  # (sender, seq) of every recv is one send's (rank, seq)
+
+
+def _native_disable_in_flight(rank: int, ws: int) -> dict[str, Any]:
+    import torch
+    import torch.distributed as dist
+
+    import meshprof
+    from meshprof.config import ProfilerConfig
+
+    prof = meshprof.enable(ProfilerConfig(native=True))
+    dist.barrier()
+    if rank == 1:
+        time.sleep(0.2)  # rank 0's all_reduce is still in flight when it disables
+    w = dist.all_reduce(torch.ones(8), async_op=True)
+    if rank == 0:
+        meshprof.disable()
+    w.wait()
+    if rank == 1:
+        meshprof.disable()
+    ev = [(e.op, e.duration_ns) for e in prof.events() if e.op == "all_reduce"]
+    return {"events": ev}
+
+
+def test_native_disable_keeps_ops_in_flight() -> None:
+    """Native recorder: an op still in flight when disable() is called completes in C++ after
+    the kernel is gone; disable waits for it (up to 0.5 s) before the last drain, so it is kept,
+    with its real duration (~200 ms: the other rank came late)."""
+    import meshprof.native
+
+    meshprof.native.load()
+    r0, r1 = run_ranks(_native_disable_in_flight, 2, timeout=90)
+    assert len(r0["events"]) == 1 and len(r1["events"]) == 1
+    assert r0["events"][0][1] >= 150e6

@@ -346,6 +346,8 @@ class CommProfiler:
         waits on, stays in flight). Called before a rank file's final write; never raises."""
         try:
             self._poller.settle(timeout_s)
+            if self._native is not None:
+                self._native.settle(timeout_s)
         except Exception as e:
             self._internal_error(e)
         try:

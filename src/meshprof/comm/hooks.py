@@ -60,6 +60,10 @@ class _KernelTable:
         return self.redispatch(keyset.remove(_BACKEND_SELECT), *args)
 
 
+#: Seconds disable() waits for native ops still in flight to complete before the last drain.
+NATIVE_SETTLE_S = 0.5
+
+
 class Installation:
     """The dispatcher registrations and Python patches that one enable() made."""
 
@@ -120,6 +124,7 @@ def _native_allowed(prof: CommProfiler) -> bool:
 def uninstall(inst: Installation) -> None:
     if inst.native is not None:
         inst.native.uninstall()
+        inst.native.settle(NATIVE_SETTLE_S)  # ops still in flight end in C++: wait for them
         inst.native.prof.flush()
         inst.native.prof._native = None
         inst.native = None

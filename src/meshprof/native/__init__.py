@@ -218,6 +218,18 @@ class NativeRecorder:
                  err.get(token) if status else None, None)
             )  # fmt: skip
 
+    def settle(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for the native ops in flight to complete (their completion
+        runs in C++: future callbacks, the poller); True when none is left."""
+        import time
+
+        deadline = time.monotonic() + max(timeout_s, 0.0)
+        while self.mod.inflight_records():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.001)
+        return True
+
     def inflight(self) -> list[dict[str, Any]]:
         """The native ops in flight, oldest first, as InflightOp fields."""
         raw = self.mod.inflight_records()
