@@ -215,9 +215,8 @@ def node_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
-def _node_record(
-    opts: RunOptions, cmd: list[str], start_ns: int, status: str = "running"
-) -> dict[str, Any]:
+def node_record(opts: RunOptions, cmd: list[str], start_ns: int) -> dict[str, Any]:
+    """This node's record as known before the workers start (finish_manifest completes it)."""
     return {
         "node_id": node_id(),
         "node_rank": opts.node_rank,
@@ -233,7 +232,7 @@ def _node_record(
         "end_ns": None,
         "torchrun_exit_code": None,
         "exit_code": None,
-        "status": status,
+        "status": "running",
     }
 
 
@@ -283,7 +282,6 @@ def start_manifest(opts: RunOptions, run_dir: Path, cmd: list[str]) -> dict[str,
     old = _read_manifest(run_dir)
     if old.get("hosts"):  # another node's launcher wrote it first (shared file system)
         manifest["hosts"] = sorted(set(old["hosts"]) | set(manifest["hosts"]))
-    manifest["_node"] = _node_record(opts, cmd, manifest["start_ns"])
     return manifest
 
 
@@ -296,8 +294,28 @@ def _read_manifest(run_dir: Path) -> dict[str, Any]:
         return {}
 
 
+def write_merged_manifest(run_dir: Path, manifest: dict[str, Any]) -> None:
+    """Write ``manifest`` merged with every node record in ``run_dir``.
+
+    Launchers that finish together race: one can write a manifest merged from records read
+    before another node's final record landed, after that node wrote its own. So the records
+    are read again after the write, and the manifest rewritten while they changed: the last
+    writer's view is then complete (load_run merges again in any case)."""
+    records = read_node_records(run_dir)
+    for _ in range(10):
+        write_manifest(run_dir, merge_node_records(manifest, records))
+        again = read_node_records(run_dir)
+        if again == records:
+            return
+        records = again
+
+
 def finish_manifest(
-    manifest: dict[str, Any], run_dir: Path, torchrun_rc: int, hang: dict[str, Any] | None
+    manifest: dict[str, Any],
+    node: dict[str, Any],
+    run_dir: Path,
+    torchrun_rc: int,
+    hang: dict[str, Any] | None,
 ) -> int:
     """Write this node's record and the merged manifest; return the exit code ``meshprof run``
     keeps.
@@ -310,8 +328,8 @@ def finish_manifest(
     code = torchrun_rc
     own_failures: list[int] = []  # codes of ranks that ended by themselves, not by a signal
     me = node_id()
-    rec = dict(manifest.get("_node") or {})
-    manifest = {k: v for k, v in manifest.items() if k != "_node"}
+    rec = dict(node)
+    manifest = dict(manifest)
     hosts = {socket.gethostname()}
     try:
         run = load_run(run_dir)
@@ -360,22 +378,8 @@ def finish_manifest(
     rec["exit_code"] = code
     rec["status"] = "hang" if hang and hang.get("killed") else ("ok" if code == 0 else "failed")
     write_node_record(run_dir, me, rec)
-    # Job-level fields: this launcher's view merged with every node's record. Launchers that
-    # finish together race: one can write a manifest merged from records read before another
-    # node's final record landed, after that node wrote its own. So each writer reads the
-    # records again after its write and rewrites while they changed: the last writer's view is
-    # then complete (load_run merges again in any case).
-    hosts = set(_read_manifest(run_dir).get("hosts") or [])
-    records = read_node_records(run_dir)
-    for _ in range(10):
-        merged = merge_node_records(manifest, records)
-        merged["hosts"] = sorted(set(merged.get("hosts") or []) | hosts)
-        merged["end_time"] = _dt.datetime.now().astimezone().isoformat(timespec="seconds")
-        write_manifest(run_dir, merged)
-        again = read_node_records(run_dir)
-        if again == records:
-            break
-        records = again
+    manifest["end_time"] = _dt.datetime.now().astimezone().isoformat(timespec="seconds")
+    write_merged_manifest(run_dir, manifest)
     return code
 
 
@@ -470,13 +474,9 @@ def launch(opts: RunOptions) -> LaunchResult:
         raise MeshprofError(f"{run_dir}: cannot create the run directory ({e.strerror})") from None
     cmd = torchrun_command(opts)
     manifest = start_manifest(opts, run_dir, cmd)
-    write_node_record(run_dir, node_id(), manifest["_node"])
-    write_manifest(
-        run_dir,
-        merge_node_records(
-            {k: v for k, v in manifest.items() if k != "_node"}, read_node_records(run_dir)
-        ),
-    )
+    node = node_record(opts, cmd, manifest["start_ns"])
+    write_node_record(run_dir, node_id(), node)
+    write_merged_manifest(run_dir, manifest)
     proc = subprocess.Popen(cmd, env=worker_env(opts, run_dir))
 
     def forward(signum: int, _frame: Any) -> None:
@@ -507,7 +507,7 @@ def launch(opts: RunOptions) -> LaunchResult:
             "signalled": [],
             "killed": False,
         }
-    code = finish_manifest(manifest, run_dir, rc, hang)
+    code = finish_manifest(manifest, node, run_dir, rc, hang)
     return LaunchResult(run_dir=run_dir, exit_code=code, torchrun_exit_code=rc, hang=hang)
 
 

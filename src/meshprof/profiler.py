@@ -610,6 +610,7 @@ class CommProfiler:
         rec.composite = False
         rec.start_event = None
         rec.end_event = None
+        rec.work = None
         rec.thread = get_ident()
         rec.token = token = next(self._tokens)
         if t is not None and t.is_cuda and cfg.device_timing:
@@ -703,7 +704,7 @@ class CommProfiler:
     ) -> None:
         if self._inflight.pop(rec.token, None) is None:
             return  # already completed (by Work.wait or by the poller, whichever came first)
-        work = getattr(rec, "work", None)  # unset when the op failed before it returned one
+        work = rec.work
         rec.work = None
         if rec.peer < 0 and rec.op_name == "recv" and err is None and work is not None:
             self._resolve_any_source(rec, work)

@@ -16,10 +16,10 @@ Two estimates of each rank's offset (``aligned = local + offset``), combined:
 Combining: when both exist and agree (differ by at most ``_AGREE_FACTOR`` times the sum of
 their uncertainties) the collective estimate is kept inside the exchange interval
 ``[o_x − RTT/2, o_x + RTT/2]`` when it is the tighter one, else the exchange estimate is kept;
-the uncertainty is the collective one when its median lay inside the interval, else RTT/2. The factor matters on a loaded host: with a handful of
-collectives whose completions are seen hundreds of µs apart, the MAD-based standard error
-understates the spread, and a strict test would throw away a ±35 µs exchange for a ±300 µs
-median. When they disagree by more (a clock stepped or drifted after start) the collective
+the uncertainty is the collective one when its median lay inside the interval, else RTT/2.
+The factor matters on a loaded host: with a handful of collectives whose completions are seen
+hundreds of µs apart, the MAD-based standard error understates the spread, and a strict test
+would throw away a ±35 µs exchange for a ±300 µs median. When they disagree by more (a clock stepped or drifted after start) the collective
 estimate wins, since it covers the whole run, and the disagreement is reported.
 Clock drift during the run is not modelled: one constant offset per rank.
 """

@@ -15,7 +15,6 @@ from meshprof.events import OP_CODES, STATUS_CODES, nccl_tests_size_array
 from meshprof.monitor.dimensions import dimension_of as _dimension_of
 from meshprof.rundir import LoadedRun
 
-DIMENSIONS = ("dp", "tp", "pp", "other")
 _SIZE_TIMES_N = [
     OP_CODES[o] for o in ("gather", "gather_object", "scatter", "scatter_object_list")
 ]  # ops whose nccl-tests size is not max(in, out) (see events.nccl_tests_size)

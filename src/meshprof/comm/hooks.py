@@ -149,13 +149,19 @@ def _work_classes() -> list[type]:
     return out
 
 
-def _patch_work_wait(prof: CommProfiler, inst: Installation) -> None:
-    """Wrap ``Work.wait`` (and the subclasses' own) so an op issued from Python ends when its
-    caller's wait returns: the exact completion time as the caller sees it, on its own thread."""
+def _patch_wait(inst: Installation, wrap: Callable[[Any], Callable[..., Any]]) -> None:
+    """Replace ``Work.wait`` (and the subclasses' own) by ``wrap(original)``; undone by
+    :func:`uninstall`."""
     for cls in _work_classes():
         original = cls.__dict__["wait"]
         inst.patched.append((cls, "wait", original))
-        setattr(cls, "wait", _wrap_wait(prof, original))  # noqa: B010
+        setattr(cls, "wait", wrap(original))  # noqa: B010
+
+
+def _patch_work_wait(prof: CommProfiler, inst: Installation) -> None:
+    """Wrap ``Work.wait`` so an op issued from Python ends when its caller's wait returns: the
+    exact completion time as the caller sees it, on its own thread."""
+    _patch_wait(inst, functools.partial(_wrap_wait, prof))
 
 
 def _patch_work_wait_native(native: Any, inst: Installation) -> None:
@@ -166,10 +172,7 @@ def _patch_work_wait_native(native: Any, inst: Installation) -> None:
         waited = native.mod.work_waited
     except AttributeError:  # a build from before this hook: keep its fast poller
         return
-    for cls in _work_classes():
-        original = cls.__dict__["wait"]
-        inst.patched.append((cls, "wait", original))
-        setattr(cls, "wait", _wrap_wait_native(waited, original))  # noqa: B010
+    _patch_wait(inst, functools.partial(_wrap_wait_native, waited))
     native.mod.set_poll_interval(1000, 20000)
 
 

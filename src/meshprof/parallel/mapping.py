@@ -167,10 +167,9 @@ def dimension_of_group(
     as :func:`meshprof.monitor.dimensions.dimension_of`, which the step monitor and the report
     use.
     """
-    from meshprof.monitor.dimensions import Layout, dimension_of
+    from meshprof.monitor.dimensions import dimension_of
 
-    config = mapping.config if isinstance(mapping, RankMapping) else mapping
-    return dimension_of(list(group_ranks), Layout(config.dp, config.tp, config.pp))
+    return dimension_of(list(group_ranks), mapping)  # Layout.from_any reads either
 
 
 __all__ = [
