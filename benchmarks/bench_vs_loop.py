@@ -16,8 +16,8 @@ import argparse
 import statistics
 import time
 
+from meshprof.spawn import run_ranks
 from meshprof.tools.bench import BenchConfig, run_bench_rank
-from meshprof.tools.spawn import run_ranks
 
 SIZES = (1 << 18, 1 << 20, 1 << 22, 1 << 24)
 OPS = ("all_reduce", "all_gather")

@@ -16,9 +16,9 @@ import time
 
 import psutil
 
+from meshprof.comm.recorder import CommProfiler
 from meshprof.config import ProfilerConfig
 from meshprof.events import EVENT_DTYPE, OP_CODES, GroupInfo
-from meshprof.profiler import CommProfiler
 
 
 def _rss() -> int:

@@ -168,7 +168,7 @@ def main() -> None:
     )
     print(_table("fake backend, 1 process (hook cost alone)", _fake(args.calls, args.rounds)))
     if not args.no_gloo:
-        from meshprof.tools.spawn import run_ranks
+        from meshprof.spawn import run_ranks
 
         r0, _ = run_ranks(_gloo_rank, 2, (args.calls // 4, args.rounds, "all_reduce"), timeout=600)
         print()

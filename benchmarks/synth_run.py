@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from meshprof.events import EVENT_DTYPE, MEMORY_DTYPE, OP_CODES, SPAN_DTYPE
-from meshprof.rundir import RankData, write_manifest, write_rank_file
+from meshprof.rundir import Manifest, RankData, RankMeta, write_manifest, write_rank_file
 
 US = 1_000
 MS = 1_000_000
@@ -266,16 +266,16 @@ def write_run(
                 d1, d2 = (int(x) for x in rng.integers(20 * US, 80 * US, size=2))
                 samples.append([t0 + int(offsets[r]), t0 + d1, t0 + d1 + d2 + int(offsets[r])])
                 t0 += d1 + d2 + 10 * US
-        meta = {
-            "rank": r,
-            "world_size": n,
-            "hostname": f"node{r // 8}",
-            "groups": my_groups,
-            "dtypes": ["bfloat16"],
-            "labels": [],
-            "span_names": SPAN_NAMES,
-            "layout": {"dp": dp, "tp": tp, "pp": pp},
-            "clock_sync": {
+        meta = RankMeta(
+            rank=r,
+            world_size=n,
+            hostname=f"node{r // 8}",
+            groups=my_groups,
+            dtypes=["bfloat16"],
+            labels=[],
+            span_names=SPAN_NAMES,
+            layout={"dp": dp, "tp": tp, "pp": pp},
+            clock_sync={
                 "method": "pg",
                 "ref_rank": 0,
                 "rank": r,
@@ -283,15 +283,15 @@ def write_run(
                 "samples": samples,
                 "error": "",
             },
-        }
+        )
         write_rank_file(out, RankData(r, ev, sp, mem, meta))
     write_manifest(
         out,
-        {
-            "world_size": n,
-            "command": f"synth_run.py --ranks {n} --collectives {collectives} --steps {steps}",
-            "layout": {"dp": dp, "tp": tp, "pp": pp},
-        },
+        Manifest(
+            world_size=n,
+            command=f"synth_run.py --ranks {n} --collectives {collectives} --steps {steps}",
+            layout={"dp": dp, "tp": tp, "pp": pp},
+        ),
     )
     return {
         "ranks": n,

@@ -54,10 +54,10 @@ def _demo_step_factory(rank: int, world: int) -> Any:
     """One optimizer step of the demo's transformer, dp × pp over the ranks (pp=2 when even)."""
     import torch
 
-    from meshprof.parallel.build import build_job
+    from meshprof.demo.build import build_job
+    from meshprof.demo.train import train
     from meshprof.parallel.config import ParallelConfig
-    from meshprof.parallel.model import ModelConfig
-    from meshprof.parallel.train import train
+    from meshprof.parallel.model_config import ModelConfig
 
     pp = 2 if world % 2 == 0 else 1
     job = build_job(
@@ -130,10 +130,10 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--model", choices=("ddp", "demo"), default="ddp")
     args = ap.parse_args()
-    import meshprof.native
+    import meshprof.comm.native
 
-    meshprof.native.load()  # build the native recorder once, before the ranks start
-    from meshprof.tools.spawn import run_ranks
+    meshprof.comm.native.load()  # build the native recorder once, before the ranks start
+    from meshprof.spawn import run_ranks
 
     res = run_ranks(_worker, args.nproc, args=(args.model, args.rounds, args.steps), timeout=1800)
     t = res[0]

@@ -11,10 +11,10 @@ import pytest
 
 from data.meshprof_synth import MS, synthetic_run
 from meshprof.analyze.clock import align_clocks
+from meshprof.analyze.intervals import Segments, clipped_total
 from meshprof.analyze.match import match_collectives
 from meshprof.analyze.sorting import group_seq_key, lexsort2, stable_argsort, unique_inverse
 from meshprof.analyze.table import build_event_table
-from meshprof.monitor.intervals import Segments, clipped_total
 from meshprof.render.perfetto import build_trace, write_trace
 from meshprof.rundir import load_run
 
@@ -96,31 +96,17 @@ def test_trace_of_a_long_run_keeps_the_last_whole_steps(tmp_path):
     assert json.loads(p.read_text()) == json.loads(json.dumps(cut))
 
 
-def test_report_cli_trace_cap(tmp_path):
-    import subprocess
-    import sys
-
+def test_report_cli_trace_cap(tmp_path, cli):
     run_dir = tmp_path / "run"
     synthetic_run(run_dir, 2, [0, 3 * MS], steps=6)
     out = tmp_path / "t.json"
-    cli = [sys.executable, "-c", "import sys; from meshprof.cli import main; sys.exit(main())"]
-    p = subprocess.run(
-        [*cli, "report", str(run_dir), "--json", "--trace", str(out), "--trace-max-events", "4"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    p = cli.process("report", run_dir, "--json", "--trace", out, "--trace-max-events", "4")
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["summary"]["steps"] == 6  # the report itself is not capped
     meta = json.loads(out.read_text())["metadata"]
     kept = meta["truncated"]["collectives_kept"]
     assert 0 < kept <= 4 and kept % 2 == 0  # whole steps of both ranks, within the cap
     assert meta["truncated"]["max_events"] == 4
-    bad = subprocess.run(
-        [*cli, "report", str(run_dir), "--trace", str(out), "--trace-max-events", "-1"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    bad = cli.process("report", run_dir, "--trace", out, "--trace-max-events", "-1")
     assert bad.returncode == 2 and "--trace-max-events" in bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1

@@ -8,10 +8,9 @@ import json
 
 import pytest
 
-from meshprof.cli import main
 from meshprof.errors import MeshprofError
+from meshprof.spawn import run_ranks
 from meshprof.tools.bench import ALL_OPS, BenchConfig, parse_size, run_bench_rank, size_list
-from meshprof.tools.spawn import run_ranks
 
 
 def test_parse_sizes():
@@ -76,34 +75,32 @@ def test_check_counts_wrong_elements():
 
 
 @pytest.mark.timeout(60)
-def test_cli_outputs(tmp_path, capsys):
+def test_cli_outputs(tmp_path, cli):
     svg, csvp = tmp_path / "bw.svg", tmp_path / "bw.csv"
-    rc = main(
-        [
-            "bench",
-            "--nproc",
-            "2",
-            "--ops",
-            "all_reduce,all_gather,send",
-            "-b",
-            "1K",
-            "-e",
-            "16K",
-            "-f",
-            "4",
-            "-n",
-            "3",
-            "-w",
-            "1",
-            "--json",
-            "--csv",
-            str(csvp),
-            "--plot",
-            str(svg),
-        ]
+    p = cli(
+        "bench",
+        "--nproc",
+        "2",
+        "--ops",
+        "all_reduce,all_gather,send",
+        "-b",
+        "1K",
+        "-e",
+        "16K",
+        "-f",
+        "4",
+        "-n",
+        "3",
+        "-w",
+        "1",
+        "--json",
+        "--csv",
+        str(csvp),
+        "--plot",
+        str(svg),
     )
-    assert rc == 0
-    data = json.loads(capsys.readouterr().out)
+    assert p.returncode == 0
+    data = json.loads(p.stdout)
     rows = data["rows"]
     assert {r["op"] for r in rows} == {"all_reduce", "all_gather", "sendrecv"}
     assert sorted({r["size"] for r in rows if r["op"] == "all_reduce"}) == [1024, 4096, 16384]
@@ -114,16 +111,16 @@ def test_cli_outputs(tmp_path, capsys):
     assert (
         text.startswith("<svg") and text.count("<polyline") == 4
     )  # all_reduce, all_gather ×2 modes, sendrecv
-    assert (
-        main(["bench", "--nproc", "2", "--ops", "all_reduce", "-b", "1K", "-e", "1K", "-n", "2"])
-        == 0
-    )
-    out = capsys.readouterr().out
+    p = cli("bench", "--nproc", "2", "--ops", "all_reduce", "-b", "1K", "-e", "1K", "-n", "2")
+    assert p.returncode == 0
+    out = p.stdout
     assert "busbw" in out and "all_reduce" in out and "# total #wrong: 0" in out
 
 
-def test_cli_bad_input(capsys):
-    assert main(["bench", "-b", "lots"]) == 2
-    assert "bad size 'lots'" in capsys.readouterr().err
-    assert main(["bench", "--ops", "all_reduce,nope"]) == 2
-    assert "unknown op 'nope'" in capsys.readouterr().err
+def test_cli_bad_input(cli):
+    p = cli("bench", "-b", "lots")
+    assert p.returncode == 2
+    assert "bad size 'lots'" in p.stderr
+    p = cli("bench", "--ops", "all_reduce,nope")
+    assert p.returncode == 2
+    assert "unknown op 'nope'" in p.stderr

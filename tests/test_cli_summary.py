@@ -3,25 +3,14 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from meshprof.comm.recorder import CommProfiler
 from meshprof.config import ProfilerConfig
 from meshprof.events import OP_CODES, GroupInfo
-from meshprof.profiler import CommProfiler
-
-
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "meshprof.cli", "summary", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
 
 
 @pytest.fixture
@@ -57,8 +46,8 @@ def export(tmp_path: Path) -> Path:
     return path
 
 
-def test_summary_table(export: Path) -> None:
-    r = _cli(str(export))
+def test_summary_table(export: Path, cli) -> None:
+    r = cli.process("summary", export)
     assert r.returncode == 0, r.stderr
     out = r.stdout
     assert "all_reduce" in out and "broadcast" in out
@@ -67,8 +56,8 @@ def test_summary_table(export: Path) -> None:
     assert "default_pg" in out or " 0 " in out
 
 
-def test_summary_json(export: Path) -> None:
-    r = _cli(str(export), "--json")
+def test_summary_json(export: Path, cli) -> None:
+    r = cli.process("summary", export, "--json")
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
     by_op = {s["key"]: s for s in data["stats"]["by_op"]}
@@ -93,12 +82,12 @@ def test_summary_json(export: Path) -> None:
     ],
 )
 def test_summary_bad_input_one_line_exit_2(
-    tmp_path: Path, content: str | None, needle: str
+    tmp_path: Path, content: str | None, needle: str, cli
 ) -> None:
     path = tmp_path / "x.json"
     if content is not None:
         path.write_text(content)
-    r = _cli(str(path))
+    r = cli.process("summary", path)
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1, r.stderr
@@ -106,6 +95,6 @@ def test_summary_bad_input_one_line_exit_2(
     assert r.stdout == ""
 
 
-def test_summary_directory_is_an_error(tmp_path: Path) -> None:
-    r = _cli(str(tmp_path))
+def test_summary_directory_is_an_error(tmp_path: Path, cli) -> None:
+    r = cli.process("summary", tmp_path)
     assert r.returncode == 2 and "is a directory" in r.stderr

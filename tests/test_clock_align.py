@@ -9,7 +9,7 @@ from data.meshprof_synth import MS, US, real_worker, shift_rank_file, synthetic_
 from meshprof.analyze.clock import align_clocks, exchange_estimate
 from meshprof.analyze.table import build_event_table
 from meshprof.rundir import load_run
-from meshprof.tools.spawn import run_ranks
+from meshprof.spawn import run_ranks
 
 OFFSETS = [0, 35 * MS, -52 * MS, 18 * MS]
 

@@ -24,7 +24,7 @@ import pytest
 from torch.distributed import all_reduce as imported_all_reduce
 from torch.distributed import broadcast as imported_broadcast
 
-from meshprof.tools.spawn import run_ranks
+from meshprof.spawn import run_ranks
 
 WS = 2
 F32 = 4
@@ -284,7 +284,7 @@ def _worker(rank: int, ws: int, names: list[str]) -> dict[str, Any]:
     out["all_events"] = [e.to_dict() for e in prof.events()]
     out["internal_errors"] = prof.internal_errors
     out["first_internal_error"] = prof.first_internal_error
-    out["native"] = prof._native is not None or bool(prof.config.native)
+    out["native"] = prof.backend_name == "native" or bool(prof.config.native)
     return out
 
 
@@ -294,9 +294,9 @@ def runs(request: pytest.FixtureRequest) -> list[dict[str, Any]]:
     (``MESHPROF_NATIVE=1`` makes every ``enable()`` in the workers native)."""
     env = {"TORCH_FR_BUFFER_SIZE": "2000"}
     if request.param == "native":
-        import meshprof.native
+        import meshprof.comm.native
 
-        meshprof.native.load()  # build once here, before the ranks start
+        meshprof.comm.native.load()  # build once here, before the ranks start
         env["MESHPROF_NATIVE"] = "1"
     res = run_ranks(
         _worker,

@@ -5,12 +5,10 @@ and exceptions pass through; broken parts never reach the training step."""
 from __future__ import annotations
 
 import gzip
-import io
 import json
 import struct
 import sys
 import warnings
-from contextlib import redirect_stdout
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +19,7 @@ import meshprof
 from meshprof.analyze.kineto import kineto_breakdown
 from meshprof.monitor import StepMonitor
 from meshprof.rundir import load_run
-from meshprof.tools.spawn import run_ranks
+from meshprof.spawn import run_ranks
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 sys.path.insert(0, str(EXAMPLES))
@@ -165,19 +163,16 @@ def test_wandb_offline_run(run: tuple[Path, list[dict[str, Any]]]) -> None:
 
 
 @pytest.mark.timeout(200)
-def test_rank_files_and_report(run: tuple[Path, list[dict[str, Any]]]) -> None:
+def test_rank_files_and_report(run: tuple[Path, list[dict[str, Any]]], cli) -> None:
     out, res = run
     loaded = load_run(out)
     assert sorted(loaded.ranks) == [0, 1] and not loaded.problems
     for r, rd in loaded.ranks.items():
         assert int((rd.spans["kind"] == 0).sum()) == STEPS
         assert int((rd.events["step"] == 5).sum()) == res[r]["per_step"][5]
-    from meshprof.cli import main
-
-    buf = io.StringIO()
-    with redirect_stdout(buf):
-        assert main(["report", str(out), "--json"]) == 0
-    assert json.loads(buf.getvalue())
+    p = cli("report", out, "--json")
+    assert p.returncode == 0
+    assert json.loads(p.stdout)
 
 
 # -- in this process ---------------------------------------------------------------------------
@@ -241,7 +236,7 @@ def test_flops_single_linear(tmp_path: Path) -> None:
 def test_broken_parts_never_raise(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import meshprof.decorator as deco
+    import meshprof.perfmon as deco
 
     def broken(self: Any) -> None:
         raise RuntimeError("profiler exploded")

@@ -3,24 +3,16 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
+
+import pytest
 
 from meshprof.events import CommEvent
 
 
-def _demo(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "meshprof.cli", "demo", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
-def test_demo_trains_profiles_and_writes_its_output(tmp_path):
+@pytest.mark.slow
+def test_demo_trains_profiles_and_writes_its_output(tmp_path, cli):
     out = tmp_path / "demo"
-    p = _demo("-o", str(out), "--steps", "8", "--json", "--timeout", "200")
+    p = cli.process("demo", "-o", out, "--steps", "8", "--json", "--timeout", "200", timeout=240)
     assert p.returncode == 0, p.stderr[-3000:]
     doc = json.loads(p.stdout)
     losses = doc["losses"]
@@ -39,7 +31,7 @@ def test_demo_trains_profiles_and_writes_its_output(tmp_path):
     assert sends and {e.peer for e in sends} == {1}
 
 
-def test_demo_rejects_bad_layouts_with_one_line():
-    p = _demo("--tp", "3", "--steps", "1", timeout=60)
+def test_demo_rejects_bad_layouts_with_one_line(cli):
+    p = cli.process("demo", "--tp", "3", "--steps", "1", timeout=60)
     assert p.returncode == 2
     assert p.stdout == "" and p.stderr.strip().count("\n") == 0 and "tp=3" in p.stderr

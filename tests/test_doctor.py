@@ -9,7 +9,6 @@ import time
 
 import pytest
 
-from meshprof.cli import main
 from meshprof.commands.doctor import run_local
 from meshprof.tools.doctor import DoctorConfig, doctor_rank
 
@@ -32,9 +31,10 @@ def _dies_after_init(rank, ws, cfg):
 
 
 @pytest.mark.timeout(90)
-def test_healthy_job(capsys):
-    assert main(["doctor", "--nproc", "3", "--json"]) == 0
-    data = json.loads(capsys.readouterr().out)
+def test_healthy_job(cli):
+    p = cli("doctor", "--nproc", "3", "--json")
+    assert p.returncode == 0
+    data = json.loads(p.stdout)
     names = [c["name"] for c in data["checks"]]
     assert names == [
         "environment",
@@ -79,6 +79,7 @@ def test_peer_dies():
     assert any(c.name == "rank 1" and "exited with code 3" in c.detail for c in bad), bad
 
 
-def test_bad_timeout(capsys):
-    assert main(["doctor", "--timeout", "0"]) == 2
-    assert "--timeout 0" in capsys.readouterr().err
+def test_bad_timeout(cli):
+    p = cli("doctor", "--timeout", "0")
+    assert p.returncode == 2
+    assert "--timeout 0" in p.stderr

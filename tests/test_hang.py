@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from meshprof.analyze.hang import diagnose_hang, render_hang_text
-from meshprof.cli import main
-from meshprof.tools.spawn import WorkerError, run_ranks
+from meshprof.analyze.hang import diagnose_hang
+from meshprof.render.hang import render_hang_text
+from meshprof.spawn import WorkerError, run_ranks
 
 HERE = os.path.basename(__file__)
 FR_ENV = {"TORCH_FR_BUFFER_SIZE": "64"}
@@ -155,17 +155,19 @@ def test_different_order(tmp_path):
 
 
 @pytest.mark.timeout(60)
-def test_rank_sleeps_forever(tmp_path, capsys):
+def test_rank_sleeps_forever(tmp_path, cli):
     diag, dump_dir = _run("sleep", tmp_path)
     f = diag.findings[0]
     assert f.kind == "missing" and f.ranks == (1,) and f.seq == 2, render_hang_text(diag)
     assert f"{HERE}:{_line_of('time.sleep(60)')}" in f.message
     # the CLI says the same, in text and JSON
-    assert main(["hang", str(dump_dir)]) == 1
-    out = capsys.readouterr().out
+    p = cli("hang", dump_dir)
+    assert p.returncode == 1
+    out = p.stdout
     assert "rank 1 never entered all_reduce seq 2 of group 0" in out
-    assert main(["hang", str(dump_dir), "--json"]) == 1
-    data = json.loads(capsys.readouterr().out)
+    p = cli("hang", dump_dir, "--json")
+    assert p.returncode == 1
+    data = json.loads(p.stdout)
     assert data["findings"][0]["kind"] == "missing" and data["findings"][0]["ranks"] == [1]
 
 
@@ -204,10 +206,11 @@ def test_flight_recorder_only(tmp_path):
     assert any("not JSON" in p for p in diag.problems)
 
 
-def test_bad_directory(tmp_path, capsys):
-    assert main(["hang", str(tmp_path / "nope")]) == 2
-    assert "no such directory" in capsys.readouterr().err
-    assert main(["hang", str(tmp_path)]) == 2
+def test_bad_directory(tmp_path, cli):
+    p = cli("hang", tmp_path / "nope")
+    assert p.returncode == 2
+    assert "no such directory" in p.stderr
+    assert cli("hang", tmp_path).returncode == 2
 
 
 def _signal_dump(rank: int, ws: int, dump_dir: str) -> dict:

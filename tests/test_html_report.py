@@ -10,10 +10,11 @@ import subprocess
 import pytest
 
 from data.meshprof_synth import real_worker
-from meshprof.analyze.crossrank import analyze_run
+from meshprof.analyze.bottlenecks import Bottleneck
 from meshprof.render.html import render_html
+from meshprof.report import analyze_run
 from meshprof.rundir import load_run
-from meshprof.tools.spawn import run_ranks
+from meshprof.spawn import run_ranks
 
 EVIL = "<script>alert(1)</script>"
 
@@ -33,7 +34,7 @@ def report(tmp_path_factory):
     rep = analyze_run(
         load_run(d),
         bottlenecks=[
-            {"title": "exposed <i>comm</i>", "severity": "high", "evidence": {"share": 0.4}}
+            Bottleneck("communication", "high", "exposed <i>comm</i>", 0.4, 0.3, "share 0.4", "")
         ],
     )
     return d, rep

@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 
+from meshprof.analyze.intervals import total as union_ns
 from meshprof.analyze.kineto import (
     KINETO_TID_BASE,
     kineto_breakdown,
     kineto_events,
     load_trace,
-    union_ns,
 )
 from meshprof.errors import MeshprofError
-from meshprof.tools.spawn import run_ranks
+from meshprof.spawn import run_ranks
 
 BASE = 1_700_000_000_000_000_000
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import logging
 
+from meshprof.spawn import run_ranks
 from meshprof.tools.logs import log_file, setup_logging
-from meshprof.tools.spawn import run_ranks
 
 
 def _log(rank, ws, d):

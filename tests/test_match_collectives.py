@@ -7,9 +7,10 @@ import numpy as np
 from data.meshprof_synth import MS, US, events_array, memory_array, spans_array, synthetic_run
 from meshprof.analyze.clock import align_clocks
 from meshprof.analyze.match import arrived_last_share, match_collectives, summarize_match
-from meshprof.analyze.table import build_event_table, dimension_of
+from meshprof.analyze.table import build_event_table
 from meshprof.events import OP_CODES
-from meshprof.rundir import RankData, load_run, write_rank_file
+from meshprof.layout import dimension_of
+from meshprof.rundir import RankData, RankMeta, load_run, write_rank_file
 
 
 def test_skew_last_rank_and_waits(tmp_path):
@@ -58,7 +59,7 @@ def test_missing_member_is_incomplete_and_p2p_pairs(tmp_path):
         ],
     }
     for r, ev in rows.items():
-        meta = {"rank": r, "world_size": 3, "groups": groups, "span_names": []}
+        meta = RankMeta(rank=r, world_size=3, groups=groups, span_names=[])
         write_rank_file(
             tmp_path, RankData(r, events_array(ev), spans_array([]), memory_array([]), meta)
         )
@@ -75,9 +76,9 @@ def test_missing_member_is_incomplete_and_p2p_pairs(tmp_path):
 def test_dimension_from_layout_and_desc():
     layout = {"dp": 2, "tp": 2, "pp": 2}
     # rank = dp*4 + tp*2 + pp
-    assert dimension_of("", (0, 4), layout) == "dp"
-    assert dimension_of("", (0, 2), layout) == "tp"
-    assert dimension_of("", (2, 3), layout) == "pp"
-    assert dimension_of("", tuple(range(8)), layout) == "world"
-    assert dimension_of("mesh_tp", (0, 1), None) == "tp"
-    assert dimension_of("default_pg", (0, 1), None) == "other"
+    assert dimension_of((0, 4), layout) == "dp"
+    assert dimension_of((0, 2), layout) == "tp"
+    assert dimension_of((2, 3), layout) == "pp"
+    assert dimension_of(tuple(range(8)), layout) == "world"
+    assert dimension_of((0, 1), None, "mesh_tp") == "tp"
+    assert dimension_of((0, 1), None, "default_pg") == "other"

@@ -7,16 +7,8 @@ import time
 import numpy as np
 import pytest
 
-from meshprof.events import EVENT_DTYPE, MEMORY_DTYPE, OP_CODES, SPAN_DTYPE
-from meshprof.monitor import (
+from meshprof.analyze.bottlenecks import (
     BottleneckThresholds,
-    Layout,
-    StepMonitor,
-    analyze_steps,
-    dimension_of,
-    pipeline_bubble_theory,
-)
-from meshprof.monitor.bottlenecks import (
     rule_data_loading,
     rule_exposed_comm,
     rule_load_imbalance,
@@ -25,7 +17,12 @@ from meshprof.monitor.bottlenecks import (
     rule_pipeline,
     rule_tp,
 )
-from meshprof.tools.spawn import run_ranks
+from meshprof.analyze.pipeline import pipeline_bubble_theory
+from meshprof.analyze.steps import analyze_steps
+from meshprof.events import EVENT_DTYPE, MEMORY_DTYPE, OP_CODES, SPAN_DTYPE
+from meshprof.layout import Layout, dimension_of
+from meshprof.monitor import StepMonitor
+from meshprof.spawn import run_ranks
 
 
 def _busy(seconds: float) -> None:
@@ -43,6 +40,7 @@ def test_phase_with_known_time_is_measured_within_5_percent():
             with mon.phase("backward"):
                 time.sleep(0.030)
     a = mon.analysis()
+    a.check()
     by = {p.name: p.time.mean_ns for p in a.phases}
     assert by["forward"] == pytest.approx(50e6, rel=0.05)
     assert by["backward"] == pytest.approx(30e6, rel=0.05)
@@ -92,15 +90,14 @@ def test_dimension_of_group_follows_rank_formula():
     assert dimension_of([0, 3], lay) == "tp+pp"  # a flattened tp × pp group
     assert dimension_of([0, 1], None, "mesh_tp") == "tp"
     # one definition everywhere: the report's and the layout module's agree with the monitor's
-    from meshprof.analyze.table import dimension_of as table_dimension_of
-    from meshprof.parallel import ParallelConfig, RankMapping, dimension_of_group
+    from meshprof.parallel import ParallelConfig, RankMapping
 
     cfg = ParallelConfig(dp=2, tp=2, pp=2, num_layers=2)
     groups = [[0, 1], [0, 2], [1, 5], list(range(8)), [0, 3], [0, 4, 1, 5], [3], [6, 7]]
     for g in groups:
         want = dimension_of(g, lay)
-        assert table_dimension_of("", tuple(g), {"dp": 2, "tp": 2, "pp": 2}) == want
-        assert dimension_of_group(RankMapping(cfg, 0), g) == want
+        assert dimension_of(tuple(g), {"dp": 2, "tp": 2, "pp": 2}) == want
+        assert dimension_of(g, RankMapping(cfg, 0)) == want
         assert dimension_of(g, "dp=2,tp=2,pp=2") == want == dimension_of(g, cfg)
     assert dimension_of([0, 4, 1, 5], lay) == "dp+pp"
     assert dimension_of([3], lay) == "other"
@@ -166,22 +163,41 @@ def test_exposed_comm_rule_fires_from_analysis_at_threshold():
     lay = Layout(dp=2, tp=1, pp=1)
     # 10 ms step, 4 ms all_reduce during which the thread is blocked (cpu = 6 ms): 40% exposed
     a = analyze_steps(*_synthetic(10_000_000, 4_000_000, 6_000_000), layout=lay)
+    a.check()
     assert a.comm_exposed_share == pytest.approx(0.4)
     assert [b.category for b in a.bottlenecks] == ["communication"]
     assert a.dp_efficiency == pytest.approx(0.6)
     # same communication fully hidden behind compute (cpu = wall): nothing exposed, no finding
     a = analyze_steps(*_synthetic(10_000_000, 4_000_000, 10_000_000), layout=lay)
+    a.check()
     assert a.comm_exposed_share == 0 and a.comm_total_share == pytest.approx(0.4)
     assert a.comm[0].hidden_ns == pytest.approx(4e6) and a.bottlenecks == []
     # 2.9 ms blocked of 10 ms: just below 30%
     a = analyze_steps(*_synthetic(10_000_000, 4_000_000, 7_100_000), layout=lay)
+    a.check()
     assert a.comm_exposed_share == pytest.approx(0.29) and a.bottlenecks == []
 
 
 def test_data_loading_rule_from_analysis():
     a = analyze_steps(*_synthetic(10_000_000, 0, 10_000_000, data_ns=1_500_000))
+    a.check()
     assert a.data_loading_share == pytest.approx(0.15)
     assert [b.category for b in a.bottlenecks] == ["data_loading"]
+
+
+def test_check_catches_an_inconsistent_analysis():
+    import dataclasses
+
+    a = analyze_steps(*_synthetic(10_000_000, 4_000_000, 6_000_000), layout=Layout(dp=2))
+    a.check()
+    for bad in (
+        {"comm_exposed_share": a.comm_total_share + 0.1},
+        {"data_loading_share": 1.5},
+        {"per_step": []},
+        {"bottlenecks": [dataclasses.replace(a.bottlenecks[0], severity="low"), *a.bottlenecks]},
+    ):
+        with pytest.raises(AssertionError):
+            dataclasses.replace(a, **bad).check()
 
 
 # -- real process groups -----------------------------------------------------------------------
@@ -217,6 +233,7 @@ def _exposed_worker(rank, ws):
                 waited += time.perf_counter_ns() - t0
         dist.barrier()  # start every step together
     a = mon.analysis()
+    a.check()
     meshprof.disable()
     return {
         "exposed": a.comm_exposed_share * a.step_time.mean_ns,
@@ -288,6 +305,7 @@ def _pipeline_worker(rank, ws, schedule_name, m):
                 sched.step(target=y, losses=[])
         dist.barrier()
     a = mon.analysis()
+    a.check()
     spans, names = mon.spans_array()
     meshprof.disable()
     return a.pipeline.bubble, a.pipeline.bubble_theory, [c.dimension for c in a.comm], spans, names
@@ -296,7 +314,7 @@ def _pipeline_worker(rank, ws, schedule_name, m):
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("schedule_name", ["ScheduleGPipe", "Schedule1F1B"])
 def test_pipeline_bubble_matches_theory(schedule_name):
-    from meshprof.monitor.pipeline import StageTimeline, measure_pipeline_bubble
+    from meshprof.analyze.pipeline import StageTimeline, measure_pipeline_bubble
 
     res = run_ranks(_pipeline_worker, 2, args=(schedule_name, 4), timeout=140)
     # the stages' timelines, joined (one machine: one clock), against (p-1)/(m+p-1) = 1/5
@@ -313,4 +331,4 @@ def test_pipeline_bubble_matches_theory(schedule_name):
     for local_bubble, theory, dims, _, _ in res:
         assert theory == pytest.approx(1 / 5)
         assert "pp" in dims
-        assert 0 < local_bubble < 1  # the stage-local view (see meshprof.monitor.pipeline)
+        assert 0 < local_bubble < 1  # the stage-local view (see meshprof.analyze.pipeline)

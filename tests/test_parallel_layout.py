@@ -1,21 +1,19 @@
-"""ParallelConfig validation, RankMapping, dimension_of_group and `meshprof plan` (no processes
+"""ParallelConfig validation, RankMapping, dimension_of and `meshprof plan` (no processes
 except the CLI subprocesses)."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
 from meshprof.errors import MeshprofError
+from meshprof.layout import dimension_of
 from meshprof.parallel.config import ParallelConfig
 from meshprof.parallel.mapping import (
     RankMapping,
     all_groups,
     coords_of,
-    dimension_of_group,
     rank_of,
 )
 
@@ -56,14 +54,14 @@ def test_mapping_is_a_bijection_and_groups_partition_the_world(dp, tp, pp):
 def test_dimension_of_group():
     cfg = ParallelConfig(dp=2, tp=2, pp=2)
     m = RankMapping(cfg, 0)
-    assert dimension_of_group(m, [1, 5]) == "dp"
-    assert dimension_of_group(m, [5, 7]) == "tp"
-    assert dimension_of_group(m, [6, 7]) == "pp"
-    assert dimension_of_group(m, range(8)) == "world"
-    assert dimension_of_group(m, [0, 3]) == "tp+pp"
-    assert dimension_of_group(m, [2]) == "other"
+    assert dimension_of([1, 5], m) == "dp"
+    assert dimension_of([5, 7], m) == "tp"
+    assert dimension_of([6, 7], m) == "pp"
+    assert dimension_of(range(8), m) == "world"
+    assert dimension_of([0, 3], m) == "tp+pp"
+    assert dimension_of([2], m) == "other"
     # only one dimension > 1: the world group is that dimension's group
-    assert dimension_of_group(ParallelConfig(dp=4), [0, 1, 2, 3]) == "dp"
+    assert dimension_of([0, 1, 2, 3], ParallelConfig(dp=4)) == "dp"
 
 
 @pytest.mark.parametrize(
@@ -105,11 +103,10 @@ def test_validate_tp_must_divide_heads_and_hidden():
     assert ParallelConfig(dp=2, tp=2, pp=2).validate(8, n_heads=4, hidden=64) is not None
 
 
-def test_plan_cli_json_and_errors(capsys):
-    from meshprof.cli import main
-
-    assert main(["plan", "--dp", "2", "--tp", "2", "--pp", "2", "--layers", "24", "--json"]) == 0
-    doc = json.loads(capsys.readouterr().out)
+def test_plan_cli_json_and_errors(cli):
+    p = cli("plan", "--dp", "2", "--tp", "2", "--pp", "2", "--layers", "24", "--json")
+    assert p.returncode == 0
+    doc = json.loads(p.stdout)
     assert [r["rank"] for r in doc["ranks"]] == list(range(8))
     assert (doc["ranks"][5]["dp_rank"], doc["ranks"][5]["tp_rank"], doc["ranks"][5]["pp_rank"]) == (
         1,
@@ -131,17 +128,14 @@ def test_plan_cli_json_and_errors(capsys):
         ["--pp", "4", "--microbatches", "2"],
         ["--dp", "2", "--world-size", "4"],
     ):
-        assert main(["plan", *bad]) == 2, bad
-        out = capsys.readouterr()
-        assert out.out == "" and len(out.err.strip().splitlines()) == 1 and "error" in out.err
+        out = cli("plan", *bad)
+        assert out.returncode == 2, bad
+        assert (
+            out.stdout == "" and len(out.stderr.strip().splitlines()) == 1 and "error" in out.stderr
+        )
 
 
-def test_plan_command_line_text_output():
-    p = subprocess.run(
-        [sys.executable, "-m", "meshprof.cli", "plan", "--dp", "2", "--pp", "2", "--layers", "8"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+def test_plan_command_line_text_output(cli):
+    p = cli.process("plan", "--dp", "2", "--pp", "2", "--layers", "8")
     assert p.returncode == 0, p.stderr
     assert "process groups" in p.stdout and "memory per device" in p.stdout and "[0,2]" in p.stdout

@@ -17,8 +17,8 @@ import torch
 
 from meshprof.parallel.config import ParallelConfig
 from meshprof.parallel.memory import estimate_memory
-from meshprof.parallel.model import ModelConfig
-from meshprof.tools.spawn import run_ranks
+from meshprof.parallel.model_config import ModelConfig
+from meshprof.spawn import run_ranks
 
 # activations and parameters of similar size, so neither hides an error in the other
 MODEL = ModelConfig(d_model=128, n_heads=4, vocab_size=512, seq_len=128)
@@ -30,8 +30,8 @@ def measure_peak(kwargs: dict, steps: int = 2) -> tuple[int, int]:
     import torch._C._profiler as P
     from torch.profiler import ProfilerActivity, profile, record_function
 
-    from meshprof.parallel.build import build_job
-    from meshprof.parallel.train import train
+    from meshprof.demo.build import build_job
+    from meshprof.demo.train import train
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         job = build_job(ParallelConfig(**kwargs), MODEL, seed=0, dtype=torch.float32)
@@ -95,7 +95,7 @@ def test_two_rank_estimate_matches_measured_peak_on_every_rank(kwargs):
 
 
 def test_parameter_count_is_exact_and_strategies_order():
-    from meshprof.parallel.model import build_model
+    from meshprof.demo.model import build_model
 
     cfg = ParallelConfig(num_layers=4)
     est = estimate_memory(cfg, MODEL, param_bytes=4)

@@ -12,11 +12,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from meshprof.parallel.build import build_job
+from meshprof.demo.build import build_job
+from meshprof.demo.train import train
 from meshprof.parallel.config import ParallelConfig
-from meshprof.parallel.model import ModelConfig
-from meshprof.parallel.train import train
-from meshprof.tools.spawn import run_ranks
+from meshprof.parallel.model_config import ModelConfig
+from meshprof.spawn import run_ranks
+
+# every test here waits for the module's single-rank reference run (~50 s on 2 busy CPU cores)
+pytestmark = pytest.mark.slow
 
 MODEL = ModelConfig(d_model=32, n_heads=4, vocab_size=64, seq_len=16)
 STEPS = 3

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from collections import Counter
 
@@ -13,7 +12,7 @@ from meshprof.analyze.match import match_collectives
 from meshprof.analyze.table import build_event_table
 from meshprof.render.perfetto import build_trace
 from meshprof.rundir import load_run
-from meshprof.tools.spawn import run_ranks
+from meshprof.spawn import run_ranks
 
 
 def check_chrome_trace(trace: dict) -> list[dict]:
@@ -78,16 +77,10 @@ def test_synthetic_trace_structure_and_alignment(tmp_path):
     assert Counter(e["cat"] for e in evs if e["ph"] == "X") == {"step": 9, "phase": 27, "comm": 9}
 
 
-def test_cli_trace_of_real_run(tmp_path):
+def test_cli_trace_of_real_run(tmp_path, cli):
     run_ranks(real_worker, 2, (str(tmp_path), -1, 0.0, 3), timeout=90)
     out = tmp_path / "trace.json"
-    code = "import sys; from meshprof.cli import main; sys.exit(main(sys.argv[1:]))"
-    p = subprocess.run(
-        [sys.executable, "-c", code, "report", str(tmp_path), "--trace", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    p = cli.process("report", tmp_path, "--trace", out)
     assert p.returncode == 0, p.stderr
     evs = check_chrome_trace(json.loads(out.read_text()))
     threads = {e["args"]["name"] for e in evs if e["name"] == "thread_name"}

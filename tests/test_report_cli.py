@@ -3,26 +3,16 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 from data.meshprof_synth import MS, synthetic_run
 
-CODE = "import sys; from meshprof.cli import main; sys.exit(main(sys.argv[1:]))"
 
-
-def _run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-c", CODE, "report", *args], capture_output=True, text=True, timeout=120
-    )
-
-
-def test_json_report_with_missing_and_damaged_ranks(tmp_path):
+def test_json_report_with_missing_and_damaged_ranks(tmp_path, cli):
     synthetic_run(tmp_path, 4, [0, 20 * MS, -30 * MS, 10 * MS], slow_rank=1, extra_ns=6 * MS)
     (tmp_path / "rank00003.npz").unlink()
     (tmp_path / "rank00002.npz").write_bytes(b"not a zip")
-    p = _run(str(tmp_path), "--json", "--html", str(tmp_path / "r.html"))
+    p = cli.process("report", str(tmp_path), "--json", "--html", str(tmp_path / "r.html"))
     assert p.returncode == 0, p.stderr
     d = json.loads(p.stdout)
     assert set(d) >= {
@@ -51,22 +41,22 @@ def test_json_report_with_missing_and_damaged_ranks(tmp_path):
     assert "rank 3 not analyzed" in html and "load imbalance &gt; 10%" in html
 
 
-def test_console_summary(tmp_path):
+def test_console_summary(tmp_path, cli):
     synthetic_run(tmp_path, 2, [0, 5 * MS], slow_rank=-1)
-    p = _run(str(tmp_path))
+    p = cli.process("report", str(tmp_path))
     assert p.returncode == 0, p.stderr
     assert "No straggler" in p.stdout and "clock alignment" in p.stdout
 
 
-def test_bad_input_exit_2(tmp_path):
-    p = _run(str(tmp_path / "nope"))
+def test_bad_input_exit_2(tmp_path, cli):
+    p = cli.process("report", str(tmp_path / "nope"))
     assert p.returncode == 2 and p.stderr.count("\n") == 1 and "no such directory" in p.stderr
-    p = _run(str(tmp_path))
+    p = cli.process("report", str(tmp_path))
     assert p.returncode == 2 and "no usable rank file" in p.stderr
     synthetic_run(tmp_path, 2, [0, 0])
-    p = _run(str(tmp_path), "--threshold", "-1")
+    p = cli.process("report", str(tmp_path), "--threshold", "-1")
     assert p.returncode == 2 and "--threshold" in p.stderr
-    p = _run(str(tmp_path), "--html", str(tmp_path))
+    p = cli.process("report", str(tmp_path), "--html", str(tmp_path))
     assert p.returncode == 2 and "is a directory" in p.stderr
 
 
@@ -78,7 +68,7 @@ def _evicting_worker(rank: int, world: int, out: str) -> int:
 
     import meshprof
     from meshprof.rundir import write_rank_file
-    from meshprof.session import rank_data
+    from meshprof.rundir.writer import rank_data
 
     prof = meshprof.enable(meshprof.ProfilerConfig(max_events=16, sample_rate=0.5))
     for _ in range(60):
@@ -91,13 +81,13 @@ def _evicting_worker(rank: int, world: int, out: str) -> int:
     return len(prof.columns()[0])
 
 
-def test_report_size_table_counts_evicted_and_sampled_out_collectives(tmp_path):
+def test_report_size_table_counts_evicted_and_sampled_out_collectives(tmp_path, cli):
     """The latency columns cover the retained events (at most 16 per rank here); the issued
     column is exact for the whole run: 60 + 30 collectives per rank, 2 ranks, counted by the
     test itself."""
-    from meshprof.analyze.crossrank import analyze_run
+    from meshprof.report import analyze_run
     from meshprof.rundir import load_run
-    from meshprof.tools.spawn import run_ranks
+    from meshprof.spawn import run_ranks
 
     retained = run_ranks(_evicting_worker, 2, (str(tmp_path),), timeout=90)
     assert all(n <= 16 for n in retained)
@@ -106,7 +96,7 @@ def test_report_size_table_counts_evicted_and_sampled_out_collectives(tmp_path):
     small, big = rows[("all_reduce", 64)], rows[("all_reduce", 4096)]
     assert small.recorded == 2 * 60 and big.recorded == 2 * 30
     assert small.count + big.count <= sum(retained)
-    p = _run(str(tmp_path), "--json")
+    p = cli.process("report", str(tmp_path), "--json")
     assert p.returncode == 0, p.stderr
     got = {(r["op"], r["size_bucket"]): r["recorded"] for r in json.loads(p.stdout)["by_size"]}
     assert got[("all_reduce", 64)] == 120 and got[("all_reduce", 4096)] == 60

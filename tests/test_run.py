@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import collections
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,31 +15,16 @@ from meshprof.rundir import load_run
 SCRIPTS = Path(__file__).parent / "scripts"
 
 
-def meshprof_cli(
-    *args: str, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: float = 120
-) -> subprocess.CompletedProcess[str]:
-    full_env = dict(os.environ)
-    full_env.update(env or {})
-    return subprocess.run(
-        [sys.executable, "-m", "meshprof.cli", *args],
-        cwd=cwd,
-        env=full_env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
 def op_names(events: np.ndarray) -> list[str]:
     return [OP_NAMES[c] for c in events["op"].tolist()]
 
 
 @pytest.mark.timeout(180)
-def test_run_ddp_script_records_every_collective_and_step(tmp_path: Path) -> None:
+def test_run_ddp_script_records_every_collective_and_step(tmp_path: Path, cli) -> None:
     out = tmp_path / "run"
     oracle_dir = tmp_path / "oracle"
     oracle_dir.mkdir()
-    p = meshprof_cli(
+    p = cli.process(
         "run",
         "--nproc-per-node",
         "2",
@@ -100,9 +82,9 @@ def test_run_ddp_script_records_every_collective_and_step(tmp_path: Path) -> Non
 
 
 @pytest.mark.timeout(180)
-def test_run_keeps_exit_code_and_writes_the_sigtermed_rank(tmp_path: Path) -> None:
+def test_run_keeps_exit_code_and_writes_the_sigtermed_rank(tmp_path: Path, cli) -> None:
     out = tmp_path / "run"
-    p = meshprof_cli(
+    p = cli.process(
         "run", "--nproc-per-node", "2", "-o", str(out), "--no-summary", str(SCRIPTS / "run_fail.py")
     )
     assert p.returncode == 5, p.stderr[-3000:]  # rank 1's sys.exit(5), not torchrun's generic 1
@@ -121,9 +103,9 @@ def test_run_keeps_exit_code_and_writes_the_sigtermed_rank(tmp_path: Path) -> No
 
 
 @pytest.mark.timeout(180)
-def test_run_module_that_raises(tmp_path: Path) -> None:
+def test_run_module_that_raises(tmp_path: Path, cli) -> None:
     out = tmp_path / "run"
-    p = meshprof_cli(
+    p = cli.process(
         "run", "--nproc-per-node", "2", "-o", str(out), "-m", "run_raise", "--x", "1", cwd=SCRIPTS
     )
     assert p.returncode == 1, p.stderr[-3000:]
@@ -151,10 +133,10 @@ def test_run_module_that_raises(tmp_path: Path) -> None:
     ],
 )
 def test_run_bad_input_is_one_line_and_exit_2(
-    tmp_path: Path, args: tuple[str, ...], message: str
+    tmp_path: Path, args: tuple[str, ...], message: str, cli
 ) -> None:
     (tmp_path / "x.py").write_text("print('never runs')\n")
-    p = meshprof_cli("run", "-o", str(tmp_path / "out"), *args, cwd=tmp_path, timeout=60)
+    p = cli.process("run", "-o", str(tmp_path / "out"), *args, cwd=tmp_path, timeout=60)
     assert p.returncode == 2
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], p.stderr
@@ -162,9 +144,9 @@ def test_run_bad_input_is_one_line_and_exit_2(
 
 
 @pytest.mark.timeout(180)
-def test_run_hang_is_dumped_diagnosed_and_ended(tmp_path: Path) -> None:
+def test_run_hang_is_dumped_diagnosed_and_ended(tmp_path: Path, cli) -> None:
     out = tmp_path / "run"
-    p = meshprof_cli(
+    p = cli.process(
         "run",
         "--nproc-per-node",
         "2",
@@ -186,41 +168,33 @@ def test_run_hang_is_dumped_diagnosed_and_ended(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(240)
-def test_run_two_nodes_share_one_run_dir(tmp_path: Path) -> None:
+def test_run_two_nodes_share_one_run_dir(tmp_path: Path, cli) -> None:
     """Two launchers (`--nnodes 2 --node-rank 0/1`, static rendezvous on this host) write one
     run directory: one node record each, every rank's file, and a manifest merged from both
     (nodes, hosts, per-rank exit codes, status)."""
-    from meshprof.tools.spawn import free_port
+    from meshprof.spawn import free_port
 
     out = tmp_path / "run"
     port = str(free_port())
     procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "meshprof.cli",
-                "run",
-                "--nnodes",
-                "2",
-                "--node-rank",
-                str(k),
-                "--nproc-per-node",
-                "1",
-                "--master-addr",
-                "127.0.0.1",
-                "--master-port",
-                port,
-                "-o",
-                str(out),
-                "--no-summary",
-                str(SCRIPTS / "run_nodes.py"),
-                "-1",
-                "0",
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
+        cli.start(
+            "run",
+            "--nnodes",
+            "2",
+            "--node-rank",
+            str(k),
+            "--nproc-per-node",
+            "1",
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            port,
+            "-o",
+            str(out),
+            "--no-summary",
+            str(SCRIPTS / "run_nodes.py"),
+            "-1",
+            "0",
         )
         for k in (0, 1)
     ]
@@ -244,10 +218,10 @@ def test_run_two_nodes_share_one_run_dir(tmp_path: Path) -> None:
     # the manifest on disk, written by the last launcher to finish, is the merged one
     on_disk = json.loads((out / "manifest.json").read_text())
     assert on_disk["status"] == "ok" and len(on_disk["nodes"]) == 2
-    p = meshprof_cli("report", str(out), "--json")
+    p = cli.process("report", str(out), "--json")
     assert p.returncode == 0, p.stderr[-2000:]
     assert sorted(r["rank"] for r in json.loads(p.stdout)["ranks"]) == [0, 1]
-    p = meshprof_cli("report", str(out))
+    p = cli.process("report", str(out))
     assert p.returncode == 0 and "job: ok, exit code 0, 2 nodes" in p.stdout, p.stdout[:2000]
 
 
@@ -255,7 +229,7 @@ def test_node_records_merge_without_a_shared_file_system(tmp_path: Path) -> None
     """Per-node directories copied together: the manifest.json that survives is one node's
     (here the healthy node's), but the node records decide the job's status, exit code and
     per-rank codes; a node still running keeps end_ns open."""
-    from meshprof.rundir import write_manifest, write_node_record
+    from meshprof.rundir.manifest import write_manifest, write_node_record
 
     run_dir = tmp_path / "run"
     base = {"node_rank": 0, "host": "a", "hosts": ["a"], "start_ns": 100, "end_ns": 900}
@@ -301,7 +275,7 @@ def test_node_records_merge_without_a_shared_file_system(tmp_path: Path) -> None
             "start_ns": 100,
         },
     )
-    from meshprof.rundir import merge_node_records, read_node_records
+    from meshprof.rundir.manifest import merge_node_records, read_node_records
 
     recs = read_node_records(run_dir)
     assert [r["node_id"] for r in recs] == ["a-1", "b-7"]

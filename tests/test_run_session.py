@@ -1,4 +1,5 @@
-"""The per-rank writer (meshprof.session): rank file content, periodic writes, SIGTERM."""
+"""The rank writer (meshprof.rundir.writer: rank file content, periodic writes, SIGTERM) and the
+recording session (meshprof.session) that builds recorder, monitor, writer and clock sync."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 
 from meshprof.events import OP_NAMES
 from meshprof.rundir import load_rank_file, load_run, rank_file
-from meshprof.tools.spawn import run_ranks
+from meshprof.spawn import run_ranks
 
 
 def _write_rank_with_eviction(rank: int, world_size: int, run_dir: str) -> dict:
@@ -24,7 +25,7 @@ def _write_rank_with_eviction(rank: int, world_size: int, run_dir: str) -> dict:
 
     import meshprof
     from meshprof.monitor import StepMonitor
-    from meshprof.session import RankWriter
+    from meshprof.rundir.writer import RankWriter
 
     prof = meshprof.enable(meshprof.ProfilerConfig(max_events=4))
     mon = StepMonitor(profiler=prof)
@@ -80,7 +81,7 @@ def test_rank_file_holds_what_the_recorder_and_monitor_hold(tmp_path: Path) -> N
 
 def test_writer_periodic_thread_skips_unchanged_content(tmp_path: Path) -> None:
     import meshprof
-    from meshprof.session import RankWriter
+    from meshprof.rundir.writer import RankWriter
 
     prof = meshprof.enable()
     writer = RankWriter(tmp_path, prof, interval_s=0.01, rank=3).start()
@@ -97,7 +98,7 @@ def test_writer_periodic_thread_skips_unchanged_content(tmp_path: Path) -> None:
 
 def test_writer_failure_is_counted_never_raised(tmp_path: Path) -> None:
     import meshprof
-    from meshprof.session import RankWriter
+    from meshprof.rundir.writer import RankWriter
 
     blocker = tmp_path / "file"
     blocker.write_text("x")
@@ -110,7 +111,7 @@ _SIGTERM_CHILD = textwrap.dedent(
     import ctypes, sys
     import torch, torch.distributed as dist
     import meshprof
-    from meshprof.session import RankWriter
+    from meshprof.rundir.writer import RankWriter
 
     dist.init_process_group("gloo", init_method="tcp://127.0.0.1:{port}", rank=0, world_size=1)
     prof = meshprof.enable()
@@ -136,7 +137,7 @@ _SIGTERM_CHILD = textwrap.dedent(
 def test_sigterm_writes_the_rank_file_and_dies_by_the_signal(
     tmp_path: Path, block: str, how: str
 ) -> None:
-    from meshprof.tools.spawn import free_port
+    from meshprof.spawn import free_port
 
     code = _SIGTERM_CHILD.format(port=free_port(), block=block)
     proc = subprocess.Popen(
@@ -164,3 +165,88 @@ def test_sigterm_writes_the_rank_file_and_dies_by_the_signal(
     assert rd.meta["exit"]["how"] == "signal" and rd.meta["exit"]["code"] == 128 + signal.SIGTERM
     assert [OP_NAMES[c] for c in rd.events["op"].tolist()] == ["all_reduce"] * 3
     assert (rd.events["in_bytes"] == 28).all()
+
+
+# -- RecordingSession ---------------------------------------------------------------------------
+
+
+def _session_rank(rank: int, world_size: int, run_dir: str) -> dict:
+    """The group exists before start(): start() exchanges timestamps and writes a first file;
+    automatic step detection ends a step at every optimizer step."""
+    import torch
+    import torch.distributed as dist
+
+    from meshprof.session import RecordingSession, SessionConfig
+
+    cfg = SessionConfig(
+        run_dir=Path(run_dir),
+        flush_interval_s=0,
+        layout="dp=2,tp=1,pp=1",
+        step_detection=True,
+        meta={"note": "kept"},
+    )
+    with RecordingSession(cfg) as session:
+        assert session.prof is not None and session.monitor is not None
+        assert session.writer is not None and session.failures == {}
+        first = rank_file(run_dir, rank).exists()
+        model = torch.nn.Linear(4, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(3):
+            opt.zero_grad()
+            model(torch.ones(2, 4)).sum().backward()
+            for p in model.parameters():
+                assert p.grad is not None
+                dist.all_reduce(p.grad)
+            opt.step()
+    return {"first": first, "steps": session.steps_detected}
+
+
+@pytest.mark.timeout(120)
+def test_recording_session_end_to_end(tmp_path: Path) -> None:
+    res = run_ranks(_session_rank, 2, (str(tmp_path),), timeout=90)
+    assert [r["first"] for r in res] == [True, True] and [r["steps"] for r in res] == [3, 3]
+    run = load_run(tmp_path)
+    for r, rd in run.ranks.items():
+        m = rd.meta
+        assert (m.rank, m.world_size, m.backend, m.steps_detected) == (r, 2, "gloo", 3)
+        assert m.layout == {"dp": 2, "tp": 1, "pp": 1} and m.step_detection == "optimizer"
+        assert m.extra == {"note": "kept"} and m.exit is None  # stopped before the process ended
+        assert m.clock_sync is not None
+        assert int((rd.spans["kind"] == 0).sum()) == 3  # the step after the last one stays open
+        assert [OP_NAMES[c] for c in rd.events["op"].tolist()].count("all_reduce") == 6
+    assert len(run.ranks[1].meta.clock_sync["samples"]) > 0
+
+
+def test_recording_session_parts_fail_alone(tmp_path: Path) -> None:
+    """A part that cannot start is reported once through on_error; the others run."""
+    from meshprof.rundir.schema import Manifest
+    from meshprof.session import RecordingSession, SessionConfig
+
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    errors: list[str] = []
+    session = RecordingSession(
+        SessionConfig(
+            run_dir=blocker / "run",  # under a file: the manifest and rank file cannot be written
+            rank=0,
+            flush_interval_s=0,
+            manifest=Manifest(world_size=1, source="test"),
+            on_error=lambda part, e: errors.append(part),
+        )
+    ).start()
+    try:
+        assert errors == ["manifest"] and set(session.failures) == {"manifest"}
+        assert session.prof is not None and session.monitor is not None
+        assert session.write() is None and session.writer is not None
+        assert session.writer.failures == 1
+    finally:
+        session.stop(final_write=False)
+    ok = RecordingSession(
+        SessionConfig(
+            run_dir=tmp_path / "ok", rank=0, flush_interval_s=0, manifest=Manifest(world_size=1)
+        )
+    ).start()
+    ok.set_exit("normal", 0)
+    ok.stop()
+    run = load_run(tmp_path / "ok")
+    assert run.manifest.world_size == 1 and run.ranks[0].meta.exit is not None

@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from meshprof.comm.recorder import CommProfiler
 from meshprof.config import ProfilerConfig
+from meshprof.event_log import EventLog
 from meshprof.events import EVENT_DTYPE, OP_CODES, GroupInfo, bandwidth_arrays, bandwidth_gbps
-from meshprof.profiler import CommProfiler
-from meshprof.recorder import EventLog
 from meshprof.stats import Sketch
 
 MB = 1_000_000
@@ -217,8 +217,8 @@ def test_per_rank_and_per_group_tracking_can_be_turned_off():
             for _ in range(3):
                 dist.all_reduce(t)
                 dist.all_reduce(t, group=sub)
-            for w in list(prof._by_work.values()):
-                w[0].wait()
+            for w in prof.completion.awaited_works():
+                w.wait()
             st = prof.stats()
             assert len(st.by_group) == groups and len(st.by_rank) == ranks
             assert [(s.key, s.count) for s in st.by_op] == [("all_reduce", 6)]
@@ -236,21 +236,21 @@ def test_native_build_failure_falls_back_to_the_python_recorder(monkeypatch):
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     import meshprof
-    import meshprof.native
+    import meshprof.comm.native
     from meshprof.config import ProfilerConfig
     from meshprof.errors import MeshprofError
 
     def no_compiler():
         raise MeshprofError("the native recorder could not be built (no compiler)")
 
-    monkeypatch.setattr(meshprof.native, "load", no_compiler)
+    monkeypatch.setattr(meshprof.comm.native, "load", no_compiler)
     dist.init_process_group("fake", rank=0, world_size=2, store=FakeStore())
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             prof = meshprof.enable(ProfilerConfig(native=True))
         assert any("could not be built" in str(w.message) for w in caught)
-        assert prof._native is None
+        assert prof.backend_name == "python"
         dist.all_reduce(torch.ones(4))
         assert [e.op for e in prof.events()] == ["all_reduce"]
     finally:
@@ -266,7 +266,7 @@ def test_poller_settle_notices_completed_works_without_its_thread() -> None:
     import threading
     import time
 
-    from meshprof.profiler import _Poller, _Rec
+    from meshprof.comm.completion import PendingOp, Poller
 
     class Work:
         def __init__(self, done: bool) -> None:
@@ -276,10 +276,10 @@ def test_poller_settle_notices_completed_works_without_its_thread() -> None:
             return self.done
 
     ended: list[str] = []
-    poller = _Poller(lambda rec, end, err: ended.append(rec.op_name))
+    poller = Poller(lambda rec, end, err: ended.append(rec.op_name))
 
-    def rec(name: str, work: Work) -> tuple[Work, _Rec]:
-        r = _Rec()
+    def rec(name: str, work: Work) -> tuple[Work, PendingOp]:
+        r = PendingOp()
         r.op_name, r.work = name, work
         return work, r
 

@@ -6,10 +6,11 @@ from __future__ import annotations
 import numpy as np
 
 from data.meshprof_synth import MS, real_worker, synthetic_run
-from meshprof.analyze.crossrank import analyze_run
-from meshprof.analyze.stragglers import _union, covered_ns
+from meshprof.analyze.intervals import covered as covered_ns
+from meshprof.analyze.intervals import union as _union
+from meshprof.report import analyze_run
 from meshprof.rundir import load_run
-from meshprof.tools.spawn import run_ranks
+from meshprof.spawn import run_ranks
 
 
 def test_real_run_names_slow_rank_and_phase(tmp_path):

@@ -20,28 +20,30 @@ _EXPORTS: dict[str, str] = {
     "profile": "meshprof.api",
     "reset": "meshprof.api",
     "ProfilerConfig": "meshprof.config",
-    "PerformanceMonitor": "meshprof.decorator",
-    "performance_monitor": "meshprof.decorator",
+    "PerformanceMonitor": "meshprof.perfmon",
+    "performance_monitor": "meshprof.perfmon",
     "CommEvent": "meshprof.events",
     "GroupInfo": "meshprof.events",
     "OpType": "meshprof.events",
-    "Bottleneck": "meshprof.monitor",
-    "BottleneckThresholds": "meshprof.monitor",
-    "StepAnalysis": "meshprof.monitor",
+    "Bottleneck": "meshprof.analyze.bottlenecks",
+    "BottleneckThresholds": "meshprof.analyze.bottlenecks",
+    "StepAnalysis": "meshprof.analyze.steps",
     "StepMonitor": "meshprof.monitor",
-    "CommProfiler": "meshprof.profiler",
+    "CommProfiler": "meshprof.comm.recorder",
     "OpStats": "meshprof.stats",
     "StatsReport": "meshprof.stats",
     "setup_logging": "meshprof.tools.logs",
 }
 
 if TYPE_CHECKING:
+    from meshprof.analyze.bottlenecks import Bottleneck, BottleneckThresholds
+    from meshprof.analyze.steps import StepAnalysis
     from meshprof.api import disable, enable, get_profiler, profile, reset
+    from meshprof.comm.recorder import CommProfiler
     from meshprof.config import ProfilerConfig
-    from meshprof.decorator import PerformanceMonitor, performance_monitor
     from meshprof.events import CommEvent, GroupInfo, OpType
-    from meshprof.monitor import Bottleneck, BottleneckThresholds, StepAnalysis, StepMonitor
-    from meshprof.profiler import CommProfiler
+    from meshprof.monitor import StepMonitor
+    from meshprof.perfmon import PerformanceMonitor, performance_monitor
     from meshprof.stats import OpStats, StatsReport
     from meshprof.tools.logs import setup_logging
 

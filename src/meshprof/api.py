@@ -7,9 +7,9 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from meshprof.comm.recorder import CommProfiler
 from meshprof.config import ProfilerConfig
 from meshprof.events import CommEvent
-from meshprof.profiler import CommProfiler
 from meshprof.stats import StatsReport
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -30,12 +30,10 @@ def enable(config: ProfilerConfig | None = None) -> CommProfiler:
             if config is not None:
                 _profiler.update_config(**config.to_dict() | {"ops": config.ops})
             return _profiler
-        from meshprof.comm.hooks import install
-
         prof = _profiler if _profiler is not None else CommProfiler(config)
         if config is not None and prof.config is not config:
             prof.update_config(**config.to_dict() | {"ops": config.ops})
-        prof._installation = install(prof)
+        prof.install()
         _profiler = prof
         return prof
 
@@ -44,13 +42,8 @@ def disable() -> CommProfiler | None:
     """Remove the recorder from PyTorch (no cost afterwards). Recorded data stays readable."""
     with _lock:
         prof = _profiler
-        if prof is not None and prof._installation is not None:
-            from meshprof.comm.hooks import uninstall
-
-            prof.flush()
-            uninstall(prof._installation)
-            prof._installation = None
-            prof._poller.stop()
+        if prof is not None:
+            prof.uninstall()
         return prof
 
 

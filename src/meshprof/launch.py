@@ -5,8 +5,7 @@ The launcher runs ``python -m torch.distributed.run <torchrun options> -m meshpr
 workers, and each worker runs :mod:`meshprof._bootstrap`, which turns the recorder, the step
 monitor and the rank writer on before running the user's unmodified script. Settings reach the
 workers through environment variables (:data:`ENV_*`). The launcher writes the run directory's
-manifest at start and again at the end (end time, exit code, hosts and world size from the rank
-files), and, when a worker's watchdog writes a dump into ``DIR/hang/``, asks the other local
+manifest at start and again at the end (:mod:`meshprof.run_record`), and, when a worker's watchdog writes a dump into ``DIR/hang/``, asks the other local
 workers to dump too (SIGUSR1), ends the job and reports the hang.
 """
 
@@ -17,7 +16,6 @@ import datetime as _dt
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,14 +24,16 @@ from pathlib import Path
 from typing import Any
 
 from meshprof.errors import MeshprofError
-from meshprof.rundir import (
-    MANIFEST,
-    load_run,
-    merge_node_records,
-    read_node_records,
-    write_manifest,
-    write_node_record,
+from meshprof.run_record import (
+    EXIT_HANG,
+    finish_manifest,
+    node_id,
+    node_record,
+    start_manifest,
+    write_merged_manifest,
 )
+from meshprof.rundir.manifest import write_node_record
+from meshprof.rundir.schema import HANG_DIR
 
 ENV_RUN_DIR = "MESHPROF_RUN_DIR"
 ENV_FLUSH_INTERVAL = "MESHPROF_FLUSH_INTERVAL"
@@ -44,14 +44,10 @@ ENV_LAYOUT = "MESHPROF_LAYOUT"
 ENV_MAX_EVENTS = "MESHPROF_MAX_EVENTS"
 ENV_NODE_ID = "MESHPROF_NODE_ID"
 
-HANG_DIR = "hang"
-#: Exit code of ``meshprof run`` when it ended a hung job (the script never got to exit).
-EXIT_HANG = 3
 #: Seconds to wait for the other workers' dumps after the first one appears.
 HANG_DUMP_WAIT_S = 15.0
 
 _NNODES_RE = re.compile(r"^\d+(:\d+)?$")
-_LAYOUT_RE = re.compile(r"^\s*[A-Za-z_]\w*\s*=\s*\d+\s*$")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -148,20 +144,6 @@ class RunOptions:
         return path
 
 
-def parse_layout(text: str) -> dict[str, int]:
-    """``"dp=2,tp=1,pp=2"`` -> ``{"dp": 2, "tp": 1, "pp": 2}``."""
-    parts = [p for p in text.split(",") if p.strip()]
-    if not parts or not all(_LAYOUT_RE.match(p) for p in parts):
-        raise MeshprofError(
-            f"{ENV_LAYOUT}={text!r}: expected name=size pairs such as dp=2,tp=1,pp=2"
-        )
-    out: dict[str, int] = {}
-    for p in parts:
-        k, v = p.split("=")
-        out[k.strip()] = int(v)
-    return out
-
-
 def torchrun_command(opts: RunOptions) -> list[str]:
     """The torchrun command line that runs the bootstrap in every worker."""
     cmd = [sys.executable, "-m", "torch.distributed.run"]
@@ -207,180 +189,6 @@ def worker_env(
     src = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return env
-
-
-def node_id() -> str:
-    """This launcher's id in the run directory (host and pid: unique across the nodes of a job
-    and across launchers restarted on one host). Its workers write it into their rank files."""
-    return f"{socket.gethostname()}-{os.getpid()}"
-
-
-def node_record(opts: RunOptions, cmd: list[str], start_ns: int) -> dict[str, Any]:
-    """This node's record as known before the workers start (finish_manifest completes it)."""
-    return {
-        "node_id": node_id(),
-        "node_rank": opts.node_rank,
-        "host": socket.gethostname(),
-        "hosts": [socket.gethostname()],
-        "pid": os.getpid(),
-        "nproc_per_node": opts.nproc_per_node,
-        "torchrun_command": cmd,
-        "cwd": os.getcwd(),
-        "ranks": [],
-        "rank_exit_codes": {},
-        "start_ns": start_ns,
-        "end_ns": None,
-        "torchrun_exit_code": None,
-        "exit_code": None,
-        "status": "running",
-    }
-
-
-def _versions() -> dict[str, Any]:
-    try:
-        from meshprof.commands.version import versions
-
-        return versions()
-    except Exception as e:  # a manifest without versions beats no run at all
-        return {"error": f"{type(e).__name__}: {e}"}
-
-
-def start_manifest(opts: RunOptions, run_dir: Path, cmd: list[str]) -> dict[str, Any]:
-    """The manifest as known before the workers start."""
-    layout_text = os.environ.get(ENV_LAYOUT, "")
-    manifest: dict[str, Any] = {
-        "command": list(opts.command),
-        "torchrun_command": cmd,
-        "target": {
-            "kind": "module" if opts.module else "script",
-            "name": opts.module or opts.script,
-            "args": list(opts.args),
-        },
-        "world_size": opts.world_size,
-        "nnodes": opts.nnodes,
-        "nproc_per_node": opts.nproc_per_node,
-        "node_rank": opts.node_rank,
-        "hosts": [socket.gethostname()],
-        "launcher_host": socket.gethostname(),
-        "cwd": os.getcwd(),
-        "versions": _versions(),
-        "layout": parse_layout(layout_text) if layout_text else None,
-        "settings": {
-            "flush_interval_s": opts.flush_interval_s,
-            "hang_timeout_s": opts.hang_timeout_s,
-            "hang_action": opts.hang_action,
-            "step_detect": opts.step_detect,
-            "max_events": opts.max_events,
-        },
-        "start_ns": time.time_ns(),
-        "start_time": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "end_ns": None,
-        "end_time": None,
-        "exit_code": None,
-        "status": "running",
-    }
-    old = _read_manifest(run_dir)
-    if old.get("hosts"):  # another node's launcher wrote it first (shared file system)
-        manifest["hosts"] = sorted(set(old["hosts"]) | set(manifest["hosts"]))
-    return manifest
-
-
-def _read_manifest(run_dir: Path) -> dict[str, Any]:
-    import json
-
-    try:
-        return dict(json.loads((run_dir / MANIFEST).read_text(encoding="utf-8")))
-    except (OSError, ValueError):
-        return {}
-
-
-def write_merged_manifest(run_dir: Path, manifest: dict[str, Any]) -> None:
-    """Write ``manifest`` merged with every node record in ``run_dir``.
-
-    Launchers that finish together race: one can write a manifest merged from records read
-    before another node's final record landed, after that node wrote its own. So the records
-    are read again after the write, and the manifest rewritten while they changed: the last
-    writer's view is then complete (load_run merges again in any case)."""
-    records = read_node_records(run_dir)
-    for _ in range(10):
-        write_manifest(run_dir, merge_node_records(manifest, records))
-        again = read_node_records(run_dir)
-        if again == records:
-            return
-        records = again
-
-
-def finish_manifest(
-    manifest: dict[str, Any],
-    node: dict[str, Any],
-    run_dir: Path,
-    torchrun_rc: int,
-    hang: dict[str, Any] | None,
-) -> int:
-    """Write this node's record and the merged manifest; return the exit code ``meshprof run``
-    keeps.
-
-    The code is the script's on this node: when torchrun failed, the lowest local rank that
-    recorded a non-zero exit code of its own (not a signal torchrun sent) gives it, else the
-    lowest local rank with any non-zero code; when no rank recorded one (killed hard), torchrun's
-    own code. Local ranks are those whose rank file names this launcher's :func:`node_id`.
-    """
-    code = torchrun_rc
-    own_failures: list[int] = []  # codes of ranks that ended by themselves, not by a signal
-    me = node_id()
-    rec = dict(node)
-    manifest = dict(manifest)
-    hosts = {socket.gethostname()}
-    try:
-        run = load_run(run_dir)
-    except MeshprofError:
-        run = None
-    if run is not None:
-        manifest["world_size"] = run.world_size
-        layout = next(
-            (rd.meta["layout"] for rd in run.ranks.values() if rd.meta.get("layout")), None
-        )
-        if layout and not manifest.get("layout"):
-            manifest["layout"] = layout
-        tagged = any(rd.meta.get("node_id") for rd in run.ranks.values())
-        local = {
-            r: rd
-            for r, rd in sorted(run.ranks.items())
-            if rd.meta.get("node_id") == me or not tagged
-        }
-        hosts |= {str(rd.meta["hostname"]) for rd in local.values() if rd.meta.get("hostname")}
-        node_ranks = {rd.meta.get("node_rank") for rd in local.values()}
-        if len(node_ranks) == 1 and isinstance(next(iter(node_ranks)), int):
-            rec["node_rank"] = next(iter(node_ranks))  # the rendezvous' choice (GROUP_RANK)
-        rank_codes: dict[int, int] = {}
-        for r, rd in local.items():
-            ex = rd.meta.get("exit") or {}
-            if isinstance(ex.get("code"), int):
-                rank_codes[r] = ex["code"]
-                if ex["code"] != 0 and ex.get("how") != "signal":
-                    own_failures.append(ex["code"])
-        rec["ranks"] = sorted(local)
-        rec["rank_exit_codes"] = {str(r): c for r, c in rank_codes.items()}
-        if torchrun_rc != 0:
-            # torchrun ends the other workers with SIGTERM after the first failure: the root
-            # cause is a rank that failed by itself.
-            failed = own_failures or [c for c in rank_codes.values() if c != 0]
-            if failed:
-                code = failed[0]
-        manifest["missing_ranks"] = {str(r): why for r, why in sorted(run.problems.items())}
-    if hang is not None:
-        rec["hang"] = hang
-        if hang.get("killed"):  # the ranks died of our SIGTERM: the hang is the cause
-            code = own_failures[0] if own_failures else EXIT_HANG
-    rec["hosts"] = sorted(hosts)
-    rec["end_ns"] = time.time_ns()
-    rec["torchrun_exit_code"] = torchrun_rc
-    rec["exit_code"] = code
-    rec["status"] = "hang" if hang and hang.get("killed") else ("ok" if code == 0 else "failed")
-    write_node_record(run_dir, me, rec)
-    manifest["end_time"] = _dt.datetime.now().astimezone().isoformat(timespec="seconds")
-    write_merged_manifest(run_dir, manifest)
-    return code
 
 
 def _local_workers(proc: subprocess.Popen[bytes]) -> list[Any]:
@@ -459,7 +267,8 @@ class LaunchResult:
     run_dir: Path
     """The run directory (absolute)."""
     exit_code: int
-    """The code ``meshprof run`` exits with (the script's, see :func:`finish_manifest`)."""
+    """The code ``meshprof run`` exits with (the script's, see
+    :func:`meshprof.run_record.finish_manifest`)."""
     torchrun_exit_code: int
     hang: dict[str, Any] | None
     """Set when a hang dump appeared: dumps seen, workers signalled, whether the job was ended."""
@@ -473,8 +282,8 @@ def launch(opts: RunOptions) -> LaunchResult:
     except OSError as e:
         raise MeshprofError(f"{run_dir}: cannot create the run directory ({e.strerror})") from None
     cmd = torchrun_command(opts)
-    manifest = start_manifest(opts, run_dir, cmd)
-    node = node_record(opts, cmd, manifest["start_ns"])
+    manifest = start_manifest(opts, run_dir, cmd, os.environ.get(ENV_LAYOUT, ""), ENV_LAYOUT)
+    node = node_record(opts, cmd, manifest.start_ns or time.time_ns())
     write_node_record(run_dir, node_id(), node)
     write_merged_manifest(run_dir, manifest)
     proc = subprocess.Popen(cmd, env=worker_env(opts, run_dir))
@@ -533,7 +342,6 @@ __all__ = [
     "LaunchResult",
     "RunOptions",
     "launch",
-    "parse_layout",
     "torchrun_command",
     "worker_env",
 ]

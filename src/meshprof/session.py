@@ -1,341 +1,422 @@
-"""The per-rank writer: what one rank recorded, written to its rank file in the run directory.
+"""One recording session in a training process: recorder, step monitor, rank writer, manifest,
+clock sync and hang watchdog, turned on and off together.
 
-:func:`rank_data` turns a live :class:`~meshprof.profiler.CommProfiler` (and, when given, the
-step monitor) into a :class:`meshprof.rundir.RankData`; :class:`RankWriter` writes it atomically
-(temporary file + rename, so a crash never leaves half a file) every ``interval_s`` seconds from a
-daemon thread, at interpreter exit, on an unhandled exception and on SIGTERM.
+``meshprof run``'s worker bootstrap, ``@performance_monitor``, the demo and the tests all build
+their recording through :class:`RecordingSession`, configured by :class:`SessionConfig`::
 
-Everything here runs inside the user's training process: no method of :class:`RankWriter`
-raises; a failed write is counted and reported once on stderr, and training goes on.
+    session = RecordingSession(SessionConfig(run_dir="runs/x", flush_interval_s=10)).start()
+    ...  # training; session.monitor.step() / mark_step(), session.prof is the recorder
+    session.stop()  # last rank-file write
+
+Everything here runs inside the user's training process: every part is optional, a part that
+fails is switched off and reported once (on stderr, or through ``on_error``), and nothing raises
+into training.
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
+import functools
 import os
-import signal
 import sys
-import threading
-import time
-import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType, TracebackType
-from typing import Any
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+from meshprof.rundir.schema import HANG_DIR, Manifest
 
-from meshprof.events import MEMORY_DTYPE, SPAN_DTYPE
-from meshprof.profiler import CommProfiler
-from meshprof.rundir import RankData, write_rank_file
-
-RANK_FORMAT = "meshprof-rank/1"
-
-#: Seconds the SIGTERM handler waits for the final write before exiting anyway (the write
-#: cannot finish if the signal interrupted the main thread inside the recorder's own lock).
-SIGNAL_WRITE_TIMEOUT_S = 10.0
-#: Seconds the final write waits for completed-but-unnoticed ops to be swept (an op that never
-#: completes costs this once, at exit).
-SETTLE_S = 0.2
+if TYPE_CHECKING:
+    from meshprof.comm.recorder import CommProfiler
+    from meshprof.config import ProfilerConfig
+    from meshprof.monitor import StepMonitor
+    from meshprof.rundir.writer import RankWriter
+    from meshprof.tools.watchdog import Watchdog
 
 
-def rank_data(
-    prof: CommProfiler, monitor: Any = None, extra_meta: dict[str, Any] | None = None
-) -> RankData:
-    """Everything ``prof`` (and ``monitor``) hold now, as one rank file's content.
+@dataclass(kw_only=True, slots=True)
+class SessionConfig:
+    """What a :class:`RecordingSession` turns on."""
 
-    Side tables keyed by event id in the recorder (errors, metadata) are re-keyed by the row
-    index within the written ``events`` array (as strings: the meta is JSON). ``extra_meta``
-    entries override the recorder's own (the launcher passes the rank from ``RANK``, the clock
-    sync samples, the layout, the exit status).
-    """
-    events, ids = prof.columns()
-    first_id = int(ids[0]) if len(ids) else 0
-    log = prof.log
-    errors = {str(i - first_id): text for i, text in list(log.errors.items()) if i >= first_id}
-    metadata = {str(i - first_id): m for i, m in list(log.metadata.items()) if i >= first_id}
-    with log._lock:  # a flush folds chunks into prof.acc under this lock
-        stats = prof.acc.to_dict()
-    meta: dict[str, Any] = prof.meta()
-    meta.update(
-        format=RANK_FORMAT,
-        dtypes=list(log.dtypes),
-        labels=list(log.labels),
-        errors=errors,
-        metadata=metadata,
-        stats=stats,
-        first_event_id=first_id,
-        span_names=[],
-    )
-    spans = np.zeros(0, dtype=SPAN_DTYPE)
-    memory = np.zeros(0, dtype=MEMORY_DTYPE)
-    if monitor is not None:
-        spans, names = monitor.spans_array()
-        memory = monitor.memory_array()
-        meta["span_names"] = list(names)
-        meta["monitor"] = monitor.to_meta()
-    if extra_meta:
-        meta.update(extra_meta)
-    rank = int(meta.get("rank", -1))
-    return RankData(rank=max(rank, 0), events=events, spans=spans, memory=memory, meta=meta)
-
-
-def _signature(data: RankData) -> tuple[Any, ...]:
-    """What changes when a rank file would differ in substance (not just its timestamp)."""
-    m = data.meta
-    return (
-        len(data.events),
-        m.get("total_events"),
-        len(data.spans),
-        int(data.spans["duration_ns"].sum()) if len(data.spans) else 0,
-        len(data.memory),
-        m.get("exit"),
-        m.get("world_size"),
-        len(m.get("groups", [])),
-        repr(m.get("clock_sync")),
-    )
+    run_dir: Path | None = None
+    """Run directory for the rank file, the manifest and hang dumps. None: no rank writer."""
+    rank: int | None = None
+    """Rank in the rank file's name and meta. None: ``$RANK``, else the default group's rank
+    once it exists, else 0."""
+    flush_interval_s: float = 30.0
+    """Seconds between periodic rank-file writes; 0: only at stop(), at exit and on SIGTERM."""
+    profiler: ProfilerConfig | None = None
+    """Recorder settings for :func:`meshprof.enable`; None: its defaults (an enabled recorder
+    is reused)."""
+    monitor: bool = True
+    """Create a StepMonitor (layout, this rank) unless one is passed to the session or one is
+    already active (:func:`meshprof.monitor.get_monitor`)."""
+    layout: object = None
+    """dp/tp/pp layout: a Layout, a ``{"dp", "tp", "pp"}`` dict, "dp=2,tp=1,pp=2", a
+    ParallelConfig or RankMapping. Given to the step monitor and written into the rank meta's
+    ``layout`` (a dict as given, anything else as ``{"dp", "tp", "pp"}``)."""
+    step_detection: bool = False
+    """Automatic steps (``meshprof run``): the first module forward opens step 0 and every step
+    of the first optimizer that steps ends a step."""
+    clock_sync: bool = True
+    """When the default group exists (world size > 1), exchange timestamps with the other ranks
+    (:func:`meshprof.comm.clocksync.exchange_timestamps`; the report aligns clocks with them).
+    Done in :meth:`RecordingSession.on_process_group_ready`, which :meth:`start` calls itself
+    when a group already exists. False: that call is left to the caller."""
+    wrap_init_process_group: bool = False
+    """Wrap ``torch.distributed.init_process_group`` so that on_process_group_ready() runs right
+    after it (``meshprof run``, where the script creates the group)."""
+    hang_timeout_s: float = 0.0
+    """> 0: start the hang watchdog: an op in flight this many seconds dumps into ``hang_dir``."""
+    hang_dir: Path | None = None
+    """Where the watchdog dumps; None: ``run_dir / "hang"``."""
+    manifest: Manifest | None = None
+    """Written as ``run_dir/manifest.json`` by rank 0 in start() (None: not written; under
+    ``meshprof run`` the launcher writes it)."""
+    meta: dict[str, Any] = field(default_factory=dict)
+    """Extra rank-meta fields (RankMeta keys such as "target" or "node_id", or free-form keys,
+    kept as they are). The session adds world_size, backend, clock_sync, layout,
+    step_detection, steps_detected and hang_timeout_s itself."""
+    on_error: Callable[[str, BaseException], None] | None = None
+    """Called once per failed part (see :data:`PARTS`) instead of the default stderr line
+    ("meshprof: <what> failed, the script runs without it: ...")."""
 
 
-class RankWriter:
-    """Writes this rank's file periodically, at exit, on an unhandled exception and on SIGTERM.
+#: The parts of a session, as named to ``on_error`` -> what the default warning says failed.
+PARTS = {
+    "recorder": "enabling the recorder",
+    "step monitor": "creating the step monitor",
+    "step detection": "automatic step detection",
+    "rank writer": "starting the rank writer",
+    "watchdog": "starting the hang watchdog",
+    "manifest": "writing the manifest",
+    "init wrapper": "wrapping init_process_group (no clock sync)",
+    "clock sync": "clock synchronization",
+}
 
-    ``rank`` defaults to the ``RANK`` environment variable (torchrun sets it), else the
-    profiler's rank once a process group exists, else 0. ``extra_meta`` is a dict the caller
-    may keep updating (it is read at every write).
-    """
+
+def warn_part_failed(part: str, e: BaseException) -> None:
+    """The default ``on_error``: one line on stderr (never raises)."""
+    with contextlib.suppress(Exception):
+        print(
+            f"meshprof: {PARTS.get(part, part)} failed, the script runs without it: "
+            f"{type(e).__name__}: {e}",
+            file=sys.stderr,
+        )
+
+
+class RecordingSession:
+    """Recorder + step monitor + rank writer + manifest + clock sync + watchdog of one process.
+
+    Each attribute is None when its part is off or failed; :attr:`failures` says why."""
 
     def __init__(
-        self,
-        run_dir: str | os.PathLike[str],
-        prof: CommProfiler,
-        monitor: Any = None,
-        interval_s: float = 30.0,
-        rank: int | None = None,
-        extra_meta: dict[str, Any] | None = None,
+        self, config: SessionConfig | None = None, *, monitor: StepMonitor | None = None
     ) -> None:
-        self.run_dir = Path(run_dir)
-        self.prof = prof
-        self.monitor = monitor
-        self.interval_s = float(interval_s)
-        env_rank = os.environ.get("RANK", "")
-        self.rank = rank if rank is not None else (int(env_rank) if env_rank.isdigit() else None)
-        self.extra_meta: dict[str, Any] = extra_meta if extra_meta is not None else {}
-        self.writes = 0
-        """Rank files written so far (unchanged content is not rewritten)."""
-        self.failures = 0
-        """Writes that failed (the first is reported on stderr)."""
-        self.last_path: Path | None = None
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._last_sig: tuple[Any, ...] | None = None
-        self._exit: dict[str, Any] | None = None
-        self._prev_sigterm: Any = None
-        self._prev_excepthook: Any = None
-        self._installed = False
+        self.config = config if config is not None else SessionConfig()
+        self.prof: CommProfiler | None = None
+        self.monitor: StepMonitor | None = monitor
+        self.writer: RankWriter | None = None
+        self.watchdog: Watchdog | None = None
+        self.meta: dict[str, Any] = dict(self.config.meta)
+        """The rank-meta fields the writer adds at every write (kept up to date; mutable)."""
+        self.failures: dict[str, str] = {}
+        """part -> "Type: message" of the error that switched it off."""
+        self.steps_detected = 0
+        """Optimizer steps seen by automatic step detection."""
+        self._primary_optimizer: int | None = None
+        self._step_open = False
+        self._hooks: list[Any] = []
+        self._forward_hook: Any = None
+        self._wrapped: tuple[Any, Any] | None = None  # (original, wrapper)
+        self._started = False
 
     # -- lifecycle ------------------------------------------------------------------------------
-    def start(self) -> RankWriter:
-        """Start the periodic thread and install the atexit, excepthook and SIGTERM handlers."""
-        if self._installed:
+    def start(self) -> RecordingSession:
+        """Turn every configured part on (each failure is reported and that part left off)."""
+        if self._started:
             return self
-        self._installed = True
-        atexit.register(self._at_exit)
-        self._prev_excepthook = sys.excepthook
-        sys.excepthook = self._excepthook
-        if threading.current_thread() is threading.main_thread():
+        self._started = True
+        cfg = self.config
+        self._note_layout()
+        try:
+            import meshprof
+
+            self.prof = meshprof.enable(cfg.profiler)
+        except Exception as e:
+            self._fail("recorder", e)
+            return self
+        if self.monitor is None and cfg.monitor:
+            self._start_monitor()
+        if cfg.step_detection:
+            self._start_step_detection()
+        if cfg.run_dir is not None:
+            self._start_writer(Path(cfg.run_dir))
+        if cfg.hang_timeout_s > 0:
+            self._start_watchdog()
+        if cfg.manifest is not None and cfg.run_dir is not None and self.rank() == 0:
             try:
-                self._prev_sigterm = signal.getsignal(signal.SIGTERM)
-                signal.signal(signal.SIGTERM, self._on_sigterm)
-                self._watch_wakeup_fd()
-            except (ValueError, OSError):
-                self._prev_sigterm = None
-        if self.interval_s > 0:
-            self._thread = threading.Thread(target=self._run, name="meshprof-writer", daemon=True)
-            self._thread.start()
+                from meshprof.rundir.manifest import write_manifest
+
+                write_manifest(cfg.run_dir, cfg.manifest)
+            except Exception as e:
+                self._fail("manifest", e)
+        if cfg.wrap_init_process_group:
+            try:
+                self._wrap_init_process_group()
+            except Exception as e:
+                self._fail("init wrapper", e)
+        elif cfg.clock_sync and _default_group_exists():
+            self.on_process_group_ready()
         return self
 
-    def stop(self, final_write: bool = True) -> None:
-        """Stop the thread, remove the handlers, and (by default) write a last time."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=SIGNAL_WRITE_TIMEOUT_S)
-        if self._installed:
-            self._installed = False
-            atexit.unregister(self._at_exit)
-            if sys.excepthook == self._excepthook:
-                sys.excepthook = self._prev_excepthook
-            if (
-                self._prev_sigterm is not None
-                and signal.getsignal(signal.SIGTERM) == self._on_sigterm
-            ):
-                with contextlib.suppress(ValueError, OSError):
-                    signal.signal(signal.SIGTERM, self._prev_sigterm)
-        if final_write:
-            self._settle(SETTLE_S)
-            self.write()
+    def on_process_group_ready(self) -> None:
+        """Right after the default group exists, on every rank (a collective point when
+        ``clock_sync``): world size and backend into the meta, the timestamp exchange, and a
+        first rank-file write."""
+        try:
+            import torch.distributed as dist
+
+            self.meta["world_size"] = dist.get_world_size()
+            self.meta["backend"] = str(dist.get_backend())
+            if self.config.clock_sync and dist.get_world_size() > 1:
+                from meshprof.comm.clocksync import exchange_timestamps
+
+                self.meta["clock_sync"] = exchange_timestamps()
+        except Exception as e:
+            self._fail("clock sync", e)
+        self.write()
+
+    def attach_monitor(self, monitor: StepMonitor) -> None:
+        """Use ``monitor`` from now on (built after start(), e.g. once the model exists)."""
+        self.monitor = monitor
+        if self.writer is not None:
+            self.writer.monitor = monitor
 
     def set_exit(self, how: str, code: int | None = None, error: str = "") -> None:
-        """Record how the process ended ("normal", "exception", "signal"); goes into meta.exit."""
-        self._exit = {"how": how, "code": code, "error": error, "t_ns": time.time_ns()}
+        """Record how the process ended ("normal", "exit", "exception", "signal")."""
+        if self.writer is not None:
+            with contextlib.suppress(Exception):
+                self.writer.set_exit(how, code, error)
 
-    # -- writing --------------------------------------------------------------------------------
     def write(self, force: bool = False) -> Path | None:
-        """Write the rank file now (skipped when nothing changed since the last write, unless
-        ``force``). Returns its path, or None when skipped or failed. Never raises."""
-        try:
-            if not self._lock.acquire(timeout=SIGNAL_WRITE_TIMEOUT_S):
-                return None
-            try:
-                extra = dict(self.extra_meta)
-                rank = self._current_rank()
-                extra["rank"] = rank
-                extra["writer"] = {
-                    "writes": self.writes + 1,
-                    "interval_s": self.interval_s,
-                    "failures": self.failures,
-                }
-                if self._exit is not None:
-                    extra["exit"] = dict(self._exit)
-                data = rank_data(self.prof, self.monitor, extra)
-                sig = _signature(data)
-                if not force and sig == self._last_sig:
-                    return None
-                path = write_rank_file(self.run_dir, data)
-                self._last_sig = sig
-                self.writes += 1
-                self.last_path = path
-                return path
-            finally:
-                self._lock.release()
-        except BaseException as e:  # never into training, not even KeyboardInterrupt mid-write
-            self.failures += 1
-            if self.failures == 1:
-                with contextlib.suppress(Exception):
-                    print(
-                        f"meshprof: could not write the rank file in {self.run_dir}: {type(e).__name__}: {e}",
-                        file=sys.stderr,
-                    )
+        """Write the rank file now; its path, or None (skipped, failed, or no writer)."""
+        if self.writer is None:
             return None
+        return self.writer.write(force)
 
-    def _current_rank(self) -> int:
-        if self.rank is not None:
-            return self.rank
-        try:
-            r = self.prof._ensure_rank()
-        except Exception:
-            r = 0
-        return max(int(r), 0)
+    def stop(self, final_write: bool = True) -> None:
+        """Stop the watchdog, remove the hooks and the init wrapper, stop the writer (with a
+        last write by default). The recorder stays enabled (:func:`meshprof.disable` ends it)."""
+        if self.watchdog is not None:
+            with contextlib.suppress(Exception):
+                self.watchdog.stop()
+        for h in [*self._hooks, self._forward_hook]:
+            if h is not None:
+                with contextlib.suppress(Exception):
+                    h.remove()
+        self._hooks, self._forward_hook = [], None
+        self._unwrap_init_process_group()
+        if self.writer is not None:
+            with contextlib.suppress(Exception):
+                self.writer.stop(final_write)
+        self._started = False
 
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            self.write()
+    def rank(self) -> int:
+        """This process' rank: the configured one, else :func:`process_rank`."""
+        return self.config.rank if self.config.rank is not None else process_rank()
 
-    # -- handlers -------------------------------------------------------------------------------
-    def _settle(self, timeout_s: float) -> None:
-        """Let the recorder notice ops that completed but were not seen yet (never raises)."""
-        with contextlib.suppress(Exception):
-            self.prof.settle(timeout_s)
+    def __enter__(self) -> RecordingSession:
+        return self.start()
 
-    def _at_exit(self) -> None:
-        if self._exit is None:
-            self.set_exit("normal", 0)
-        self._stop.set()
-        self._settle(SETTLE_S)
-        self.write()
-
-    def _excepthook(
-        self, etype: type[BaseException], value: BaseException, tb: TracebackType | None
+    def __exit__(
+        self,
+        etype: type[BaseException] | None,
+        value: BaseException | None,
+        tb: TracebackType | None,
     ) -> None:
+        if value is not None:
+            self.set_exit("exception", 1, f"{type(value).__name__}: {value}")
+        self.stop()
+
+    # -- parts ----------------------------------------------------------------------------------
+    def _fail(self, part: str, e: BaseException) -> None:
+        if part in self.failures:
+            return
+        self.failures[part] = f"{type(e).__name__}: {e}"
+        report = self.config.on_error or warn_part_failed
+        with contextlib.suppress(Exception):
+            report(part, e)
+
+    def _note_layout(self) -> None:
+        layout = self.config.layout
+        if layout is None:
+            return
         try:
-            self.set_exit(
-                "exception", 1, "".join(traceback.format_exception_only(etype, value)).strip()
+            from meshprof.layout import Layout
+
+            if isinstance(layout, dict):
+                self.meta["layout"] = dict(layout)
+            else:
+                lay = Layout.from_any(layout)
+                if lay is not None:
+                    self.meta["layout"] = lay.to_dict()
+        except Exception as e:
+            self._fail("step monitor", e)
+
+    def _start_monitor(self) -> None:
+        try:
+            from meshprof.monitor import StepMonitor, get_monitor
+
+            self.monitor = get_monitor() or StepMonitor(
+                self.config.layout, profiler=self.prof, rank=self.config.rank
             )
-            self._settle(SETTLE_S)
-            self.write()
-        except BaseException:
-            pass
-        prev = self._prev_excepthook or sys.__excepthook__
-        prev(etype, value, tb)
+        except Exception as e:
+            self._fail("step monitor", e)
 
-    def _watch_wakeup_fd(self) -> None:
-        """Also see SIGTERM from a thread, through the signal wakeup fd.
-
-        A Python signal handler runs only when the main thread returns to the interpreter; a
-        main thread blocked in C (a collective waiting for a dead peer) never does, and torchrun
-        would SIGKILL it after its grace period with nothing written. The wakeup fd receives the
-        signal number as soon as the signal arrives, so a thread can write the rank file and end
-        the process. Skipped when the fd is already in use (asyncio sets its own)."""
-        r, w = os.pipe()
-        os.set_blocking(w, False)
+    def _start_step_detection(self) -> None:
         try:
-            prev = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
-        except (ValueError, OSError):
-            os.close(r)
-            os.close(w)
-            return
-        if prev != -1:
-            signal.set_wakeup_fd(prev)
-            os.close(r)
-            os.close(w)
-            return
-        threading.Thread(
-            target=self._read_wakeup_fd, args=(r,), name="meshprof-sigterm", daemon=True
-        ).start()
+            from torch.nn.modules.module import register_module_forward_pre_hook
+            from torch.optim.optimizer import register_optimizer_step_post_hook
 
-    def _read_wakeup_fd(self, fd: int) -> None:
+            self._hooks.append(register_optimizer_step_post_hook(self._on_optimizer_step))
+            self._forward_hook = register_module_forward_pre_hook(self._on_first_forward)
+            self.meta["step_detection"] = "optimizer"
+        except Exception as e:
+            self._fail("step detection", e)
+
+    def _start_writer(self, run_dir: Path) -> None:
         try:
-            while True:
-                data = os.read(fd, 64)
-                if not data:
-                    return
-                if signal.SIGTERM in data and self._installed:
-                    self._sigterm_from_thread()
-        except Exception:
-            pass
+            from meshprof.rundir.writer import RankWriter
 
-    def _sigterm_from_thread(self) -> None:
-        self.set_exit("signal", 128 + signal.SIGTERM, signal.Signals.SIGTERM.name)
-        self._stop.set()
-        self._settle(0.0)
-        self.write()
-        if self._prev_sigterm not in (signal.SIG_DFL, None):
-            return  # the script's own handler (or SIG_IGN) decides, from the main thread
-        # Die by the signal as the default action would; signal.signal() only works in the main
-        # thread, so reset the handler through libc.
-        try:
-            import ctypes
+            assert self.prof is not None
+            self.writer = RankWriter(
+                run_dir,
+                self.prof,
+                self.monitor,
+                self.config.flush_interval_s,
+                rank=self.config.rank,
+                extra_meta=self.meta,
+            ).start()
+        except Exception as e:
+            self._fail("rank writer", e)
 
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
-            libc.signal.restype = ctypes.c_void_p
-            libc.signal(int(signal.SIGTERM), None)  # SIG_DFL
-            os.kill(os.getpid(), signal.SIGTERM)
-            time.sleep(5)
-        except Exception:
-            pass
-        os._exit(128 + signal.SIGTERM)
-
-    def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
-        # The main thread may have been interrupted inside the recorder's lock: write from a
-        # helper thread and give up after a timeout rather than deadlock.
-        try:
-            self.set_exit("signal", 128 + signum, signal.Signals(signum).name)
-            self._stop.set()
-            t = threading.Thread(target=self.write, name="meshprof-final-write", daemon=True)
-            t.start()
-            t.join(SIGNAL_WRITE_TIMEOUT_S)
-        except BaseException:
-            pass
-        prev = self._prev_sigterm
-        if callable(prev):
-            prev(signum, frame)
+    def _start_watchdog(self) -> None:
+        cfg = self.config
+        dump_dir = cfg.hang_dir or (Path(cfg.run_dir) / HANG_DIR if cfg.run_dir else None)
+        if dump_dir is None:
             return
-        if prev == signal.SIG_IGN:
+        try:
+            from meshprof.tools.watchdog import start_watchdog
+
+            self.watchdog = start_watchdog(self.prof, dump_dir, cfg.hang_timeout_s)
+            self.meta["hang_timeout_s"] = cfg.hang_timeout_s
+        except Exception as e:
+            self._fail("watchdog", e)
+
+    # -- automatic step detection -----------------------------------------------------------------
+    def _open_first_step(self) -> None:
+        if self._step_open:
             return
-        # Default action: die by the signal, as the process would have without meshprof.
-        signal.signal(signum, signal.SIG_DFL)
-        os.kill(os.getpid(), signum)
+        self._step_open = True
+        if self._forward_hook is not None:
+            self._forward_hook.remove()
+            self._forward_hook = None
+        if self.monitor is not None:
+            self.monitor.mark_step()
+
+    def _on_first_forward(self, module: Any, args: Any) -> None:
+        """Step 0 starts at the first forward of any module (model building is not a step)."""
+        try:
+            self._open_first_step()
+        except Exception as e:
+            self._internal_error(e)
+
+    def _on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        """Each step of the first optimizer that steps ends a step and starts the next one (the
+        step left open after the last optimizer step is never closed: it is not a step)."""
+        try:
+            # With several optimizers (GANs, per-module optimizers) one of them marks the step.
+            if self._primary_optimizer is None:
+                self._primary_optimizer = id(optimizer)
+            if id(optimizer) != self._primary_optimizer:
+                return
+            self.steps_detected += 1
+            self.meta["steps_detected"] = self.steps_detected
+            if not self._step_open:  # no forward seen: the step starts now, with its optimizer
+                self._open_first_step()
+                return
+            if self.monitor is not None:
+                self.monitor.mark_step()
+            elif self.prof is not None:
+                self.prof.step = self.steps_detected
+        except Exception as e:
+            self._internal_error(e)
+
+    def _internal_error(self, e: BaseException) -> None:
+        if self.prof is not None:
+            with contextlib.suppress(Exception):
+                self.prof.report_internal_error(e)
+
+    # -- init_process_group -----------------------------------------------------------------------
+    def _wrap_init_process_group(self) -> None:
+        import torch.distributed as dist
+        import torch.distributed.distributed_c10d as c10d
+
+        original = c10d.init_process_group
+        session = self
+
+        @functools.wraps(original)
+        def init_process_group(*args: Any, **kwargs: Any) -> Any:
+            result = original(*args, **kwargs)
+            session.on_process_group_ready()
+            return result
+
+        c10d.init_process_group = init_process_group
+        dist.init_process_group = init_process_group
+        dm = sys.modules.get("torch.distributed.device_mesh")
+        if dm is not None and getattr(dm, "init_process_group", None) is original:
+            dm.init_process_group = init_process_group  # type: ignore[attr-defined]
+        self._wrapped = (original, init_process_group)
+
+    def _unwrap_init_process_group(self) -> None:
+        if self._wrapped is None:
+            return
+        original, wrapper = self._wrapped
+        self._wrapped = None
+        with contextlib.suppress(Exception):
+            import torch.distributed as dist
+            import torch.distributed.distributed_c10d as c10d
+
+            for mod in (c10d, dist, sys.modules.get("torch.distributed.device_mesh")):
+                if mod is not None and getattr(mod, "init_process_group", None) is wrapper:
+                    setattr(mod, "init_process_group", original)  # noqa: B010
 
 
-__all__ = ["RANK_FORMAT", "RankWriter", "rank_data"]
+def process_rank() -> int:
+    """This process' global rank: the default group's when it exists, else ``$RANK`` (torchrun
+    sets it), else 0. Never raises."""
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return int(dist.get_rank())
+    except Exception:
+        pass
+    try:
+        return int(os.environ.get("RANK", "0"))
+    except ValueError:
+        return 0
+
+
+def _default_group_exists() -> bool:
+    try:
+        import torch.distributed as dist
+
+        return bool(dist.is_available() and dist.is_initialized())
+    except Exception:
+        return False
+
+
+__all__ = ["PARTS", "RecordingSession", "SessionConfig", "process_rank", "warn_part_failed"]

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from meshprof.events import EVENT_DTYPE, MEMORY_DTYPE, OP_CODES, SPAN_DTYPE
-from meshprof.rundir import RankData, write_manifest, write_rank_file
+from meshprof.rundir import Manifest, RankData, RankMeta, write_manifest, write_rank_file
 
 MS = 1_000_000
 US = 1_000
@@ -149,15 +149,15 @@ def synthetic_run(
                     ]
                 )
                 t0 += d1 + d2 + 10 * US
-        meta = {
-            "rank": r,
-            "world_size": world,
-            "hostname": f"node{r // 2}",
-            "groups": groups,
-            "dtypes": ["float32"],
-            "labels": [],
-            "span_names": [*PHASES, "step"],
-            "clock_sync": {
+        meta = RankMeta(
+            rank=r,
+            world_size=world,
+            hostname=f"node{r // 2}",
+            groups=groups,
+            dtypes=["float32"],
+            labels=[],
+            span_names=[*PHASES, "step"],
+            clock_sync={
                 "method": "pg",
                 "ref_rank": 0,
                 "rank": r,
@@ -165,7 +165,7 @@ def synthetic_run(
                 "samples": samples,
                 "error": "",
             },
-        }
+        )
         write_rank_file(
             out,
             RankData(
@@ -176,7 +176,7 @@ def synthetic_run(
                 meta,
             ),
         )
-    write_manifest(out, {"world_size": world, "command": "synthetic"})
+    write_manifest(out, Manifest(world_size=world, command="synthetic"))
     return {"arrivals": arrivals}
 
 
@@ -189,10 +189,9 @@ def shift_rank_file(path: Path, shift_ns: int) -> None:
     ev["start_ns"] += shift_ns
     sp["start_ns"] += shift_ns
     mm["t_ns"] += shift_ns
-    cs = rd.meta.get("clock_sync") or {}
+    cs = dict(rd.meta.clock_sync or {})
     cs["samples"] = [[a + shift_ns, b, c + shift_ns] for a, b, c in cs.get("samples", [])]
-    rd.meta["clock_sync"] = cs
-    write_rank_file(path.parent, RankData(rd.rank, ev, sp, mm, rd.meta))
+    write_rank_file(path.parent, RankData(rd.rank, ev, sp, mm, rd.meta.updated(clock_sync=cs)))
 
 
 def real_worker(
@@ -235,20 +234,22 @@ def real_worker(
         mem.append((k, o1, -1, -1, -1, (200 + 50 * (rank == slow_rank)) * 2**20, 2**34))
     dist.barrier()
     cols, _ = prof.columns()
-    meta = {
-        "rank": rank,
-        "world_size": world,
-        "hostname": socket.gethostname() + ("<b>&amp;" if label else ""),
-        "groups": [
+    meta = RankMeta(
+        rank=rank,
+        world_size=world,
+        hostname=socket.gethostname() + ("<b>&amp;" if label else ""),
+        groups=[
             {"name": g.name, "desc": g.desc, "ranks": list(g.ranks), "backend": g.backend}
             for g in prof.log.groups
         ],
-        "dtypes": list(prof.log.dtypes),
-        "labels": list(prof.log.labels),
-        "span_names": names,
-        "clock_sync": sync,
-    }
+        dtypes=list(prof.log.dtypes),
+        labels=list(prof.log.labels),
+        span_names=names,
+        clock_sync=sync,
+    )
     write_rank_file(Path(out), RankData(rank, cols, spans_array(rows), memory_array(mem), meta))
     if rank == 0:
-        write_manifest(Path(out), {"world_size": world, "command": json.dumps(["train.py", label])})
+        write_manifest(
+            Path(out), Manifest(world_size=world, command=json.dumps(["train.py", label]))
+        )
     return {"sync_error": sync["error"], "samples": len(sync["samples"])}

@@ -182,29 +182,27 @@ def align_clocks(run: LoadedRun, table: EventTable) -> ClockAlignment:
     ranks = sorted(run.ranks)
     ref = 0
     for rd in run.ranks.values():
-        cs = rd.meta.get("clock_sync") or {}
+        cs = rd.meta.clock_sync or {}
         if "ref_rank" in cs:
             ref = int(cs["ref_rank"])
             break
     if ref not in run.ranks:
         # without the reference's file the exchange still relates ranks to its clock; collectives
         # then anchor on the lowest rank that has an exchange estimate
-        with_x = [r for r in ranks if exchange_estimate(run.ranks[r].meta.get("clock_sync"))]
+        with_x = [r for r in ranks if exchange_estimate(run.ranks[r].meta.clock_sync)]
         anchor = with_x[0] if with_x else ranks[0]
     else:
         anchor = ref
     m, _ = _sync_matrix(table, ranks)
     coll = _collective_estimates(m, ranks, ranks.index(anchor))
-    x_anchor = (
-        exchange_estimate(run.ranks[anchor].meta.get("clock_sync")) if anchor != ref else None
-    )
+    x_anchor = exchange_estimate(run.ranks[anchor].meta.clock_sync) if anchor != ref else None
     shift = x_anchor[0] if x_anchor else 0  # collective offsets are relative to the anchor
     out: list[RankClock] = []
     for r in ranks:
         if r == ref:
             out.append(RankClock(r, 0, 0, "reference", None, None, None, None, 0, 0))
             continue
-        x = exchange_estimate(run.ranks[r].meta.get("clock_sync"))
+        x = exchange_estimate(run.ranks[r].meta.clock_sync)
         c = coll.get(r)
         if r == anchor and x is not None:
             c = None

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from meshprof.analyze import intervals
 from meshprof.errors import MeshprofError
 
 #: Lower-case substrings that mark an event as communication.
@@ -165,23 +166,6 @@ def trace_rank(data: dict[str, Any], path: str | os.PathLike[str]) -> int:
     return int(m.group(1)) if m else 0
 
 
-def union_ns(starts: np.ndarray, ends: np.ndarray) -> int:
-    """Total length of the union of the intervals [starts[i], ends[i])."""
-    if len(starts) == 0:
-        return 0
-    order = np.argsort(starts, kind="stable")
-    s, e = starts[order], ends[order]
-    # running maximum of the ends: a new block starts where an interval begins after it
-    run_end = np.maximum.accumulate(e)
-    new = np.ones(len(s), dtype=bool)
-    new[1:] = s[1:] > run_end[:-1]
-    block = np.cumsum(new) - 1
-    bstart = s[new]
-    bend = np.zeros(len(bstart), dtype=np.int64)
-    np.maximum.at(bend, block, e)
-    return int((bend - bstart).sum())
-
-
 def _intervals(
     events: Iterable[dict[str, Any]], base_ns: int
 ) -> tuple[np.ndarray, np.ndarray, list[str], list[str]]:
@@ -224,8 +208,8 @@ def breakdown_of(data: dict[str, Any]) -> tuple[str, int, int, int, int, int]:
         )
     comm_mask = ops & np.array([is_comm_name(n) for n in names], dtype=bool)
     comp_mask = ops & ~comm_mask
-    comm = union_ns(s[comm_mask], e[comm_mask])
-    both = union_ns(
+    comm = intervals.total(s[comm_mask], e[comm_mask])
+    both = intervals.total(
         np.concatenate([s[comm_mask], s[comp_mask]]), np.concatenate([e[comm_mask], e[comp_mask]])
     )
     compute = both - comm
@@ -382,5 +366,4 @@ __all__ = [
     "kineto_breakdown",
     "kineto_events",
     "load_trace",
-    "union_ns",
 ]

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from meshprof.analyze import intervals
 from meshprof.analyze.clock import ClockAlignment
 from meshprof.analyze.match import CollectiveMatch, arrived_last_share
 from meshprof.analyze.sorting import stable_argsort
@@ -101,6 +102,8 @@ class StragglerReport:
     """Phase names (columns of :attr:`phase_ns`)."""
     phase_ns: np.ndarray
     """float [rank, phase]: median compute time of the phase per step (ns), NaN if absent."""
+    phase_median_ns: np.ndarray
+    """float [phase]: median of :attr:`phase_ns` across ranks (ns), NaN where no rank has it."""
     stragglers: tuple[Straggler, ...]
     """Ranks named slow, worst first; empty for a balanced run."""
     threshold: float
@@ -109,38 +112,6 @@ class StragglerReport:
     """Arrived-last share above which a rank may be named."""
     note: str
     """Why nothing could be scored, if so."""
-
-
-def _union(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Disjoint, sorted union of intervals."""
-    if not len(starts):
-        return starts, ends
-    o = stable_argsort(starts)
-    s, e = starts[o], ends[o]
-    emax = np.maximum.accumulate(e)
-    new = np.r_[True, s[1:] > emax[:-1]]
-    idx = np.nonzero(new)[0]
-    return s[idx], np.maximum.reduceat(e, idx)
-
-
-def covered_ns(us: np.ndarray, ue: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Length of [a, b) covered by the disjoint sorted intervals (us, ue), per window."""
-    a = np.asarray(a, dtype=np.int64)
-    b = np.asarray(b, dtype=np.int64)
-    if not len(us):
-        return np.zeros(len(a), dtype=np.int64)
-    cum = np.r_[0, np.cumsum(ue - us)]
-    i = np.searchsorted(ue, a, side="right")
-    j = np.searchsorted(us, b, side="left")
-    has = j > i
-    ii, jj = np.minimum(i, len(us) - 1), np.maximum(j - 1, 0)
-    tot = cum[np.maximum(j, i)] - cum[i]
-    tot = (
-        tot
-        - np.where(has, np.maximum(a - us[ii], 0), 0)
-        - np.where(has, np.maximum(ue[jj] - b, 0), 0)
-    )
-    return np.maximum(tot, 0)
 
 
 def find_stragglers(
@@ -171,7 +142,7 @@ def find_stragglers(
     for ri, r in enumerate(ranks):
         rd = run.ranks[r]
         mine = np.flatnonzero(table.rank == r)
-        us, ue = _union(table.start_ns[mine], end_all[mine])
+        us, ue = intervals.union(table.start_ns[mine], end_all[mine])
         sp = rd.spans
         st = sp[sp["kind"] == 0]
         if len(st):
@@ -179,7 +150,7 @@ def find_stragglers(
             a = st["start_ns"].astype(np.int64)
             b = a + st["duration_ns"].astype(np.int64)
             step_ns[ri, cols] = st["duration_ns"]
-            comm_ns[ri, cols] = covered_ns(us, ue, a, b)
+            comm_ns[ri, cols] = intervals.covered(us, ue, a, b)
             mm = np.flatnonzero(match.member_rank == r)
             arr_local = match.member_arrival_ns[mm] - clock.offset(r)
             o = stable_argsort(arr_local)  # wait sums below do not depend on the order of ties
@@ -192,7 +163,8 @@ def find_stragglers(
         if len(ph):
             names = rd.span_names
             pa = ph["start_ns"].astype(np.int64)
-            pc = ph["duration_ns"] - covered_ns(us, ue, pa, pa + ph["duration_ns"].astype(np.int64))
+            pb = pa + ph["duration_ns"].astype(np.int64)
+            pc = ph["duration_ns"] - intervals.covered(us, ue, pa, pb)
             per: dict[tuple[str, int], float] = {}
             for n, s, c in zip(ph["name"].tolist(), ph["step"].tolist(), pc.tolist(), strict=True):
                 name = names[n] if n < len(names) else f"#{n}"
@@ -214,19 +186,21 @@ def find_stragglers(
     phase_ns = np.full((len(ranks), len(phase_names)), np.nan)
     for (r, name), v in phase_vals.items():
         phase_ns[ranks.index(r), phase_names.index(name)] = float(np.median(v))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        phase_med = (
+            np.nanmedian(phase_ns, axis=0) if phase_names else np.full(0, np.nan, dtype=float)
+        )
     stragglers = []
     for i, s in enumerate(scores):
         excess = s.compute_ns - ref if ccols else 0.0
         if s.score > threshold and excess > min_excess_ns and s.last_share > last_share_min:
             phase, pex, pmed = "", 0.0, 0.0
             if phase_names:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore", RuntimeWarning)
-                    med = np.nanmedian(phase_ns, axis=0)
-                ex = phase_ns[i] - med
+                ex = phase_ns[i] - phase_med
                 if np.any(~np.isnan(ex)):
                     j = int(np.nanargmax(ex))
-                    phase, pex, pmed = phase_names[j], float(ex[j]), float(med[j])
+                    phase, pex, pmed = phase_names[j], float(ex[j]), float(phase_med[j])
             stragglers.append(
                 Straggler(s.rank, s.score, float(excess), s.last_share, phase, pex, pmed)
             )
@@ -247,6 +221,7 @@ def find_stragglers(
         scores=scores,
         phases=tuple(phase_names),
         phase_ns=phase_ns,
+        phase_median_ns=phase_med,
         stragglers=tuple(stragglers),
         threshold=threshold,
         last_share_min=last_share_min,

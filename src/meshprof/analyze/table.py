@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from meshprof.events import OP_CODES, STATUS_CODES, nccl_tests_size_array
-from meshprof.monitor.dimensions import dimension_of as _dimension_of
-from meshprof.rundir import LoadedRun
+from meshprof.layout import dimension_of
+from meshprof.rundir import LoadedRun, resolve_layout
 
 _SIZE_TIMES_N = [
     OP_CODES[o] for o in ("gather", "gather_object", "scatter", "scatter_object_list")
@@ -33,14 +33,7 @@ class GroupRef:
     """Global ranks of the members."""
     dimension: str
     """Parallelism dimension: "dp", "tp", "pp", "world", a "+"-joined mix ("dp+tp"), or
-    "other" (see :func:`meshprof.monitor.dimensions.dimension_of`)."""
-
-
-def dimension_of(desc: str, ranks: tuple[int, ...], layout: dict | None) -> str:
-    """The dimension a group spans (:func:`meshprof.monitor.dimensions.dimension_of`, the one
-    definition the step monitor uses too): "dp", "tp", "pp", "world", a "+"-joined mix, or
-    "other"."""
-    return _dimension_of(ranks, layout, desc)
+    "other" (see :func:`meshprof.layout.dimension_of`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +87,7 @@ def build_event_table(run: LoadedRun) -> EventTable:
     kept: list[tuple[int, np.ndarray, np.ndarray | None, np.ndarray, np.ndarray, np.ndarray]] = []
     for r in sorted(run.ranks):
         rd = run.ranks[r]
-        layout = rd.meta.get("layout") or run.manifest.get("layout")
+        layout = resolve_layout(rd.meta, run.manifest)
         gmap = []
         for g in rd.groups:
             name = str(g.get("name", ""))
@@ -102,7 +95,7 @@ def build_event_table(run: LoadedRun) -> EventTable:
                 ranks = tuple(int(x) for x in g.get("ranks", ()))
                 desc = str(g.get("desc", ""))
                 gindex[name] = len(groups)
-                groups.append(GroupRef(name, desc, ranks, dimension_of(desc, ranks, layout)))
+                groups.append(GroupRef(name, desc, ranks, dimension_of(ranks, layout, desc)))
             gmap.append(gindex[name])
         ev = rd.events
         keep = (

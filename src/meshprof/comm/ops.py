@@ -3,7 +3,8 @@
 Every collective in PyTorch, whatever path issued it (``torch.distributed`` functions, the
 ``ProcessGroup`` methods, DDP's C++ reducer, FSDP2, DTensor's functional collectives, pipelining),
 ends in one of these ``c10d::`` operators. Their argument layout comes from the op schemas
-(``torch._C._jit_get_all_schemas()``).
+(``torch._C._jit_get_all_schemas()``). This is the one table of those layouts: the Python kernel
+reads arguments through it and the native kernel is configured from it (:meth:`OpSpec.native_row`).
 """
 
 from __future__ import annotations
@@ -45,9 +46,23 @@ def _first(x: Any) -> Any:
     return x
 
 
+#: How an argument holds its tensors: one tensor, a list, or a list of lists.
+TENSOR, LIST, LISTS = "tensor", "list", "lists"
+
+_COUNTERS: dict[str, Callable[[Any], int]] = {TENSOR: _nbytes, LIST: _sum_bytes, LISTS: _sum_bytes2}
+
+
+def _byte_counter(arg: int, layout: str) -> Callable[[tuple[Any, ...]], int]:
+    """The function that counts the bytes held by argument ``arg`` (-1: none) of an op."""
+    if arg < 0:
+        return lambda a: 0
+    count = _COUNTERS[layout]
+    return lambda a: count(a[arg])
+
+
 @dataclass(frozen=True, slots=True)
 class OpSpec:
-    """How to read one ``c10d::`` op's arguments."""
+    """How to read one ``c10d::`` op's arguments (both kernels read them from this table)."""
 
     schema_name: str
     """The op's name in the c10d namespace, e.g. "allreduce_"."""
@@ -55,8 +70,14 @@ class OpSpec:
     """The meshprof op name (:class:`meshprof.events.OpType` value)."""
     pg: int
     """Argument index of the ProcessGroup."""
-    in_bytes: Callable[[tuple[Any, ...]], int]
-    out_bytes: Callable[[tuple[Any, ...]], int]
+    in_arg: int
+    """Argument index of the input tensors (-1: none)."""
+    in_layout: str
+    """How ``in_arg`` holds them: TENSOR, LIST or LISTS."""
+    out_arg: int
+    """Argument index of the output tensors (-1: none)."""
+    out_layout: str
+    """How ``out_arg`` holds them."""
     tensor_arg: int
     """Argument index holding a tensor (or list) whose dtype and device stand for the op."""
     async_arg: int | None = None
@@ -67,157 +88,64 @@ class OpSpec:
     """The op carries several tensors issued as one collective."""
     p2p: bool = field(init=False)
     """A point-to-point op: numbered per peer pair and direction, not per group (derived)."""
+    wait_in_thread: bool = field(init=False)
+    """gloo's works of this op have no future and never report ``is_completed()``: completion is
+    noticed by a thread that waits on them (derived)."""
+    in_bytes: Callable[[tuple[Any, ...]], int] = field(init=False)
+    """Bytes of the input tensors, from the op's arguments (derived)."""
+    out_bytes: Callable[[tuple[Any, ...]], int] = field(init=False)
+    """Bytes of the output tensors (derived)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "p2p", self.op in ("send", "recv"))
+        object.__setattr__(self, "wait_in_thread", self.op == "reduce_scatter")
+        object.__setattr__(self, "in_bytes", _byte_counter(self.in_arg, self.in_layout))
+        object.__setattr__(self, "out_bytes", _byte_counter(self.out_arg, self.out_layout))
+
+    def native_row(self, op_code: int) -> tuple[int | str, ...]:
+        """This spec as one row of the native kernel's table (see ``configure`` in
+        native_kernel.cpp): name, op code, pg, in, out, tensor, async, peer argument indices
+        (-1: none), p2p (0 collective, 1 send, 2 recv), wait in a thread (0/1)."""
+        return (
+            self.schema_name,
+            op_code,
+            self.pg,
+            self.in_arg,
+            self.out_arg,
+            self.tensor_arg,
+            -1 if self.async_arg is None else self.async_arg,
+            -1 if self.peer_arg is None else self.peer_arg,
+            (1 if self.op == "send" else 2) if self.p2p else 0,
+            int(self.wait_in_thread),
+        )
 
 
+NO_ARG = -1
+# fmt: off
 SPECS: tuple[OpSpec, ...] = (
-    OpSpec(
-        "allreduce_",
-        "all_reduce",
-        1,
-        lambda a: _sum_bytes(a[0]),
-        lambda a: _sum_bytes(a[0]),
-        0,
-        async_arg=4,
-    ),
-    OpSpec(
-        "allreduce_coalesced_",
-        "all_reduce",
-        1,
-        lambda a: _sum_bytes(a[0]),
-        lambda a: _sum_bytes(a[0]),
-        0,
-        async_arg=3,
-        coalesced=True,
-    ),
-    OpSpec(
-        "allgather_",
-        "all_gather",
-        2,
-        lambda a: _sum_bytes(a[1]),
-        lambda a: _sum_bytes2(a[0]),
-        1,
-        async_arg=3,
-    ),
-    OpSpec(
-        "_allgather_base_",
-        "all_gather",
-        2,
-        lambda a: _nbytes(a[1]),
-        lambda a: _nbytes(a[0]),
-        1,
-        async_arg=3,
-    ),
-    OpSpec(
-        "allgather_coalesced_",
-        "all_gather",
-        2,
-        lambda a: _sum_bytes(a[1]),
-        lambda a: _sum_bytes2(a[0]),
-        1,
-        async_arg=3,
-        coalesced=True,
-    ),
-    OpSpec(
-        "allgather_into_tensor_coalesced_",
-        "all_gather",
-        2,
-        lambda a: _sum_bytes(a[1]),
-        lambda a: _sum_bytes(a[0]),
-        1,
-        async_arg=3,
-        coalesced=True,
-    ),
-    OpSpec(
-        "reduce_scatter_",
-        "reduce_scatter",
-        2,
-        lambda a: _sum_bytes2(a[1]),
-        lambda a: _sum_bytes(a[0]),
-        0,
-        async_arg=4,
-    ),
-    OpSpec(
-        "_reduce_scatter_base_",
-        "reduce_scatter",
-        2,
-        lambda a: _nbytes(a[1]),
-        lambda a: _nbytes(a[0]),
-        0,
-        async_arg=4,
-    ),
-    OpSpec(
-        "reduce_scatter_tensor_coalesced_",
-        "reduce_scatter",
-        2,
-        lambda a: _sum_bytes(a[1]),
-        lambda a: _sum_bytes(a[0]),
-        0,
-        async_arg=4,
-        coalesced=True,
-    ),
-    OpSpec(
-        "broadcast_",
-        "broadcast",
-        1,
-        lambda a: _sum_bytes(a[0]),
-        lambda a: _sum_bytes(a[0]),
-        0,
-        async_arg=4,
-    ),
-    OpSpec(
-        "reduce_",
-        "reduce",
-        1,
-        lambda a: _sum_bytes(a[0]),
-        lambda a: _sum_bytes(a[0]),
-        0,
-        async_arg=5,
-    ),
-    OpSpec(
-        "gather_",
-        "gather",
-        2,
-        lambda a: _sum_bytes(a[1]),
-        lambda a: _sum_bytes2(a[0]),
-        1,
-        async_arg=4,
-    ),
-    OpSpec(
-        "scatter_",
-        "scatter",
-        2,
-        lambda a: _sum_bytes2(a[1]),
-        lambda a: _sum_bytes(a[0]),
-        0,
-        async_arg=4,
-    ),
-    OpSpec(
-        "alltoall_",
-        "all_to_all",
-        2,
-        lambda a: _sum_bytes(a[1]),
-        lambda a: _sum_bytes(a[0]),
-        1,
-        async_arg=3,
-    ),
-    OpSpec(
-        "alltoall_base_",
-        "all_to_all",
-        2,
-        lambda a: _nbytes(a[1]),
-        lambda a: _nbytes(a[0]),
-        1,
-        async_arg=5,
-    ),
-    OpSpec("barrier", "barrier", 1, lambda a: 0, lambda a: 0, 0, async_arg=3),
-    OpSpec("monitored_barrier_", "barrier", 1, lambda a: 0, lambda a: 0, 0),
-    OpSpec("send", "send", 1, lambda a: _sum_bytes(a[0]), lambda a: 0, 0, peer_arg=2),
-    OpSpec("recv_", "recv", 1, lambda a: 0, lambda a: _sum_bytes(a[0]), 0, peer_arg=2),
-    OpSpec("recv_any_source_", "recv", 1, lambda a: 0, lambda a: _sum_bytes(a[0]), 0),
+    #       schema name                          op                pg  in  layout  out  layout  tensor
+    OpSpec("allreduce_",                        "all_reduce",     1,  0, LIST,   0, LIST,   0, async_arg=4),
+    OpSpec("allreduce_coalesced_",              "all_reduce",     1,  0, LIST,   0, LIST,   0, async_arg=3, coalesced=True),
+    OpSpec("allgather_",                        "all_gather",     2,  1, LIST,   0, LISTS,  1, async_arg=3),
+    OpSpec("_allgather_base_",                  "all_gather",     2,  1, TENSOR, 0, TENSOR, 1, async_arg=3),
+    OpSpec("allgather_coalesced_",              "all_gather",     2,  1, LIST,   0, LISTS,  1, async_arg=3, coalesced=True),
+    OpSpec("allgather_into_tensor_coalesced_",  "all_gather",     2,  1, LIST,   0, LIST,   1, async_arg=3, coalesced=True),
+    OpSpec("reduce_scatter_",                   "reduce_scatter", 2,  1, LISTS,  0, LIST,   0, async_arg=4),
+    OpSpec("_reduce_scatter_base_",             "reduce_scatter", 2,  1, TENSOR, 0, TENSOR, 0, async_arg=4),
+    OpSpec("reduce_scatter_tensor_coalesced_",  "reduce_scatter", 2,  1, LIST,   0, LIST,   0, async_arg=4, coalesced=True),
+    OpSpec("broadcast_",                        "broadcast",      1,  0, LIST,   0, LIST,   0, async_arg=4),
+    OpSpec("reduce_",                           "reduce",         1,  0, LIST,   0, LIST,   0, async_arg=5),
+    OpSpec("gather_",                           "gather",         2,  1, LIST,   0, LISTS,  1, async_arg=4),
+    OpSpec("scatter_",                          "scatter",        2,  1, LISTS,  0, LIST,   0, async_arg=4),
+    OpSpec("alltoall_",                         "all_to_all",     2,  1, LIST,   0, LIST,   1, async_arg=3),
+    OpSpec("alltoall_base_",                    "all_to_all",     2,  1, TENSOR, 0, TENSOR, 1, async_arg=5),
+    OpSpec("barrier",                           "barrier",        1, NO_ARG, LIST, NO_ARG, LIST,   0, async_arg=3),
+    OpSpec("monitored_barrier_",                "barrier",        1, NO_ARG, LIST, NO_ARG, LIST,   0),
+    OpSpec("send",                              "send",           1,  0, LIST, NO_ARG, LIST,   0, peer_arg=2),
+    OpSpec("recv_",                             "recv",           1, NO_ARG, LIST,  0, LIST,   0, peer_arg=2),
+    OpSpec("recv_any_source_",                  "recv",           1, NO_ARG, LIST,  0, LIST,   0),
 )
+# fmt: on
 
 
 def available_specs() -> list[OpSpec]:
@@ -233,5 +161,6 @@ def available_specs() -> list[OpSpec]:
     return out
 
 
-def tensor_of(spec: OpSpec, args: tuple[Any, ...]) -> Any:
+def first_tensor(spec: OpSpec, args: tuple[Any, ...]) -> Any:
+    """The tensor whose dtype and device stand for the op (None: it has none)."""
     return _first(args[spec.tensor_arg])

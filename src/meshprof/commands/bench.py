@@ -8,21 +8,19 @@ import os
 import sys
 from pathlib import Path
 
-from meshprof.errors import MeshprofError
-from meshprof.rundir import atomic_write_text
+from meshprof.commands import options
+from meshprof.render.bench import plot_svg, render_table, to_csv
+from meshprof.rundir.atomic import atomic_write_text
+from meshprof.spawn import under_torchrun
 from meshprof.tools.bench import (
     ALL_OPS,
     DTYPES,
     BenchConfig,
     BenchResult,
     parse_size,
-    plot_svg,
-    render_table,
     run_bench_rank,
     size_list,
-    to_csv,
 )
-from meshprof.tools.spawn import under_torchrun
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -33,15 +31,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "their results, and print a table. Runs under torchrun (uses the job's ranks) or starts "
         "--nproc local ranks itself (gloo on CPU, NCCL on CUDA).",
     )
-    p.add_argument(
-        "--nproc",
-        type=int,
-        default=None,
-        help="start this many local ranks (default 2 outside torchrun)",
-    )
-    p.add_argument(
-        "--backend", default=None, help="gloo or nccl (default: nccl with CUDA, else gloo)"
-    )
+    options.add_rank_options(p)
     p.add_argument(
         "--ops", default="all", help=f"comma-separated ops or 'all': {','.join(ALL_OPS)}"
     )
@@ -57,7 +47,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-n", "--iters", type=int, default=20, help="timed iterations per size")
     p.add_argument("--mode", choices=["both", "out-of-place", "in-place"], default="both")
     p.add_argument("--no-check", action="store_true", help="skip the correctness check")
-    p.add_argument("--json", action="store_true", help="print the results as JSON")
+    options.add_json_option(p, "the results")
     p.add_argument("--csv", metavar="PATH", help="also write the rows as CSV")
     p.add_argument("--plot", metavar="PATH.svg", help="also write busbw against size as an SVG")
     p.add_argument(
@@ -99,10 +89,9 @@ def _worker(rank: int, world_size: int, config: BenchConfig) -> BenchResult | No
 
 def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
-    import torch
-
-    backend = args.backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    backend = options.backend_of(args)
     if args.nproc is None and under_torchrun():
+        import torch
         import torch.distributed as dist
 
         started_here = not dist.is_initialized()
@@ -119,11 +108,9 @@ def run(args: argparse.Namespace) -> int:
         if result is None:
             return 0
     else:
-        from meshprof.tools.spawn import WorkerError, run_ranks
+        from meshprof.spawn import WorkerError, run_ranks
 
-        nproc = 2 if args.nproc is None else args.nproc
-        if nproc < 1:
-            raise MeshprofError(f"--nproc {nproc}: need at least 1 rank")
+        nproc = options.local_nproc(args)
         try:
             result = run_ranks(
                 _worker, nproc, args=(config,), backend=backend, timeout=args.timeout

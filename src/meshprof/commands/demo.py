@@ -12,16 +12,12 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from meshprof.commands.options import add_json_option
+from meshprof.demo.worker import DTYPES, DemoConfig, demo_worker
 from meshprof.errors import MeshprofError
-from meshprof.parallel.args import (
-    add_layout_args,
-    add_model_args,
-    model_config_from_args,
-    parallel_config_from_args,
-)
-from meshprof.parallel.demo import DTYPES, DemoConfig, demo_worker
-from meshprof.render.console import fmt_bytes, fmt_ns
-from meshprof.rundir import atomic_write_text
+from meshprof.parallel import args as layout_options
+from meshprof.render.format import fmt_bytes, fmt_ns
+from meshprof.rundir.atomic import atomic_write_text
 
 #: dp × tp × pp when no degree is given: 4 ranks that show a DP and a PP dimension.
 DEFAULT_LAYOUT = (2, 1, 2)
@@ -49,9 +45,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--timeout", type=float, default=600.0, help="give up after this many seconds (default 600)"
     )
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
-    add_layout_args(p)
-    add_model_args(p)
+    add_json_option(p)
+    layout_options.add_layout_args(p)
+    layout_options.add_model_args(p)
     p.set_defaults(func=run)
 
 
@@ -92,20 +88,13 @@ def _dimension_table(results: list[dict[str, Any]]) -> Table:
 
 
 def run(args: argparse.Namespace) -> int:
-    from meshprof.tools.spawn import run_ranks
+    from meshprof.spawn import run_ranks
 
-    parallel = parallel_config_from_args(args, default=DEFAULT_LAYOUT)
-    model = model_config_from_args(args)
+    parallel = layout_options.parallel_config_from_args(args, default=DEFAULT_LAYOUT)
+    model = layout_options.model_config_from_args(args)
     device = _device(args.device, parallel.world_size)
-    cfg = DemoConfig(
-        parallel=parallel,
-        model=model,
-        steps=args.steps,
-        seed=args.seed,
-        lr=args.lr,
-        dtype=args.dtype,
-        device=device,
-    )
+    training = {k: getattr(args, k) for k in ("steps", "seed", "lr", "dtype")}
+    cfg = DemoConfig(parallel=parallel, model=model, device=device, **training)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     console = Console(stderr=args.json)
@@ -178,8 +167,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _report(out: Path, console: Console) -> None:
     """The cross-rank report of the demo's run directory: terminal summary, HTML and trace."""
-    from meshprof.analyze.crossrank import analyze_run
-    from meshprof.render.report_console import print_report
+    from meshprof.render.report_text import print_report
+    from meshprof.report import analyze_run
     from meshprof.rundir import load_run
 
     run_ = load_run(out)

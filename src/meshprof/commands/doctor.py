@@ -9,16 +9,11 @@ import tempfile
 from dataclasses import asdict
 from typing import Any
 
+from meshprof.commands import options
 from meshprof.errors import MeshprofError
-from meshprof.tools.doctor import (
-    Check,
-    DoctorConfig,
-    doctor_rank,
-    merge,
-    read_results,
-    render_checks,
-)
-from meshprof.tools.spawn import under_torchrun
+from meshprof.render.doctor import render_checks
+from meshprof.spawn import under_torchrun
+from meshprof.tools.doctor import Check, DoctorConfig, doctor_rank, merge, read_results
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -28,19 +23,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Run health checks on every rank (under torchrun: the job's ranks; else --nproc "
         "local ranks). Exit code 1 on any ✗. Bounded by timeouts: a dead peer gives ✗, not a hang.",
     )
-    p.add_argument(
-        "--nproc",
-        type=int,
-        default=None,
-        help="start this many local ranks (default 2 outside torchrun)",
-    )
-    p.add_argument(
-        "--backend", default=None, help="gloo or nccl (default: nccl with CUDA, else gloo)"
-    )
+    options.add_rank_options(p)
     p.add_argument(
         "--timeout", type=float, default=10.0, help="per-check timeout in seconds (default 10)"
     )
-    p.add_argument("--json", action="store_true", help="print the checks as JSON")
+    options.add_json_option(p, "the checks")
     p.set_defaults(func=run)
 
 
@@ -48,7 +35,7 @@ def run_local(
     nproc: int, cfg: DoctorConfig, worker: Any = doctor_rank, overall_timeout: float | None = None
 ) -> list[Check]:
     """Start ``nproc`` local ranks running ``worker`` and merge what they reported."""
-    from meshprof.tools.spawn import WorkerError, run_ranks
+    from meshprof.spawn import WorkerError, run_ranks
 
     failures: dict[int, str] = {}
     with tempfile.TemporaryDirectory(prefix="meshprof-doctor-") as d:
@@ -72,9 +59,7 @@ def run_local(
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
-    backend = args.backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    backend = options.backend_of(args)
     if args.timeout <= 0:
         raise MeshprofError(f"--timeout {args.timeout}: must be > 0 seconds")
     cfg = DoctorConfig(backend=backend, timeout_s=args.timeout)
@@ -84,10 +69,7 @@ def run(args: argparse.Namespace) -> int:
         if rank != 0:
             return 1 if any(not c.ok for c in checks) else 0
     else:
-        nproc = 2 if args.nproc is None else args.nproc
-        if nproc < 1:
-            raise MeshprofError(f"--nproc {nproc}: need at least 1 rank")
-        checks = run_local(nproc, cfg)
+        checks = run_local(options.local_nproc(args), cfg)
     if args.json:
         print(
             json.dumps(

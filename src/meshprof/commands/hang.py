@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 
-from meshprof.analyze.hang import diagnose_hang, render_hang_text
+from meshprof.analyze.hang import diagnose_hang
+from meshprof.commands.options import add_json_option
+from meshprof.render.hang import render_hang_text
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -18,7 +20,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "Exit code 1 when something is wrong.",
     )
     p.add_argument("dir", help="the run directory, or the folder holding the dumps")
-    p.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
+    add_json_option(p, "the diagnosis")
     p.set_defaults(func=run)
 
 

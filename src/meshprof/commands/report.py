@@ -9,9 +9,9 @@ from typing import Any
 
 from rich.console import Console
 
-from meshprof.analyze.crossrank import analyze_run_parts
 from meshprof.analyze.stragglers import DEFAULT_THRESHOLD
 from meshprof.errors import MeshprofError
+from meshprof.report import analyze_run_parts
 from meshprof.rundir import load_run
 
 
@@ -75,7 +75,8 @@ def run(args: argparse.Namespace) -> int:
 
         written.append(write_html(Path(args.html), rep))
     if args.trace:
-        from meshprof.render.perfetto import DEFAULT_MAX_EVENTS, build_trace, write_trace
+        from meshprof.analyze.merged_timeline import DEFAULT_MAX_EVENTS
+        from meshprof.render.perfetto import build_trace, write_trace
 
         cap = DEFAULT_MAX_EVENTS if args.trace_max_events is None else args.trace_max_events
         trace = build_trace(loaded, parts.table, parts.clock, parts.match, max_events=cap)
@@ -84,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rep.to_dict(), default=str))
         return 0
-    from meshprof.render.report_console import print_report
+    from meshprof.render.report_text import print_report
 
     console = Console()
     print_report(rep, console)

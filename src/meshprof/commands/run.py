@@ -181,14 +181,17 @@ def options_from_args(args: argparse.Namespace, argv: list[str] | None = None) -
 
 def run(args: argparse.Namespace) -> int:
     if args.native:
-        import meshprof.native
+        import meshprof.comm.native
 
-        meshprof.native.load()  # build here once; the workers then load the cached module
+        meshprof.comm.native.load()  # build here once; the workers then load the cached module
         os.environ["MESHPROF_NATIVE"] = "1"
     if args.layout:
-        from meshprof.launch import ENV_LAYOUT, parse_layout
+        from meshprof.launch import ENV_LAYOUT
+        from meshprof.layout import parse_layout
 
-        parse_layout(args.layout)  # a bad value is one line and exit code 2
+        parse_layout(
+            args.layout, f"{ENV_LAYOUT}={args.layout!r}"
+        )  # a bad value is one line and exit code 2
         os.environ[ENV_LAYOUT] = args.layout
     opts = options_from_args(args)
     result = launch(opts)
@@ -216,7 +219,7 @@ def run_result_dict(result: LaunchResult) -> dict[str, Any]:
     }
     try:
         run_ = load_run(result.run_dir)
-        out["manifest"] = run_.manifest
+        out["manifest"] = run_.manifest.to_dict()
         out["ranks"] = _rank_rows(run_)
         out["problems"] = {str(r): p for r, p in run_.problems.items()}
         out["stats"] = _merged_stats(run_).to_dict()
@@ -227,14 +230,16 @@ def run_result_dict(result: LaunchResult) -> dict[str, Any]:
 
 def _print_hang(result: LaunchResult) -> None:
     """The hang diagnosis from the dumps in DIR/hang (``meshprof hang DIR`` prints the same)."""
-    from meshprof.analyze.hang import diagnose_hang, render_hang_text
+    from meshprof.analyze.hang import diagnose_hang
+    from meshprof.render.hang import render_hang_text
+    from meshprof.rundir.schema import HANG_DIR
 
     try:
-        print(render_hang_text(diagnose_hang(result.run_dir / "hang")))
+        print(render_hang_text(diagnose_hang(result.run_dir / HANG_DIR)))
     except Exception as e:
         hang = result.hang or {}
         print(
-            f"meshprof run: hang dumps in {result.run_dir / 'hang'} ({', '.join(hang.get('dumps', []))}); "
+            f"meshprof run: hang dumps in {result.run_dir / HANG_DIR} ({', '.join(hang.get('dumps', []))}); "
             f"could not diagnose them: {type(e).__name__}: {e}",
             file=sys.stderr,
         )
@@ -244,17 +249,16 @@ def _rank_rows(run_: Any) -> list[dict[str, Any]]:
     rows = []
     for r, rd in sorted(run_.ranks.items()):
         m = rd.meta
-        steps = (
-            int((rd.spans["kind"] == 0).sum()) if len(rd.spans) else int(m.get("steps_detected", 0))
-        )
+        steps = int((rd.spans["kind"] == 0).sum()) if len(rd.spans) else int(m.steps_detected or 0)
+        total = m.total_events
         rows.append(
             {
                 "rank": r,
-                "hostname": m.get("hostname", ""),
+                "hostname": m.hostname if m.hostname is not None else "",
                 "events": len(rd.events),
-                "total_events": int(m.get("total_events", len(rd.events))),
+                "total_events": int(total if total is not None else len(rd.events)),
                 "steps": steps,
-                "exit": m.get("exit"),
+                "exit": m.exit.to_dict() if m.exit is not None else None,
             }
         )
     return rows
@@ -265,7 +269,7 @@ def _merged_stats(run_: Any) -> Any:
 
     acc: Accumulator | None = None
     for _r, rd in sorted(run_.ranks.items()):
-        part = Accumulator.from_dict(rd.meta.get("stats") or {})
+        part = Accumulator.from_dict(rd.meta.stats or {})
         if acc is None:
             acc = part
         else:
@@ -286,9 +290,9 @@ def print_run_summary(run_dir: Path) -> None:
     console = Console(width=None if sys.stdout.isatty() else 140)
     m = run_.manifest
     console.print(
-        f"[bold]meshprof run[/]: {run_dir} — world size {run_.world_size}, exit code {m.get('exit_code')}, hosts {', '.join(m.get('hosts') or [])}"
+        f"[bold]meshprof run[/]: {run_dir} — world size {run_.world_size}, exit code {m.exit_code}, hosts {', '.join(m.hosts or [])}"
     )
-    nodes = m.get("nodes") or []
+    nodes = m.nodes or []
     if len(nodes) > 1:
         for n in nodes:
             console.print(
@@ -311,12 +315,12 @@ def print_run_summary(run_dir: Path) -> None:
     for r, why in sorted(run_.problems.items()):
         console.print(f"[yellow]rank {r}: {why}[/]")
     try:
-        from meshprof.analyze.crossrank import analyze_run
-        from meshprof.render.report_console import print_report
+        from meshprof.render.report_text import print_report
+        from meshprof.report import analyze_run
 
         print_report(analyze_run(run_), console)
     except Exception as e:
-        from meshprof.render.console import print_stats
+        from meshprof.render.stats_text import print_stats
 
         console.print(
             f"[yellow]cross-rank report unavailable ({type(e).__name__}: {e}); merged statistics:[/]"

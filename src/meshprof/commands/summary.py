@@ -10,8 +10,8 @@ from typing import Any
 
 from rich.console import Console
 
-from meshprof.export import load_export
-from meshprof.render.console import print_stats
+from meshprof.render.stats_text import print_stats
+from meshprof.rundir.json_export import load_export
 
 
 def register(sub: argparse._SubParsersAction) -> None:

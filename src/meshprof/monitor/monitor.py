@@ -1,4 +1,4 @@
-"""``StepMonitor``: time steps and phases on one rank, sample memory, and analyze.
+"""``StepMonitor``: time steps and phases on one rank and sample memory (analysis on request).
 
 Recording is cheap (a tuple per span, a clock read and a thread-CPU-time read at each boundary)
 and never raises into training: errors inside the monitor are counted and warned about once.
@@ -12,16 +12,18 @@ import time
 import warnings
 from collections import deque
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
+from meshprof.analyze.bottlenecks import BottleneckThresholds
 from meshprof.events import MEMORY_DTYPE, SPAN_DTYPE, SPAN_KINDS, STATUS_CODES
-from meshprof.monitor.analysis import StepAnalysis, analyze_steps
-from meshprof.monitor.bottlenecks import BottleneckThresholds
-from meshprof.monitor.dimensions import Layout
+from meshprof.layout import Layout
 from meshprof.monitor.flops import count_flops, detect_peak_tflops
 from meshprof.monitor.memory import sample_memory
+
+if TYPE_CHECKING:
+    from meshprof.analyze.steps import StepAnalysis
 
 F = TypeVar("F", bound=Callable[..., Any])
 _STEP = SPAN_KINDS.index("step")
@@ -297,7 +299,10 @@ class StepMonitor:
 
     # -- analysis -----------------------------------------------------------------------------
     def analysis(self) -> StepAnalysis:
-        """Analyze the recorded steps (see :mod:`meshprof.monitor.analysis`)."""
+        """Analyze the recorded steps with this monitor's settings (:meth:`to_meta`), as the
+        run report analyzes its rank file (:mod:`meshprof.analyze.steps`)."""
+        from meshprof.analyze.steps import StepOptions, analyze_recorded
+
         spans, names = self.spans_array()
         prof = self._prof()
         if prof is not None:
@@ -308,22 +313,8 @@ class StepMonitor:
             from meshprof.events import EVENT_DTYPE
 
             events, groups, rank = np.zeros(0, dtype=EVENT_DTYPE), [], self._rank or 0
-        return analyze_steps(
-            spans,
-            names,
-            events,
-            groups,
-            self.memory_array(),
-            rank=rank,
-            layout=self.layout,
-            schedule=self.schedule,
-            microbatches=self.microbatches,
-            virtual_stages=self.virtual_stages,
-            flops_per_step=self.flops_per_step,
-            peak_tflops=self.peak_tflops,
-            thresholds=self.thresholds,
-            warmup_steps=self.warmup_steps,
-        )
+        options = StepOptions.from_meta(self.to_meta(), rank=rank, layout=self.layout)
+        return analyze_recorded(spans, names, events, groups, self.memory_array(), options)
 
     def report(self) -> str:
         """The analysis as text."""

@@ -12,11 +12,14 @@ import functools
 from typing import Any
 
 _installed = False
-_NAMES = {
+CHUNK_PHASES = {
     "forward_one_chunk": "pp_forward",
     "backward_one_chunk": "pp_backward",
     "backward_weight_one_chunk": "pp_backward_weight",
 }
+"""Stage method -> the phase name each of its calls is recorded as."""
+PIPELINE_CHUNKS = tuple(CHUNK_PHASES.values())
+"""Phase names of one micro-batch's forward / backward chunk (what the bubble is made of)."""
 
 
 def install_pipeline_hooks() -> bool:
@@ -31,7 +34,7 @@ def install_pipeline_hooks() -> bool:
     base = getattr(stage_mod, "_PipelineStageBase", None)
     if base is None:
         return False
-    for method, span in _NAMES.items():
+    for method, span in CHUNK_PHASES.items():
         original = getattr(base, method, None)
         if original is None or getattr(original, "__meshprof__", False):
             continue

@@ -1,5 +1,6 @@
-"""3D parallelism: the layout (ParallelConfig, RankMapping), the memory estimate, and the demo
-transformer built with torch's own DeviceMesh, FSDP2/DDP, DTensor TP and pipelining.
+"""The 3D-parallel layout library: the layout (ParallelConfig, RankMapping), the model sizes and
+per-device memory estimate, the layout's command-line options and its DeviceMesh (:mod:`.mesh`).
+The demo model and training loop built on it live in :mod:`meshprof.demo`.
 
 Names load on first use (PEP 562) so that the CLI can import the layout code without torch."""
 
@@ -18,7 +19,6 @@ _EXPORTS = {
     "strategy_settings": "config",
     "RankCoords": "mapping",
     "RankMapping": "mapping",
-    "dimension_of_group": "mapping",
     "MemoryBreakdown": "memory",
     "MemoryEstimate": "memory",
     "estimate_memory": "memory",
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
         Precision,
         strategy_settings,
     )
-    from meshprof.parallel.mapping import RankCoords, RankMapping, dimension_of_group
+    from meshprof.parallel.mapping import RankCoords, RankMapping
     from meshprof.parallel.memory import MemoryBreakdown, MemoryEstimate, estimate_memory
     from meshprof.parallel.model_config import ModelConfig
 
@@ -61,7 +61,6 @@ __all__ = [
     "Precision",
     "RankCoords",
     "RankMapping",
-    "dimension_of_group",
     "estimate_memory",
     "strategy_settings",
 ]

@@ -4,20 +4,28 @@ model's sizes, turned into :class:`ParallelConfig` and :class:`ModelConfig`."""
 from __future__ import annotations
 
 import argparse
+import enum
+from typing import Any
 
-from meshprof.parallel.config import (
-    DataParallelMode,
-    GradCompression,
-    MemoryStrategy,
-    ParallelConfig,
-    PipelineSchedule,
-    Precision,
-)
+from meshprof.parallel import config as layout
 from meshprof.parallel.model_config import ModelConfig
 
 
-def _choices(enum_cls: type) -> list[str]:
-    return [m.value for m in enum_cls]  # type: ignore[attr-defined]
+def _add_choice(g: Any, flag: str, choices: type[enum.Enum], default: str, help_text: str) -> None:
+    """An option that takes one of an enum's values by name."""
+    g.add_argument(flag, choices=[m.value for m in choices], default=default, help=help_text)
+
+
+_SAME_NAME = (
+    "micro_batch_size",
+    "schedule",
+    "virtual_stages",
+    "mixed_precision",
+    "memory_strategy",
+    "dp_mode",
+    "grad_compression",
+)
+"""ParallelConfig fields set by the option of the same name."""
 
 
 def add_layout_args(
@@ -43,11 +51,8 @@ def add_layout_args(
         default=default_microbatches,
         help=f"micro-batches per step and DP rank (default {default_microbatches})",
     )
-    g.add_argument(
-        "--schedule",
-        choices=_choices(PipelineSchedule),
-        default="1f1b",
-        help="pipeline schedule (default 1f1b)",
+    _add_choice(
+        g, "--schedule", layout.PipelineSchedule, "1f1b", "pipeline schedule (default 1f1b)"
     )
     g.add_argument(
         "--virtual-stages",
@@ -55,11 +60,12 @@ def add_layout_args(
         default=1,
         help="pipeline chunks per rank (interleaved/looped ≥ 2, V schedules 2)",
     )
-    g.add_argument(
+    _add_choice(
+        g,
         "--memory-strategy",
-        choices=_choices(MemoryStrategy),
-        default="standard",
-        help="basic, standard (ZeRO-3), aggressive (+checkpointing), extreme (+CPU offload)",
+        layout.MemoryStrategy,
+        "standard",
+        "basic, standard (ZeRO-3), aggressive (+checkpointing), extreme (+CPU offload)",
     )
     g.add_argument(
         "--activation-checkpointing",
@@ -67,23 +73,18 @@ def add_layout_args(
         default=None,
         help="override the strategy's checkpointing",
     )
-    g.add_argument(
-        "--dp-mode",
-        choices=_choices(DataParallelMode),
-        default="fsdp",
-        help="FSDP2 fully_shard or DDP (default fsdp)",
+    _add_choice(
+        g, "--dp-mode", layout.DataParallelMode, "fsdp", "FSDP2 fully_shard or DDP (default fsdp)"
     )
-    g.add_argument(
-        "--mixed-precision",
-        choices=_choices(Precision),
-        default="none",
-        help="compute precision (default none)",
+    _add_choice(
+        g, "--mixed-precision", layout.Precision, "none", "compute precision (default none)"
     )
-    g.add_argument(
+    _add_choice(
+        g,
         "--grad-compression",
-        choices=_choices(GradCompression),
-        default="none",
-        help="DP gradient compression (powersgd needs --dp-mode ddp)",
+        layout.GradCompression,
+        "none",
+        "DP gradient compression (powersgd needs --dp-mode ddp)",
     )
     g.add_argument(
         "--comm-timeout",
@@ -116,7 +117,7 @@ def add_model_args(
 
 def parallel_config_from_args(
     args: argparse.Namespace, *, default: tuple[int, int, int] = (1, 1, 1)
-) -> ParallelConfig:
+) -> layout.ParallelConfig:
     """A ParallelConfig from the layout options; degrees not given come from ``default``
     (dp, tp, pp) when none is given, else 1. Raises MeshprofError on bad values."""
     given = (args.dp, args.tp, args.pp)
@@ -124,21 +125,15 @@ def parallel_config_from_args(
         default if all(v is None for v in given) else tuple(1 if v is None else v for v in given)
     )
     ac = None if args.activation_checkpointing is None else args.activation_checkpointing == "on"
-    return ParallelConfig(
+    return layout.ParallelConfig(
         dp=dp,
         tp=tp,
         pp=pp,
         num_layers=args.layers,
-        micro_batch_size=args.micro_batch_size,
         num_microbatches=args.microbatches,
-        schedule=args.schedule,
-        virtual_stages=args.virtual_stages,
         activation_checkpointing=ac,
-        mixed_precision=args.mixed_precision,
-        memory_strategy=args.memory_strategy,
-        dp_mode=args.dp_mode,
-        grad_compression=args.grad_compression,
         comm_timeout_s=args.comm_timeout,
+        **{name: getattr(args, name) for name in _SAME_NAME},
     )
 
 

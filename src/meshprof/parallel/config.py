@@ -15,7 +15,23 @@ from typing import Any
 from meshprof.errors import MeshprofError
 
 
-class PipelineSchedule(str, enum.Enum):
+class _Choice(str, enum.Enum):
+    """A setting chosen by name; prints as its value (``str(Precision.BF16) == "bf16"``)."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+
+def require_positive_ints(owner: object, names: tuple[str, ...]) -> None:
+    """Raise :class:`MeshprofError` naming the first of ``owner``'s fields ``names`` that is not
+    a positive integer (bools are refused too)."""
+    for name in names:
+        v = getattr(owner, name)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise MeshprofError(f"{name}={v!r} must be a positive integer")
+
+
+class PipelineSchedule(_Choice):
     """A ``torch.distributed.pipelining`` schedule, by the name meshprof uses for it."""
 
     GPIPE = "gpipe"
@@ -32,9 +48,6 @@ class PipelineSchedule(str, enum.Enum):
     """``ScheduleZBVZeroBubble``: zero-bubble V schedule, exactly 2 chunks per rank."""
     DUALPIPE_V = "dualpipe_v"
     """``ScheduleDualPipeV``: DeepSeek's DualPipe in V shape, exactly 2 chunks per rank."""
-
-    def __str__(self) -> str:
-        return self.value
 
     @property
     def torch_class_name(self) -> str:
@@ -63,7 +76,7 @@ _TORCH_SCHEDULE = {
 }
 
 
-class MemoryStrategy(str, enum.Enum):
+class MemoryStrategy(_Choice):
     """How hard to trade compute and transfers for memory. See :func:`strategy_settings`."""
 
     BASIC = "basic"
@@ -76,9 +89,6 @@ class MemoryStrategy(str, enum.Enum):
     EXTREME = "extreme"
     """``aggressive`` plus CPU offload of parameters, gradients and optimizer state
     (FSDP2 ``CPUOffloadPolicy``). Offload needs CUDA; on a CPU run it changes nothing."""
-
-    def __str__(self) -> str:
-        return self.value
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +117,7 @@ def strategy_settings(strategy: MemoryStrategy | str) -> StrategySettings:
     return _STRATEGIES[MemoryStrategy(strategy)]
 
 
-class Precision(str, enum.Enum):
+class Precision(_Choice):
     """Compute precision of the forward and backward pass."""
 
     NONE = "none"
@@ -117,11 +127,8 @@ class Precision(str, enum.Enum):
     FP16 = "fp16"
     """float16 compute, as ``bf16``."""
 
-    def __str__(self) -> str:
-        return self.value
 
-
-class DataParallelMode(str, enum.Enum):
+class DataParallelMode(_Choice):
     """Which torch engine runs the data-parallel dimension."""
 
     FSDP = "fsdp"
@@ -131,11 +138,8 @@ class DataParallelMode(str, enum.Enum):
     """``DistributedDataParallel`` over the ``dp`` group (everything replicated; gradients
     all-reduced; supports communication hooks)."""
 
-    def __str__(self) -> str:
-        return self.value
 
-
-class GradCompression(str, enum.Enum):
+class GradCompression(_Choice):
     """How data-parallel gradients are compressed before they are communicated."""
 
     NONE = "none"
@@ -146,9 +150,6 @@ class GradCompression(str, enum.Enum):
     """Reduced in bfloat16: DDP ``bf16_compress_hook``, FSDP2 ``reduce_dtype=bfloat16``."""
     POWERSGD = "powersgd"
     """Low-rank PowerSGD (DDP ``powerSGD_hook``); lossy, needs ``dp_mode=ddp``."""
-
-    def __str__(self) -> str:
-        return self.value
 
 
 def _enum(cls: type[enum.Enum], value: Any, name: str) -> Any:
@@ -198,19 +199,19 @@ class ParallelConfig:
     """Timeout of the process groups in seconds: a collective that waits longer fails."""
 
     def __post_init__(self) -> None:
-        for name in (
-            "dp",
-            "tp",
-            "pp",
-            "num_layers",
-            "micro_batch_size",
-            "num_microbatches",
-            "virtual_stages",
-            "powersgd_rank",
-        ):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise MeshprofError(f"{name}={v!r} must be a positive integer")
+        require_positive_ints(
+            self,
+            (
+                "dp",
+                "tp",
+                "pp",
+                "num_layers",
+                "micro_batch_size",
+                "num_microbatches",
+                "virtual_stages",
+                "powersgd_rank",
+            ),
+        )
         if not self.comm_timeout_s > 0:
             raise MeshprofError(
                 f"comm_timeout_s={self.comm_timeout_s!r} must be a positive number of seconds"
@@ -358,5 +359,6 @@ __all__ = [
     "PipelineSchedule",
     "Precision",
     "StrategySettings",
+    "require_positive_ints",
     "strategy_settings",
 ]

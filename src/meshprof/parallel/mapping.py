@@ -6,12 +6,11 @@ Order: PP varies fastest, then TP, then DP::
     rank = dp_rank · (tp · pp) + tp_rank · pp + pp_rank
 
 so a DeviceMesh of shape (dp, tp, pp) with names ("dp", "tp", "pp") over ``range(world_size)``
-has exactly these coordinates (``build.build_mesh`` builds it so, and a test checks it).
+has exactly these coordinates (``meshprof.parallel.mesh.build_mesh`` builds it so, and a test checks it).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 from meshprof.errors import MeshprofError
@@ -157,27 +156,11 @@ def all_groups(config: ParallelConfig, dim: str) -> list[tuple[int, ...]]:
     return sorted(seen)
 
 
-def dimension_of_group(
-    mapping: RankMapping | ParallelConfig, group_ranks: Iterable[int]
-) -> Dimension:
-    """Which parallel dimension a process group (given by its global ranks) belongs to: "dp",
-    "tp" or "pp" when its members differ in that coordinate only, "world" for the whole world
-    when several dimensions are > 1, a "+"-joined mix ("tp+pp") for other groups spanning
-    several, "other" for single-rank groups and ranks outside the layout. The same definition
-    as :func:`meshprof.monitor.dimensions.dimension_of`, which the step monitor and the report
-    use.
-    """
-    from meshprof.monitor.dimensions import dimension_of
-
-    return dimension_of(list(group_ranks), mapping)  # Layout.from_any reads either
-
-
 __all__ = [
     "Dimension",
     "RankCoords",
     "RankMapping",
     "all_groups",
     "coords_of",
-    "dimension_of_group",
     "rank_of",
 ]

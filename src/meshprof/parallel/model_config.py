@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from meshprof.errors import MeshprofError
+from meshprof.parallel.config import require_positive_ints
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,10 +25,7 @@ class ModelConfig:
     """Tokens per sequence."""
 
     def __post_init__(self) -> None:
-        for name in ("d_model", "n_heads", "ffn_mult", "vocab_size", "seq_len"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise MeshprofError(f"{name}={v!r} must be a positive integer")
+        require_positive_ints(self, ("d_model", "n_heads", "ffn_mult", "vocab_size", "seq_len"))
         if self.d_model % self.n_heads:
             raise MeshprofError(
                 f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}"

@@ -3,7 +3,8 @@ nothing fetched from the network), readable offline.
 
 Every string that comes from the run (op labels, group names, host names, phase names, metadata,
 paths) goes through :func:`html.escape`. This module only lays out numbers computed by
-:mod:`meshprof.analyze.crossrank`.
+:mod:`meshprof.report` (every figure is a field of the typed report; numbers go through
+:mod:`meshprof.render.format`).
 """
 
 from __future__ import annotations
@@ -11,16 +12,22 @@ from __future__ import annotations
 import html
 import json
 import math
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from meshprof.analyze.crossrank import RunReport
-from meshprof.render.console import fmt_bytes, fmt_ns
-from meshprof.rundir import atomic_write_text
+from meshprof.analyze.report_types import RunReport
+from meshprof.render.format import (
+    fmt_bytes,
+    fmt_gbps,
+    fmt_ms,
+    fmt_ns,
+    fmt_pct,
+    ratio_color,
+    sort_value,
+)
+from meshprof.render.report_text import RANK_COLUMNS, rank_cells
+from meshprof.rundir.atomic import atomic_write_text
 
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0 auto;max-width:1200px;padding:16px;color:#222}
@@ -59,26 +66,6 @@ _JS = """
 _E = html.escape
 
 
-def _pct(x: float) -> str:
-    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.1%}"
-
-
-def _ns(x: float) -> str:
-    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else fmt_ns(x)
-
-
-def _num(x: float) -> str:
-    return "" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:.6g}"
-
-
-def _color(ratio: float) -> str:
-    """White at 0, red at 1 (ratio clipped to [0, 1])."""
-    if math.isnan(ratio):
-        return "#eeeeee"
-    r = min(max(ratio, 0.0), 1.0)
-    return f"rgb(255,{int(255 - 175 * r)},{int(255 - 200 * r)})"
-
-
 def _table(
     headers: list[str], rows: Sequence[Sequence[tuple[str, Any]]], cls: str = "sortable"
 ) -> str:
@@ -92,7 +79,7 @@ def _table(
         cells = []
         for text, v in row:
             dv = (
-                f' data-v="{_E(_num(v) if isinstance(v, float | int) else str(v))}"'
+                f' data-v="{_E(sort_value(v) if isinstance(v, float | int) else str(v))}"'
                 if v is not None
                 else ""
             )
@@ -108,21 +95,23 @@ def _summary(rep: RunReport) -> str:
         ", ".join(f"rank {x.rank}" + (f" ({_E(x.phase)})" if x.phase else "") for x in s.stragglers)
         or "none"
     )
-    steps = [r.step_ns for r in rep.ranks if not math.isnan(r.step_ns)]
     cards = [
         ("ranks analyzed", f"{len(rep.loaded_ranks)} / {rep.world_size}"),
         ("steps", str(len(s.steps))),
-        ("mean step time", _ns(float(np.mean(steps))) if steps else "-"),
+        ("mean step time", fmt_ns(rep.mean_step_ns)),
         ("straggler", named),
         ("collectives matched", f"{rep.match.complete} / {rep.match.collectives}"),
-        ("arrival skew p50 / p95", f"{_ns(rep.match.skew_p50_ns)} / {_ns(rep.match.skew_p95_ns)}"),
+        (
+            "arrival skew p50 / p95",
+            f"{fmt_ns(rep.match.skew_p50_ns)} / {fmt_ns(rep.match.skew_p95_ns)}",
+        ),
         (
             "clock uncertainty",
-            _ns(rep.clock.max_uncertainty_ns)
+            fmt_ns(rep.clock.max_uncertainty_ns)
             if rep.clock.max_uncertainty_ns >= 0
             else "unaligned rank",
         ),
-        ("memory imbalance", _pct(rep.memory.imbalance) if rep.memory.max_rank >= 0 else "-"),
+        ("memory imbalance", fmt_pct(rep.memory.imbalance) if rep.memory.max_rank >= 0 else "-"),
     ]
     md = rep.metadata
     if md.get("status"):
@@ -153,9 +142,11 @@ def _evidence(ev: Any) -> str:
     for k, v in ev.items():
         if isinstance(v, float):
             txt = (
-                _ns(v)
+                fmt_ns(v)
                 if k.endswith("_ns")
-                else (_pct(v) if ("share" in k or "score" in k or "imbalance" in k) else f"{v:.4g}")
+                else (
+                    fmt_pct(v) if ("share" in k or "score" in k or "imbalance" in k) else f"{v:.4g}"
+                )
             )
         elif isinstance(v, int) and k.endswith("_bytes"):
             txt = fmt_bytes(v)
@@ -172,96 +163,61 @@ def _findings(rep: RunReport) -> str:
             f'<div class="finding {_E(f.severity)}"><b>{_E(f.title)}</b>{_evidence(f.evidence)}</div>'
         )
     for b in rep.bottlenecks:
-        if "category" in b and "rule" in b:  # a meshprof.monitor Bottleneck
-            sev = str(b.get("severity", "info"))
-            out.append(
-                f'<div class="finding {_E(sev)}"><b>[{_E(sev)}] {_E(str(b["category"]))}: {_E(str(b["rule"]))}</b>'
-                f"<p>{_E(str(b.get('evidence', '')))}</p><p><i>fix:</i> {_E(str(b.get('suggestion', '')))}</p></div>"
-            )
-            continue
-        title = b.get("title") or b.get("message") or b.get("kind") or b.get("name") or "bottleneck"
-        sev = str(b.get("severity", "info"))
-        rest = {k: v for k, v in b.items() if k not in ("title", "severity")}
-        detail = rest.pop("evidence", None)
-        ev = dict(rest)
-        if isinstance(detail, dict):
-            ev.update(detail)
-        elif detail is not None:
-            ev["evidence"] = detail
+        bn, sev = b.bottleneck, b.bottleneck.severity
         out.append(
-            f'<div class="finding {_E(sev)}"><b>[{_E(sev)}] {_E(str(title))}</b>{_evidence(ev)}</div>'
+            f'<div class="finding {_E(sev)}"><b>[{_E(sev)}] {_E(bn.category)}: {_E(bn.rule)}</b>'
+            f"<p>{_E(b.evidence_text)}</p><p><i>fix:</i> {_E(bn.suggestion)}</p></div>"
         )
     return "".join(out) or '<p class="ok">No bottleneck or imbalance found.</p>'
 
 
 def _ranks_table(rep: RunReport) -> str:
-    rows = [
-        [
-            (str(r.rank), r.rank),
-            (_E(r.host), r.host),
-            (str(r.steps), r.steps),
-            (_ns(r.step_ns), r.step_ns),
-            (_ns(r.compute_ns), r.compute_ns),
-            (_pct(r.comm_share), r.comm_share),
-            (_pct(r.wait_share), r.wait_share),
-            (
-                fmt_bytes(r.peak_memory_bytes) if r.peak_memory_bytes >= 0 else "-",
-                r.peak_memory_bytes,
-            ),
-            (f"{r.score:+.1%}", r.score),
-            (_pct(r.last_share), r.last_share),
-            (str(r.events), r.events),
-        ]
-        for r in rep.ranks
-    ]
-    return _table(
-        [
-            "rank",
-            "host",
-            "steps",
-            "step time",
-            "compute",
-            "comm share",
-            "wait share",
-            "peak memory",
-            "straggler score",
-            "arrived last",
-            "events",
-        ],
-        rows,
-    )
+    rows = []
+    for r in rep.ranks:
+        texts = rank_cells(r)
+        texts[1] = _E(r.host)
+        values = (
+            r.rank,
+            r.host,
+            r.steps,
+            r.step_ns,
+            r.compute_ns,
+            r.comm_share,
+            r.wait_share,
+            r.peak_memory_bytes,
+            r.score,
+            r.last_share,
+        )
+        rows.append([*zip(texts, values, strict=True), (str(r.events), r.events)])
+    return _table([*RANK_COLUMNS, "straggler score", "arrived last", "events"], rows)
 
 
-def _heatmap(rep: RunReport, max_steps: int = 200) -> str:
-    s = rep.stragglers
-    if not s.steps:
+def _heatmap(rep: RunReport) -> str:
+    hm = rep.heatmap
+    if not hm.steps:
         return '<p class="muted">No step spans recorded.</p>'
-    m = s.step_ns[:, -max_steps:]
-    steps = s.steps[-max_steps:]
-    with np.errstate(all="ignore"):
-        med = float(np.nanmedian(m)) if np.any(~np.isnan(m)) else 0.0
-        hi = float(np.nanmax(m)) if np.any(~np.isnan(m)) else 0.0
+    steps, med, hi = hm.steps, hm.median_ns, hm.max_ns
     cw = max(4, min(24, 900 // max(len(steps), 1)))
     ch, left, top = 18, 60, 14
-    w, h = left + cw * len(steps) + 10, top + ch * len(s.ranks) + 20
+    w, h = left + cw * len(steps) + 10, top + ch * len(hm.ranks) + 20
     parts = [
         f'<svg id="heatmap" width="{w}" height="{h}" role="img" aria-label="step time heatmap">'
     ]
-    for i, r in enumerate(s.ranks):
+    for i, r in enumerate(hm.ranks):
         parts.append(f'<text x="2" y="{top + i * ch + 13}">rank {r}</text>')
         for j, st in enumerate(steps):
-            v = float(m[i, j])
+            v = hm.step_ns[i][j]
             ratio = (
                 (v - med) / (hi - med)
                 if hi > med and not math.isnan(v)
                 else (0.0 if not math.isnan(v) else float("nan"))
             )
             parts.append(
-                f'<rect x="{left + j * cw}" y="{top + i * ch}" width="{cw - 1}" height="{ch - 1}" fill="{_color(ratio)}">'
-                f"<title>rank {r}, step {st}: {_E(_ns(v))}</title></rect>"
+                f'<rect x="{left + j * cw}" y="{top + i * ch}" width="{cw - 1}" height="{ch - 1}" fill="{ratio_color(ratio)}">'
+                f"<title>rank {r}, step {st}: {_E(fmt_ns(v))}</title></rect>"
             )
     parts.append(
-        f'<text x="{left}" y="{h - 4}">steps {steps[0]}…{steps[-1]}; white = median ({_E(_ns(med))}), red = slowest ({_E(_ns(hi))})</text></svg>'
+        f'<text x="{left}" y="{h - 4}">steps {steps[0]}…{steps[-1]}; white = median ({_E(fmt_ns(med))}), red = slowest ({_E(fmt_ns(hi))})</text></svg>'
     )
     return "".join(parts)
 
@@ -289,7 +245,7 @@ def _dims(rep: RunReport) -> str:
             )
             x += wpx
         parts.append(
-            f'<text x="{x + 4:.1f}" y="{y + 12}">{float(rep.comm_share_by_dim[i].sum()):.1%}</text>'
+            f'<text x="{x + 4:.1f}" y="{y + 12}">{fmt_pct(rep.comm_share_total[i])}</text>'
         )
     legend = " ".join(
         f'<tspan fill="{_DIM_COLORS.get(d, "#9467bd")}">■ {_E(d)}</tspan>' for d in rep.dimensions
@@ -298,7 +254,7 @@ def _dims(rep: RunReport) -> str:
     rows = [
         [(str(r), r)]
         + [
-            (_pct(float(rep.comm_share_by_dim[i, j])), float(rep.comm_share_by_dim[i, j]))
+            (fmt_pct(float(rep.comm_share_by_dim[i, j])), float(rep.comm_share_by_dim[i, j]))
             for j in range(len(rep.dimensions))
         ]
         for i, r in enumerate(s.ranks)
@@ -315,10 +271,10 @@ def _sizes(rep: RunReport) -> str:
             (fmt_bytes(x.size_bucket), x.size_bucket),
             (str(x.count), x.count),
             (str(x.recorded) if x.recorded >= 0 else "–", x.recorded),
-            (_ns(x.p50_ns), x.p50_ns),
-            (_ns(x.p95_ns), x.p95_ns),
-            (f"{x.algbw_gbps:.3f}", x.algbw_gbps),
-            (f"{x.busbw_gbps:.3f}", x.busbw_gbps),
+            (fmt_ns(x.p50_ns), x.p50_ns),
+            (fmt_ns(x.p95_ns), x.p95_ns),
+            (fmt_gbps(x.algbw_gbps), x.algbw_gbps),
+            (fmt_gbps(x.busbw_gbps), x.busbw_gbps),
         ]
         for x in rep.by_size
     ]
@@ -331,7 +287,7 @@ def _sizes(rep: RunReport) -> str:
             f'<text x="2" y="{i * bh + 12}">{_E(x.op)} ≤ {_E(fmt_bytes(x.size_bucket))}</text>'
         )
         parts.append(
-            f'<rect x="{left}" y="{i * bh + 2}" width="{w:.1f}" height="{bh - 4}" fill="#1f77b4"><title>{_E(_ns(x.p50_ns))}, busbw {x.busbw_gbps:.3f} GB/s</title></rect>'
+            f'<rect x="{left}" y="{i * bh + 2}" width="{w:.1f}" height="{bh - 4}" fill="#1f77b4"><title>{_E(fmt_ns(x.p50_ns))}, busbw {x.busbw_gbps:.3f} GB/s</title></rect>'
         )
     parts.append("</svg>")
     return (
@@ -361,7 +317,7 @@ def _straggler_view(rep: RunReport) -> str:
         head = "".join(
             f'<p class="warn" id="straggler-{x.rank}">Straggler: <b>rank {x.rank}</b>, {x.score:+.1%} compute vs median, '
             f"arrived last in {x.last_share:.0%} of its collectives; slow phase <b>{_E(x.phase or '-')}</b> "
-            f"(+{_E(_ns(x.phase_excess_ns))} per step over the median {_E(_ns(x.phase_median_ns))}).</p>"
+            f"(+{_E(fmt_ns(x.phase_excess_ns))} per step over the median {_E(fmt_ns(x.phase_median_ns))}).</p>"
             for x in s.stragglers
         )
     else:
@@ -388,9 +344,7 @@ def _straggler_view(rep: RunReport) -> str:
     )
     table = ""
     if s.phases:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
-            med = np.nanmedian(s.phase_ns, axis=0)
+        med = s.phase_median_ns
         rows = []
         for i, r in enumerate(s.ranks):
             cells: list[tuple[str, float | str | None]] = [(str(r), r)]
@@ -398,7 +352,7 @@ def _straggler_view(rep: RunReport) -> str:
                 v = float(s.phase_ns[i, j])
                 ex = v - float(med[j])
                 style = ' class="warn"' if med[j] > 0 and ex > s.threshold * med[j] else ""
-                cells.append((f"<span{style}>{_E(_ns(v))}</span>", v))
+                cells.append((f"<span{style}>{_E(fmt_ns(v))}</span>", v))
             rows.append(cells)
         table = "<p>Compute time per phase (median per step, communication excluded):</p>" + _table(
             ["rank", *s.phases], rows
@@ -429,10 +383,10 @@ def _timeline(rep: RunReport) -> str:
             w = max(t.duration_ns * sc, 1.0)
             parts.append(
                 f'<rect x="{x:.1f}" y="{y}" width="{min(w, left + width - x):.1f}" height="{rowh - 2}" fill="{_TRACK_COLORS[t.track]}">'
-                f"<title>{_E(t.label)}: {_E(_ns(t.duration_ns))}</title></rect>"
+                f"<title>{_E(t.label)}: {_E(fmt_ns(t.duration_ns))}</title></rect>"
             )
     parts.append(
-        f'<text x="{left}" y="{h - 4}">{_E(_ns(rep.timeline_ns))} window on the aligned clock; rows: step, phases, communication</text></svg>'
+        f'<text x="{left}" y="{h - 4}">{_E(fmt_ns(rep.timeline_ns))} window on the aligned clock; rows: step, phases, communication</text></svg>'
     )
     return "".join(parts)
 
@@ -442,14 +396,14 @@ def _clock(rep: RunReport) -> str:
         [
             (str(c.rank), c.rank),
             (_E(c.method), c.method),
-            (_E(_ns(abs(c.offset_ns))) + (" −" if c.offset_ns < 0 else ""), c.offset_ns),
-            (_ns(c.uncertainty_ns) if c.uncertainty_ns >= 0 else "unknown", c.uncertainty_ns),
+            (_E(fmt_ns(abs(c.offset_ns))) + (" −" if c.offset_ns < 0 else ""), c.offset_ns),
+            (fmt_ns(c.uncertainty_ns) if c.uncertainty_ns >= 0 else "unknown", c.uncertainty_ns),
             (
-                _ns(c.exchange_rtt_ns / 2) if c.exchange_rtt_ns is not None else "-",
+                fmt_ns(c.exchange_rtt_ns / 2) if c.exchange_rtt_ns is not None else "-",
                 c.exchange_rtt_ns or 0,
             ),
             (str(c.collective_samples), c.collective_samples),
-            (_ns(c.disagreement_ns), c.disagreement_ns),
+            (fmt_ns(c.disagreement_ns), c.disagreement_ns),
         ]
         for c in rep.clock.ranks
     ]
@@ -476,16 +430,16 @@ def _groups(rep: RunReport) -> str:
             (str(g.size), g.size),
             (str(g.collectives), g.collectives),
             (str(g.incomplete), g.incomplete),
-            (_ns(g.skew_p50_ns), g.skew_p50_ns),
-            (_ns(g.skew_max_ns), g.skew_max_ns),
-            (_ns(g.wait_ns), g.wait_ns),
+            (fmt_ns(g.skew_p50_ns), g.skew_p50_ns),
+            (fmt_ns(g.skew_max_ns), g.skew_max_ns),
+            (fmt_ns(g.wait_ns), g.wait_ns),
         ]
         for g in rep.group_rows
     ]
     m = rep.match
     return (
         f"<p>{m.collectives} collectives ({m.complete} complete, {m.incomplete} incomplete), {m.p2p_pairs} send/recv pairs "
-        f"({m.unmatched_p2p} unmatched); total wait {_E(_ns(m.total_wait_ns))}.</p>"
+        f"({m.unmatched_p2p} unmatched); total wait {_E(fmt_ns(m.total_wait_ns))}.</p>"
         + _table(
             [
                 "group",
@@ -507,24 +461,23 @@ def _pipeline_traces(rep: RunReport) -> str:
     out = []
     p = rep.pipeline
     if p:
-        theory = f", theory {p['bubble_theory']:.1%}" if p.get("bubble_theory") is not None else ""
+        theory = f", theory {p.bubble_theory:.1%}" if p.bubble_theory is not None else ""
         rows = "".join(
             f"<tr><td>{_E(str(r))}</td><td>{v:.1%}</td></tr>"
-            for r, v in sorted(p["per_stage"].items(), key=lambda kv: int(kv[0]))
+            for r, v in sorted(p.per_stage.items())
         )
         out.append(
-            f"<p>Pipeline {_E(str(p['schedule']))}, p={p['stages']}, m={p['microbatches']}, {p['steps']} steps: "
-            f"bubble <b>{p['bubble']:.1%}</b>{_E(theory)}, utilization {p['utilization']:.1%} "
+            f"<p>Pipeline {_E(str(p.schedule))}, p={p.stages}, m={p.microbatches}, {p.steps} steps: "
+            f"bubble <b>{p.bubble:.1%}</b>{_E(theory)}, utilization {p.utilization:.1%} "
             "(all stages joined on the aligned clock).</p>"
             f"<table><tr><th>rank</th><th>bubble</th></tr>{rows}</table>"
         )
-    ks = [k for k in rep.kineto if "error" not in k]
-    if ks:
+    if rep.kineto:
         rows = "".join(
-            f"<tr><td>{k['rank']}</td><td>{len(k['paths'])}</td><td>{k['window_ns'] / 1e6:.2f} ms</td>"
-            f"<td>{k['compute_ns'] / max(k['window_ns'], 1):.1%}</td><td>{k['comm_ns'] / max(k['window_ns'], 1):.1%}</td>"
-            f"<td>{k['other_ns'] / max(k['window_ns'], 1):.1%}</td><td>{_E(str(k['basis']))}</td></tr>"
-            for k in ks
+            f"<tr><td>{k.rank}</td><td>{len(k.paths)}</td><td>{fmt_ms(k.window_ns)}</td>"
+            f"<td>{fmt_pct(k.compute_share)}</td><td>{fmt_pct(k.comm_share)}</td>"
+            f"<td>{fmt_pct(k.other_share)}</td><td>{_E(str(k.basis))}</td></tr>"
+            for k in rep.kineto
         )
         out.append(
             "<p>torch.profiler traces (<code>@performance_monitor</code>): time split per rank.</p>"

@@ -1,4 +1,5 @@
-"""Terminal rendering of a :class:`~meshprof.monitor.StepAnalysis`."""
+"""Terminal rendering of a :class:`~meshprof.analyze.steps.StepAnalysis` (formatting only:
+every figure shown is a field of the analysis; units are converted for people here)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ import io
 from rich.console import Console
 from rich.table import Table
 
-from meshprof.monitor.analysis import StepAnalysis
-from meshprof.render.console import fmt_bytes, fmt_ns
+from meshprof.analyze.steps import StepAnalysis
+from meshprof.render.format import fmt_bytes, fmt_ns, fmt_pct
 
 SEVERITY_STYLE = {"critical": "bold red", "high": "red", "medium": "yellow", "low": "cyan"}
 
@@ -29,12 +30,12 @@ def print_analysis(a: StepAnalysis, console: Console) -> None:
                 fmt_ns(p.time.mean_ns),
                 fmt_ns(p.time.p50_ns),
                 fmt_ns(p.time.p95_ns),
-                f"{p.share_of_step:.1%}",
+                fmt_pct(p.share_of_step),
             )
         console.print(t)
     if a.comm:
         t = Table(
-            title=f"communication per step: {a.comm_total_share:.1%} of the step, {a.comm_exposed_share:.1%} exposed",
+            title=f"communication per step: {fmt_pct(a.comm_total_share)} of the step, {fmt_pct(a.comm_exposed_share)} exposed",
             title_justify="left",
         )
         for c in (
@@ -56,38 +57,38 @@ def print_analysis(a: StepAnalysis, console: Console) -> None:
                 fmt_ns(d.total_ns),
                 fmt_ns(d.exposed_ns),
                 fmt_ns(d.hidden_ns),
-                f"{d.total_share:.1%}",
-                f"{d.exposed_share:.1%}",
+                fmt_pct(d.total_share),
+                fmt_pct(d.exposed_share),
             )
         console.print(t)
     lines = []
     if a.dp_efficiency is not None:
-        lines.append(f"DP efficiency {a.dp_efficiency:.1%}")
+        lines.append(f"DP efficiency {fmt_pct(a.dp_efficiency)}")
     if a.tp_efficiency is not None:
-        lines.append(f"TP efficiency {a.tp_efficiency:.1%}")
+        lines.append(f"TP efficiency {fmt_pct(a.tp_efficiency)}")
     if a.pipeline is not None:
         pl = a.pipeline
-        theory = f" (theory {pl.bubble_theory:.1%})" if pl.bubble_theory is not None else ""
+        theory = f" (theory {fmt_pct(pl.bubble_theory)})" if pl.bubble_theory is not None else ""
         lines.append(
             f"pipeline {pl.schedule} p={pl.stages} m={pl.microbatches}: this stage's bubble "
-            f"{pl.bubble:.1%}{theory}, utilization {pl.utilization:.1%}"
+            f"{fmt_pct(pl.bubble)}{theory}, utilization {fmt_pct(pl.utilization)}"
         )
     if a.data_loading_share:
-        lines.append(f"data loading {a.data_loading_share:.1%} of step")
+        lines.append(f"data loading {fmt_pct(a.data_loading_share)} of step")
     if a.memory is not None:
         m = a.memory
         cap = (
-            f" of {fmt_bytes(m.capacity_bytes)} ({m.peak_fraction:.1%}), headroom {fmt_bytes(max(m.headroom_bytes, 0))}"
+            f" of {fmt_bytes(m.capacity_bytes)} ({fmt_pct(m.peak_fraction)}), headroom {fmt_bytes(max(m.headroom_bytes, 0))}"
             if m.capacity_bytes > 0
             else ""
         )
         lines.append(
-            f"memory ({m.kind}): current {fmt_bytes(m.current_bytes)}, peak {fmt_bytes(m.peak_bytes)}{cap}, mean/peak {m.mean_over_peak:.0%}"
+            f"memory ({m.kind}): current {fmt_bytes(m.current_bytes)}, peak {fmt_bytes(m.peak_bytes)}{cap}, mean/peak {fmt_pct(m.mean_over_peak, 0)}"
         )
     if a.flops is not None:
         f = a.flops
         mfu = (
-            f", MFU {f.mfu:.1%} of {f.peak_tflops:g} TFLOP/s"
+            f", MFU {fmt_pct(f.mfu)} of {f.peak_tflops:g} TFLOP/s"
             if f.mfu is not None
             else " (set peak_tflops for MFU)"
         )

@@ -9,46 +9,28 @@ from the send to the recv. All times are on the aligned clock, in µs from the r
 
 from __future__ import annotations
 
-import contextlib
 import json
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from meshprof.analyze.clock import ClockAlignment
 from meshprof.analyze.match import CollectiveMatch
+from meshprof.analyze.merged_timeline import (
+    DEFAULT_MAX_EVENTS,
+    FlowArrows,
+    MergedTimeline,
+    RankSlices,
+    merged_timeline,
+)
 from meshprof.analyze.table import EventTable
 from meshprof.rundir import LoadedRun
+from meshprof.rundir.atomic import atomic_open
 
 _STEP_TID = 1
 _PHASE_TID = 10  # + depth
 _GROUP_TID = 100  # + run-wide group code
 
-DEFAULT_MAX_EVENTS = 250_000
-"""Collective slices a trace keeps by default (about 2 × as many JSON events with the flow arrows,
-~80 MB of JSON: what ui.perfetto.dev and chrome://tracing open in seconds; a trace of every event
-of 8 ranks × 1M collectives would be ~3 GB). A longer run keeps its last whole steps that fit;
-``None`` or 0 keeps everything."""
-
-
-def _cutoff(
-    run: LoadedRun, table: EventTable, aligned: np.ndarray, clock: ClockAlignment, cap: int
-) -> int | None:
-    """Aligned time from which the trace keeps events (None: keep all): the start of the first
-    step (earliest over ranks) at or after the start of the ``cap``-th last collective; when no
-    step starts there, that collective's start itself."""
-    if not cap or len(table) <= cap:
-        return None
-    t = int(np.partition(aligned, len(aligned) - cap)[len(aligned) - cap])
-    firsts: dict[int, int] = {}
-    for r, rd in run.ranks.items():
-        st = rd.spans[rd.spans["kind"] == 0]
-        a = st["start_ns"].astype(np.int64) + clock.offset(r)
-        for step, x in zip(st["step"].tolist(), a.tolist(), strict=True):
-            firsts[step] = min(firsts.get(step, x), x)
-    later = [x for x in firsts.values() if x >= t]
-    return min(later) if later else t
+__all__ = ["build_trace", "trace_document", "write_trace"]
 
 
 def build_trace(
@@ -62,209 +44,132 @@ def build_trace(
     """The trace as a dict: ``{"traceEvents": [...], "displayTimeUnit": "ms", "metadata": {...}}``.
 
     With more than ``max_events`` collectives (all ranks) only the last whole steps are kept:
-    every slice and arrow from the first kept step's start on (see :data:`DEFAULT_MAX_EVENTS`);
-    ``metadata["truncated"]`` then says from when and how much was left out."""
-    off_all = _offsets(table, clock)
-    aligned = table.start_ns + off_all
-    cut = _cutoff(run, table, aligned, clock, int(max_events or 0))
-    starts = [int(aligned.min())] if len(table) else []
-    for r, rd in run.ranks.items():
-        if len(rd.spans):
-            starts.append(int(rd.spans["start_ns"].min()) + clock.offset(r))
-    t0 = min(starts) if starts else 0
+    every slice and arrow from the first kept step's start on (see
+    :data:`~meshprof.analyze.merged_timeline.DEFAULT_MAX_EVENTS`); ``metadata["truncated"]`` then says
+    from when and how much was left out."""
+    return trace_document(merged_timeline(run, table, clock, match, max_events=max_events))
+
+
+def trace_document(tl: MergedTimeline) -> dict[str, Any]:
+    """The Chrome JSON trace of a merged timeline (times in µs from ``tl.t0_ns``)."""
+    t0 = tl.t0_ns
 
     def us(ns: int) -> float:
         return round((ns - t0) / 1000.0, 3)
 
-    keep_row = aligned >= cut if cut is not None else None
     ev: list[dict[str, Any]] = []
-    group_names = [g.name for g in table.groups]
-    for r in sorted(run.ranks):
-        rd = run.ranks[r]
-        host = str(rd.meta.get("hostname", ""))
-        ev.append(
-            {
-                "ph": "M",
-                "name": "process_name",
-                "pid": r,
-                "tid": 0,
-                "args": {"name": f"rank {r}" + (f" ({host})" if host else "")},
-            }
-        )
-        ev.append(
-            {"ph": "M", "name": "process_sort_index", "pid": r, "tid": 0, "args": {"sort_index": r}}
-        )
-        off = clock.offset(r)
-        names = rd.span_names
-        tids: set[int] = set()
-        sp = rd.spans
-        if cut is not None:
-            sp = sp[sp["start_ns"].astype(np.int64) + off >= cut]
-        for kind, depth, nm, step, start, dur in zip(
-            sp["kind"].tolist(),
-            sp["depth"].tolist(),
-            sp["name"].tolist(),
-            sp["step"].tolist(),
-            sp["start_ns"].tolist(),
-            sp["duration_ns"].tolist(),
-            strict=True,
-        ):
-            tid = _STEP_TID if kind == 0 else _PHASE_TID + depth
-            tids.add(tid)
-            name = f"step {step}" if kind == 0 else (names[nm] if nm < len(names) else f"#{nm}")
-            ev.append(
-                {
-                    "ph": "X",
-                    "name": name,
-                    "cat": "step" if kind == 0 else "phase",
-                    "pid": r,
-                    "tid": tid,
-                    "ts": us(start + off),
-                    "dur": round(dur / 1000.0, 3),
-                    "args": {"step": step},
-                }
-            )
-        mine = np.flatnonzero(table.rank == r)
-        if keep_row is not None:
-            mine = mine[keep_row[mine]]
-        for g, op, start, dur, seq, size, peer in zip(
-            table.gid[mine].tolist(),
-            table.op[mine].tolist(),
-            table.start_ns[mine].tolist(),
-            table.duration_ns[mine].tolist(),
-            table.seq[mine].tolist(),
-            table.size_bytes[mine].tolist(),
-            table.peer[mine].tolist(),
-            strict=True,
-        ):
-            tid = _GROUP_TID + g
-            tids.add(tid)
-            ev.append(
-                {
-                    "ph": "X",
-                    "name": table.ops[op],
-                    "cat": "comm",
-                    "pid": r,
-                    "tid": tid,
-                    "ts": us(start + off),
-                    "dur": round(dur / 1000.0, 3),
-                    "args": {
-                        "group": group_names[g],
-                        "seq": seq,
-                        "bytes": size,
-                        "peer": peer,
-                    },
-                }
-            )
-        for tid in sorted(tids):
-            if tid == _STEP_TID:
-                label = "steps"
-            elif tid < _GROUP_TID:
-                label = f"phases (depth {tid - _PHASE_TID})"
-            else:
-                gr = table.groups[tid - _GROUP_TID]
-                label = f"{gr.desc or 'group'} [{gr.dimension}] {gr.name}"
-            ev.append(
-                {"ph": "M", "name": "thread_name", "pid": r, "tid": tid, "args": {"name": label}}
-            )
-            ev.append(
-                {
-                    "ph": "M",
-                    "name": "thread_sort_index",
-                    "pid": r,
-                    "tid": tid,
-                    "args": {"sort_index": tid},
-                }
-            )
-    ev.extend(_flows(table, match, us, clock, keep_row))
+    for rs in tl.ranks:
+        ev.extend(_rank_events(rs, tl, us))
+    ev.extend(_flow_events(tl.flows, us))
     meta: dict[str, Any] = {
         "meshprof": "merged timeline",
         "t0_ns": t0,
-        "clock_max_uncertainty_ns": clock.max_uncertainty_ns,
+        "clock_max_uncertainty_ns": tl.clock_max_uncertainty_ns,
     }
-    if cut is not None and keep_row is not None:
+    if tl.truncation is not None:
+        tr = tl.truncation
         meta["truncated"] = {
-            "kept_from_ns": cut,
-            "collectives_total": len(table),
-            "collectives_kept": int(keep_row.sum()),
-            "max_events": int(max_events or 0),
+            "kept_from_ns": tr.kept_from_ns,
+            "collectives_total": tr.collectives_total,
+            "collectives_kept": tr.collectives_kept,
+            "max_events": tr.max_events,
         }
     return {"traceEvents": ev, "displayTimeUnit": "ms", "metadata": meta}
 
 
-def _offsets(table: EventTable, clock: ClockAlignment) -> np.ndarray:
-    offs = clock.offsets()
-    if not len(table):
-        return np.zeros(0, dtype=np.int64)
-    by_rank = np.asarray([offs.get(r, 0) for r in range(int(table.rank.max()) + 1)], dtype=np.int64)
-    return by_rank[table.rank]
+def _meta_event(name: str, pid: int, tid: int, args: dict[str, Any]) -> dict[str, Any]:
+    return {"ph": "M", "name": name, "pid": pid, "tid": tid, "args": args}
 
 
-def _flows(
-    table: EventTable,
-    m: CollectiveMatch,
-    us: Any,
-    clock: ClockAlignment,
-    keep_row: np.ndarray | None = None,
-) -> list[dict[str, Any]]:
-    """Arrows from each early member of a collective to its last member (the last one in the
-    collective's arrival-ordered block), then from each send to its recv."""
+def _rank_events(rs: RankSlices, tl: MergedTimeline, us: Any) -> list[dict[str, Any]]:
+    """One rank's process, its step/phase/collective slices and its thread tracks."""
+    r = rs.rank
+    ev = [
+        _meta_event(
+            "process_name", r, 0, {"name": f"rank {r}" + (f" ({rs.host})" if rs.host else "")}
+        ),
+        _meta_event("process_sort_index", r, 0, {"sort_index": r}),
+    ]
+    tids: set[int] = set()
+    for kind, depth, nm, step, start, dur in zip(
+        rs.span_kind,
+        rs.span_depth,
+        rs.span_name,
+        rs.span_step,
+        rs.span_start_ns,
+        rs.span_duration_ns,
+        strict=True,
+    ):
+        tid = _STEP_TID if kind == 0 else _PHASE_TID + depth
+        tids.add(tid)
+        ev.append(
+            {
+                "ph": "X",
+                "name": f"step {step}" if kind == 0 else nm,
+                "cat": "step" if kind == 0 else "phase",
+                "pid": r,
+                "tid": tid,
+                "ts": us(start),
+                "dur": round(dur / 1000.0, 3),
+                "args": {"step": step},
+            }
+        )
+    group_names = [g.name for g in tl.groups]
+    for g, op, start, dur, seq, size, peer in zip(
+        rs.comm_gid,
+        rs.comm_op,
+        rs.comm_start_ns,
+        rs.comm_duration_ns,
+        rs.comm_seq,
+        rs.comm_bytes,
+        rs.comm_peer,
+        strict=True,
+    ):
+        tid = _GROUP_TID + g
+        tids.add(tid)
+        ev.append(
+            {
+                "ph": "X",
+                "name": op,
+                "cat": "comm",
+                "pid": r,
+                "tid": tid,
+                "ts": us(start),
+                "dur": round(dur / 1000.0, 3),
+                "args": {"group": group_names[g], "seq": seq, "bytes": size, "peer": peer},
+            }
+        )
+    for tid in sorted(tids):
+        if tid == _STEP_TID:
+            label = "steps"
+        elif tid < _GROUP_TID:
+            label = f"phases (depth {tid - _PHASE_TID})"
+        else:
+            gr = tl.groups[tid - _GROUP_TID]
+            label = f"{gr.desc or 'group'} [{gr.dimension}] {gr.name}"
+        ev.append(_meta_event("thread_name", r, tid, {"name": label}))
+        ev.append(_meta_event("thread_sort_index", r, tid, {"sort_index": tid}))
+    return ev
+
+
+def _flow_events(f: FlowArrows, us: Any) -> list[dict[str, Any]]:
+    """Each arrow as an "s" event at its tail and an "f" event (bound to the enclosing slice)
+    at its head; ids count from 1."""
     out: list[dict[str, Any]] = []
-    fid = 0
-    n = len(m.member_coll)
-    if n:
-        # members of a collective are contiguous, in arrival order: its last member ends the block
-        block_end = np.r_[np.flatnonzero(m.member_coll[1:] != m.member_coll[:-1]), n - 1]
-        last_of = np.full(len(m), -1, dtype=np.int64)
-        last_of[m.member_coll[block_end]] = block_end
-        last_i = last_of[m.member_coll]
-        early = np.flatnonzero((m.present[m.member_coll] >= 2) & (last_i != np.arange(n)))
-        if keep_row is not None:
-            ok = keep_row[m.member_row[early]] & keep_row[m.member_row[last_i[early]]]
-            early = early[ok]
-        j = last_i[early]
-        c = m.member_coll[early]
-        rows_i, rows_j = m.member_row[early], m.member_row[j]
-        group_names = [g.name for g in table.groups]
-        for ri, rj, ai, aj, op, gid, seq in zip(
-            rows_i.tolist(),
-            rows_j.tolist(),
-            m.member_arrival_ns[early].tolist(),
-            m.member_arrival_ns[j].tolist(),
-            m.op[c].tolist(),
-            m.gid[c].tolist(),
-            m.seq[c].tolist(),
-            strict=True,
+    for i in range(len(f.name)):
+        fid = i + 1
+        for ph, name, rank, gid, t in (
+            ("s", f.name[i], f.src_rank[i], f.src_gid[i], f.src_ns[i]),
+            ("f", f.dst_name[i], f.dst_rank[i], f.dst_gid[i], f.dst_ns[i]),
         ):
-            fid += 1
-            name = f"{table.ops[op]} {group_names[gid]}#{seq}"
-            for ph, row, arr in (("s", ri, ai), ("f", rj, aj)):
-                e = {
-                    "ph": ph,
-                    "id": fid,
-                    "name": name,
-                    "cat": "match",
-                    "pid": int(table.rank[row]),
-                    "tid": _GROUP_TID + int(table.gid[row]),
-                    "ts": us(arr),
-                }
-                if ph == "f":
-                    e["bp"] = "e"
-                out.append(e)
-    for s_row, r_row in zip(m.p2p_send_row.tolist(), m.p2p_recv_row.tolist(), strict=True):
-        if keep_row is not None and not (keep_row[s_row] and keep_row[r_row]):
-            continue
-        fid += 1
-        for ph, row in (("s", s_row), ("f", r_row)):
-            rk = int(table.rank[row])
-            e = {
+            e: dict[str, Any] = {
                 "ph": ph,
                 "id": fid,
-                "name": f"p2p {int(table.seq[row])}",
+                "name": name,
                 "cat": "match",
-                "pid": rk,
-                "tid": _GROUP_TID + int(table.gid[row]),
-                "ts": us(int(table.start_ns[row]) + clock.offset(rk)),
+                "pid": rank,
+                "tid": _GROUP_TID + gid,
+                "ts": us(t),
             }
             if ph == "f":
                 e["bp"] = "e"
@@ -275,33 +180,19 @@ def _flows(
 def write_trace(path: Path, trace: dict[str, Any]) -> Path:
     """Write the trace atomically as compact JSON (the events encoded in batches, so the whole
     document never sits in memory as one string)."""
-    import os
-    import tempfile
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     head = {k: v for k, v in trace.items() if k != "traceEvents"}
     events = trace.get("traceEvents", [])
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write('{"traceEvents":[')
-            for i in range(0, len(events), _WRITE_BATCH):
-                if i:
-                    f.write(",")
-                f.write(json.dumps(events[i : i + _WRITE_BATCH], separators=(",", ":"))[1:-1])
-            f.write("]")
-            for k, v in head.items():
-                f.write("," + json.dumps(k) + ":" + json.dumps(v, separators=(",", ":")))
-            f.write("}")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    return path
+    with atomic_open(path, "w", encoding="utf-8") as f:
+        f.write('{"traceEvents":[')
+        for i in range(0, len(events), _WRITE_BATCH):
+            if i:
+                f.write(",")
+            f.write(json.dumps(events[i : i + _WRITE_BATCH], separators=(",", ":"))[1:-1])
+        f.write("]")
+        for k, v in head.items():
+            f.write("," + json.dumps(k) + ":" + json.dumps(v, separators=(",", ":")))
+        f.write("}")
+    return Path(path)
 
 
 _WRITE_BATCH = 20_000

@@ -16,7 +16,8 @@ MISSING = "TensorBoard logging needs the tensorboard package: pip install 'meshp
 
 
 class TensorBoardLogger:
-    """Writes scalars into ``log_dir`` (an event file TensorBoard reads)."""
+    """Writes scalars into ``log_dir`` (an event file TensorBoard reads); a
+    :class:`~meshprof.perfmon.loggers.MetricLogger`."""
 
     def __init__(self, log_dir: str | os.PathLike[str]) -> None:
         try:

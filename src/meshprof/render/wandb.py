@@ -16,7 +16,8 @@ MISSING = "W&B logging needs the wandb package: pip install 'meshprof[wandb]'"
 
 
 class WandbLogger:
-    """One W&B run; ``log`` sends a dict of numbers at a step."""
+    """One W&B run; ``log`` sends a dict of numbers at a step (a
+    :class:`~meshprof.perfmon.loggers.MetricLogger`)."""
 
     def __init__(
         self,

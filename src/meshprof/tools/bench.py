@@ -11,11 +11,13 @@ output is compared exactly with the expected values (#wrong elements, summed ove
 ``size`` is nccl-tests' S: the full buffer for all_reduce/broadcast/reduce, the gathered output for
 all_gather/gather, the unscattered input for reduce_scatter/scatter, the send buffer for
 all_to_all, the message for send/recv.
+
+This module measures and returns :class:`BenchResult`; :mod:`meshprof.render.bench` turns it into
+the table, CSV and SVG.
 """
 
 from __future__ import annotations
 
-import math
 import re
 import time
 from dataclasses import asdict, dataclass, field
@@ -169,7 +171,7 @@ def _pattern(torch: Any, count: int, dtype: Any, device: Any) -> Any:
     return (torch.arange(count, device=device) % 3 + 1).to(dtype)
 
 
-class _Case:
+class CollectiveCase:
     """Buffers and the call of one op in one mode; ``expected()`` is this rank's correct output."""
 
     def __init__(
@@ -308,7 +310,9 @@ def modes_of(op: str, wanted: tuple[str, ...]) -> list[str]:
 
 
 # -- measuring -----------------------------------------------------------------------------------
-def _time_loop(case: _Case, iters: int, cuda: bool, torch: Any) -> tuple[float, np.ndarray]:
+def _time_loop(
+    case: CollectiveCase, iters: int, cuda: bool, torch: Any
+) -> tuple[float, np.ndarray]:
     """(mean ns per iteration over the whole loop, per-iteration ns)."""
     stamps = np.empty(iters + 1, dtype=np.int64)
     if cuda:
@@ -350,21 +354,10 @@ def run_bench_rank(rank: int, world_size: int, config: BenchConfig) -> BenchResu
         for op in config.ops:
             for mode in modes_of(op, config.modes):
                 for size in config.sizes:
-                    rows.append(
-                        _measure(
-                            torch,
-                            dist,
-                            op,
-                            mode,
-                            size,
-                            dtype,
-                            device,
-                            rank,
-                            world_size,
-                            config,
-                            cuda,
-                        )
+                    case = CollectiveCase(
+                        torch, dist, op, mode, size, dtype, device, rank, world_size
                     )
+                    rows.append(_measure(case, config, cuda))
         if rank != 0:
             return None
         meta = {
@@ -382,20 +375,9 @@ def run_bench_rank(rank: int, world_size: int, config: BenchConfig) -> BenchResu
             meshprof.enable()
 
 
-def _measure(
-    torch: Any,
-    dist: Any,
-    op: str,
-    mode: str,
-    size: int,
-    dtype: Any,
-    device: Any,
-    rank: int,
-    n: int,
-    config: BenchConfig,
-    cuda: bool,
-) -> BenchRow | None:
-    case = _Case(torch, dist, op, mode, size, dtype, device, rank, n)
+def _measure(case: CollectiveCase, config: BenchConfig, cuda: bool) -> BenchRow | None:
+    """Warm up, time and check one case; rank 0 gets the row combined across ranks."""
+    torch, dist, op, n = case.torch, case.dist, case.op, case.n
     for _ in range(config.warmup):
         case.run()
     dist.barrier()
@@ -409,11 +391,11 @@ def _measure(
         wrong = case.wrong()
     # combine across ranks: [mean, wrong, per-iteration...] from every rank
     local = torch.tensor(
-        [mean_ns, float(wrong), *per_iter.tolist()], dtype=torch.float64, device=device
+        [mean_ns, float(wrong), *per_iter.tolist()], dtype=torch.float64, device=case.device
     )
     table = [torch.zeros_like(local) for _ in range(n)]
     dist.all_gather(table, local)
-    if rank != 0:
+    if case.rank != 0:
         return None
     m = torch.stack(table).cpu().numpy()
     means = m[:, 0]
@@ -426,7 +408,7 @@ def _measure(
     mean_iter = float(iters.mean())
     return BenchRow(
         op=op,
-        mode=mode,
+        mode=case.mode,
         size=int(_nccl_size(op, in_b, out_b, n)),
         count=int(case.inp.numel()),
         dtype=config.dtype,
@@ -450,127 +432,14 @@ def _nccl_size(op: str, in_b: int, out_b: int, n: int) -> int:
     return nccl_tests_size(op if op != "sendrecv" else "send", in_b, out_b, n)
 
 
-# -- output ------------------------------------------------------------------------------------
-def fmt_size(n: int) -> str:
-    for unit, f in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
-        if n >= f and n % f == 0:
-            return f"{n // f}{unit}"
-    return str(n)
-
-
-CSV_FIELDS = [f for f in BenchRow.__dataclass_fields__]
-
-
-def to_csv(result: BenchResult) -> str:
-    lines = [",".join(CSV_FIELDS)]
-    for r in result.rows:
-        d = r.to_dict()
-        lines.append(
-            ",".join(f"{d[k]:.6g}" if isinstance(d[k], float) else str(d[k]) for k in CSV_FIELDS)
-        )
-    return "\n".join(lines) + "\n"
-
-
-def render_table(result: BenchResult) -> str:
-    """An nccl-tests-like text table."""
-    head = (
-        f"{'op':<15}{'mode':<13}{'size':>8}{'count':>11}{'type':>9}{'time(us)':>11}{'min':>10}{'max':>10}"
-        f"{'algbw':>8}{'busbw':>8}{'p99(us)':>10}{'cv%':>6}{'#wrong':>7}"
-    )
-    lines = [
-        f"# meshprof bench: {result.world_size} ranks, backend {result.backend} on {result.device}, "
-        f"warm-up {result.meta.get('warmup')}, iterations {result.meta.get('iters')}; bandwidth in GB/s",
-        head,
-    ]
-    for r in result.rows:
-        wrong = "n/a" if r.wrong < 0 else str(r.wrong)
-        lines.append(
-            f"{r.op:<15}{r.mode:<13}{fmt_size(r.size):>8}{r.count:>11}{r.dtype:>9}{r.time_us:>11.1f}"
-            f"{r.time_min_us:>10.1f}{r.time_max_us:>10.1f}{r.algbw:>8.2f}{r.busbw:>8.2f}"
-            f"{r.iter_p99_us:>10.1f}{r.cv_pct:>6.1f}{wrong:>7}"
-        )
-    rows = [r for r in result.rows if r.wrong >= 0]
-    if rows:
-        lines.append(f"# total #wrong: {sum(r.wrong for r in rows)}")
-    return "\n".join(lines)
-
-
-_COLORS = [
-    "#1f77b4",
-    "#ff7f0e",
-    "#2ca02c",
-    "#d62728",
-    "#9467bd",
-    "#8c564b",
-    "#e377c2",
-    "#7f7f7f",
-    "#bcbd22",
-    "#17becf",
-]
-
-
-def plot_svg(result: BenchResult, width: int = 720, height: int = 420) -> str:
-    """busbw against size (log2 x axis), one line per (op, mode), as a standalone SVG."""
-    series: dict[str, list[tuple[int, float]]] = {}
-    for r in result.rows:
-        series.setdefault(f"{r.op} ({r.mode})", []).append((r.size, r.busbw))
-    left, right, top, bottom = 60, 190, 30, 50
-    pw, ph = width - left - right, height - top - bottom
-    sizes = [s for pts in series.values() for s, _ in pts if s > 0] or [1]
-    x0, x1 = math.log2(min(sizes)), math.log2(max(sizes))
-    if x1 == x0:
-        x1 = x0 + 1
-    ymax = max([b for pts in series.values() for _, b in pts] + [1e-9]) * 1.1
-
-    def px(s: int) -> float:
-        return left + (math.log2(max(s, 1)) - x0) / (x1 - x0) * pw
-
-    def py(b: float) -> float:
-        return top + ph - b / ymax * ph
-
-    out = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" font-size="11">',
-        f'<text x="{left}" y="18" font-size="13">busbw vs size: {result.world_size} ranks, {result.backend}</text>',
-        f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="none" stroke="#444"/>',
-    ]
-    for k in range(5):
-        b = ymax * k / 4
-        out.append(f'<text x="{left - 6}" y="{py(b) + 4:.1f}" text-anchor="end">{b:.2f}</text>')
-        out.append(
-            f'<line x1="{left}" x2="{left + pw}" y1="{py(b):.1f}" y2="{py(b):.1f}" stroke="#ddd"/>'
-        )
-    for s in sorted(set(sizes)):
-        out.append(
-            f'<text x="{px(s):.1f}" y="{top + ph + 16}" text-anchor="middle">{fmt_size(s)}</text>'
-        )
-    out.append(
-        f'<text x="{left + pw / 2}" y="{height - 10}" text-anchor="middle">size (bytes)</text>'
-    )
-    out.append(
-        f'<text x="14" y="{top + ph / 2}" transform="rotate(-90 14 {top + ph / 2})" text-anchor="middle">busbw (GB/s)</text>'
-    )
-    for i, (name, pts) in enumerate(series.items()):
-        color = _COLORS[i % len(_COLORS)]
-        path = " ".join(f"{px(s):.1f},{py(b):.1f}" for s, b in sorted(pts))
-        out.append(f'<polyline fill="none" stroke="{color}" stroke-width="2" points="{path}"/>')
-        ly = top + 14 * i + 8
-        out.append(
-            f'<line x1="{left + pw + 10}" x2="{left + pw + 28}" y1="{ly}" y2="{ly}" stroke="{color}" stroke-width="2"/>'
-        )
-        out.append(f'<text x="{left + pw + 32}" y="{ly + 4}">{name}</text>')
-    out.append("</svg>")
-    return "\n".join(out) + "\n"
-
-
 __all__ = [
     "ALL_OPS",
     "BenchConfig",
     "BenchResult",
     "BenchRow",
+    "CollectiveCase",
+    "modes_of",
     "parse_size",
-    "plot_svg",
-    "render_table",
     "run_bench_rank",
     "size_list",
-    "to_csv",
 ]

@@ -5,6 +5,7 @@ bounded by a timeout (gloo's process-group timeout, ``monitored_barrier(timeout=
 ``work.wait(timeout)``), so a dead or misconfigured peer gives ✗ with the reason, never a hang.
 Results of rank 0 describe the job; each rank also appends its results to ``result_dir`` (when
 given) as it goes, so the parent of ``--nproc`` ranks still has them when a rank dies.
+:mod:`meshprof.render.doctor` prints the checks.
 """
 
 from __future__ import annotations
@@ -269,13 +270,13 @@ def check_collectives(ctx: _Ctx) -> None:
     import torch
     import torch.distributed as dist
 
-    from meshprof.tools.bench import ALL_OPS, _Case, modes_of
+    from meshprof.tools.bench import ALL_OPS, CollectiveCase, modes_of
 
     bad: list[str] = []
     for op in ALL_OPS:
         mode = modes_of(op, ("out-of-place",))[0]
         try:
-            case = _Case(
+            case = CollectiveCase(
                 torch, dist, op, mode, 4096, torch.float32, torch.device("cpu"), ctx.rank, ctx.ws
             )
             why = _bounded(case.run, ctx.cfg.timeout_s)
@@ -476,17 +477,6 @@ def merge(
     return base
 
 
-def render_checks(checks: list[Check]) -> str:
-    lines = []
-    for c in checks:
-        mark = "✓" if c.ok else "✗"
-        who = f" [rank {c.rank}]" if c.rank else ""
-        lines.append(f"{mark} {c.name}{who}: {c.detail}")
-    bad = sum(not c.ok for c in checks)
-    lines.append(f"{len(checks) - bad} passed, {bad} failed")
-    return "\n".join(lines)
-
-
 def read_results(result_dir: str | os.PathLike[str], world_size: int) -> dict[int, list[Check]]:
     out: dict[int, list[Check]] = {}
     for r in range(world_size):
@@ -503,4 +493,4 @@ def read_results(result_dir: str | os.PathLike[str], world_size: int) -> dict[in
     return out
 
 
-__all__ = ["Check", "DoctorConfig", "doctor_rank", "merge", "read_results", "render_checks"]
+__all__ = ["Check", "DoctorConfig", "doctor_rank", "merge", "read_results"]

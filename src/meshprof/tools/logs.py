@@ -12,22 +12,9 @@ import os
 import sys
 from pathlib import Path
 
+from meshprof.session import process_rank
+
 FORMAT = "%(asctime)s [rank %(rank)s] %(levelname)s %(name)s: %(message)s"
-
-
-def _env_rank() -> int:
-    """This process's global rank: torch.distributed if initialized, else $RANK, else 0."""
-    try:
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized():
-            return int(dist.get_rank())
-    except Exception:
-        pass
-    try:
-        return int(os.environ.get("RANK", "0"))
-    except ValueError:
-        return 0
 
 
 class RankFilter(logging.Filter):
@@ -64,7 +51,7 @@ def setup_logging(
     replaces the handlers it installed before (no duplicated lines). Pass ``logger=""`` to
     configure the root logger (every library's records then go to the rank's file).
     """
-    r = _env_rank() if rank is None else int(rank)
+    r = process_rank() if rank is None else int(rank)
     log = logging.getLogger(logger)
     log.setLevel(level)
     for h in list(log.handlers):

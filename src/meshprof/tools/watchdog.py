@@ -27,6 +27,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from meshprof.session import process_rank
+
 DUMP_FORMAT = "meshprof-hang/1"
 
 #: Environment read by :func:`start_watchdog_from_env` (set by ``meshprof run`` for its workers).
@@ -59,19 +61,6 @@ def _touch(path: Path) -> int:
         return 0
 
 
-def _rank(prof: Any) -> int:
-    try:
-        r = int(prof._ensure_rank())
-        if prof.rank >= 0:
-            return r
-    except Exception:
-        pass
-    try:
-        return int(os.environ.get("RANK", "0"))
-    except ValueError:
-        return 0
-
-
 def thread_stacks() -> list[dict[str, Any]]:
     """Every thread's Python stack, outermost frame first."""
     names = {t.ident: t.name for t in threading.enumerate()}
@@ -89,7 +78,7 @@ def build_dump(
     prof: Any, reason: str, last_n: int = 64, threshold_s: float = 0.0
 ) -> dict[str, Any]:
     """The dump of this rank as a JSON-ready dict (see the module docstring)."""
-    rank = _rank(prof)
+    rank = process_rank()
     inflight = [asdict(op) for op in prof.inflight()]
     for op in inflight:
         op["group_ranks"] = list(op["group_ranks"])
@@ -158,7 +147,7 @@ def write_dump(
     threshold_s: float = 0.0,
 ) -> Path:
     """Write ``DUMP_DIR/rank{r}.json`` (and ``fr_rank{r}.json`` when the Flight Recorder is on)."""
-    from meshprof.rundir import atomic_write_text
+    from meshprof.rundir.atomic import atomic_write_text
 
     data = build_dump(prof, reason, last_n, threshold_s)
     rank = data["rank"]
@@ -218,7 +207,7 @@ class Watchdog:
                     (op.group_name, op.seq, op.op) in self._dumped_keys
                     for op in self.prof.inflight()
                 ):
-                    return dump_path(self.dump_dir, _rank(self.prof))
+                    return dump_path(self.dump_dir, process_rank())
             except Exception:
                 pass
         with self._lock:
@@ -226,7 +215,7 @@ class Watchdog:
                 path = write_dump(self.prof, self.dump_dir, reason, self.last_n, self.timeout_s)
             except Exception as e:
                 with contextlib.suppress(Exception):
-                    self.prof._internal_error(e)
+                    self.prof.report_internal_error(e)
                 return None
             self._last_dump_ns = time.time_ns()
             self.dumps.append(path)
@@ -260,7 +249,7 @@ class Watchdog:
                 self.check()
             except Exception as e:
                 with contextlib.suppress(Exception):
-                    self.prof._internal_error(e)
+                    self.prof.report_internal_error(e)
 
 
 _signal_watchdog: Watchdog | None = None

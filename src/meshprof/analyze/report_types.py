@@ -1,0 +1,294 @@
+"""The cross-rank run report's types: :class:`RunReport` and its rows, all typed values.
+
+Units: times in ns, sizes in bytes, shares and scores as fractions, bandwidth in GB/s (1e9 B/s).
+:meth:`RunReport.to_dict` is the one place the report becomes plain JSON-ready data (the JSON
+edge of ``meshprof report --json``); renderers read the typed fields.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from meshprof.analyze.clock import ClockAlignment
+from meshprof.analyze.match import MatchSummary
+from meshprof.analyze.run_bottlenecks import RunBottleneck
+from meshprof.analyze.stragglers import StragglerReport
+from meshprof.analyze.table import GroupRef
+
+if TYPE_CHECKING:
+    from meshprof.analyze.kineto import KinetoBreakdown
+    from meshprof.analyze.pipeline import PipelineBubble
+    from meshprof.analyze.steps.types import StepAnalysis
+
+
+@dataclass(frozen=True, slots=True)
+class RankRow:
+    """One line of the per-rank table (means over the rank's steps)."""
+
+    rank: int
+    """Global rank."""
+    host: str
+    """Hostname the rank ran on."""
+    steps: int
+    """Steps recorded."""
+    step_ns: float
+    """Mean step time (ns); NaN without steps."""
+    compute_ns: float
+    """Mean compute time per step (ns)."""
+    comm_share: float
+    """Communication time / step time (fraction)."""
+    wait_share: float
+    """Waiting time in collectives / step time (fraction)."""
+    peak_memory_bytes: int
+    """Peak memory: device peak where recorded, else host RSS; -1 when not sampled."""
+    score: float
+    """Straggler score."""
+    last_share: float
+    """Fraction of its collectives it arrived at last."""
+    events: int
+    """Completed collectives and send/recv recorded."""
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryImbalance:
+    """Peak memory across ranks."""
+
+    max_rank: int
+    """Rank with the highest peak (-1 when nothing was sampled)."""
+    max_bytes: int
+    """Its peak (bytes)."""
+    median_bytes: int
+    """Median peak across ranks (bytes)."""
+    imbalance: float
+    """max / median − 1 (fraction)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SizeRow:
+    """Collective latency and bandwidth for one op and power-of-two message-size bucket."""
+
+    op: str
+    """Op name."""
+    size_bucket: int
+    """Smallest 2**k ≥ the nccl-tests size S (bytes)."""
+    count: int
+    """Events (all ranks)."""
+    p50_ns: float
+    """Median duration (ns)."""
+    p95_ns: float
+    """95th-percentile duration (ns)."""
+    algbw_gbps: float
+    """Median algorithm bandwidth (GB/s = 1e9 B/s)."""
+    busbw_gbps: float
+    """Median bus bandwidth (GB/s)."""
+    recorded: int = -1
+    """Collectives of this op and size issued over the whole run on the loaded ranks, exact:
+    events evicted from a rank's ring buffer, sampled out, failed or still in flight at the last
+    write included (from the rank files' statistics); -1 when the rank files carry none. The
+    latency columns cover the ``count`` retained, completed ones."""
+
+
+@dataclass(frozen=True, slots=True)
+class GroupRow:
+    """Matching statistics for one process group."""
+
+    name: str
+    """Group name."""
+    desc: str
+    """Group description."""
+    dimension: str
+    """Parallelism dimension."""
+    size: int
+    """Members."""
+    collectives: int
+    """Matched collectives."""
+    incomplete: int
+    """Collectives some member did not record."""
+    skew_p50_ns: float
+    """Median arrival skew (ns)."""
+    skew_max_ns: float
+    """Largest arrival skew (ns)."""
+    wait_ns: int
+    """Total wait of all members (ns)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RunFinding:
+    """A conclusion of the cross-rank report with the numbers that support it."""
+
+    kind: str
+    """"straggler", "memory_imbalance", "missing_rank", "clock", "incomplete"."""
+    severity: str
+    """"warning" or "info"."""
+    title: str
+    """One line for people."""
+    evidence: dict[str, Any] = field(default_factory=dict)
+    """The figures behind it (ns, bytes, fractions), by name."""
+
+
+@dataclass(frozen=True, slots=True)
+class TimelineItem:
+    """One bar of the timeline excerpt (aligned clock, ns)."""
+
+    rank: int
+    """Global rank."""
+    track: str
+    """"step", "phase" or "comm"."""
+    label: str
+    """Step number, phase name or op@group."""
+    start_ns: int
+    """Aligned start, relative to the excerpt's start."""
+    duration_ns: int
+    """Duration."""
+
+
+@dataclass(frozen=True, slots=True)
+class StepHeatmap:
+    """Step time per rank and step for the last steps of the run (the report's heatmap)."""
+
+    ranks: tuple[int, ...]
+    """Rows."""
+    steps: tuple[int, ...]
+    """Columns: the last step numbers (at most the heatmap's limit)."""
+    step_ns: tuple[tuple[float, ...], ...]
+    """[rank][step]: step time (ns), NaN where the rank has no such step."""
+    median_ns: float
+    """Median over every cell present (ns; 0 when none)."""
+    max_ns: float
+    """Largest cell (ns; 0 when none)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RunReport:
+    """Everything ``meshprof report`` shows."""
+
+    path: str
+    """Run directory."""
+    world_size: int
+    """Ranks expected."""
+    loaded_ranks: tuple[int, ...]
+    """Ranks whose file loaded."""
+    problems: tuple[tuple[int, str], ...]
+    """(rank, why) for missing or damaged rank files."""
+    metadata: dict[str, Any]
+    """Manifest fields (command, layout, ...)."""
+    groups: tuple[GroupRef, ...]
+    """Process groups of the run."""
+    clock: ClockAlignment
+    """Clock offsets and their uncertainty."""
+    match: MatchSummary
+    """Collective matching statistics."""
+    group_rows: tuple[GroupRow, ...]
+    """Matching statistics per group."""
+    stragglers: StragglerReport
+    """Per-step times, scores, stragglers."""
+    ranks: tuple[RankRow, ...]
+    """Per-rank table."""
+    mean_step_ns: float
+    """Mean over ranks of their mean step time (ns); NaN without steps."""
+    heatmap: StepHeatmap
+    """Step time per rank for the last steps."""
+    memory: MemoryImbalance
+    """Peak memory imbalance."""
+    dimensions: tuple[str, ...]
+    """Columns of :attr:`comm_share_by_dim`."""
+    comm_share_by_dim: np.ndarray
+    """float [rank, dimension]: communication time in that dimension's groups / step time."""
+    comm_share_total: tuple[float, ...]
+    """Per rank (rows of :attr:`comm_share_by_dim`): the sum over dimensions (fraction)."""
+    by_size: tuple[SizeRow, ...]
+    """Latency and bandwidth by op and message size."""
+    timeline: tuple[TimelineItem, ...]
+    """A short excerpt of the merged timeline (two steps)."""
+    timeline_ns: int
+    """Length of the excerpt window (ns)."""
+    findings: tuple[RunFinding, ...]
+    """Conclusions drawn here (stragglers, memory, missing ranks, clock)."""
+    bottlenecks: tuple[RunBottleneck, ...] = ()
+    """Bottlenecks: the step monitor's rules on each rank and the cross-rank rules."""
+    rank_analyses: tuple[StepAnalysis, ...] = ()
+    """The step monitor's analysis of each loaded rank, rank order."""
+    pipeline: PipelineBubble | None = None
+    """The pipeline bubble measured from all stages' timelines on the aligned clock; None
+    without pipelining."""
+    kineto: tuple[KinetoBreakdown, ...] = ()
+    """Per rank, torch.profiler traces found in the run directory split into computation,
+    communication and other time."""
+    kineto_error: str | None = None
+    """Why the torch.profiler traces could not be read (then :attr:`kineto` is empty)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (numpy arrays become nested lists, NaN becomes None)."""
+        s = self.stragglers
+        kineto: list[dict[str, Any]] = (
+            [{"error": self.kineto_error}]
+            if self.kineto_error is not None
+            else [dataclasses.asdict(k) for k in self.kineto]
+        )
+        return json_ready(
+            {
+                "summary": {
+                    "path": self.path,
+                    "world_size": self.world_size,
+                    "loaded_ranks": list(self.loaded_ranks),
+                    "steps": len(s.steps),
+                    "common_steps": len(s.common_steps),
+                    "stragglers": [x.rank for x in s.stragglers],
+                    "metadata": self.metadata,
+                    "findings": [dataclasses.asdict(f) for f in self.findings],
+                },
+                "problems": [{"rank": r, "reason": why} for r, why in self.problems],
+                "ranks": [dataclasses.asdict(r) for r in self.ranks],
+                "stragglers": {
+                    "threshold": s.threshold,
+                    "last_share_min": s.last_share_min,
+                    "note": s.note,
+                    "named": [dataclasses.asdict(x) for x in s.stragglers],
+                    "scores": [
+                        dataclasses.asdict(x) | {"last_share": x.last_share} for x in s.scores
+                    ],
+                    "phases": list(s.phases),
+                    "phase_ns": s.phase_ns.tolist(),
+                    "steps": list(s.steps),
+                    "step_ns": s.step_ns.tolist(),
+                },
+                "collectives": dataclasses.asdict(self.match)
+                | {"groups": [dataclasses.asdict(g) for g in self.group_rows]},
+                "clock": {
+                    "reference_rank": self.clock.reference_rank,
+                    "max_uncertainty_ns": self.clock.max_uncertainty_ns,
+                    "ranks": [dataclasses.asdict(c) for c in self.clock.ranks],
+                },
+                "memory": dataclasses.asdict(self.memory),
+                "comm_share_by_dimension": {
+                    "dimensions": list(self.dimensions),
+                    "ranks": list(s.ranks),
+                    "share": self.comm_share_by_dim.tolist(),
+                },
+                "by_size": [dataclasses.asdict(x) for x in self.by_size],
+                "bottlenecks": [b.to_dict() for b in self.bottlenecks],
+                "rank_analyses": [a.to_dict() for a in self.rank_analyses],
+                "pipeline": (
+                    dataclasses.asdict(self.pipeline) if self.pipeline is not None else None
+                ),
+                "kineto": kineto,
+            }
+        )
+
+
+def json_ready(o: Any) -> Any:
+    """``o`` with dict keys as strings, tuples as lists, numpy scalars as Python numbers and
+    non-finite floats as None."""
+    if isinstance(o, dict):
+        return {str(k): json_ready(v) for k, v in o.items()}
+    if isinstance(o, list | tuple):
+        return [json_ready(v) for v in o]
+    if isinstance(o, float | np.floating):
+        return None if not np.isfinite(o) else float(o)
+    if isinstance(o, np.integer):
+        return int(o)
+    return o

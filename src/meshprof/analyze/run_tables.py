@@ -1,0 +1,258 @@
+"""The cross-rank report's tables, each a pure function of the loaded run and the analyses
+before it: the per-rank table, peak-memory imbalance, the step-time heatmap, communication share
+by parallelism dimension, latency and bandwidth by message size, and matching per group.
+
+Units: ns, bytes, fractions, GB/s (1e9 B/s).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+
+import numpy as np
+
+from meshprof.analyze import intervals
+from meshprof.analyze.match import CollectiveMatch
+from meshprof.analyze.report_types import (
+    GroupRow,
+    MemoryImbalance,
+    RankRow,
+    SizeRow,
+    StepHeatmap,
+)
+from meshprof.analyze.sorting import stable_argsort, unique_inverse
+from meshprof.analyze.stragglers import StragglerReport
+from meshprof.analyze.table import EventTable
+from meshprof.events import OP_CODES, bandwidth_arrays, size_bucket_array
+from meshprof.rundir import LoadedRun
+
+HEATMAP_STEPS = 200
+"""Steps the heatmap shows (the last ones)."""
+
+
+def peak_memory_bytes(mem: np.ndarray) -> int:
+    """Peak memory of one rank's samples (bytes): the device peak where the device was sampled,
+    else the largest host RSS, peak or allocated value; -1 without samples."""
+    if not len(mem):
+        return -1
+    dev = mem["peak"][mem["peak"] >= 0]
+    if len(dev) and (mem["allocated"] >= 0).any():
+        return int(dev.max())
+    for col in ("rss", "peak", "allocated"):
+        v = mem[col][mem[col] >= 0]
+        if len(v):
+            return int(v.max())
+    return -1
+
+
+_BW_CHUNK = 1 << 20
+
+
+def recorded_by_size(run: LoadedRun) -> dict[tuple[str, int], int] | None:
+    """(op, size bucket) -> exact collectives issued, summed over the loaded ranks' statistics
+    (None when some rank file carries none)."""
+    out: dict[tuple[str, int], int] = {}
+    for rd in run.ranks.values():
+        stats = rd.meta.stats
+        if not isinstance(stats, dict) or "rows" not in stats:
+            return None
+        for r in stats["rows"]:
+            try:
+                key = (str(r["op"]), int(r["bucket"]))
+                out[key] = out.get(key, 0) + int(r["count"])
+            except (KeyError, TypeError, ValueError):
+                return None
+    return out
+
+
+def with_recorded(
+    rows: tuple[SizeRow, ...], recorded: dict[tuple[str, int], int] | None
+) -> tuple[SizeRow, ...]:
+    if recorded is None:
+        return rows
+    return tuple(
+        dataclasses.replace(x, recorded=recorded.get((x.op, x.size_bucket), x.count)) for x in rows
+    )
+
+
+def size_rows(table: EventTable) -> tuple[SizeRow, ...]:
+    """Latency and bandwidth per op and power-of-two message-size bucket (sorted by op, size)."""
+    if not len(table):
+        return ()
+    code_of = np.asarray([OP_CODES.get(o, OP_CODES["custom"]) for o in table.ops], dtype=np.int64)
+    # group rows by (op, size bucket) with one sort; message sizes repeat, so the buckets are
+    # computed once per distinct size (they are 0 or powers of two: their exponent is the key)
+    sizes, inv = unique_inverse(table.size_bytes)
+    bucket_u = size_bucket_array(sizes)
+    exp_u = np.zeros(len(sizes), dtype=np.int64)
+    pos = bucket_u > 0
+    exp_u[pos] = np.log2(bucket_u[pos]).astype(np.int64) + 1
+    exp = exp_u[inv]
+    bucket_row = inv  # a row's bucket is bucket_u[inv[row]]
+    exp += table.op.astype(np.int64) * 128
+    order = stable_argsort(exp)
+    key = exp[order]
+    del exp
+    cut = np.flatnonzero(np.r_[True, key[1:] != key[:-1], True])
+    del key
+    rows = []
+    for g0, g1 in zip(cut[:-1].tolist(), cut[1:].tolist(), strict=True):
+        o, b = int(table.op[order[g0]]), int(bucket_u[bucket_row[order[g0]]])
+        idx = order[g0:g1]
+        d = table.duration_ns[idx]
+        alg = np.empty(len(idx))
+        bus = np.empty(len(idx))
+        for c0 in range(0, len(idx), _BW_CHUNK):
+            ci = idx[c0 : c0 + _BW_CHUNK]
+            sz = table.size_bytes[ci]
+            alg[c0 : c0 + len(ci)], bus[c0 : c0 + len(ci)] = bandwidth_arrays(
+                np.full(len(ci), code_of[o]), sz, sz, d[c0 : c0 + len(ci)], table.group_size[ci]
+            )
+        rows.append(
+            SizeRow(
+                table.ops[o],
+                b,
+                g1 - g0,
+                float(np.median(d)),
+                float(np.percentile(d, 95)),
+                float(np.median(alg)),
+                float(np.median(bus)),
+            )
+        )
+    return tuple(sorted(rows, key=lambda r: (r.op, r.size_bucket)))
+
+
+def group_rows(table: EventTable, m: CollectiveMatch) -> tuple[GroupRow, ...]:
+    """Matching statistics per process group (groups with at least one collective)."""
+    rows = []
+    skew = m.skew_ns
+    wait_by_coll = (
+        np.bincount(m.member_coll, weights=m.member_wait_ns, minlength=len(m))
+        if len(m)
+        else np.zeros(0)
+    )
+    for g, ref in enumerate(table.groups):
+        sel = m.gid == g
+        if not sel.any():
+            continue
+        ok = sel & (m.present >= 2)
+        rows.append(
+            GroupRow(
+                ref.name,
+                ref.desc,
+                ref.dimension,
+                len(ref.ranks),
+                int(sel.sum()),
+                int((sel & ~m.complete).sum()),
+                float(np.median(skew[ok])) if ok.any() else 0.0,
+                float(skew[ok].max()) if ok.any() else 0.0,
+                int(wait_by_coll[sel].sum()),
+            )
+        )
+    return tuple(rows)
+
+
+def comm_share_by_dimension(
+    run: LoadedRun, table: EventTable, s: StragglerReport
+) -> tuple[tuple[str, ...], np.ndarray]:
+    """(dimensions, share): ``share[i, j]`` is the time rank ``s.ranks[i]`` spent in collectives
+    of dimension ``dimensions[j]``'s groups (union of intervals, inside its step spans; all its
+    events without steps) over its total step time. Dimensions: dp, tp, pp first."""
+    dims = tuple(
+        sorted(
+            {g.dimension for g in table.groups},
+            key=lambda d: ("dp", "tp", "pp").index(d) if d in ("dp", "tp", "pp") else 9,
+        )
+    )
+    out = np.zeros((len(s.ranks), len(dims)))
+    gdim = np.asarray([dims.index(g.dimension) for g in table.groups] or [0], dtype=np.int64)
+    gdim_row = gdim[table.gid]
+    start_all, end_all = table.start_ns, table.end_ns
+    for i, r in enumerate(s.ranks):
+        mine = np.flatnonzero(table.rank == r)
+        st = run.ranks[r].spans
+        st = st[st["kind"] == 0]
+        if len(st):
+            a = st["start_ns"].astype(np.int64)
+            b = a + st["duration_ns"].astype(np.int64)
+        elif len(mine):
+            a = np.asarray([start_all[mine].min()])
+            b = np.asarray([end_all[mine].max()])
+        else:
+            continue
+        total = float((b - a).sum())
+        gd = gdim_row[mine]
+        for j in range(len(dims)):
+            sel = mine[gd == j]
+            us, ue = intervals.union(start_all[sel], end_all[sel])
+            out[i, j] = float(intervals.covered(us, ue, a, b).sum()) / total if total > 0 else 0.0
+    return dims, out
+
+
+def rank_rows(run: LoadedRun, table: EventTable, s: StragglerReport) -> tuple[RankRow, ...]:
+    """The per-rank table: means over each rank's recorded steps."""
+    with np.errstate(all="ignore"):
+        step_mean = (
+            np.nanmean(np.where(np.isnan(s.step_ns), np.nan, s.step_ns), axis=1)
+            if s.steps
+            else np.full(len(s.ranks), np.nan)
+        )
+        comm_tot = np.nansum(s.comm_ns, axis=1)
+        wait_tot = np.nansum(s.wait_ns, axis=1)
+        step_tot = np.nansum(s.step_ns, axis=1)
+    rows = []
+    for i, r in enumerate(s.ranks):
+        rd = run.ranks[r]
+        nsteps = int(np.sum(~np.isnan(s.step_ns[i]))) if s.steps else 0
+        sc = s.scores[i]
+        has_time = bool(nsteps and step_tot[i] > 0)
+        rows.append(
+            RankRow(
+                rank=r,
+                host=str(rd.meta.hostname or ""),
+                steps=nsteps,
+                step_ns=float(step_mean[i]) if nsteps else float("nan"),
+                compute_ns=float((step_tot[i] - comm_tot[i]) / nsteps) if nsteps else float("nan"),
+                comm_share=float(comm_tot[i] / step_tot[i]) if has_time else float("nan"),
+                wait_share=float(wait_tot[i] / step_tot[i]) if has_time else float("nan"),
+                peak_memory_bytes=peak_memory_bytes(rd.memory),
+                score=sc.score,
+                last_share=sc.last_share,
+                events=int(np.sum(table.rank == r)),
+            )
+        )
+    return tuple(rows)
+
+
+def mean_step_ns(rows: tuple[RankRow, ...]) -> float:
+    """Mean over ranks of their mean step time (ns); NaN when no rank recorded a step."""
+    steps = [r.step_ns for r in rows if not np.isnan(r.step_ns)]
+    return float(np.mean(steps)) if steps else float("nan")
+
+
+def memory_imbalance(rows: tuple[RankRow, ...]) -> MemoryImbalance:
+    """The highest peak against the median peak of the ranks that sampled memory."""
+    valid = {r.rank: r.peak_memory_bytes for r in rows if r.peak_memory_bytes >= 0}
+    if not valid:
+        return MemoryImbalance(-1, -1, -1, 0.0)
+    mr = max(valid, key=lambda r: valid[r])
+    med = int(np.median(list(valid.values())))
+    return MemoryImbalance(mr, valid[mr], med, valid[mr] / med - 1 if med > 0 else 0.0)
+
+
+def step_heatmap(s: StragglerReport, max_steps: int = HEATMAP_STEPS) -> StepHeatmap:
+    """Step time per rank for the last ``max_steps`` steps, with the median and maximum cell."""
+    m = s.step_ns[:, -max_steps:] if s.steps else np.zeros((len(s.ranks), 0))
+    present = bool(np.any(~np.isnan(m)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        med = float(np.nanmedian(m)) if present else 0.0
+        hi = float(np.nanmax(m)) if present else 0.0
+    return StepHeatmap(
+        ranks=s.ranks,
+        steps=s.steps[-max_steps:],
+        step_ns=tuple(tuple(float(v) for v in row) for row in m.tolist()),
+        median_ns=med,
+        max_ns=hi,
+    )

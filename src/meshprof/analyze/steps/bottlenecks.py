@@ -1,0 +1,39 @@
+"""Analysis step (last): run the bottleneck rules (:mod:`meshprof.analyze.bottlenecks`) on the
+figures the other steps filled; findings are ordered most severe first."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from meshprof.analyze.bottlenecks import (
+    SEVERITY_ORDER,
+    Bottleneck,
+    rule_data_loading,
+    rule_exposed_comm,
+    rule_memory,
+    rule_pipeline,
+    rule_tp,
+)
+from meshprof.analyze.steps.options import StepOptions
+from meshprof.analyze.steps.timeline import StepTimeline
+from meshprof.analyze.steps.types import StepAnalysis
+
+
+def add_bottlenecks(a: StepAnalysis, t: StepTimeline, o: StepOptions) -> StepAnalysis:
+    """Fill ``bottlenecks`` (none without analyzed steps)."""
+    if not a.steps:
+        return a
+    th = o.thresholds
+    mem, pl = a.memory, a.pipeline
+    found: list[Bottleneck | None] = [
+        rule_exposed_comm(a.comm_exposed_share, {c.dimension: c.exposed_share for c in a.comm}, th),
+        rule_memory(mem.peak_fraction, mem.peak_bytes, mem.capacity_bytes, th) if mem else None,
+        rule_pipeline(pl.utilization, pl.bubble, pl.bubble_theory, pl.stages, pl.microbatches, th)
+        if pl
+        else None,
+        rule_tp(a.tp_efficiency, th) if a.tp_efficiency is not None else None,
+        rule_data_loading(a.data_loading_share, th),
+    ]
+    out = [b for b in found if b is not None]
+    out.sort(key=lambda b: SEVERITY_ORDER.get(b.severity, 9))
+    return replace(a, bottlenecks=out)

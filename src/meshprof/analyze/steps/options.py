@@ -1,0 +1,56 @@
+"""What the step analysis needs to know besides the recorded data: :class:`StepOptions`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from meshprof.analyze.bottlenecks import BottleneckThresholds
+from meshprof.layout import Layout
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StepOptions:
+    """Settings of one rank's step analysis (the step monitor's, or a rank file's ``monitor``
+    meta)."""
+
+    rank: int = 0
+    """The analyzed rank (reported as is)."""
+    layout: Layout | None = None
+    """The dp × tp × pp layout that names each process group's parallel dimension."""
+    schedule: str = ""
+    """Pipeline schedule name (GPipe, 1F1B, interleaved 1F1B, ...), for the bubble's theory."""
+    microbatches: int = 0
+    """Micro-batches per pipeline step (0: unknown)."""
+    virtual_stages: int = 1
+    """Virtual stages per rank of an interleaved schedule."""
+    flops_per_step: float | None = None
+    """FLOPs of one step (None: no FLOP figures)."""
+    peak_tflops: float | None = None
+    """Peak TFLOP/s of the device, for MFU (None: no MFU)."""
+    thresholds: BottleneckThresholds = field(default_factory=BottleneckThresholds)
+    """Thresholds of the bottleneck rules."""
+    warmup_steps: int = 0
+    """Steps left out at the start (at most all but one)."""
+
+    @classmethod
+    def from_meta(
+        cls, meta: Mapping[str, Any], *, rank: int = 0, layout: Layout | None = None
+    ) -> StepOptions:
+        """The options a step monitor wrote into a rank file's meta
+        (:meth:`meshprof.monitor.StepMonitor.to_meta`); missing entries take the defaults."""
+        th = meta.get("thresholds")
+        return cls(
+            rank=rank,
+            layout=layout,
+            schedule=str(meta.get("schedule", "") or ""),
+            microbatches=int(meta.get("microbatches", 0) or 0),
+            virtual_stages=int(meta.get("virtual_stages", 1) or 1),
+            flops_per_step=meta.get("flops_per_step"),
+            peak_tflops=meta.get("peak_tflops"),
+            thresholds=BottleneckThresholds(**th)
+            if isinstance(th, dict)
+            else BottleneckThresholds(),
+            warmup_steps=int(meta.get("warmup_steps", 0) or 0),
+        )

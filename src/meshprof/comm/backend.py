@@ -1,0 +1,87 @@
+"""The one interface between the recorder and the dispatcher kernel that feeds it.
+
+Two kernels implement :class:`KernelBackend`: :class:`meshprof.comm.python_kernel.PythonKernel`
+(a Python function per c10d op, calling back into the recorder's hot path) and
+:class:`meshprof.comm.native.NativeKernel` (C++, records drained into the event log at a flush).
+:class:`meshprof.comm.recorder.CommProfiler` talks to whichever runs through this protocol only.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import TYPE_CHECKING, NamedTuple, Protocol
+
+from meshprof.comm.completion import InflightOp
+
+if TYPE_CHECKING:
+    from meshprof.comm.recorder import CommProfiler
+
+
+class GroupRef(NamedTuple):
+    """A process group as the recorder knows it."""
+
+    log_index: int
+    """Index in the event log's group table."""
+    size: int
+    crc: int
+    """CRC-32 of the name: with the seq, the sampling hash (the same on every member rank)."""
+    ranks: tuple[int, ...]
+    """Global ranks of the members, in group-rank order."""
+    name: str
+
+
+class KernelBackend(Protocol):
+    """A dispatcher kernel installed for every ``c10d::`` op, as the recorder sees it."""
+
+    name: str
+    """``"python"`` or ``"native"`` (reported by ``CommProfiler.backend_name``)."""
+
+    def install(self) -> None:
+        """Register the kernel (and its ``Work.wait`` hook) in PyTorch."""
+
+    def uninstall(self) -> None:
+        """Remove what :meth:`install` registered; ops still in flight are given a short while
+        to complete. The recorder flushes afterwards."""
+
+    def configure(self) -> None:
+        """The recorder's config changed (enabled, sampling, the ops filter)."""
+
+    def set_step(self, step: int) -> None:
+        """Ops issued from now on belong to training step ``step``."""
+
+    def drain(self) -> None:
+        """Move the kernel's finished records into the recorder's event log."""
+
+    def settle(self, timeout_s: float) -> None:
+        """Wait up to ``timeout_s`` for the kernel's ops in flight to complete."""
+
+    def inflight(self) -> list[InflightOp]:
+        """The kernel's own ops in flight, oldest first (those the recorder does not hold)."""
+
+    def next_seq(self, group: GroupRef, op: str, peer: int) -> int:
+        """The next sequence number of ``op`` in ``group`` (per peer and direction for
+        point-to-point ops), from the counters the kernel numbers its own ops with."""
+
+    def composite_enter(self) -> None:
+        """A composite op (object collective, ``label()``) starts on this thread: the c10d ops
+        inside are counted into it, not recorded."""
+
+    def composite_exit(self) -> tuple[int, int, int]:
+        """The composite op ends: (input bytes, output bytes, c10d ops) the kernel counted."""
+
+
+def choose_backend(prof: CommProfiler) -> KernelBackend:
+    """The native kernel when ``prof.config.native`` (``MESHPROF_NATIVE=1``) and it can run here;
+    otherwise, or when it cannot be built (a warning says why), the Python kernel."""
+    if prof.config.native:
+        from meshprof.comm.native import NativeKernel, native_allowed
+        from meshprof.errors import MeshprofError
+
+        if native_allowed(prof.config):
+            try:
+                return NativeKernel(prof)
+            except MeshprofError as e:  # no compiler, no headers: record with Python instead
+                warnings.warn(f"meshprof: {e}", RuntimeWarning, stacklevel=4)
+    from meshprof.comm.python_kernel import PythonKernel
+
+    return PythonKernel(prof)

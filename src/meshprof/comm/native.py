@@ -1,0 +1,270 @@
+"""The dispatcher kernel in C++ (one :class:`~meshprof.comm.backend.KernelBackend`), built and
+cached: the same records as the Python kernel, at well under a microsecond per collective.
+
+Opt-in with ``ProfilerConfig(native=True)`` (or ``MESHPROF_NATIVE=1``): the first use compiles
+``native_kernel.cpp`` against the installed torch with ``torch.utils.cpp_extension`` (about 30 s,
+cached per torch version under ``TORCH_EXTENSIONS_DIR``); it needs a C++ compiler. The C++ kernel
+runs at the same ``BackendSelect`` key for every ``c10d::`` op, assigns seq with the same rules,
+samples with the same hash and takes completion from the Work's future (a C++ callback, no GIL)
+or, for works without one (gloo's send/recv; each Work class is asked for its future once), from
+``Work.wait()`` returning in Python (``work_waited``), with a C++ polling thread (1 ms, backing off
+to 20 ms) as the safety net for works nobody waits on. Python drains finished records into the
+event log at every flush. Its table of op argument layouts comes from :mod:`meshprof.comm.ops`.
+
+CUDA tensors are not timed natively (their futures complete at enqueue): with CUDA present the
+Python path with CUDA-event timing is used instead.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from meshprof.comm.backend import GroupRef
+from meshprof.comm.completion import InflightOp, patch_work_wait, wrap_wait_native
+from meshprof.comm.ops import available_specs
+from meshprof.comm.patching import Patches
+from meshprof.config import ProfilerConfig
+from meshprof.errors import MeshprofError
+from meshprof.events import FLAG_DROPPED, FLAG_UNSAMPLED, OP_CODES, P2P_OPS, GroupInfo
+
+if TYPE_CHECKING:
+    from meshprof.comm.recorder import CommProfiler
+
+#: Seconds uninstall() waits for native ops still in flight to complete before the last drain.
+SETTLE_ON_UNINSTALL_S = 0.5
+
+#: Mirror of ``struct Rec`` in native_kernel.cpp (packed, 68 bytes).
+NATIVE_DTYPE = np.dtype(
+    [
+        ("op", np.uint8),
+        ("status", np.uint8),
+        ("dtype", np.int16),
+        ("flags", np.uint8),
+        ("sampled", np.uint8),
+        ("group", np.uint16),
+        ("peer", np.int32),
+        ("seq", np.int64),
+        ("in_bytes", np.int64),
+        ("out_bytes", np.int64),
+        ("t0", np.int64),
+        ("dur", np.int64),
+        ("step", np.int64),
+        ("token", np.int64),
+    ]
+)
+
+#: c10::ScalarType codes -> dtype names
+_SCALAR_TYPES = {
+    0: "uint8", 1: "int8", 2: "int16", 3: "int32", 4: "int64", 5: "float16", 6: "float32",
+    7: "float64", 8: "complex32", 9: "complex64", 10: "complex128", 11: "bool", 15: "bfloat16",
+    23: "float8_e5m2", 24: "float8_e4m3fn",
+}  # fmt: skip
+
+_lock = threading.Lock()
+_module: Any = None
+
+
+def load() -> Any:
+    """Compile (first time) and import the extension; MeshprofError says why it cannot."""
+    global _module
+    with _lock:
+        if _module is not None:
+            return _module
+        try:
+            from torch.utils.cpp_extension import load as load_ext
+
+            src = Path(__file__).with_name("native_kernel.cpp")
+            _module = load_ext(
+                name="meshprof_native_recorder",
+                sources=[str(src)],
+                extra_cflags=["-O2"],
+                verbose=bool(os.environ.get("MESHPROF_NATIVE_VERBOSE")),
+            )
+        except Exception as e:
+            raise MeshprofError(
+                f"the native recorder could not be built ({type(e).__name__}: {str(e)[:300]}); "
+                "it needs a C++ compiler and torch's headers — use the default Python recorder"
+            ) from None
+        return _module
+
+
+def native_allowed(config: ProfilerConfig) -> bool:
+    """The native kernel times on the host only: with CUDA present keep the Python one (warns)."""
+    import torch
+
+    if torch.cuda.is_available() and config.device_timing:
+        warnings.warn(
+            "meshprof: native=True ignored: CUDA is present and the native recorder cannot time "
+            "on the device; using the Python recorder with CUDA-event timing",
+            RuntimeWarning,
+            stacklevel=5,
+        )
+        return False
+    return True
+
+
+class NativeKernel:
+    """The installed C++ kernel of one CommProfiler, and the translation of its records."""
+
+    name = "native"
+
+    def __init__(self, prof: CommProfiler) -> None:
+        self.prof = prof
+        self.mod = load()
+        self._group_map: dict[int, int] = {}  # native group id -> the log's group index
+        self._dtype_codes: dict[int, int] = {}
+        self._patches = Patches()
+        self.names: list[str] = []
+        if self.mod.record_size() != NATIVE_DTYPE.itemsize:
+            raise MeshprofError("the native recorder was built from another meshprof version")
+
+    def configure(self) -> None:
+        cfg = self.prof.config
+        table = [spec.native_row(OP_CODES[spec.op]) for spec in available_specs()]
+        mask = 0
+        for name, code in OP_CODES.items():
+            if cfg.ops is None or name in cfg.ops:
+                mask |= 1 << code
+        self.mod.configure(table, int(cfg.sample_rate * 2**32), mask)
+        self.mod.set_enabled(bool(cfg.enabled))
+        self.names = [str(t[0]) for t in table]
+
+    def install(self) -> None:
+        self.configure()
+        self.mod.install(self.names)
+        self.set_step(self.prof.step)
+        self._patch_work_wait()
+
+    def _patch_work_wait(self) -> None:
+        """A future-less work (gloo's send/recv) waited on from Python ends when its wait
+        returns (the C++ poller then only backs up works nobody waits on, so it can poll
+        slowly: 1 ms, backing off to 20 ms)."""
+        try:
+            waited = self.mod.work_waited
+        except AttributeError:  # a build from before this hook: keep its fast poller
+            return
+        patch_work_wait(self._patches, lambda original: wrap_wait_native(waited, original))
+        self.mod.set_poll_interval(1000, 20000)
+
+    def uninstall(self) -> None:
+        self.mod.uninstall()
+        self.settle(SETTLE_ON_UNINSTALL_S)  # ops still in flight end in C++: wait for them
+        self._patches.undo()
+
+    def set_step(self, step: int) -> None:
+        self.mod.set_step(int(step))
+
+    def next_seq(self, group: GroupRef, op: str, peer: int) -> int:
+        """The C++ counters number every op of a group: composite ops take theirs from them."""
+        p2p = (3 if op.startswith("send") else 4) if op in P2P_OPS else 0
+        return int(self.mod.next_seq(group.name, peer if p2p else -1, p2p))
+
+    def composite_enter(self) -> None:
+        self.mod.composite_enter()
+
+    def composite_exit(self) -> tuple[int, int, int]:
+        in_b, out_b, n = self.mod.composite_exit()
+        return int(in_b), int(out_b), int(n)
+
+    # -- translation --------------------------------------------------------------------------
+    def _group(self, native_id: int, names: list[str]) -> int:
+        idx = self._group_map.get(native_id)
+        if idx is not None:
+            return idx
+        name = names[native_id] if native_id < len(names) else str(native_id)
+        pg = None
+        try:
+            import torch
+
+            pg = torch._C._distributed_c10d._resolve_process_group(name)  # type: ignore[arg-type]
+        except Exception:
+            pg = None
+        if pg is not None:
+            try:
+                idx = self.prof.group_of(pg).log_index
+            except Exception:
+                idx = None
+        if idx is None:
+            idx = self.prof.log.group_index(GroupInfo(name, "", ()))
+        self._group_map[native_id] = idx
+        return idx
+
+    def _dtype(self, code: int) -> int:
+        c = self._dtype_codes.get(code)
+        if c is None:
+            name = "none" if code < 0 else _SCALAR_TYPES.get(code, f"scalar_type_{code}")
+            c = self._dtype_codes[code] = self.prof.log.dtype_code(name)
+        return c
+
+    def _peer(self, gidx: int, local: int) -> int:
+        if local < 0:
+            return -1
+        ranks = self.prof.log.groups[gidx].ranks
+        return ranks[local] if local < len(ranks) else local
+
+    def drain(self) -> None:
+        """Move finished native records into the event log (called by ``CommProfiler.flush``)."""
+        raw, names, errors = self.mod.drain()
+        if not raw:
+            return
+        recs = np.frombuffer(raw, dtype=NATIVE_DTYPE)
+        err = dict(errors)
+        prof = self.prof
+        offset = prof.wall_offset_ns
+        min_ns = prof.min_duration_ns
+        for r in recs.tolist():
+            op, status, dtype, flags, sampled, g, peer, seq, in_b, out_b, t0, dur, step, token = r
+            gidx = self._group(g, names)
+            f = flags if sampled else (flags | FLAG_DROPPED | FLAG_UNSAMPLED)
+            if sampled and status == 0 and dur < min_ns:
+                f |= FLAG_DROPPED
+            prof.log.append(
+                (op, status, self._dtype(dtype), f, gidx, self._peer(gidx, peer), seq, in_b, out_b,
+                 t0 + offset if sampled else 0, dur if sampled else -1, step,
+                 err.get(token) if status else None, None)
+            )  # fmt: skip
+
+    def settle(self, timeout_s: float) -> None:
+        """Wait up to ``timeout_s`` for the native ops in flight to complete (their completion
+        runs in C++: future callbacks, the poller)."""
+        deadline = time.monotonic() + max(timeout_s, 0.0)
+        while self.mod.inflight_records():
+            if time.monotonic() >= deadline:
+                return
+            time.sleep(0.001)
+
+    def inflight(self) -> list[InflightOp]:
+        """The native ops in flight, oldest first."""
+        raw = self.mod.inflight_records()
+        if not raw:
+            return []
+        names = self.mod.group_names()
+        now = self.mod.now()
+        out = []
+        for r in sorted(np.frombuffer(raw, dtype=NATIVE_DTYPE).tolist(), key=lambda r: r[10]):
+            op, _st, dtype, _f, _s, g, peer, seq, in_b, out_b, t0, _d, _step, _tok = r
+            gidx = self._group(g, names)
+            info = self.prof.log.groups[gidx]
+            out.append(
+                InflightOp(
+                    op=self.prof.log.op_name(op),
+                    group_name=info.name,
+                    group_ranks=info.ranks,
+                    seq=seq,
+                    peer=self._peer(gidx, peer),
+                    dtype=self.prof.log.dtypes[self._dtype(dtype)],
+                    in_bytes=in_b,
+                    out_bytes=out_b,
+                    start_ns=t0 + self.prof.wall_offset_ns,
+                    age_ns=now - t0,
+                    thread_id=0,
+                )
+            )
+        return out

@@ -1,0 +1,515 @@
+// meshprof's native collective recorder: a C++ kernel at the dispatcher's BackendSelect key for
+// every c10d op. It does what the Python kernel (meshprof/comm/python_kernel.py, recorder.py) does
+// (group, seq, bytes, dtype, sampling, start time, completion from the Work's future or a polling
+// thread), without touching Python or the GIL on the collective's path. Python drains finished records
+// (packed, see Rec) with drain(); meshprof/comm/native.py translates them into the event log.
+#include <torch/extension.h>
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/ivalue.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <typeindex>
+#include <typeinfo>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+namespace {
+
+struct Spec {
+  int op_code;     // meshprof OP_CODES value
+  int pg_arg;      // argument index of the ProcessGroup
+  int in_arg;      // argument holding the input tensors (-1: none)
+  int out_arg;     // argument holding the output tensors (-1: none)
+  int tensor_arg;  // argument whose first tensor gives the dtype
+  int async_arg;   // argument index of async_op (-1: none, always asynchronous)
+  int peer_arg;    // argument index of the peer's group rank (-1: none)
+  int p2p;         // 0 collective, 1 send, 2 recv
+  int wait_thread; // the backend's work has no future and never reports completion: wait on it
+};
+
+// One record; drained as raw bytes, mirrored by NATIVE_DTYPE in meshprof/comm/native.py.
+#pragma pack(push, 1)
+struct Rec {
+  uint8_t op;
+  uint8_t status;  // 0 ok, 1 error
+  int16_t dtype;   // c10::ScalarType, -1 none
+  uint8_t flags;   // 1 async
+  uint8_t sampled; // 0: counted only
+  uint16_t group;  // native group id
+  int32_t peer;    // peer's group rank, -1
+  int64_t seq;
+  int64_t in_bytes;
+  int64_t out_bytes;
+  int64_t t0;      // steady clock (CLOCK_MONOTONIC) ns at issue
+  int64_t dur;     // ns, -1 not timed
+  int64_t step;
+  int64_t token;
+};
+#pragma pack(pop)
+
+std::mutex mu;
+std::unordered_map<std::string, Spec> specs;
+std::unordered_map<const c10d::ProcessGroup*, int> group_ids;
+std::unordered_map<std::string, int> gid_by_name;
+std::vector<std::string> group_names;
+std::vector<uint32_t> group_crc;
+std::unordered_map<int, int64_t> seqs;
+std::map<std::tuple<int, int, int>, int64_t> p2p_seqs;
+std::vector<Rec> done;
+std::unordered_map<int64_t, Rec> inflight;
+std::vector<std::pair<int64_t, std::string>> errors;
+std::atomic<int64_t> step_now{-1};
+std::atomic<int64_t> next_token{1};
+std::atomic<bool> enabled{true};
+uint64_t threshold = 1ull << 32;  // sampling: keep when hash < threshold
+uint64_t op_mask = ~0ull;          // op codes to time
+std::unique_ptr<torch::Library> lib;
+
+// completion by polling, for works without a future (gloo send/recv)
+std::mutex poll_mu;
+std::condition_variable poll_cv;
+std::vector<std::pair<c10::intrusive_ptr<c10d::Work>, int64_t>> polled;
+std::unordered_map<const c10d::Work*, int64_t> polled_token;  // works still polled -> token
+bool poller_started = false;
+// Poll period (µs): from min after progress, doubling to max while nothing completes. With the
+// Python Work.wait hook on (set_poll_interval), works waited on from Python end when their wait
+// returns and the poller is only a safety net for works nobody waits on.
+std::atomic<int64_t> poll_min_us{100};
+std::atomic<int64_t> poll_max_us{1000};
+
+thread_local int comp_depth = 0;
+thread_local int64_t comp_in = 0, comp_out = 0, comp_n = 0;
+
+inline int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+uint32_t crc32(const std::string& s) {  // zlib's CRC-32, as Python's zlib.crc32
+  uint32_t c = 0xFFFFFFFFu;
+  for (unsigned char ch : s) {
+    c ^= ch;
+    for (int k = 0; k < 8; ++k) c = (c >> 1) ^ (0xEDB88320u & (0u - (c & 1u)));
+  }
+  return c ^ 0xFFFFFFFFu;
+}
+
+int64_t bytes_of(const c10::IValue& v) {
+  if (v.isTensor()) {
+    const auto& t = v.toTensor();
+    return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0;
+  }
+  if (v.isTensorList()) {
+    int64_t n = 0;
+    for (const at::Tensor& t : v.toTensorList().vec()) n += t.numel() * static_cast<int64_t>(t.element_size());
+    return n;
+  }
+  if (v.isList()) {
+    int64_t n = 0;
+    for (const c10::IValue& e : v.toListRef()) n += bytes_of(e);
+    return n;
+  }
+  return 0;
+}
+
+int16_t dtype_of(const c10::IValue& v) {
+  if (v.isTensor()) return static_cast<int16_t>(v.toTensor().scalar_type());
+  if (v.isTensorList()) {
+    auto l = v.toTensorList();
+    return l.size() ? static_cast<int16_t>(l.get(0).scalar_type()) : -1;
+  }
+  if (v.isList()) {
+    for (const c10::IValue& e : v.toListRef()) {
+      int16_t d = dtype_of(e);
+      if (d >= 0) return d;
+    }
+  }
+  return -1;
+}
+
+int recv_any_op = -1;  // op code of recv_any_source_ (set by configure)
+
+// A recv from any source learns its sender at completion: that peer (group-local, as for a
+// named recv) and the next seq of the (sender -> this rank) direction, so it pairs with the send.
+void resolve_any_source(Rec& r, c10d::Work* work) {  // mu held
+  int src = -1;
+  try {
+    src = work->sourceRank();
+  } catch (...) {
+    return;
+  }
+  if (src < 0) return;
+  r.peer = src;
+  r.seq = p2p_seqs[std::make_tuple(static_cast<int>(r.group), src, 2)]++;
+}
+
+void complete(int64_t token, int64_t end, const std::string* err, c10d::Work* work = nullptr) {
+  std::lock_guard<std::mutex> g(mu);
+  auto it = inflight.find(token);
+  if (it == inflight.end()) return;
+  Rec r = it->second;
+  inflight.erase(it);
+  if (work != nullptr && err == nullptr && r.peer < 0 && r.op == recv_any_op) {
+    resolve_any_source(r, work);
+  }
+  r.dur = end - r.t0;
+  if (err != nullptr) {
+    r.status = 1;
+    errors.emplace_back(token, *err);
+  }
+  done.push_back(r);
+}
+
+void poll_loop() {
+  int64_t delay_us = poll_min_us.load();
+  while (true) {
+    std::vector<std::pair<c10::intrusive_ptr<c10d::Work>, int64_t>> items;
+    {
+      std::unique_lock<std::mutex> g(poll_mu);
+      if (polled.empty()) {
+        poll_cv.wait(g, [] { return !polled.empty(); });
+        delay_us = poll_min_us.load();
+      }
+      items.swap(polled);
+    }
+    bool progressed = false;
+    std::vector<std::pair<c10::intrusive_ptr<c10d::Work>, int64_t>> keep;
+    std::vector<std::pair<c10::intrusive_ptr<c10d::Work>, int64_t>> finished;
+    for (auto& it : items) {
+      bool completed = true;
+      try {
+        completed = it.first->isCompleted();
+      } catch (...) {
+      }
+      if (completed) {
+        finished.push_back(std::move(it));
+        progressed = true;
+      } else {
+        keep.push_back(std::move(it));
+      }
+    }
+    const int64_t end = now_ns();
+    std::vector<std::pair<c10::intrusive_ptr<c10d::Work>, int64_t>> mine;  // no wait() came first
+    {
+      std::lock_guard<std::mutex> g(poll_mu);
+      for (auto& it : keep) {  // a work whose wait() already returned is dropped
+        if (polled_token.count(it.first.get())) polled.push_back(std::move(it));
+      }
+      for (auto& it : finished) {
+        auto pt = polled_token.find(it.first.get());
+        if (pt != polled_token.end() && pt->second == it.second) {
+          polled_token.erase(pt);
+          mine.push_back(std::move(it));
+        }
+      }
+    }
+    for (auto& it : mine) complete(it.second, end, nullptr, it.first.get());
+    delay_us = progressed ? poll_min_us.load()
+                          : std::min<int64_t>(delay_us * 2, poll_max_us.load());
+    std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
+  }
+}
+
+// Work classes whose getFuture() throws (gloo's SendWork/RecvWork): asking again would cost a
+// c10::Error with its backtrace, tens of µs per op, so each class is asked once.
+std::mutex no_future_mu;
+std::unordered_set<std::type_index> no_future_types;
+
+void watch(const c10::intrusive_ptr<c10d::Work>& work, int64_t token, bool wait_thread) {
+  c10::intrusive_ptr<c10::ivalue::Future> fut;
+  const std::type_index kind(typeid(*work));
+  bool ask;
+  {
+    std::lock_guard<std::mutex> g(no_future_mu);
+    ask = no_future_types.count(kind) == 0;
+  }
+  if (ask) {
+    try {
+      fut = work->getFuture();
+    } catch (...) {
+      fut.reset();
+      std::lock_guard<std::mutex> g(no_future_mu);
+      no_future_types.insert(kind);
+    }
+  }
+  if (fut) {
+    fut->addCallback([token](c10::ivalue::Future& f) {
+      int64_t end = now_ns();
+      if (f.hasError()) {
+        std::string msg = f.tryRetrieveErrorMessage();
+        complete(token, end, &msg);
+      } else {
+        complete(token, end, nullptr);
+      }
+    });
+    return;
+  }
+  if (wait_thread) {  // gloo's reduce_scatter: no future, never isCompleted()
+    std::thread([work, token] {
+      try {
+        work->wait();
+        complete(token, now_ns(), nullptr);
+      } catch (const std::exception& e) {
+        std::string msg = e.what();
+        complete(token, now_ns(), &msg);
+      }
+    }).detach();
+    return;
+  }
+  std::lock_guard<std::mutex> g(poll_mu);
+  polled_token[work.get()] = token;
+  polled.emplace_back(work, token);
+  if (!poller_started) {
+    poller_started = true;
+    std::thread(poll_loop).detach();
+  }
+  poll_cv.notify_one();
+}
+
+int group_by_name(const std::string& name) {  // mu held
+  auto it = gid_by_name.find(name);
+  if (it != gid_by_name.end()) return it->second;
+  int id = static_cast<int>(group_names.size());
+  group_names.push_back(name);
+  group_crc.push_back(crc32(name));
+  gid_by_name.emplace(name, id);
+  return id;
+}
+
+int group_of(const c10d::ProcessGroup* pg) {  // mu held
+  auto it = group_ids.find(pg);
+  if (it != group_ids.end()) return it->second;
+  int id = group_by_name(pg->getGroupName());
+  group_ids.emplace(pg, id);
+  return id;
+}
+
+void kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+  const auto below = ks.remove(c10::DispatchKey::BackendSelect);
+  if (!enabled.load(std::memory_order_relaxed)) {
+    op.redispatchBoxed(below, stack);
+    return;
+  }
+  const Spec* spec = nullptr;
+  Rec r{};
+  bool record = false;
+  try {
+    auto it = specs.find(op.schema().name());
+    if (it != specs.end()) spec = &it->second;
+    if (spec != nullptr) {
+      const size_t n = op.schema().arguments().size();
+      const size_t base = stack->size() - n;
+      auto arg = [&](int i) -> const c10::IValue& { return (*stack)[base + i]; };
+      int64_t in_b = spec->in_arg >= 0 ? bytes_of(arg(spec->in_arg)) : 0;
+      int64_t out_b = spec->out_arg >= 0 ? bytes_of(arg(spec->out_arg)) : 0;
+      if (comp_depth > 0) {  // inside an object collective / custom label: counted there
+        comp_in += in_b;
+        comp_out += out_b;
+        comp_n += 1;
+      } else {
+        auto pg = arg(spec->pg_arg).toCustomClass<c10d::ProcessGroup>();
+        std::lock_guard<std::mutex> g(mu);
+        int gid = group_of(pg.get());
+        int peer = spec->peer_arg >= 0 ? static_cast<int>(arg(spec->peer_arg).toInt()) : -1;
+        int64_t seq;
+        if (spec->p2p) {
+          auto key = std::make_tuple(gid, peer, spec->p2p);
+          seq = p2p_seqs[key]++;
+        } else {
+          seq = seqs[gid]++;
+        }
+        r.op = static_cast<uint8_t>(spec->op_code);
+        r.group = static_cast<uint16_t>(gid);
+        r.peer = peer;
+        r.seq = seq;
+        r.in_bytes = in_b;
+        r.out_bytes = out_b;
+        r.dtype = dtype_of(arg(spec->tensor_arg));
+        r.flags = (spec->async_arg < 0 || arg(spec->async_arg).toBool()) ? 1 : 0;
+        r.step = step_now.load(std::memory_order_relaxed);
+        r.dur = -1;
+        bool timed = ((op_mask >> spec->op_code) & 1ull) != 0;
+        uint64_t h = ((static_cast<uint64_t>(seq) * 2654435761ull) ^ group_crc[gid]) & 0xFFFFFFFFull;
+        if (timed && h < threshold) {
+          r.sampled = 1;
+          r.token = next_token.fetch_add(1);
+          record = true;
+        } else if (timed) {
+          r.sampled = 0;  // counted only
+          done.push_back(r);
+        }
+      }
+    }
+  } catch (...) {
+    record = false;  // never break training: run the op unrecorded
+  }
+  if (record) {
+    r.t0 = now_ns();
+    std::lock_guard<std::mutex> g(mu);
+    inflight.emplace(r.token, r);
+  }
+  try {
+    op.redispatchBoxed(below, stack);
+  } catch (const std::exception& e) {
+    if (record) {
+      std::string msg = e.what();
+      complete(r.token, now_ns(), &msg);
+    }
+    throw;
+  }
+  if (!record) return;
+  try {
+    const c10::IValue* w = stack->empty() ? nullptr : &stack->back();
+    if (w != nullptr && w->isCustomClass()) {
+      watch(w->toCustomClass<c10d::Work>(), r.token, spec->wait_thread != 0);
+    } else {
+      complete(r.token, now_ns(), nullptr);  // synchronous op (monitored_barrier)
+    }
+  } catch (...) {
+    complete(r.token, now_ns(), nullptr);
+  }
+}
+
+}  // namespace
+
+void configure(const std::vector<std::tuple<std::string, int, int, int, int, int, int, int, int, int>>& table,
+               int64_t sample_threshold, int64_t mask) {
+  std::lock_guard<std::mutex> g(mu);
+  specs.clear();
+  for (const auto& t : table) {
+    Spec s{std::get<1>(t), std::get<2>(t), std::get<3>(t), std::get<4>(t), std::get<5>(t),
+           std::get<6>(t), std::get<7>(t), std::get<8>(t), std::get<9>(t)};
+    specs["c10d::" + std::get<0>(t)] = s;
+    if (std::get<0>(t) == "recv_any_source_") recv_any_op = std::get<1>(t);
+  }
+  threshold = static_cast<uint64_t>(sample_threshold);
+  op_mask = static_cast<uint64_t>(mask);
+}
+
+void install(const std::vector<std::string>& names) {
+  lib = std::make_unique<torch::Library>(torch::Library::IMPL, "c10d",
+                                         std::make_optional(c10::DispatchKey::BackendSelect), __FILE__, __LINE__);
+  for (const auto& n : names) lib->impl(n.c_str(), torch::CppFunction::makeFromBoxedFunction<&kernel>());
+}
+
+void uninstall() { lib.reset(); }
+
+void set_enabled(bool on) { enabled.store(on); }
+
+void set_step(int64_t s) { step_now.store(s); }
+
+// (records as bytes, group names, errors by token)
+std::tuple<py::bytes, std::vector<std::string>, std::vector<std::pair<int64_t, std::string>>> drain() {
+  std::vector<Rec> out;
+  std::vector<std::pair<int64_t, std::string>> errs;
+  std::vector<std::string> names;
+  {
+    std::lock_guard<std::mutex> g(mu);
+    out.swap(done);
+    errs.swap(errors);
+    names = group_names;
+  }
+  return {py::bytes(reinterpret_cast<const char*>(out.data()), out.size() * sizeof(Rec)), names, errs};
+}
+
+py::bytes inflight_records() {
+  std::vector<Rec> out;
+  {
+    std::lock_guard<std::mutex> g(mu);
+    for (const auto& kv : inflight) out.push_back(kv.second);
+  }
+  return py::bytes(reinterpret_cast<const char*>(out.data()), out.size() * sizeof(Rec));
+}
+
+std::vector<std::string> names_of_groups() {
+  std::lock_guard<std::mutex> g(mu);
+  return group_names;
+}
+
+// Python's Work.wait() on this work returned (err: what it raised, "" if nothing): a polled
+// op ends now, as its caller saw it. Returns whether the work was one the poller was watching.
+bool work_waited(py::handle work, const std::string& err) {
+  const int64_t end = now_ns();
+  c10d::Work* ptr = nullptr;
+  try {
+    ptr = py::cast<c10d::Work*>(work);
+  } catch (...) {
+    return false;
+  }
+  int64_t token = -1;
+  {
+    std::lock_guard<std::mutex> g(poll_mu);
+    auto it = polled_token.find(ptr);
+    if (it == polled_token.end()) return false;
+    token = it->second;
+    polled_token.erase(it);
+  }
+  complete(token, end, err.empty() ? nullptr : &err, ptr);
+  return true;
+}
+
+void set_poll_interval(int64_t min_us, int64_t max_us) {
+  poll_min_us.store(std::max<int64_t>(min_us, 1));
+  poll_max_us.store(std::max<int64_t>(max_us, min_us));
+}
+
+int64_t polled_count() {
+  std::lock_guard<std::mutex> g(poll_mu);
+  return static_cast<int64_t>(polled_token.size());
+}
+
+int64_t record_size() { return static_cast<int64_t>(sizeof(Rec)); }
+
+int64_t now() { return now_ns(); }
+
+// object collectives and custom labels: the inner c10d ops are counted into the composite
+void composite_enter() {
+  if (comp_depth++ == 0) comp_in = comp_out = comp_n = 0;
+}
+
+std::tuple<int64_t, int64_t, int64_t> composite_exit() {
+  if (comp_depth > 0) --comp_depth;
+  return {comp_in, comp_out, comp_n};
+}
+
+// the composite's own sequence number, from the same counters as the c10d ops of its group
+int64_t next_seq(const std::string& group_name, int64_t peer, int64_t p2p) {
+  std::lock_guard<std::mutex> g(mu);
+  int gid = group_by_name(group_name);
+  if (p2p) return p2p_seqs[std::make_tuple(gid, static_cast<int>(peer), static_cast<int>(p2p))]++;
+  return seqs[gid]++;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("configure", &configure);
+  m.def("install", &install);
+  m.def("uninstall", &uninstall);
+  m.def("set_enabled", &set_enabled);
+  m.def("set_step", &set_step);
+  m.def("drain", &drain);
+  m.def("inflight_records", &inflight_records);
+  m.def("record_size", &record_size);
+  m.def("work_waited", &work_waited);
+  m.def("set_poll_interval", &set_poll_interval);
+  m.def("polled_count", &polled_count);
+  m.def("group_names", &names_of_groups);
+  m.def("now", &now);
+  m.def("composite_enter", &composite_enter);
+  m.def("composite_exit", &composite_exit);
+  m.def("next_seq", &next_seq);
+}

@@ -1,0 +1,135 @@
+"""The dispatcher kernel written in Python (one :class:`~meshprof.comm.backend.KernelBackend`).
+
+One Python kernel is registered at the ``BackendSelect`` dispatch key for every ``c10d::`` op.
+``BackendSelect`` sits just above the backend keys (CPU, CUDA) and, unlike the autograd keys, is
+not skipped under ``torch.inference_mode``; c10d ops have no kernel of their own there. The
+kernel notes the op (``CommProfiler.begin``), redispatches to the backend kernel below
+``BackendSelect`` (with the GIL released, as PyTorch's own bindings do), hands the result to
+completion (:mod:`meshprof.comm.completion`) and returns it unchanged.
+
+Because the choke point is the dispatcher, every path is seen exactly once: names imported before
+meshprof was enabled, DDP's C++ reducer, FSDP2, DTensor's functional collectives and pipelining.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from meshprof.comm.backend import GroupRef
+from meshprof.comm.completion import InflightOp, patch_work_wait
+from meshprof.comm.ops import OpSpec, available_specs
+from meshprof.comm.patching import Patches
+
+if TYPE_CHECKING:
+    from meshprof.comm.recorder import CommProfiler
+
+_BACKEND_SELECT = torch._C.DispatchKey.BackendSelect
+
+
+class _KernelTable:
+    """Calls the kernel below ``BackendSelect`` for one op, without holding the GIL.
+
+    ``OperatorHandle.redispatch_boxed`` releases the GIL while the backend kernel runs, as the
+    ``torch.distributed`` bindings do. That matters: a backend's worker thread can need the GIL
+    (gloo drops a finished work's tensors, which decrefs their Python objects, while holding the
+    lock that ``enqueue`` takes). Calling the kernel with the GIL held (``SafeKernelFunction
+    .call_boxed``) deadlocks the process within a few hundred collectives.
+    """
+
+    def __init__(self, op: Any) -> None:
+        self.op = op
+        self.redispatch = op._handle.redispatch_boxed
+
+    def call(self, keyset: Any, args: tuple[Any, ...]) -> Any:
+        return self.redispatch(keyset.remove(_BACKEND_SELECT), *args)
+
+
+class PythonKernel:
+    """The Python kernel of one CommProfiler. Its ops' completion and sequence numbers live in
+    the recorder itself (the recorder's hot path is this kernel's), so most of the backend
+    interface has nothing to do here."""
+
+    name = "python"
+
+    def __init__(self, prof: CommProfiler) -> None:
+        self.prof = prof
+        self._lib: Any = None
+        self._patches = Patches()
+
+    def install(self) -> None:
+        lib = torch.library.Library("c10d", "IMPL")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for spec in available_specs():
+                op = getattr(torch.ops.c10d, spec.schema_name).default
+                lib.impl(
+                    spec.schema_name,
+                    _make_kernel(self.prof, spec, _KernelTable(op)),
+                    "BackendSelect",
+                    with_keyset=True,
+                )
+        self._lib = lib
+        patch_work_wait(self._patches, self.prof.completion.wrap_wait)
+
+    def uninstall(self) -> None:
+        self._patches.undo()
+        if self._lib is not None:
+            self._lib._destroy()
+            self._lib = None
+        self.prof.completion.stop()
+
+    def configure(self) -> None:
+        """Nothing to do: the kernel reads the recorder's config at every op."""
+
+    def set_step(self, step: int) -> None:
+        """Nothing to do: the kernel reads the recorder's step at every op."""
+
+    def drain(self) -> None:
+        """Nothing to do: the kernel's ops go straight to the recorder's event log."""
+
+    def settle(self, timeout_s: float) -> None:
+        """Nothing to do: the recorder settles its own ops (``CommProfiler.completion``)."""
+
+    def inflight(self) -> list[InflightOp]:
+        return []  # every op in flight is the recorder's own
+
+    def next_seq(self, group: GroupRef, op: str, peer: int) -> int:
+        return self.prof.seqs.next(group.log_index, op, peer)
+
+    def composite_enter(self) -> None:
+        """Nothing to do: the recorder's stack of composite ops counts the c10d ops inside."""
+
+    def composite_exit(self) -> tuple[int, int, int]:
+        return (0, 0, 0)
+
+
+def _make_kernel(prof: CommProfiler, spec: OpSpec, table: _KernelTable) -> Callable[..., Any]:
+    begin = prof.begin
+    fail = prof.fail
+    watch = prof.completion.watch  # called from here: it looks up the op's caller by depth
+    internal_error = prof.report_internal_error
+    wait_in_thread = spec.wait_in_thread
+    call = table.call
+
+    def kernel(keyset: Any, *args: Any) -> Any:
+        rec = None
+        try:
+            rec = begin(spec, args)
+        except Exception as e:  # never break training
+            internal_error(e)
+        if rec is None:
+            return call(keyset, args)
+        try:
+            out = call(keyset, args)
+        except BaseException as e:
+            fail(rec, e)
+            raise
+        watch(rec, out, wait_in_thread)
+        return out
+
+    kernel.__name__ = f"meshprof_{spec.schema_name}"
+    return kernel

@@ -1,0 +1,486 @@
+"""The per-process collective recorder, ``CommProfiler``: the hot path of every recorded op.
+
+A dispatcher kernel (:mod:`meshprof.comm.python_kernel`, or the C++ one in
+:mod:`meshprof.comm.native`, both behind :class:`~meshprof.comm.backend.KernelBackend`) calls
+:meth:`CommProfiler.begin` before a c10d op and :meth:`CommProfiler.fail` if it raises; completion
+(:mod:`meshprof.comm.completion`) then calls :meth:`CommProfiler.complete`, which appends the
+event to the log. ``begin`` assigns the collective its ``seq`` within its group (the same on every
+member rank, :class:`SeqCounters`), decides sampling and notes the start. Composite ops (object
+collectives, ``label()``) go through :meth:`begin_composite`. Every failure inside meshprof is
+caught, counted and reported once. Times: ``perf_counter_ns`` on the hot path, wall-clock ns in
+the log. The read side (events, stats, export) is :class:`~meshprof.comm.query.RecordQueries`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import threading
+import time
+import warnings
+import zlib
+from typing import Any
+
+import numpy as np
+import torch
+
+from meshprof.comm.backend import GroupRef, KernelBackend, choose_backend
+from meshprof.comm.completion import Completion, InflightOp, PendingOp
+from meshprof.comm.composite import composite_op, patch_object_collectives
+from meshprof.comm.ops import OpSpec, first_tensor
+from meshprof.comm.patching import Patches
+from meshprof.comm.query import RecordQueries
+from meshprof.config import ProfilerConfig
+from meshprof.event_log import EventLog
+from meshprof.events import (
+    EVENT_DTYPE,
+    FLAG_ASYNC,
+    FLAG_DEVICE_TIMING,
+    FLAG_DROPPED,
+    FLAG_UNSAMPLED,
+    P2P_OPS,
+    STATUS_CODES,
+    GroupInfo,
+)
+from meshprof.stats import Accumulator
+
+_PG = torch._C._distributed_c10d.ProcessGroup
+_OK = STATUS_CODES["ok"]
+_ERR = STATUS_CODES["error"]
+perf_counter_ns = time.perf_counter_ns
+
+
+class SeqCounters:
+    """The one place sequence numbers of the Python path are assigned.
+
+    Collectives count per group; point-to-point ops per (group, peer, direction), so a send and
+    the matching recv get the same number on both ranks. A recv from any source counts on its own
+    (peer -1) at issue, so the group's numbers stay aligned, and takes its pair's number at
+    completion. (With the native kernel the C++ counters number every op, composite ones too.)
+    """
+
+    def __init__(self) -> None:
+        self._group: dict[int, int] = {}
+        self._p2p: dict[tuple[int, int, int], int] = {}
+        self._lock = threading.Lock()  # p2p numbers are also taken at completion, on any thread
+
+    def next(self, gidx: int, op: str, peer: int) -> int:
+        if op in P2P_OPS:
+            key = (gidx, peer, 0 if op.startswith("send") else 1)
+            with self._lock:
+                seq = self._p2p.get(key, 0)
+                self._p2p[key] = seq + 1
+            return seq
+        seq = self._group.get(gidx, 0)
+        self._group[gidx] = seq + 1
+        return seq
+
+
+class CommProfiler(RecordQueries):
+    """Records every collective and point-to-point op of this process.
+
+    Create it with :func:`meshprof.enable`; it is installed in PyTorch's dispatcher until
+    :func:`meshprof.disable`.
+    """
+
+    def __init__(self, config: ProfilerConfig | None = None) -> None:
+        self.config = config or ProfilerConfig()
+        self.log = EventLog(self.config.max_events)
+        self.acc = Accumulator(self.config.sketch_relative_error)
+        self.log.listeners.append(self._on_flush)
+        self._step = -1
+        self.internal_errors = 0
+        """Errors inside meshprof that were caught so training could go on."""
+        self.first_internal_error = ""
+        self.rank = -1
+        self.world_size = -1
+        self.seqs = SeqCounters()
+        self.completion = Completion(self)
+        """Completion of the ops recorded in Python (Work.wait hook, poller, CUDA events)."""
+        self._backend: KernelBackend | None = None
+        self._patches = Patches()
+        self._groups: dict[Any, GroupRef] = {}
+        self._dtype_codes: dict[Any, int] = {}  # torch.dtype -> the log's dtype code
+        self._inflight: dict[int, PendingOp] = {}
+        self._tokens = itertools.count(1)  # next() is atomic under the GIL
+        self._tls = threading.local()
+        self._threshold = int(self.config.sample_rate * 2**32)
+        self._min_ns = int(self.config.min_duration_us * 1000)
+        self._wall_offset = time.time_ns() - time.perf_counter_ns()
+        self.created_ns = time.time_ns()
+
+    # -- installation -------------------------------------------------------------------------
+    @property
+    def installed(self) -> bool:
+        return self._backend is not None
+
+    @property
+    def backend(self) -> KernelBackend | None:
+        """The dispatcher kernel installed now (None when not installed)."""
+        return self._backend
+
+    @property
+    def backend_name(self) -> str:
+        """``"python"`` or ``"native"``: which kernel is installed ("" when none)."""
+        return self._backend.name if self._backend is not None else ""
+
+    def install(self) -> None:
+        """Register a kernel for every c10d op (:func:`~meshprof.comm.backend.choose_backend`)
+        and wrap the object collectives."""
+        if self._backend is not None:
+            return
+        backend = choose_backend(self)
+        self._backend = backend
+        backend.install()
+        patch_object_collectives(self, self._patches)
+
+    def uninstall(self) -> None:
+        """Remove the kernel and the wrappers (no cost afterwards); recorded data stays."""
+        backend = self._backend
+        if backend is None:
+            return
+        self.flush()
+        backend.uninstall()
+        self.flush()  # what the kernel's last ops in flight recorded
+        self._backend = None
+        self._patches.undo()
+
+    # -- configuration and state --------------------------------------------------------------
+    def update_config(self, **changes: Any) -> ProfilerConfig:
+        """Change configuration fields in place (``max_events`` resizes the buffer, keeping the
+        newest events)."""
+        new = self.config.updated(**changes)
+        if new.max_events != self.config.max_events:
+            self.log = self.log.resized(new.max_events)
+        self.config = new
+        self._threshold = int(new.sample_rate * 2**32)
+        self._min_ns = int(new.min_duration_us * 1000)
+        if self._backend is not None:
+            self._backend.configure()  # enabled, sampling and the ops filter live in C++ too
+        return new
+
+    def clear(self) -> None:
+        """Forget every recorded event and statistic (group sequence numbers keep counting)."""
+        self.completion.resolve_device()
+        self.log.clear()
+        self.acc = Accumulator(self.config.sketch_relative_error)
+
+    @property
+    def step(self) -> int:
+        """Current training step (set by the step monitor or automatic step detection); every
+        collective issued from now on carries it."""
+        return self._step
+
+    @step.setter
+    def step(self, value: int) -> None:
+        self._step = int(value)
+        if self._backend is not None:
+            self._backend.set_step(self._step)
+
+    def set_step(self, step: int) -> None:
+        self.step = int(step)
+
+    @property
+    def wall_offset_ns(self) -> int:
+        """Wall clock minus ``perf_counter_ns`` (refreshed at every flush)."""
+        return self._wall_offset
+
+    @property
+    def min_duration_ns(self) -> int:
+        """Ops shorter than this are counted in the statistics but not retained."""
+        return self._min_ns
+
+    def flush(self) -> None:
+        """Resolve finished device timings and move staged events into the buffer."""
+        self.completion.resolve_device()
+        self._wall_offset = time.time_ns() - time.perf_counter_ns()
+        if self._backend is not None:
+            try:
+                self._backend.drain()
+            except Exception as e:
+                self.report_internal_error(e)
+        self.log.flush()
+
+    def settle(self, timeout_s: float = 0.2) -> None:
+        """Notice every op that has completed, then flush: pending works are swept on this
+        thread for up to ``timeout_s`` (an op that never completes, such as a gloo send nobody
+        waits on, stays in flight). Called before a rank file's final write; never raises."""
+        try:
+            self.completion.settle(timeout_s)
+            if self._backend is not None:
+                self._backend.settle(timeout_s)
+        except Exception as e:
+            self.report_internal_error(e)
+        try:
+            self.flush()
+        except Exception as e:
+            self.report_internal_error(e)
+
+    def inflight(self) -> list[InflightOp]:
+        """Collectives issued and not yet completed, oldest first."""
+        now = time.perf_counter_ns()
+        out = []
+        if self._backend is not None:
+            try:
+                out += self._backend.inflight()
+            except Exception as e:
+                self.report_internal_error(e)
+        groups, dtypes = self.log.groups, self.log.dtypes
+        for rec in sorted(list(self._inflight.values()), key=lambda r: r.t0):
+            dtype = dtypes[rec.dtype] if rec.dtype < len(dtypes) else ""
+            out.append(rec.inflight(groups[rec.group], dtype, now))
+        return out
+
+    def label(self, name: str, group: Any = None, metadata: dict[str, Any] | None = None) -> Any:
+        """Context manager: record what runs inside as one op named ``name`` (a custom op)."""
+        return composite_op(self, name, group, metadata)
+
+    def report_internal_error(self, e: BaseException) -> None:
+        """Count an error inside meshprof that was caught so training goes on; warn once."""
+        self.internal_errors += 1
+        if self.internal_errors == 1:
+            self.first_internal_error = f"{type(e).__name__}: {e}"
+            with contextlib.suppress(Exception):
+                warnings.warn(
+                    f"meshprof: internal error, recording continues: {self.first_internal_error}",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+
+    def ensure_rank(self) -> int:
+        """This process's global rank, learnt from torch.distributed once it is initialized
+        (0 until then; ``rank`` stays -1 until it is known)."""
+        if self.rank < 0:
+            import torch.distributed as dist
+
+            if dist.is_available() and dist.is_initialized():
+                self.rank = dist.get_rank()
+                self.world_size = dist.get_world_size()
+            else:
+                return 0
+        return self.rank
+
+    def group_of(self, pg: Any) -> GroupRef:
+        """The recorder's reference to a Python ProcessGroup (registered in the log on first
+        use)."""
+        g = self._groups.get(pg)
+        if g is None:
+            import torch.distributed as dist
+
+            name = str(pg.group_name)
+            try:
+                desc = str(pg.group_desc)
+            except Exception:
+                desc = ""
+            try:
+                ranks = tuple(int(r) for r in dist.get_process_group_ranks(pg))
+            except Exception:
+                ranks = tuple(range(pg.size()))
+            try:
+                backend = str(dist.get_backend(pg))
+            except Exception:
+                backend = ""
+            idx = self.log.group_index(GroupInfo(name, desc, ranks, backend))
+            g = GroupRef(idx, len(ranks), zlib.crc32(name.encode()), ranks, name)
+            self._groups[pg] = g
+            self.ensure_rank()
+        return g
+
+    # -- the hot path (called by the kernels and completion) ----------------------------------
+    def begin(self, spec: OpSpec, args: tuple[Any, ...]) -> PendingOp | None:
+        """A c10d op is about to run (Python kernel): number it, sample it, note its start.
+        None: not recorded on its own (disabled, filtered, not sampled, inside a composite)."""
+        cfg = self.config
+        if not cfg.enabled:
+            return None
+        stack = getattr(self._tls, "stack", None)
+        if stack:
+            top = stack[-1]
+            top.in_bytes += spec.in_bytes(args)
+            top.out_bytes += spec.out_bytes(args)
+            top.meta["c10d_ops"] = top.meta.get("c10d_ops", 0) + 1
+            return None
+        pg = _PG.unbox(args[spec.pg])
+        g = self._groups.get(pg)
+        if g is None:
+            g = self.group_of(pg)
+        gidx, _gsize, crc, ranks, _ = g
+        peer = -1
+        if spec.peer_arg is not None:
+            peer_local = int(args[spec.peer_arg])
+            peer = ranks[peer_local] if 0 <= peer_local < len(ranks) else peer_local
+        op = spec.op
+        seq = self.seqs.next(gidx, op, peer)
+        if cfg.ops is not None and op not in cfg.ops:
+            return None
+        in_b = spec.in_bytes(args)
+        out_b = spec.out_bytes(args)
+        if (
+            self._threshold < 4294967296
+            and (((seq * 2654435761) ^ crc) & 0xFFFFFFFF) >= self._threshold
+        ):
+            # not sampled: counted exactly (folded into the statistics at flush), never retained
+            self.log.append(
+                (self.log.op_code(op), _OK, 0, FLAG_DROPPED | FLAG_UNSAMPLED, gidx, peer, seq,
+                 in_b, out_b, 0, -1, self.step, None, None)
+            )  # fmt: skip
+            return None
+        t = first_tensor(spec, args)
+        if t is None:
+            dtype = self.log.dtype_code("none")
+        else:
+            code = self._dtype_codes.get(t.dtype)
+            if code is None:
+                code = self._dtype_codes[t.dtype] = self.log.dtype_code(str(t.dtype)[6:])
+            dtype = code
+        # trailing arguments equal to their default (async_op=True) may be left out of the stack
+        a = spec.async_arg
+        flags = FLAG_ASYNC if (a is not None and (a >= len(args) or args[a])) else 0
+        meta = {"coalesced": True} if spec.coalesced else None
+        start_event = None
+        if t is not None and t.is_cuda and cfg.device_timing:
+            start_event = torch.cuda.Event(enable_timing=True)
+            start_event.record()
+            flags |= FLAG_DEVICE_TIMING
+        rec = self._start(op, gidx, peer, seq, dtype, in_b, out_b, flags, meta, False)
+        rec.start_event = start_event
+        rec.t0 = t0 = perf_counter_ns()
+        rec.start_ns = t0 + self._wall_offset
+        return rec
+
+    def _start(
+        self,
+        op: str,
+        gidx: int,
+        peer: int,
+        seq: int,
+        dtype: int,
+        in_b: int,
+        out_b: int,
+        flags: int,
+        meta: dict[str, Any] | None,
+        composite: bool,
+    ) -> PendingOp:
+        """The one record fill: a PendingOp in flight (the caller stamps its start time last)."""
+        token = next(self._tokens)
+        rec = PendingOp(
+            self.log.op_code(op), op, gidx, peer, seq, dtype, in_b, out_b, flags, self.step,
+            meta, composite, token,
+        )  # fmt: skip
+        self._inflight[token] = rec
+        return rec
+
+    def fail(self, rec: PendingOp, exc: BaseException) -> None:
+        """The op raised: record it with the error."""
+        try:
+            if rec.composite:
+                self._pop_composite(rec)
+            rec.start_event = None
+            self.complete(rec, time.perf_counter_ns(), exc)
+        except Exception as e:
+            self.report_internal_error(e)
+
+    def discard(self, rec: PendingOp) -> None:
+        """Forget an op in flight without recording it (its completion could not be watched)."""
+        self._inflight.pop(rec.token, None)
+
+    def complete(
+        self, rec: PendingOp, end: int, err: BaseException | None, dur: int | None = None
+    ) -> None:
+        """The op ended at ``end`` (perf_counter_ns; or lasted ``dur`` ns): append its event.
+        The first completion wins (Work.wait or the poller, whichever noticed it first)."""
+        if self._inflight.pop(rec.token, None) is None:
+            return
+        work = rec.work
+        rec.work = None
+        if rec.peer < 0 and rec.op_name == "recv" and err is None and work is not None:
+            self._resolve_any_source(rec, work)
+        if dur is None:
+            dur = end - rec.t0
+        flags = rec.flags
+        status = _OK
+        error = None
+        if err is not None:
+            status = _ERR
+            error = f"{type(err).__name__}: {err}"
+        elif dur < self._min_ns:
+            flags |= FLAG_DROPPED
+        self.log.append(
+            (rec.op, status, rec.dtype, flags, rec.group, rec.peer, rec.seq, rec.in_bytes,
+             rec.out_bytes, rec.start_ns, dur, rec.step, error, rec.meta)
+        )  # fmt: skip
+
+    def _resolve_any_source(self, rec: PendingOp, work: Any) -> None:
+        """A recv from any source learns its sender at completion (``Work._source_rank``): it
+        gets that peer and the next seq of the (sender → this rank) direction, so it pairs with
+        the sender's send like a recv that named its source. Exact when the pair's messages are
+        all received from any source, or all by name (PyTorch matches each direction in order)."""
+        try:
+            src_local = int(work._source_rank())
+            ranks = self.log.groups[rec.group].ranks
+            src = ranks[src_local] if 0 <= src_local < len(ranks) else src_local
+            rec.peer, rec.seq = src, self.seqs.next(rec.group, "recv", src)
+            rec.meta = {**(rec.meta or {}), "any_source": True}
+        except Exception as e:
+            self.report_internal_error(e)
+
+    # -- composite ops (object collectives, label()) ------------------------------------------
+    def begin_composite(
+        self, label: str, group: Any, peer: int, metadata: dict[str, Any] | None = None
+    ) -> PendingOp | None:
+        """A composite op starts: the c10d ops issued inside count into it until it ends."""
+        import torch.distributed as dist
+
+        if group is None:
+            group = dist.distributed_c10d._get_default_group()
+        g = self.group_of(group)
+        backend = self._backend
+        if backend is not None:  # one set of counters: the kernel's
+            seq = backend.next_seq(g, label, peer)
+        else:
+            seq = self.seqs.next(g.log_index, label, peer)
+        if self.config.ops is not None and label not in self.config.ops:
+            return None
+        dtype = self.log.dtype_code(
+            "object" if label.endswith(("object", "object_list")) else "none"
+        )
+        meta = dict(metadata or {})
+        meta["c10d_ops"] = 0
+        rec = self._start(label, g.log_index, peer, seq, dtype, 0, 0, 0, meta, True)
+        if backend is not None:
+            backend.composite_enter()
+        rec.t0 = time.perf_counter_ns()
+        rec.start_ns = rec.t0 + self._wall_offset
+        self._stack().append(rec)
+        return rec
+
+    def finish_composite(self, rec: PendingOp) -> None:
+        try:
+            end = time.perf_counter_ns()
+            self._pop_composite(rec)
+            self.complete(rec, end, None)
+        except Exception as e:
+            self.report_internal_error(e)
+
+    def _pop_composite(self, rec: PendingOp) -> None:
+        stack = self._stack()
+        if stack and stack[-1] is rec:
+            stack.pop()
+        if self._backend is not None:
+            in_b, out_b, n = self._backend.composite_exit()
+            rec.in_bytes += in_b
+            rec.out_bytes += out_b
+            if rec.meta is not None:
+                rec.meta["c10d_ops"] = rec.meta.get("c10d_ops", 0) + n
+
+    def _stack(self) -> list[PendingOp]:
+        s = getattr(self._tls, "stack", None)
+        if s is None:
+            s = self._tls.stack = []
+        return s
+
+    def _on_flush(self, chunk: np.ndarray) -> None:
+        self.fold(self.acc, chunk)
+
+
+__all__ = ["EVENT_DTYPE", "CommProfiler", "InflightOp"]

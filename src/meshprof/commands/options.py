@@ -1,0 +1,54 @@
+"""Command-line options that several ``meshprof`` subcommands share, and what they resolve to.
+
+Not a subcommand itself (:data:`meshprof.cli.COMMANDS` does not list it): ``--json`` for every
+command with machine-readable output, and ``--nproc`` / ``--backend`` for the commands that run
+collectives on ranks of their own (``bench``, ``doctor``) when they are not under torchrun.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from meshprof.errors import MeshprofError
+
+DEFAULT_NPROC = 2
+"""Local ranks a rank-running command starts outside torchrun when ``--nproc`` is not given."""
+
+
+def add_json_option(p: argparse.ArgumentParser, what: str = "the result") -> None:
+    """``--json``: print ``what`` as JSON instead of text."""
+    p.add_argument("--json", action="store_true", help=f"print {what} as JSON")
+
+
+def add_rank_options(p: argparse.ArgumentParser) -> None:
+    """``--nproc`` (local ranks to start) and ``--backend`` (of the default process group)."""
+    p.add_argument(
+        "--nproc",
+        type=int,
+        default=None,
+        help=f"start this many local ranks (default {DEFAULT_NPROC} outside torchrun)",
+    )
+    p.add_argument(
+        "--backend", default=None, help="gloo or nccl (default: nccl with CUDA, else gloo)"
+    )
+
+
+def backend_of(args: argparse.Namespace) -> str:
+    """``--backend``, else nccl when CUDA is available, else gloo."""
+    if args.backend:
+        return str(args.backend)
+    import torch
+
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def local_nproc(args: argparse.Namespace) -> int:
+    """The number of local ranks to start (``--nproc``, else :data:`DEFAULT_NPROC`); raises
+    :class:`MeshprofError` below 1."""
+    nproc = DEFAULT_NPROC if args.nproc is None else int(args.nproc)
+    if nproc < 1:
+        raise MeshprofError(f"--nproc {nproc}: need at least 1 rank")
+    return nproc
+
+
+__all__ = ["DEFAULT_NPROC", "add_json_option", "add_rank_options", "backend_of", "local_nproc"]

@@ -1,0 +1,195 @@
+"""The bounded, columnar per-rank event log: a numpy ring buffer of finished collectives.
+
+The hot path appends one plain tuple to a lock-free ``collections.deque`` (about 50 ns). Tuples
+are moved in bulk into a preallocated numpy ring buffer (:data:`meshprof.events.EVENT_DTYPE`,
+54 bytes per event) when 1024 are staged or when anyone reads the log; the oldest events are
+overwritten in O(1). Strings (group names, dtypes, custom labels, error texts, metadata) live in
+small side tables, so a retained event is never a Python object.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+
+from meshprof.events import CUSTOM_BASE, EVENT_DTYPE, FLAG_DROPPED, OP_CODES, OP_NAMES, GroupInfo
+
+#: Staged tuples are moved into the ring when this many are waiting.
+STAGE_LIMIT = 1024
+
+# Field order of a staged tuple: the EVENT_DTYPE fields, then (error text | None, metadata | None).
+N_FIELDS = len(EVENT_DTYPE.names or ())
+
+
+class EventLog:
+    """Ring buffer of retained events plus the tables that name their codes."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = int(capacity)
+        self._ring = np.zeros(self.capacity, dtype=EVENT_DTYPE)
+        self._staged: deque[tuple[Any, ...]] = deque()
+        self._lock = threading.Lock()
+        self.total = 0  # events ever moved into the ring; event ids are 0..total-1
+        self.groups: list[GroupInfo] = []
+        self._group_index: dict[str, int] = {}
+        self.dtypes: list[str] = []
+        self._dtype_index: dict[str, int] = {}
+        self.labels: list[str] = []
+        self._label_index: dict[str, int] = {}
+        self.errors: dict[int, str] = {}  # event id -> error text
+        self.metadata: dict[int, dict[str, Any]] = {}  # event id -> metadata
+        self.listeners: list[Any] = []  # callables(chunk: np.ndarray, groups) fed on every flush
+
+    # -- tables -------------------------------------------------------------------------------
+    def group_index(self, info: GroupInfo) -> int:
+        idx = self._group_index.get(info.name)
+        if idx is None:
+            with self._lock:
+                idx = self._group_index.get(info.name)
+                if idx is None:
+                    idx = len(self.groups)
+                    self.groups.append(info)
+                    self._group_index[info.name] = idx
+        return idx
+
+    def dtype_code(self, name: str) -> int:
+        code = self._dtype_index.get(name)
+        if code is None:
+            with self._lock:
+                code = self._dtype_index.get(name)
+                if code is None:
+                    code = len(self.dtypes)
+                    if code > 255:
+                        return 255
+                    self.dtypes.append(name)
+                    self._dtype_index[name] = code
+        return code
+
+    def op_code(self, name: str) -> int:
+        code = OP_CODES.get(name)
+        if code is not None:
+            return code
+        code = self._label_index.get(name)
+        if code is None:
+            with self._lock:
+                code = self._label_index.get(name)
+                if code is None:
+                    if len(self.labels) >= 256 - CUSTOM_BASE:
+                        return OP_CODES["custom"]
+                    self.labels.append(name)
+                    code = CUSTOM_BASE + len(self.labels) - 1
+                    self._label_index[name] = code
+        return code
+
+    def op_name(self, code: int) -> str:
+        if code >= CUSTOM_BASE:
+            return self.labels[code - CUSTOM_BASE]
+        return OP_NAMES[code]
+
+    # -- write --------------------------------------------------------------------------------
+    def append(self, row: tuple[Any, ...]) -> None:
+        """Stage one event tuple (EVENT_DTYPE fields, error | None, metadata | None)."""
+        self._staged.append(row)
+        if len(self._staged) >= STAGE_LIMIT:
+            self.flush()
+
+    def flush(self) -> None:
+        """Move every staged tuple into the ring (thread-safe)."""
+        with self._lock:
+            staged = self._staged
+            n = len(staged)
+            if n == 0:
+                return
+            rows = [staged.popleft() for _ in range(n)]
+            chunk = np.array([r[:N_FIELDS] for r in rows], dtype=EVENT_DTYPE)
+            for listener in self.listeners:
+                listener(chunk)
+            keep = (chunk["flags"] & FLAG_DROPPED) == 0
+            if not keep.all():
+                rows = [r for r, k in zip(rows, keep.tolist(), strict=True) if k]
+                chunk = chunk[keep]
+            first_id = self.total
+            for i, r in enumerate(rows):
+                if r[N_FIELDS] is not None:
+                    self.errors[first_id + i] = r[N_FIELDS]
+                if r[N_FIELDS + 1] is not None:
+                    self.metadata[first_id + i] = r[N_FIELDS + 1]
+            if len(chunk):
+                self._write(chunk, first_id)
+
+    def _write(self, chunk: np.ndarray, first_id: int) -> None:
+        n = len(chunk)
+        if n > self.capacity:  # only the newest `capacity` survive
+            chunk = chunk[n - self.capacity :]
+            self.total += n - self.capacity
+            n = self.capacity
+        start = self.total % self.capacity
+        end = start + n
+        if end <= self.capacity:
+            self._ring[start:end] = chunk
+        else:
+            k = self.capacity - start
+            self._ring[start:] = chunk[:k]
+            self._ring[: n - k] = chunk[k:]
+        self.total += n
+        if self.total > self.capacity and (self.errors or self.metadata):
+            oldest = self.total - self.capacity
+            for table in (self.errors, self.metadata):
+                for key in [k for k in table if k < oldest]:
+                    del table[key]
+
+    @property
+    def evicted(self) -> int:
+        """Events overwritten because the ring was full."""
+        return max(0, self.total - self.capacity)
+
+    def resized(self, capacity: int) -> EventLog:
+        """A log of ``capacity`` slots holding the newest retained events (renumbered from 0),
+        the same name tables and the same listeners; error texts and metadata are not carried."""
+        events, _ids = self.snapshot()
+        new = EventLog(capacity)
+        new.groups, new._group_index = self.groups, self._group_index
+        new.dtypes, new._dtype_index = self.dtypes, self._dtype_index
+        new.labels, new._label_index = self.labels, self._label_index
+        new._write(events[-capacity:], 0)
+        new.listeners = list(self.listeners)
+        return new
+
+    @contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold the log's lock: no flush (which feeds the listeners) runs meanwhile."""
+        with self._lock:
+            yield
+
+    # -- read ---------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        self.flush()
+        return min(self.total, self.capacity)
+
+    def snapshot(self) -> tuple[np.ndarray, np.ndarray]:
+        """(events, ids): a copy of the retained events, oldest first, and their event ids."""
+        self.flush()
+        with self._lock:
+            n = min(self.total, self.capacity)
+            ids = np.arange(self.total - n, self.total, dtype=np.int64)
+            if self.total <= self.capacity:
+                return self._ring[:n].copy(), ids
+            start = self.total % self.capacity
+            return np.concatenate([self._ring[start:], self._ring[:start]]), ids
+
+    def clear(self) -> None:
+        with self._lock:
+            self._staged.clear()
+            self.total = 0
+            self.errors.clear()
+            self.metadata.clear()
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the ring buffer (54 per slot)."""
+        return int(self._ring.nbytes)

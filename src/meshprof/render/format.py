@@ -1,0 +1,90 @@
+"""Number formatting for people, shared by every renderer (terminal, HTML, text reports).
+
+Inputs are in the project's internal units: durations in nanoseconds, sizes in bytes, shares as
+fractions (0.25 = 25 %), bandwidth in GB/s (1e9 bytes per second). A missing value (``None`` or
+NaN) prints as ``"-"``. Nothing here computes a statistic; it only turns a number into text.
+"""
+
+from __future__ import annotations
+
+import math
+
+__all__ = [
+    "MISSING",
+    "fmt_bytes",
+    "fmt_gbps",
+    "fmt_ms",
+    "fmt_ns",
+    "fmt_pct",
+    "fmt_signed_pct",
+    "is_missing",
+    "ratio_color",
+    "sort_value",
+]
+
+MISSING = "-"
+"""What a missing value (None or NaN) prints as."""
+
+
+def is_missing(x: float | int | None) -> bool:
+    """True for None and NaN."""
+    return x is None or (isinstance(x, float) and math.isnan(x))
+
+
+def fmt_ns(ns: float | int | None) -> str:
+    """A duration in ns for people: ns, µs, ms or s (``"-"`` when missing)."""
+    if ns is None or is_missing(ns):
+        return MISSING
+    if ns < 1e3:
+        return f"{ns:.0f} ns"
+    if ns < 1e6:
+        return f"{ns / 1e3:.1f} µs"
+    if ns < 1e9:
+        return f"{ns / 1e6:.2f} ms"
+    return f"{ns / 1e9:.2f} s"
+
+
+def fmt_ms(ns: float | int, digits: int = 2, signed: bool = False) -> str:
+    """A duration in ns shown in milliseconds with fixed decimals, e.g. ``+0.064 ms``."""
+    sign = "+" if signed else ""
+    return f"{ns / 1e6:{sign}.{digits}f} ms"
+
+
+def fmt_bytes(n: float | int) -> str:
+    """A size in bytes with binary units (KiB, MiB, GiB)."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{int(n)} B"
+
+
+def fmt_pct(x: float | int | None, digits: int = 1) -> str:
+    """A fraction as a percentage (0.253 → ``25.3%``; ``"-"`` when missing)."""
+    if x is None or is_missing(x):
+        return MISSING
+    return f"{x:.{digits}%}"
+
+
+def fmt_signed_pct(x: float, digits: int = 1) -> str:
+    """A fraction as a signed percentage (0.06 → ``+6.0%``)."""
+    return f"{x:+.{digits}%}"
+
+
+def fmt_gbps(x: float) -> str:
+    """A bandwidth in GB/s (1e9 bytes per second), three decimals."""
+    return f"{x:.3f}"
+
+
+def sort_value(x: float | int | None) -> str:
+    """A number as a short machine-readable string (for sort keys); empty when not finite."""
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return ""
+    return f"{x:.6g}"
+
+
+def ratio_color(ratio: float) -> str:
+    """A CSS colour for a ratio: white at 0, red at 1 (clipped to [0, 1]; grey for NaN)."""
+    if math.isnan(ratio):
+        return "#eeeeee"
+    r = min(max(ratio, 0.0), 1.0)
+    return f"rgb(255,{int(255 - 175 * r)},{int(255 - 200 * r)})"

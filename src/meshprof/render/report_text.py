@@ -1,0 +1,196 @@
+"""Text of the cross-rank run report (rich tables for the terminal): the same sections as the
+HTML report, formatted from the typed :class:`~meshprof.analyze.report_types.RunReport`."""
+
+from __future__ import annotations
+
+import io
+
+from rich.console import Console
+from rich.table import Table
+
+from meshprof.analyze.report_types import RankRow, RunReport
+from meshprof.render.format import fmt_bytes, fmt_ms, fmt_ns, fmt_pct, fmt_signed_pct
+
+RANK_COLUMNS = (
+    "rank",
+    "host",
+    "steps",
+    "step time",
+    "compute",
+    "comm share",
+    "wait share",
+    "peak memory",
+)
+"""The per-rank table's leading columns (terminal and HTML); the score columns follow."""
+
+
+def rank_cells(row: RankRow) -> list[str]:
+    """The texts of :data:`RANK_COLUMNS`, then score and arrived-last share, for one rank."""
+    return [
+        str(row.rank),
+        row.host,
+        str(row.steps),
+        fmt_ns(row.step_ns),
+        fmt_ns(row.compute_ns),
+        fmt_pct(row.comm_share),
+        fmt_pct(row.wait_share),
+        fmt_bytes(row.peak_memory_bytes) if row.peak_memory_bytes >= 0 else "-",
+        fmt_signed_pct(row.score),
+        fmt_pct(row.last_share),
+    ]
+
+
+def _table(title: str, columns: tuple[str, ...] | list[str], left: tuple[str, ...] = ()) -> Table:
+    """A rich table titled on the left, columns right-aligned except those in ``left``."""
+    t = Table(title=title, title_justify="left")
+    for c in columns:
+        t.add_column(c, justify="left" if c in left else "right")
+    return t
+
+
+def print_report(rep: RunReport, console: Console) -> None:
+    """Summary, findings and bottlenecks, per-rank table, stragglers, groups and clocks."""
+    s = rep.stragglers
+    console.print(
+        f"[bold]meshprof report[/] {rep.path}: {len(rep.loaded_ranks)} of {rep.world_size} ranks, "
+        f"{len(s.steps)} steps, {rep.match.collectives} collectives matched "
+        f"({rep.match.incomplete} incomplete), skew p50 {fmt_ns(rep.match.skew_p50_ns)} p95 {fmt_ns(rep.match.skew_p95_ns)}",
+        markup=True,
+        highlight=False,
+    )
+    md = rep.metadata
+    if md.get("status"):
+        nodes = md.get("nodes") or []
+        where = (
+            f", {len(nodes)} nodes ({', '.join(md.get('hosts') or [])})" if len(nodes) > 1 else ""
+        )
+        console.print(
+            f"job: {md['status']}, exit code {md.get('exit_code')}{where}",
+            highlight=False,
+            markup=False,
+        )
+    for r, why in rep.problems:
+        console.print(f"[red]rank {r} not analyzed:[/] {why}", highlight=False)
+    _print_findings(rep, console)
+    t = _table("per rank", (*RANK_COLUMNS, "score", "arrived last"), left=("host",))
+    for row in rep.ranks:
+        t.add_row(*rank_cells(row))
+    console.print(t)
+    _print_pipeline_and_traces(rep, console)
+    _print_tables(rep, console)
+
+
+def _print_findings(rep: RunReport, console: Console) -> None:
+    """Findings, then bottlenecks (or that there are none), then the straggler verdict."""
+    s = rep.stragglers
+    if rep.findings or rep.bottlenecks:
+        console.print("[bold]Findings[/]")
+        for f in rep.findings:
+            style = "red" if f.severity == "warning" else "yellow"
+            console.print(f"  [{style}]•[/] {f.title}", highlight=False, markup=True)
+        for b in rep.bottlenecks:
+            bn = b.bottleneck
+            console.print(
+                f"  • {bn.severity.upper()} {bn.category}: {b.evidence_text}",
+                highlight=False,
+                markup=False,
+            )
+            console.print(
+                f"      rule: {bn.rule}; fix: {bn.suggestion}", highlight=False, markup=False
+            )
+    else:
+        console.print("[green]No straggler, imbalance or bottleneck found.[/]")
+    if s.note:
+        console.print(f"stragglers: {s.note}")
+    elif not s.stragglers:
+        console.print(
+            f"No straggler (threshold {s.threshold:.0%} and arrived last in most collectives)."
+        )
+
+
+def _print_tables(rep: RunReport, console: Console) -> None:
+    """Compute per phase, communication share by dimension, groups and clocks."""
+    s = rep.stragglers
+    if s.phases:
+        pt = _table(
+            "compute per phase (median per step, communication excluded)", ("rank", *s.phases)
+        )
+        for i, r in enumerate(s.ranks):
+            pt.add_row(str(r), *(fmt_ns(float(v)) for v in s.phase_ns[i]))
+        console.print(pt)
+    if rep.dimensions:
+        dt = _table("communication share of step time by dimension", ("rank", *rep.dimensions))
+        for i, r in enumerate(s.ranks):
+            dt.add_row(str(r), *(fmt_pct(float(v)) for v in rep.comm_share_by_dim[i]))
+        console.print(dt)
+    gt = _table(
+        "collectives by group",
+        ("group", "dim", "size", "matched", "incomplete", "skew p50", "skew max", "total wait"),
+        left=("group", "dim"),
+    )
+    for g in rep.group_rows:
+        gt.add_row(
+            f"{g.desc} ({g.name})",
+            g.dimension,
+            str(g.size),
+            str(g.collectives),
+            str(g.incomplete),
+            fmt_ns(g.skew_p50_ns),
+            fmt_ns(g.skew_max_ns),
+            fmt_ns(g.wait_ns),
+        )
+    console.print(gt)
+    ct = _table(
+        f"clock alignment (reference rank {rep.clock.reference_rank})",
+        ("rank", "method", "offset", "uncertainty"),
+    )
+    for rc in rep.clock.ranks:
+        ct.add_row(
+            str(rc.rank),
+            rc.method,
+            fmt_ms(rc.offset_ns, digits=3, signed=True),
+            fmt_ns(rc.uncertainty_ns) if rc.uncertainty_ns >= 0 else "unknown",
+        )
+    console.print(ct)
+
+
+def render_report(rep: RunReport, width: int = 140) -> str:
+    """The report as plain text."""
+    buf = io.StringIO()
+    print_report(rep, Console(file=buf, width=width, force_terminal=False, color_system=None))
+    return buf.getvalue()
+
+
+def _print_pipeline_and_traces(rep: RunReport, console: Console) -> None:
+    """The joint pipeline bubble and the torch.profiler trace breakdown, when present."""
+    p = rep.pipeline
+    if p:
+        theory = f", theory {p.bubble_theory:.1%}" if p.bubble_theory is not None else ""
+        stages = ", ".join(f"rank {r} {v:.1%}" for r, v in sorted(p.per_stage.items()))
+        console.print(
+            f"pipeline ({p.schedule}, p={p.stages}, m={p.microbatches}, {p.steps} steps, all stages on "
+            f"the aligned clock): bubble {p.bubble:.1%}{theory}, utilization {p.utilization:.1%} ({stages})",
+            highlight=False,
+            markup=False,
+        )
+    if rep.kineto_error is not None:
+        console.print(
+            f"torch.profiler traces not read: {rep.kineto_error}", highlight=False, markup=False
+        )
+    if rep.kineto:
+        kt = _table(
+            "torch.profiler traces: time split per rank",
+            ("rank", "traces", "window", "computation", "communication", "other", "basis"),
+            left=("rank", "basis"),
+        )
+        for k in rep.kineto:
+            kt.add_row(
+                str(k.rank),
+                str(len(k.paths)),
+                fmt_ns(k.window_ns),
+                f"{fmt_ns(k.compute_ns)} ({fmt_pct(k.compute_share, 0)})",
+                f"{fmt_ns(k.comm_ns)} ({fmt_pct(k.comm_share, 0)})",
+                f"{fmt_ns(k.other_ns)} ({fmt_pct(k.other_share, 0)})",
+                str(k.basis),
+            )
+        console.print(kt)

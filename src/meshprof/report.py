@@ -1,0 +1,212 @@
+"""Assembles the cross-rank run report from the analyzers: one pure function from a loaded run
+to a typed :class:`~meshprof.analyze.report_types.RunReport`.
+
+The steps, in order (each an analyzer of :mod:`meshprof.analyze`):
+
+1. table       every completed event of every rank as columns        (:mod:`.analyze.table`)
+2. clock       clock offsets between ranks                           (:mod:`.analyze.clock`)
+3. match       collectives matched across ranks, arrival skew, waits (:mod:`.analyze.match`)
+4. stragglers  per-step times, straggler scores, slow phases         (:mod:`.analyze.stragglers`)
+5. tables      per-rank, memory, heatmap, dimensions, sizes, groups  (:mod:`.analyze.run_tables`)
+6. timeline    a two-step excerpt on the aligned clock     (:mod:`.analyze.merged_timeline`)
+7. findings    conclusions with their figures                        (:mod:`.analyze.findings`)
+8. steps       step analysis of every rank, on a second thread from the start (:mod:`.analyze.steps`)
+9. pipeline    the pipeline bubble of all stages on the aligned clock  (:mod:`.analyze.pipeline`)
+10. bottlenecks per-rank rules merged across ranks + cross-rank rules (:mod:`.analyze.run_bottlenecks`)
+11. traces     torch.profiler traces: computation / communication / other (:mod:`.analyze.kineto`)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from meshprof.analyze.clock import ClockAlignment, align_clocks
+from meshprof.analyze.findings import find_findings
+from meshprof.analyze.match import CollectiveMatch, match_collectives, summarize_match
+from meshprof.analyze.merged_timeline import timeline_excerpt
+from meshprof.analyze.report_types import RunReport
+from meshprof.analyze.run_bottlenecks import run_bottlenecks
+from meshprof.analyze.run_tables import (
+    comm_share_by_dimension,
+    group_rows,
+    mean_step_ns,
+    memory_imbalance,
+    rank_rows,
+    recorded_by_size,
+    size_rows,
+    step_heatmap,
+    with_recorded,
+)
+from meshprof.analyze.stragglers import DEFAULT_THRESHOLD, find_stragglers
+from meshprof.analyze.table import EventTable, build_event_table
+from meshprof.layout import Layout
+from meshprof.rundir import LoadedRun, RankMeta, resolve_layout
+
+if TYPE_CHECKING:
+    from meshprof.analyze.bottlenecks import Bottleneck
+    from meshprof.analyze.kineto import KinetoBreakdown
+    from meshprof.analyze.pipeline import PipelineBubble
+    from meshprof.analyze.steps.types import StepAnalysis
+
+
+@dataclass(frozen=True, slots=True)
+class RunAnalysis:
+    """The report with the intermediate results it was built from (for renderers that need
+    every event, such as the merged trace, without computing them again)."""
+
+    report: RunReport
+    """What ``meshprof report`` shows."""
+    table: EventTable
+    """Every completed event of every loaded rank."""
+    clock: ClockAlignment
+    """The clock offsets used."""
+    match: CollectiveMatch
+    """The matched collectives."""
+
+
+def analyze_run(
+    run: LoadedRun,
+    *,
+    threshold: float = DEFAULT_THRESHOLD,
+    bottlenecks: Iterable[Bottleneck] = (),
+) -> RunReport:
+    """Build the cross-rank report of a loaded run (pure: reads ``run``, returns data).
+
+    Bottlenecks come from the step monitor's rules on every rank and the cross-rank rules
+    (:mod:`meshprof.analyze.bottlenecks`); ``bottlenecks`` adds more, shown as given."""
+    return analyze_run_parts(run, threshold=threshold, bottlenecks=bottlenecks).report
+
+
+def analyze_run_parts(
+    run: LoadedRun,
+    *,
+    threshold: float = DEFAULT_THRESHOLD,
+    bottlenecks: Iterable[Bottleneck] = (),
+) -> RunAnalysis:
+    """:func:`analyze_run`, keeping the event table, clock alignment and match it computed."""
+    # The per-rank step analyses do not depend on the cross-rank steps: run them on a second
+    # thread (numpy releases the GIL in its kernels, so this uses a second core when there is one).
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="meshprof-rank-analyses") as pool:
+        analyses_future = pool.submit(rank_analyses, run)
+        table = build_event_table(run)
+        clock = align_clocks(run, table)
+        match = match_collectives(table, clock)
+        stragglers = find_stragglers(run, table, clock, match, threshold=threshold)
+        ranks = rank_rows(run, table, stragglers)
+        memory = memory_imbalance(ranks)
+        dims, share = comm_share_by_dimension(run, table, stragglers)
+        timeline, timeline_ns = timeline_excerpt(run, table, clock, stragglers)
+        problems = tuple(sorted(run.problems.items()))
+        summary = summarize_match(match)
+        findings = find_findings(stragglers, memory, problems, clock, summary)
+        analyses = analyses_future.result()
+    pipeline = run_pipeline_bubble(run, clock)
+    sampled = memory.max_rank >= 0
+    found = run_bottlenecks(
+        stragglers,
+        memory.imbalance if sampled else None,
+        memory.max_rank if sampled else None,
+        analyses,
+        pipeline,
+        extra=bottlenecks,
+    )
+    kineto, kineto_error = run_kineto(run)
+    report = RunReport(
+        path=str(run.path),
+        world_size=run.world_size,
+        loaded_ranks=tuple(sorted(run.ranks)),
+        problems=problems,
+        metadata={
+            k: v
+            for k, v in run.manifest.to_dict().items()
+            if isinstance(v, str | int | float | bool | list | dict)
+        },
+        groups=table.groups,
+        clock=clock,
+        match=summary,
+        group_rows=group_rows(table, match),
+        stragglers=stragglers,
+        ranks=ranks,
+        mean_step_ns=mean_step_ns(ranks),
+        heatmap=step_heatmap(stragglers),
+        memory=memory,
+        dimensions=dims,
+        comm_share_by_dim=share,
+        comm_share_total=tuple(float(v) for v in share.sum(axis=1)),
+        by_size=with_recorded(size_rows(table), recorded_by_size(run)),
+        timeline=timeline,
+        timeline_ns=timeline_ns,
+        findings=findings,
+        bottlenecks=found,
+        rank_analyses=tuple(a for _, a in sorted(analyses.items())),
+        pipeline=pipeline,
+        kineto=kineto,
+        kineto_error=kineto_error,
+    )
+    return RunAnalysis(report, table, clock, match)
+
+
+def _monitor_meta(run: LoadedRun, meta: RankMeta) -> tuple[dict[str, Any], Layout | None]:
+    """A rank's step-monitor settings and its parallel layout (None when unknown)."""
+    return meta.monitor or {}, resolve_layout(meta, run.manifest)
+
+
+def rank_analyses(run: LoadedRun) -> dict[int, StepAnalysis]:
+    """The step monitor's analysis of every loaded rank (:mod:`meshprof.analyze.steps`)."""
+    from meshprof.analyze.steps import StepOptions, analyze_recorded
+
+    out: dict[int, StepAnalysis] = {}
+    for r, rd in sorted(run.ranks.items()):
+        mon, layout = _monitor_meta(run, rd.meta)
+        options = StepOptions.from_meta(mon, rank=r, layout=layout)
+        names = rd.span_names or list(mon.get("span_names", []))
+        out[r] = analyze_recorded(rd.spans, names, rd.events, rd.groups, rd.memory, options)
+    return out
+
+
+def run_pipeline_bubble(run: LoadedRun, clock: ClockAlignment) -> PipelineBubble | None:
+    """The bubble of every pipeline group, from its stages' spans on the aligned clock (None
+    without pipeline parallelism)."""
+    from meshprof.analyze.pipeline import StageTimeline, measure_pipeline_bubble
+
+    mon: dict[str, Any] = {}
+    layout = None
+    for rd in run.ranks.values():
+        mon, layout = _monitor_meta(run, rd.meta)
+        if layout is not None:
+            break
+    if layout is None or layout.pp <= 1:
+        return None
+    stages = [
+        StageTimeline(
+            r,
+            rd.spans,
+            rd.span_names or list((rd.meta.monitor or {}).get("span_names", [])),
+            clock.offset(r),
+        )
+        for r, rd in sorted(run.ranks.items())
+    ]
+    return measure_pipeline_bubble(
+        stages,
+        layout,
+        str(mon.get("schedule", "") or ""),
+        int(mon.get("microbatches", 0) or 0),
+        int(mon.get("virtual_stages", 1) or 1),
+        warmup_steps=int(mon.get("warmup_steps", 0) or 0),
+    )
+
+
+def run_kineto(run: LoadedRun) -> tuple[tuple[KinetoBreakdown, ...], str | None]:
+    """Computation / communication / other per rank from the torch.profiler traces in the run
+    directory (written by ``@performance_monitor``), and why they could not be read (None when
+    they could, or when there are none)."""
+    from meshprof.analyze.kineto import find_traces, kineto_breakdown
+
+    try:
+        paths = find_traces(run.path)
+        return (tuple(kineto_breakdown(paths)) if paths else ()), None
+    except Exception as e:  # a damaged trace must not cost the rest of the report
+        return (), f"{type(e).__name__}: {e}"

@@ -1,0 +1,77 @@
+"""Loading a run directory: the merged manifest and every rank file that reads
+(:func:`load_run` -> :class:`LoadedRun`). Missing or damaged ranks are listed, not fatal."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from meshprof.errors import MeshprofError
+from meshprof.layout import Layout
+from meshprof.rundir.manifest import merge_node_records, read_manifest, read_node_records
+from meshprof.rundir.rankfile import RankData, load_rank_file
+from meshprof.rundir.schema import RANK_FILE_RE, Manifest, rank_file, resolve_layout
+
+
+@dataclass(slots=True)
+class LoadedRun:
+    """A run directory: its manifest, the ranks that loaded, and the ones that did not."""
+
+    path: Path
+    manifest: Manifest
+    """manifest.json merged with the node records (empty when the directory has none)."""
+    ranks: dict[int, RankData]
+    problems: dict[int, str]
+    """rank -> why it is missing or damaged (ranks expected from the manifest's world size)."""
+    world_size: int
+
+    def layout_of(self, rank: int) -> Layout | None:
+        """The dp/tp/pp layout rank ``rank`` ran with (:func:`resolve_layout`)."""
+        rd = self.ranks.get(rank)
+        return resolve_layout(rd.meta if rd is not None else None, self.manifest)
+
+    def layout(self) -> Layout | None:
+        """The first loaded rank's layout that is known (ranks in order), else the manifest's."""
+        for r in sorted(self.ranks):
+            lay = self.layout_of(r)
+            if lay is not None:
+                return lay
+        return resolve_layout(None, self.manifest)
+
+
+def load_run(run_dir: str | Path) -> LoadedRun:
+    """Load every rank file of a run directory. Missing or damaged ranks are listed in
+    ``problems``; the rest still load. No usable rank at all raises :class:`MeshprofError`."""
+    run_dir = Path(run_dir)
+    if not run_dir.exists():
+        raise MeshprofError(f"{run_dir}: no such directory")
+    if not run_dir.is_dir():
+        raise MeshprofError(f"{run_dir}: not a directory (expected a meshprof run directory)")
+    manifest = merge_node_records(read_manifest(run_dir), read_node_records(run_dir))
+    ranks: dict[int, RankData] = {}
+    problems: dict[int, str] = {}
+    for f in sorted(run_dir.iterdir()):
+        mm = RANK_FILE_RE.match(f.name)
+        if not mm:
+            continue
+        r = int(mm.group(1))
+        try:
+            ranks[r] = load_rank_file(f)
+        except MeshprofError as e:
+            problems[r] = str(e)
+    world = int(manifest.world_size or 0)
+    for rd in ranks.values():
+        world = max(world, rd.world_size)
+    world = max(world, max(list(ranks) + list(problems), default=-1) + 1)
+    for r in range(world):
+        if r not in ranks and r not in problems:
+            problems[r] = f"{rank_file(run_dir, r).name}: missing"
+    if not ranks:
+        detail = "; ".join(problems.values()) if problems else "no rank files (rank*.npz)"
+        raise MeshprofError(f"{run_dir}: no usable rank file ({detail})")
+    return LoadedRun(
+        path=run_dir, manifest=manifest, ranks=ranks, problems=problems, world_size=world
+    )
+
+
+__all__ = ["LoadedRun", "load_run"]
