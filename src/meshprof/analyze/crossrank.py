@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from meshprof.analyze.clock import ClockAlignment, align_clocks
+from meshprof.analyze.kineto import KinetoReport
 from meshprof.analyze.match import CollectiveMatch, MatchSummary, match_collectives, summarize_match
 from meshprof.analyze.sorting import stable_argsort, unique_inverse
 from meshprof.analyze.stragglers import (
@@ -202,9 +203,9 @@ class RunReport:
     pipeline: dict[str, Any] | None = None
     """The pipeline bubble measured from all stages' timelines on the aligned clock
     (:class:`meshprof.monitor.pipeline.PipelineBubble` as a dict); None without pipelining."""
-    kineto: tuple[dict[str, Any], ...] = ()
-    """Per rank, torch.profiler traces found in the run directory split into computation,
-    communication and other time (:class:`meshprof.analyze.kineto.KinetoBreakdown` as dicts)."""
+    kineto: KinetoReport | None = None
+    """The torch.profiler traces found in the run directory: per rank HTA's GPU breakdown (or the
+    host split on CPU-only traces), unreadable files, the kernel-level straggler."""
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (numpy arrays become nested lists, NaN becomes None)."""
@@ -253,7 +254,7 @@ class RunReport:
                 "bottlenecks": [dict(b) for b in self.bottlenecks],
                 "rank_analyses": list(self.rank_analyses),
                 "pipeline": self.pipeline,
-                "kineto": list(self.kineto),
+                "kineto": (self.kineto or KinetoReport(())).to_dict(),
             }
         )
 
@@ -812,16 +813,16 @@ def run_pipeline_bubble(run: LoadedRun, clock: ClockAlignment) -> Any:
     )
 
 
-def run_kineto(run: LoadedRun) -> tuple[dict[str, Any], ...]:
-    """Computation / communication / other per rank from the torch.profiler traces in the run
-    directory (written by ``@performance_monitor``); empty when there are none."""
-    from meshprof.analyze.kineto import find_traces, kineto_breakdown
+def run_kineto(run: LoadedRun) -> KinetoReport | None:
+    """The torch.profiler traces in the run directory (written by ``@performance_monitor``, or
+    put there by the user); None when there are none."""
+    from meshprof.analyze.kineto import find_traces, kineto_report
 
     try:
         paths = find_traces(run.path)
-        return tuple(dataclasses.asdict(b) for b in kineto_breakdown(paths)) if paths else ()
+        return kineto_report(paths) if paths else None
     except Exception as e:  # a damaged trace must not cost the rest of the report
-        return ({"error": f"{type(e).__name__}: {e}"},)
+        return KinetoReport((), problems=(f"{type(e).__name__}: {e}",))
 
 
 def _as_dict(b: Any) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from meshprof.analyze.crossrank import RunReport
+from meshprof.analyze.kineto import KinetoReport
 from meshprof.render.console import fmt_bytes, fmt_ns
 from meshprof.rundir import atomic_write_text
 
@@ -518,19 +519,10 @@ def _pipeline_traces(rep: RunReport) -> str:
             "(all stages joined on the aligned clock).</p>"
             f"<table><tr><th>rank</th><th>bubble</th></tr>{rows}</table>"
         )
-    ks = [k for k in rep.kineto if "error" not in k]
-    if ks:
-        rows = "".join(
-            f"<tr><td>{k['rank']}</td><td>{len(k['paths'])}</td><td>{k['window_ns'] / 1e6:.2f} ms</td>"
-            f"<td>{k['compute_ns'] / max(k['window_ns'], 1):.1%}</td><td>{k['comm_ns'] / max(k['window_ns'], 1):.1%}</td>"
-            f"<td>{k['other_ns'] / max(k['window_ns'], 1):.1%}</td><td>{_E(str(k['basis']))}</td></tr>"
-            for k in ks
-        )
-        out.append(
-            "<p>torch.profiler traces (<code>@performance_monitor</code>): time split per rank.</p>"
-            "<table><tr><th>rank</th><th>traces</th><th>window</th><th>computation</th>"
-            f"<th>communication</th><th>other</th><th>basis</th></tr>{rows}</table>"
-        )
+    if rep.kineto is not None:
+        from meshprof.render.kineto_view import kineto_html
+
+        out.append(kineto_html(rep.kineto))
     return (
         "".join(out)
         or '<p class="muted">No pipeline stages and no torch.profiler traces in this run.</p>'
@@ -562,6 +554,19 @@ def render_html(rep: RunReport, title: str = "meshprof report") -> str:
         f'<body><h1>{_E(title)}: <code>{_E(rep.path)}</code></h1><p class="muted" id="js-status">static</p>{body}'
         f"<script>{_JS}</script></body></html>\n"
     )
+
+
+def write_kineto_html(path: Path, folder: str, k: KinetoReport) -> Path:
+    """A report of a folder of torch.profiler traces alone (no meshprof rank files), atomically."""
+    from meshprof.render.kineto_view import kineto_html
+
+    body = kineto_html(k) or '<p class="muted">No torch.profiler trace could be read.</p>'
+    doc = (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>meshprof report</title>'
+        f"<style>{_CSS}</style></head><body><h1>meshprof report: <code>{_E(folder)}</code></h1>"
+        f'<section id="traces"><h2>torch.profiler traces</h2>{body}</section></body></html>\n'
+    )
+    return atomic_write_text(Path(path), doc)
 
 
 def write_html(path: Path, rep: RunReport, title: str = "meshprof report") -> Path:

@@ -182,25 +182,7 @@ def _print_pipeline_and_traces(rep: RunReport, console: Console) -> None:
             highlight=False,
             markup=False,
         )
-    rows = [k for k in rep.kineto if "error" not in k]
-    for k in rep.kineto:
-        if "error" in k:
-            console.print(
-                f"torch.profiler traces not read: {k['error']}", highlight=False, markup=False
-            )
-    if rows:
-        kt = Table(title="torch.profiler traces: time split per rank", title_justify="left")
-        for c in ("rank", "traces", "window", "computation", "communication", "other", "basis"):
-            kt.add_column(c, justify="left" if c in ("rank", "basis") else "right")
-        for k in rows:
-            w = max(int(k["window_ns"]), 1)
-            kt.add_row(
-                str(k["rank"]),
-                str(len(k["paths"])),
-                _ns(k["window_ns"]),
-                f"{_ns(k['compute_ns'])} ({k['compute_ns'] / w:.0%})",
-                f"{_ns(k['comm_ns'])} ({k['comm_ns'] / w:.0%})",
-                f"{_ns(k['other_ns'])} ({k['other_ns'] / w:.0%})",
-                str(k["basis"]),
-            )
-        console.print(kt)
+    if rep.kineto is not None:
+        from meshprof.render.kineto_view import print_kineto
+
+        print_kineto(rep.kineto, console)
