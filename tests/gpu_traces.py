@@ -24,15 +24,21 @@ def make_gpu_trace(
     slow: float = 1.25,
     named_kernels: bool = False,
     fractional: bool = False,
+    scale: float = 1.0,
 ) -> dict[str, Any]:
     """One rank's trace. ``slow_rank`` computes ``slow`` × longer. With ``named_kernels`` the NCCL
     kernels carry their own ``Collective name`` (newer PyTorch); else only ``record_param_comms``
-    has it. ``fractional`` gives times with ns digits (µs with 3 decimals)."""
+    has it. ``fractional`` gives times with ns digits (µs with 3 decimals). ``scale`` multiplies
+    every GPU duration and host step."""
     rng = random.Random(seed * 1000 + rank)
     pid, tid = 1000 + rank, 1000 + rank
     ev: list[dict[str, Any]] = []
     corr = [1]
     f = 1.0 if rank != slow_rank else slow
+    rng_uniform = rng.uniform
+
+    def uniform(a: float, b: float) -> float:
+        return rng_uniform(a, b) * scale
 
     def t(x: float) -> float | int:
         return round(x, 3) if fractional else int(round(x))
@@ -84,7 +90,7 @@ def make_gpu_trace(
                 )
                 c = launch(op_ts + 3)
                 st = max(op_ts + 8, free[COMM_STREAM])
-                dur = rng.uniform(60, 220)
+                dur = uniform(60, 220)
                 extra = {"Collective name": coll} if named_kernels else {}
                 gpu(kname, "kernel", COMM_STREAM, st, dur, c, extra)
                 free[COMM_STREAM] = st + dur
@@ -92,14 +98,14 @@ def make_gpu_trace(
                 cpu("aten::copy_", op_ts, 10)
                 c = launch(op_ts + 2, "cudaMemcpyAsync")
                 st = max(op_ts + 6, free[COPY_STREAM])
-                dur = rng.uniform(15, 60)
+                dur = uniform(15, 60)
                 gpu("Memcpy HtoD (Pageable -> Device)", "gpu_memcpy", COPY_STREAM, st, dur, c, {})
                 free[COPY_STREAM] = st + dur
             elif k % 17 == 3:  # a memset on the compute stream
                 cpu("aten::zero_", op_ts, 8)
                 c = launch(op_ts + 2, "cudaMemsetAsync")
                 st = max(op_ts + 5, free[COMPUTE_STREAM])
-                dur = rng.uniform(3, 10)
+                dur = uniform(3, 10)
                 gpu("Memset (Device)", "gpu_memset", COMPUTE_STREAM, st, dur, c, {})
                 free[COMPUTE_STREAM] = st + dur
             else:
@@ -109,10 +115,10 @@ def make_gpu_trace(
                 c = launch(op_ts + 3)
                 gap = rng.choice([0, 0, 0, 2, 5, 40])  # back-to-back, small and large gaps
                 st = max(op_ts + 7, free[COMPUTE_STREAM] + gap)
-                dur = rng.uniform(20, 90) * f
+                dur = uniform(20, 90) * f
                 gpu(kname, "kernel", COMPUTE_STREAM, st, dur, c, {})
                 free[COMPUTE_STREAM] = st + dur
-            cpu_t += rng.uniform(14, 30)
+            cpu_t += uniform(14, 30)
         if s % 2 == 1:
             cpu_t = max(cpu_t, free[COMPUTE_STREAM]) + 150  # a synchronize: a long idle gap
             cpu("cudaDeviceSynchronize", cpu_t - 150, 140, cat="cuda_runtime")
