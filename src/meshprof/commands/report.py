@@ -69,8 +69,7 @@ def _traces_only(args: argparse.Namespace, why: MeshprofError) -> int:
     paths = find_traces(folder)
     if not paths:
         raise MeshprofError(
-            f"{folder}: no meshprof rank files (rank*.npz) and no torch.profiler traces "
-            "(*.json, *.json.gz, also under traces/)"
+            f"{why}, and no torch.profiler traces (*.json, *.json.gz, also under traces/)"
         ) from None
     k = kineto_report(paths)
     if not k.ranks:
