@@ -189,6 +189,8 @@ SCENARIOS = {
         world=2, steps=4, kernels=60, named_kernels=True, fractional=True, scale=4.0
     ),
     "four_ranks": dict(world=4, steps=3, kernels=50, slow_rank=3, slow=1.4),
+    # short kernels with sub-µs times: equal to HTA once its rounding is reproduced
+    "fractional_times_hta_rounding": dict(world=2, steps=4, kernels=60, fractional=True, hta_rounding=True),
 }
 
 
@@ -212,6 +214,7 @@ def test_agrees_with_hta(scenario: str, hta: Any, tmp_path: Path) -> None:
 
     kw = dict(SCENARIOS[scenario])
     world = kw.pop("world")
+    rounding = bool(kw.pop("hta_rounding", False))
     for r in range(world):
         doc = make_gpu_trace(r, world=world, seed=7, **kw)
         (tmp_path / f"rank{r}.json").write_text(json.dumps(doc))
@@ -224,7 +227,8 @@ def test_agrees_with_hta(scenario: str, hta: Any, tmp_path: Path) -> None:
             ov = ta.get_comm_comp_overlap(visualize=False)
         finally:
             logging.disable(logging.NOTSET)
-    ours = {b.rank: b.gpu.total for b in kineto_report(find_traces(tmp_path)).ranks if b.gpu}
+    rep = kineto_report(find_traces(tmp_path), hta_rounding=rounding)
+    ours = {b.rank: b.gpu.total for b in rep.ranks if b.gpu}
     assert sorted(ours) == sorted(int(r) for r in tb["rank"]) == list(range(world))
     for _, row in tb.iterrows():
         t = ours[int(row["rank"])]

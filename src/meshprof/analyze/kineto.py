@@ -311,7 +311,7 @@ class _FileResult:
     not_a_trace: bool = False
 
 
-def _read_one(path: str) -> _FileResult:
+def _read_one(path: str, hta_rounding: bool = False) -> _FileResult:
     """One file reduced to its breakdown; a bad file gives its error instead of raising."""
     try:
         data = load_trace(path)
@@ -320,7 +320,7 @@ def _read_one(path: str) -> _FileResult:
     if isinstance(data.get("metadata"), dict) and data["metadata"].get("meshprof"):
         return _FileResult(path, -1, "", ("host", 0, 0, 0, 0, 0), None, "meshprof's own trace", True)
     rank, source = trace_rank_source(data, path)
-    gpu = gpu_breakdown(trace_columns(data["traceEvents"]))
+    gpu = gpu_breakdown(trace_columns(data["traceEvents"], hta_rounding))
     if gpu is None:
         split = breakdown_of(data)
     else:
@@ -335,7 +335,9 @@ PARALLEL_MIN_BYTES = 32 << 20
 """Read traces in parallel processes (one per core) when they add up to more than this."""
 
 
-def _read_all(paths: Sequence[str | os.PathLike[str]]) -> list[_FileResult]:
+def _read_all(
+    paths: Sequence[str | os.PathLike[str]], hta_rounding: bool = False
+) -> list[_FileResult]:
     """Parse every trace and reduce it to its breakdown; several files go to a pool of forked
     processes (parsing JSON is CPU-bound and holds the GIL). Only the small breakdowns come
     back. Falls back to this process when forking is not safe (torch already imported: its
@@ -353,10 +355,10 @@ def _read_all(paths: Sequence[str | os.PathLike[str]]) -> list[_FileResult]:
         try:
             ctx = mp.get_context("fork")
             with ProcessPoolExecutor(max_workers=min(cores, len(names)), mp_context=ctx) as pool:
-                return list(pool.map(_read_one, names))
+                return list(pool.map(_read_one, names, [hta_rounding] * len(names)))
         except Exception:
             pass  # no fork here: read in this process
-    return [_read_one(p) for p in names]
+    return [_read_one(p, hta_rounding) for p in names]
 
 
 def _overlapping(items: list[_FileResult]) -> bool:
@@ -366,14 +368,17 @@ def _overlapping(items: list[_FileResult]) -> bool:
     return False if len(spans) < 2 else any(a[1] < b[0] for a, b in zip(spans, spans[1:]))
 
 
-def kineto_report(paths: Sequence[str | os.PathLike[str]]) -> KinetoReport:
+def kineto_report(
+    paths: Sequence[str | os.PathLike[str]], hta_rounding: bool = False
+) -> KinetoReport:
     """Every rank's breakdown from torch.profiler trace files (several files of one rank, e.g.
     one per active window, are summed), the files that could not be read, the ranks claimed by
     several files, and the kernel-level straggler. Files that are JSON but no trace (a config, a
-    comm log) are left out quietly."""
+    comm log) are left out quietly. ``hta_rounding``: round sub-µs times as HTA 0.5 does
+    (:mod:`meshprof.analyze.kineto_load`)."""
     per: dict[int, list[_FileResult]] = {}
     problems: list[str] = []
-    for r in _read_all(paths):
+    for r in _read_all(paths, hta_rounding):
         if r.error:
             if not r.not_a_trace:
                 problems.append(r.error)

@@ -13,6 +13,11 @@ zero, ``ts``/``dur`` being µs):
   ``Collective name``.
 
 Everything else (CPU ops, Python functions, flows) is skipped without being converted.
+
+``hta_rounding`` reproduces HTA 0.5's parser on traces with sub-µs times (any ``ts`` written as a
+fraction): every start is rounded up and every end down to a whole µs (HTA's fix for events that
+overlap by rounding error, pytorch/pytorch#122425). It shortens each GPU event by up to 1 µs, so on
+short kernels HTA's idle time is larger than the trace says; meshprof keeps ns by default.
 """
 
 from __future__ import annotations
@@ -109,7 +114,13 @@ def _us_to_ns(v: Any) -> int | None:
         return None
 
 
-def trace_columns(events: list[Any]) -> TraceColumns:
+def _hta_round(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    s = -((-start) // 1000) * 1000
+    e = (end // 1000) * 1000
+    return s, np.maximum(e, s)
+
+
+def trace_columns(events: list[Any], hta_rounding: bool = False) -> TraceColumns:
     """One pass over a trace's ``traceEvents``; see the module docstring."""
     ds: list[int] = []
     de: list[int] = []
@@ -130,6 +141,7 @@ def trace_columns(events: list[Any]) -> TraceColumns:
     tids: dict[Any, int] = {}
     colls: dict[str, int] = {}
     device_cats = DEVICE_CATS
+    fractional = False
     for e in events:
         if not isinstance(e, dict) or e.get("ph") != "X":
             continue
@@ -157,10 +169,13 @@ def trace_columns(events: list[Any]) -> TraceColumns:
                 continue  # HTA's stream -1: not a GPU event
             if stream < 0:
                 continue
-            s = _us_to_ns(e.get("ts"))
+            ts = e.get("ts")
+            s = _us_to_ns(ts)
             d = _us_to_ns(e.get("dur", 0))
             if s is None or d is None:
                 continue
+            if not fractional and isinstance(ts, float) and not ts.is_integer():
+                fractional = True
             ds.append(s)
             de.append(s + max(d, 0))
             dstream.append(stream)
@@ -191,19 +206,26 @@ def trace_columns(events: list[Any]) -> TraceColumns:
                 lc.append(corr)
                 lt.append(tids.setdefault(e.get("tid"), len(tids)))
     i64, i32 = np.int64, np.int32
+    dev_start, dev_end = np.array(ds, i64), np.array(de, i64)
+    launch_start = np.array(ls, i64)
+    step_start, step_end = np.array(ss, i64), np.array(se, i64)
+    if hta_rounding and fractional:
+        dev_start, dev_end = _hta_round(dev_start, dev_end)
+        launch_start = -((-launch_start) // 1000) * 1000
+        step_start, step_end = _hta_round(step_start, step_end)
     return TraceColumns(
-        dev_start=np.array(ds, i64),
-        dev_end=np.array(de, i64),
+        dev_start=dev_start,
+        dev_end=dev_end,
         dev_stream=np.array(dstream, i64),
         dev_corr=np.array(dcorr, i64),
         dev_class=np.array(dcls, np.int8),
         dev_coll=np.array(dcoll, i32),
-        launch_start=np.array(ls, i64),
+        launch_start=launch_start,
         launch_corr=np.array(lc, i64),
         launch_tid=np.array(lt, i32),
         step_num=np.array(sn, i64),
-        step_start=np.array(ss, i64),
-        step_end=np.array(se, i64),
+        step_start=step_start,
+        step_end=step_end,
         rpc_start=np.array(rs, i64),
         rpc_end=np.array(re_, i64),
         rpc_tid=np.array(rt, i32),

@@ -37,6 +37,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=DEFAULT_THRESHOLD,
         help="straggler score threshold (fraction, default 0.05)",
     )
+    p.add_argument(
+        "--hta-rounding",
+        action="store_true",
+        help="torch.profiler traces: round sub-µs times to whole µs as Holistic Trace Analysis "
+        "0.5 does, to reproduce its figures exactly (default: exact ns)",
+    )
     p.set_defaults(func=run)
 
 
@@ -71,7 +77,7 @@ def _traces_only(args: argparse.Namespace, why: MeshprofError) -> int:
         raise MeshprofError(
             f"{why}, and no torch.profiler traces (*.json, *.json.gz, also under traces/)"
         ) from None
-    k = kineto_report(paths)
+    k = kineto_report(paths, hta_rounding=args.hta_rounding)
     if not k.ranks:
         detail = "; ".join(k.problems) if k.problems else "no file there holds a traceEvents list"
         raise MeshprofError(f"{folder}: no readable torch.profiler trace ({detail})") from None
@@ -120,6 +126,12 @@ def run(args: argparse.Namespace) -> int:
         return _traces_only(args, e)
     parts = analyze_run_parts(loaded, threshold=args.threshold)
     rep = parts.report
+    if args.hta_rounding and rep.kineto is not None:
+        import dataclasses
+
+        from meshprof.analyze.kineto import find_traces, kineto_report
+
+        rep = dataclasses.replace(rep, kineto=kineto_report(find_traces(loaded.path), True))
     written = []
     if args.html:
         from meshprof.render.html import write_html
