@@ -107,11 +107,30 @@ class TraceColumns:
     """Collective names met (``Collective name`` args)."""
 
 
-def _us_to_ns(v: Any) -> int | None:
+def _ns(ts: list[Any], dur: list[Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
+    """(start ns, end ns, valid, any start with a sub-µs fraction) from raw µs values; the
+    conversion is vectorized, with an element-wise fallback for odd values (None, strings)."""
     try:
-        return round(float(v) * 1000.0)
+        t = np.asarray(ts, dtype=np.float64)
+        d = np.asarray(dur, dtype=np.float64)
+        ok = np.isfinite(t) & np.isfinite(d)
     except (TypeError, ValueError):
-        return None
+        t = np.array([_num(x) for x in ts], dtype=np.float64)
+        d = np.array([_num(x) for x in dur], dtype=np.float64)
+        ok = np.isfinite(t) & np.isfinite(d)
+    t = np.where(ok, t, 0.0)
+    d = np.where(ok, d, 0.0)
+    s = np.rint(t * 1000.0).astype(np.int64)
+    e = s + np.maximum(np.rint(d * 1000.0).astype(np.int64), 0)
+    frac = bool(len(t)) and bool(np.any(t != np.floor(t)))
+    return s, e, ok, frac
+
+
+def _num(v: Any) -> float:
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return float("nan")
 
 
 def _hta_round(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -121,115 +140,102 @@ def _hta_round(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarr
 
 
 def trace_columns(events: list[Any], hta_rounding: bool = False) -> TraceColumns:
-    """One pass over a trace's ``traceEvents``; see the module docstring."""
-    ds: list[int] = []
-    de: list[int] = []
+    """One pass over a trace's ``traceEvents``; see the module docstring. The loop only copies
+    raw values into lists; conversion and checks are done on arrays afterwards."""
+    d_ts: list[Any] = []
+    d_dur: list[Any] = []
     dstream: list[int] = []
     dcorr: list[int] = []
     dcls: list[int] = []
     dcoll: list[int] = []
-    ls: list[int] = []
+    l_ts: list[Any] = []
     lc: list[int] = []
     lt: list[int] = []
     sn: list[int] = []
-    ss: list[int] = []
-    se: list[int] = []
-    rs: list[int] = []
-    re_: list[int] = []
+    s_ts: list[Any] = []
+    s_dur: list[Any] = []
+    r_ts: list[Any] = []
+    r_dur: list[Any] = []
     rt: list[int] = []
     rc: list[int] = []
     tids: dict[Any, int] = {}
     colls: dict[str, int] = {}
+    classes: dict[Any, int] = {}
     device_cats = DEVICE_CATS
-    fractional = False
+    step_re = _STEP_RE
     for e in events:
-        if not isinstance(e, dict) or e.get("ph") != "X":
+        if type(e) is not dict or e.get("ph") != "X":
             continue
         cat = e.get("cat")
-        if cat == "cpu_op":
-            if e.get("name") != "record_param_comms":
-                continue
-            s = _us_to_ns(e.get("ts"))
-            d = _us_to_ns(e.get("dur", 0))
-            if s is None or d is None:
-                continue
-            args = e.get("args") or {}
-            cn = args.get("Collective name")
-            rs.append(s)
-            re_.append(s + max(d, 0))
-            rt.append(tids.setdefault(e.get("tid"), len(tids)))
-            rc.append(colls.setdefault(str(cn), len(colls)) if cn else -1)
-            continue
         if cat in device_cats:
             args = e.get("args") or {}
             stream = args.get("stream", e.get("tid"))
-            try:
-                stream = int(stream)
-            except (TypeError, ValueError):
-                continue  # HTA's stream -1: not a GPU event
+            if type(stream) is not int:
+                try:
+                    stream = int(stream)
+                except (TypeError, ValueError):
+                    continue  # HTA's stream -1: not a GPU event
             if stream < 0:
                 continue
-            ts = e.get("ts")
-            s = _us_to_ns(ts)
-            d = _us_to_ns(e.get("dur", 0))
-            if s is None or d is None:
-                continue
-            if not fractional and isinstance(ts, float) and not ts.is_integer():
-                fractional = True
-            ds.append(s)
-            de.append(s + max(d, 0))
+            d_ts.append(e.get("ts"))
+            d_dur.append(e.get("dur", 0))
             dstream.append(stream)
             corr = args.get("correlation", -1)
-            dcorr.append(corr if isinstance(corr, int) else -1)
-            dcls.append(kernel_class(str(e.get("name", ""))))
+            dcorr.append(corr if type(corr) is int else -1)
+            name = e.get("name", "")
+            k = classes.get(name)
+            if k is None:
+                k = classes[name] = int(kernel_class(str(name)))
+            dcls.append(k)
             cn = args.get("Collective name")
             dcoll.append(colls.setdefault(str(cn), len(colls)) if cn else -1)
-            continue
-        if cat == "user_annotation":
-            m = _STEP_RE.match(str(e.get("name", "")))
+        elif cat == "cpu_op":
+            if e.get("name") == "record_param_comms":
+                cn = (e.get("args") or {}).get("Collective name")
+                r_ts.append(e.get("ts"))
+                r_dur.append(e.get("dur", 0))
+                rt.append(tids.setdefault(e.get("tid"), len(tids)))
+                rc.append(colls.setdefault(str(cn), len(colls)) if cn else -1)
+        elif cat == "user_annotation":
+            m = step_re.match(str(e.get("name", "")))
             if m:
-                s = _us_to_ns(e.get("ts"))
-                d = _us_to_ns(e.get("dur", 0))
-                if s is not None and d is not None:
-                    sn.append(int(m.group(1)))
-                    ss.append(s)
-                    se.append(s + max(d, 0))
-            continue
-        if cat == "python_function":
-            continue
-        args = e.get("args")
-        if args and "correlation" in args:
-            corr = args["correlation"]
-            s = _us_to_ns(e.get("ts"))
-            if isinstance(corr, int) and s is not None:
-                ls.append(s)
-                lc.append(corr)
-                lt.append(tids.setdefault(e.get("tid"), len(tids)))
+                sn.append(int(m.group(1)))
+                s_ts.append(e.get("ts"))
+                s_dur.append(e.get("dur", 0))
+        elif cat != "python_function":
+            args = e.get("args")
+            if args:
+                corr = args.get("correlation")
+                if type(corr) is int:
+                    l_ts.append(e.get("ts"))
+                    lc.append(corr)
+                    lt.append(tids.setdefault(e.get("tid"), len(tids)))
     i64, i32 = np.int64, np.int32
-    dev_start, dev_end = np.array(ds, i64), np.array(de, i64)
-    launch_start = np.array(ls, i64)
-    step_start, step_end = np.array(ss, i64), np.array(se, i64)
-    if hta_rounding and fractional:
-        dev_start, dev_end = _hta_round(dev_start, dev_end)
-        launch_start = -((-launch_start) // 1000) * 1000
-        step_start, step_end = _hta_round(step_start, step_end)
+    ds, de, dok, frac = _ns(d_ts, d_dur)
+    ls, _, lok, _ = _ns(l_ts, [0] * len(l_ts))
+    ss, se, sok, _ = _ns(s_ts, s_dur)
+    rs, re_, rok, _ = _ns(r_ts, r_dur)
+    if hta_rounding and frac:
+        ds, de = _hta_round(ds, de)
+        ls = -((-ls) // 1000) * 1000
+        ss, se = _hta_round(ss, se)
     return TraceColumns(
-        dev_start=dev_start,
-        dev_end=dev_end,
-        dev_stream=np.array(dstream, i64),
-        dev_corr=np.array(dcorr, i64),
-        dev_class=np.array(dcls, np.int8),
-        dev_coll=np.array(dcoll, i32),
-        launch_start=launch_start,
-        launch_corr=np.array(lc, i64),
-        launch_tid=np.array(lt, i32),
-        step_num=np.array(sn, i64),
-        step_start=step_start,
-        step_end=step_end,
-        rpc_start=np.array(rs, i64),
-        rpc_end=np.array(re_, i64),
-        rpc_tid=np.array(rt, i32),
-        rpc_coll=np.array(rc, i32),
+        dev_start=ds[dok],
+        dev_end=de[dok],
+        dev_stream=np.array(dstream, i64)[dok],
+        dev_corr=np.array(dcorr, i64)[dok],
+        dev_class=np.array(dcls, np.int8)[dok],
+        dev_coll=np.array(dcoll, i32)[dok],
+        launch_start=ls[lok],
+        launch_corr=np.array(lc, i64)[lok],
+        launch_tid=np.array(lt, i32)[lok],
+        step_num=np.array(sn, i64)[sok],
+        step_start=ss[sok],
+        step_end=se[sok],
+        rpc_start=rs[rok],
+        rpc_end=re_[rok],
+        rpc_tid=np.array(rt, i32)[rok],
+        rpc_coll=np.array(rc, i32)[rok],
         collectives=tuple(colls),
     )
 
