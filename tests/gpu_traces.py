@@ -41,11 +41,21 @@ def make_gpu_trace(
         return rng_uniform(a, b) * scale
 
     def t(x: float) -> float | int:
-        return round(x, 3) if fractional else int(round(x))
+        return round(x, 3) if fractional else round(x)
 
-    def cpu(name: str, ts: float, dur: float, cat: str = "cpu_op", args: dict | None = None) -> None:
+    def cpu(
+        name: str, ts: float, dur: float, cat: str = "cpu_op", args: dict | None = None
+    ) -> None:
         ev.append(
-            {"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": tid, "ts": t(ts), "dur": t(dur)}
+            {
+                "ph": "X",
+                "cat": cat,
+                "name": name,
+                "pid": pid,
+                "tid": tid,
+                "ts": t(ts),
+                "dur": t(dur),
+            }
             | ({"args": args} if args else {})
         )
 
@@ -86,7 +96,12 @@ def make_gpu_trace(
                     "record_param_comms",
                     op_ts,
                     12,
-                    args={"Collective name": coll, "In msg nelems": 4096, "dtype": "Float", "Group size": world},
+                    args={
+                        "Collective name": coll,
+                        "In msg nelems": 4096,
+                        "dtype": "Float",
+                        "Group size": world,
+                    },
                 )
                 c = launch(op_ts + 3)
                 st = max(op_ts + 8, free[COMM_STREAM])
@@ -110,7 +125,11 @@ def make_gpu_trace(
                 free[COMPUTE_STREAM] = st + dur
             else:
                 name = "aten::mm" if k % 2 else "aten::add_"
-                kname = "ampere_sgemm_128x64_tn" if k % 2 else "void at::native::vectorized_elementwise_kernel<4>"
+                kname = (
+                    "ampere_sgemm_128x64_tn"
+                    if k % 2
+                    else "void at::native::vectorized_elementwise_kernel<4>"
+                )
                 cpu(name, op_ts, 10)
                 c = launch(op_ts + 3)
                 gap = rng.choice([0, 0, 0, 2, 5, 40])  # back-to-back, small and large gaps
@@ -125,7 +144,15 @@ def make_gpu_trace(
         cpu(f"ProfilerStep#{s}", step0 - 1, cpu_t - step0 + 1, cat="user_annotation")
         cpu_t += 5
     ev.append(
-        {"ph": "X", "cat": "Trace", "name": "PyTorch Profiler (0)", "pid": "Spans", "tid": "x", "ts": 0, "dur": t(cpu_t)}
+        {
+            "ph": "X",
+            "cat": "Trace",
+            "name": "PyTorch Profiler (0)",
+            "pid": "Spans",
+            "tid": "x",
+            "ts": 0,
+            "dur": t(cpu_t),
+        }
     )
     ev.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": "main"}})
     return {

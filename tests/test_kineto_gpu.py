@@ -19,7 +19,9 @@ from meshprof.analyze.kineto_load import KernelClass, kernel_class
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 
 
-def _k(name: str, ts: int, dur: int, stream: int, corr: int, cat: str = "kernel", **args: Any) -> dict:
+def _k(
+    name: str, ts: int, dur: int, stream: int, corr: int, cat: str = "kernel", **args: Any
+) -> dict:
     return {
         "ph": "X",
         "cat": cat,
@@ -33,8 +35,16 @@ def _k(name: str, ts: int, dur: int, stream: int, corr: int, cat: str = "kernel"
 
 
 def _launch(ts: int, corr: int, tid: int = 1) -> dict:
-    return {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 9, "tid": tid,
-            "ts": ts, "dur": 2, "args": {"correlation": corr}}
+    return {
+        "ph": "X",
+        "cat": "cuda_runtime",
+        "name": "cudaLaunchKernel",
+        "pid": 9,
+        "tid": tid,
+        "ts": ts,
+        "dur": 2,
+        "args": {"correlation": corr},
+    }
 
 
 def _cpu(name: str, ts: int, dur: int, cat: str = "cpu_op", **args: Any) -> dict:
@@ -73,13 +83,19 @@ def test_hand_computed_breakdown(tmp_path: Path) -> None:
         _cpu("ProfilerStep#1", 0, 250, cat="user_annotation"),
         _cpu("ProfilerStep#2", 250, 250, cat="user_annotation"),
         _cpu("ProfilerStep#3", 500, 250, cat="user_annotation"),
-        _launch(1, 1), _k("ampere_sgemm", 0, 100, 7, 1),
+        _launch(1, 1),
+        _k("ampere_sgemm", 0, 100, 7, 1),
         _cpu("record_param_comms", 5, 20, **{"Collective name": "allreduce"}),
-        _launch(10, 2), _k("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 50, 100, 20, 2),
-        _launch(30, 3), _k("Memcpy HtoD (Pageable -> Device)", 200, 30, 9, 3, cat="gpu_memcpy"),
-        _launch(260, 4), _k("ampere_sgemm", 300, 100, 7, 4),
-        _launch(270, 5), _k("ncclDevKernel_Broadcast_RING_LL", 420, 40, 20, 5, **{"Collective name": "broadcast"}),
-        _launch(510, 6), _k("ampere_sgemm", 600, 100, 7, 6),
+        _launch(10, 2),
+        _k("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 50, 100, 20, 2),
+        _launch(30, 3),
+        _k("Memcpy HtoD (Pageable -> Device)", 200, 30, 9, 3, cat="gpu_memcpy"),
+        _launch(260, 4),
+        _k("ampere_sgemm", 300, 100, 7, 4),
+        _launch(270, 5),
+        _k("ncclDevKernel_Broadcast_RING_LL", 420, 40, 20, 5, **{"Collective name": "broadcast"}),
+        _launch(510, 6),
+        _k("ampere_sgemm", 600, 100, 7, 6),
     ]
     p = _write(tmp_path / "a.json", ev, rank=0)
     rep = kineto_report([p])
@@ -102,8 +118,18 @@ def test_hand_computed_breakdown(tmp_path: Path) -> None:
     # the split fields on the device basis: kernel span, computation, exposed communication
     assert (b.window_ns, b.compute_ns, b.comm_ns) == (460_000, 200_000, 90_000)
     d = b.to_dict()
-    for key in ("rank", "idle_pct", "compute_pct", "non_compute_pct", "comm_comp_overlap_pct",
-                "exposed_comm_ns", "memcpy_ns", "iterations", "streams", "collectives"):
+    for key in (
+        "rank",
+        "idle_pct",
+        "compute_pct",
+        "non_compute_pct",
+        "comm_comp_overlap_pct",
+        "exposed_comm_ns",
+        "memcpy_ns",
+        "iterations",
+        "streams",
+        "collectives",
+    ):
         assert key in d
 
 
@@ -137,7 +163,12 @@ def test_bad_files_named_others_analysed(tmp_path: Path) -> None:
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-c", "import sys; from meshprof.cli import main; sys.exit(main())", *args],
+        [
+            sys.executable,
+            "-c",
+            "import sys; from meshprof.cli import main; sys.exit(main())",
+            *args,
+        ],
         capture_output=True,
         text=True,
         env={"PYTHONPATH": SRC, "PATH": "/usr/bin:/bin", "COLUMNS": "120"},
@@ -190,7 +221,9 @@ SCENARIOS = {
     ),
     "four_ranks": dict(world=4, steps=3, kernels=50, slow_rank=3, slow=1.4),
     # short kernels with sub-µs times: equal to HTA once its rounding is reproduced
-    "fractional_times_hta_rounding": dict(world=2, steps=4, kernels=60, fractional=True, hta_rounding=True),
+    "fractional_times_hta_rounding": dict(
+        world=2, steps=4, kernels=60, fractional=True, hta_rounding=True
+    ),
 }
 
 

@@ -192,14 +192,15 @@ class GpuBreakdown:
             if s.stream in streams:
                 a = streams[s.stream]
                 streams[s.stream] = StreamTime(
-                    s.stream, *(getattr(a, f.name) + getattr(s, f.name) for f in fields(StreamTime)[1:])
+                    s.stream,
+                    *(getattr(a, f.name) + getattr(s, f.name) for f in fields(StreamTime)[1:]),
                 )
             else:
                 streams[s.stream] = s
         colls: dict[str, CollectiveTime] = {c.name: c for c in self.collectives}
         for c in o.collectives:
-            a = colls.get(c.name, CollectiveTime(c.name, 0, 0))
-            colls[c.name] = CollectiveTime(c.name, a.kernels + c.kernels, a.time_ns + c.time_ns)
+            ca = colls.get(c.name, CollectiveTime(c.name, 0, 0))
+            colls[c.name] = CollectiveTime(c.name, ca.kernels + c.kernels, ca.time_ns + c.time_ns)
         return GpuBreakdown(
             total=self.total + o.total,
             iterations=tuple(sorted(self.iterations + o.iterations, key=lambda i: i.step)),

@@ -29,6 +29,7 @@ from __future__ import annotations
 import functools
 import gc
 import gzip
+import itertools
 import json
 import os
 import re
@@ -329,9 +330,13 @@ def _read_one_gc_off(path: str, hta_rounding: bool) -> _FileResult:
     try:
         data = load_trace(path)
     except MeshprofError as e:
-        return _FileResult(path, -1, "", ("host", 0, 0, 0, 0, 0), None, str(e), "traceEvents" in str(e))
+        return _FileResult(
+            path, -1, "", ("host", 0, 0, 0, 0, 0), None, str(e), "traceEvents" in str(e)
+        )
     if isinstance(data.get("metadata"), dict) and data["metadata"].get("meshprof"):
-        return _FileResult(path, -1, "", ("host", 0, 0, 0, 0, 0), None, "meshprof's own trace", True)
+        return _FileResult(
+            path, -1, "", ("host", 0, 0, 0, 0, 0), None, "meshprof's own trace", True
+        )
     rank, source = trace_rank_source(data, path)
     gpu = gpu_breakdown(trace_columns(data["traceEvents"], hta_rounding))
     if gpu is None:
@@ -375,10 +380,8 @@ def _read_all(
 
 
 def _overlapping(items: list[_FileResult]) -> bool:
-    spans = sorted(
-        (r.split[5] + (r.gpu.total.span_ns if r.gpu else 0), r.split[5]) for r in items
-    )
-    return False if len(spans) < 2 else any(a[1] < b[0] for a, b in zip(spans, spans[1:]))
+    spans = sorted((r.split[5] + (r.gpu.total.span_ns if r.gpu else 0), r.split[5]) for r in items)
+    return False if len(spans) < 2 else any(a[1] < b[0] for a, b in itertools.pairwise(spans))
 
 
 def kineto_report(

@@ -32,7 +32,16 @@ import numpy as np
 
 #: Event categories that run on the GPU (Kineto's names, and HTA's alternate spellings).
 DEVICE_CATS = frozenset(
-    {"kernel", "Kernel", "gpu_memcpy", "Memcpy", "gpu_memset", "Memset", "cuda_sync", "mtia_ccp_events"}
+    {
+        "kernel",
+        "Kernel",
+        "gpu_memcpy",
+        "Memcpy",
+        "gpu_memset",
+        "Memset",
+        "cuda_sync",
+        "mtia_ccp_events",
+    }
 )
 _STEP_RE = re.compile(r"^ProfilerStep\s*#\s*(\d+)$")
 #: NCCL and RCCL kernels, including NCCL ≥ 2.19's ``ncclDevKernel_*`` (HTA: ``^nccl.*Kernel``).
@@ -172,7 +181,7 @@ def trace_columns(events: list[Any], hta_rounding: bool = False) -> TraceColumns
             stream = args.get("stream", e.get("tid"))
             if type(stream) is not int:
                 try:
-                    stream = int(stream)
+                    stream = int(stream)  # type: ignore[arg-type]
                 except (TypeError, ValueError):
                     continue  # HTA's stream -1: not a GPU event
             if stream < 0:

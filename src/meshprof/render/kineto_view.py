@@ -97,7 +97,9 @@ def print_kineto(k: KinetoReport, console: Console) -> None:
         if line:
             console.print(line, highlight=False, markup=False)
     if host:
-        t = Table(title="torch.profiler traces (CPU only): host time split per rank", title_justify="left")
+        t = Table(
+            title="torch.profiler traces (CPU only): host time split per rank", title_justify="left"
+        )
         for c in HOST_COLUMNS:
             t.add_column(c, justify="left" if c == "rank" else "right")
         for b in host:
