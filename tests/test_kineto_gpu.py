@@ -272,3 +272,27 @@ def test_agrees_with_hta(scenario: str, hta: Any, tmp_path: Path) -> None:
     for _, row in ov.iterrows():
         t = ours[int(row["rank"])]
         assert t.comm_comp_overlap_pct == pytest.approx(row["comp_comm_overlap_pctg"], abs=1.0)
+
+
+def test_run_directory_with_gpu_traces(tmp_path: Path) -> None:
+    """A meshprof run directory with torch.profiler traces in traces/: the JSON, console and
+    HTML reports carry HTA's figures per rank and the kernel-level straggler."""
+    from data.meshprof_synth import MS, synthetic_run
+
+    synthetic_run(tmp_path, 2, [0, 5 * MS], slow_rank=-1)
+    (tmp_path / "traces").mkdir()
+    for r in range(2):
+        doc = make_gpu_trace(r, steps=3, kernels=20, slow_rank=0)
+        (tmp_path / "traces" / f"trace_rank{r}_step3.json").write_text(json.dumps(doc))
+    res = _cli("report", str(tmp_path), "--json")
+    assert res.returncode == 0, res.stderr
+    k = json.loads(res.stdout)["kineto"]
+    assert [x["rank"] for x in k["ranks"]] == [0, 1] and k["stragglers"]["straggler"] == 0
+    assert all(
+        x["basis"] == "device" and x["comm_comp_overlap_pct"] is not None for x in k["ranks"]
+    )
+    html = tmp_path / "r.html"
+    res = _cli("report", str(tmp_path), "--html", str(html))
+    assert res.returncode == 0, res.stderr
+    assert "overlap" in res.stdout and "kernel-level straggler: rank 0" in res.stdout
+    assert "kernel-level straggler: rank 0" in html.read_text()
