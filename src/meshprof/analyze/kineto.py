@@ -338,12 +338,13 @@ def _read_one_gc_off(path: str, hta_rounding: bool) -> _FileResult:
             path, -1, "", ("host", 0, 0, 0, 0, 0), None, "meshprof's own trace", True
         )
     rank, source = trace_rank_source(data, path)
-    gpu = gpu_breakdown(trace_columns(data["traceEvents"], hta_rounding))
+    cols = trace_columns(data["traceEvents"], hta_rounding)
+    gpu = gpu_breakdown(cols)
     if gpu is None:
         split = breakdown_of(data)
     else:
         t = gpu.total
-        start = int(data.get("baseTimeNanoseconds", 0) or 0)
+        start = int(data.get("baseTimeNanoseconds", 0) or 0) + int(cols.dev_start.min())
         comm_events = sum(c.kernels for c in gpu.collectives)
         split = ("device", t.span_ns, t.compute_ns, t.exposed_comm_ns, comm_events, start)
     return _FileResult(path, rank, source, split, gpu)
