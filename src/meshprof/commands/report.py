@@ -86,13 +86,20 @@ def _traces_only(args: argparse.Namespace, why: MeshprofError) -> int:
             f"--trace needs a meshprof run directory; {folder} holds torch.profiler traces only "
             "(open them in Perfetto directly)"
         )
+    # damaged rank files beside the traces are said, not hidden
+    rank_files = "" if "no rank files" in str(why) else str(why)
     written = []
     if args.html:
         from meshprof.render.html import write_kineto_html
 
         written.append(write_kineto_html(Path(args.html), str(folder), k))
     if args.json:
-        summary = {"path": str(folder), "traces": len(paths), "ranks": [b.rank for b in k.ranks]}
+        summary = {
+            "path": str(folder),
+            "traces": len(paths),
+            "ranks": [b.rank for b in k.ranks],
+            "rank_files": rank_files or None,
+        }
         print(json.dumps({"summary": summary, "kineto": k.to_dict()}, default=str))
         return 0
     from meshprof.render.kineto_view import print_kineto
@@ -103,6 +110,8 @@ def _traces_only(args: argparse.Namespace, why: MeshprofError) -> int:
         f"{len(k.ranks)} ranks from {len(paths)} files",
         highlight=False,
     )
+    if rank_files:
+        console.print(rank_files, highlight=False, markup=False)
     print_kineto(k, console)
     for w in written:
         console.print(f"wrote {w}", highlight=False)
