@@ -59,7 +59,10 @@ def make_gpu_trace(
             | ({"args": args} if args else {})
         )
 
+    first_kernel: list[float] = []
+
     def gpu(name: str, cat: str, stream: int, ts: float, dur: float, c: int, extra: dict) -> None:
+        first_kernel.append(ts)
         ev.append(
             {
                 "ph": "X",
@@ -142,6 +145,21 @@ def make_gpu_trace(
             cpu_t = max(cpu_t, free[COMPUTE_STREAM]) + 150  # a synchronize: a long idle gap
             cpu("cudaDeviceSynchronize", cpu_t - 150, 140, cat="cuda_runtime")
         cpu(f"ProfilerStep#{s}", step0 - 1, cpu_t - step0 + 1, cat="user_annotation")
+        # Kineto's GPU-side copy of the step: from its first kernel to its last one's end
+        g0 = min(first_kernel)
+        first_kernel.clear()
+        ev.append(
+            {
+                "ph": "X",
+                "cat": "gpu_user_annotation",
+                "name": f"ProfilerStep#{s}",
+                "pid": 0,
+                "tid": COMPUTE_STREAM,
+                "ts": t(g0),
+                "dur": t(max(free.values()) - g0),
+                "args": {"External id": s},
+            }
+        )
         cpu_t += 5
     ev.append(
         {

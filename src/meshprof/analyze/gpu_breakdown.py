@@ -11,7 +11,9 @@ Read from HTA's source (``hta/analyzers/breakdown_analysis.py``, ``communication
   computation = everything else except names containing "Memcpy" or "Sync" (those are "other").
 * **The last iteration is left out** when the trace has two or more ``ProfilerStep#N``: only GPU
   events whose launch (the host event with the same correlation id) starts before the last
-  ``ProfilerStep`` does are counted (HTA: the last step is usually cut short by the profiler).
+  ``ProfilerStep`` does are counted (HTA: the last step is usually cut short by the profiler). As
+  in HTA, "the last ProfilerStep start" is the latest start of any ``ProfilerStep`` event, the
+  GPU-side copy (``gpu_user_annotation``, which starts when the step's first kernel does) included.
 * **span** — from the first GPU event's start to the last one's end (all streams).
 * **idle** — span − union of all GPU events (no GPU event on any stream).
 * **compute** — union of computation kernels; **non-compute** — the rest of the busy time
@@ -269,7 +271,10 @@ def gpu_breakdown(cols: TraceColumns) -> GpuBreakdown | None:
     keep = np.ones(n, bool)
     dropped = False
     if len(np.unique(cols.step_num)) >= 2:
-        last = int(cols.step_start.max())
+        # HTA takes the latest start among all ProfilerStep events, the GPU-side copies included
+        last = int(
+            max(cols.step_start.max(), cols.gpu_step_start.max(initial=cols.step_start.max()))
+        )
         keep = has & (cols.launch_start[li] < last) if len(cols.launch_start) else has
         dropped = True
     s, e, cls = cols.dev_start[keep], cols.dev_end[keep], cols.dev_class[keep]
@@ -280,6 +285,8 @@ def gpu_breakdown(cols: TraceColumns) -> GpuBreakdown | None:
     if len(cols.step_start) and len(s):
         launch_ts = np.where(has_k, cols.launch_start[li_k] if len(cols.launch_start) else 0, 0)
         step = np.where(has_k, _step_of(launch_ts, cols), -1)
+        if dropped:  # the few kernels of the last step HTA keeps are no whole iteration
+            step[step == cols.step_num[np.argmax(cols.step_start)]] = -1
         for k in np.unique(step[step >= 0]):
             m = step == k
             iters.append(IterationTime(int(k), gpu_time(s[m], e[m], cls[m])))

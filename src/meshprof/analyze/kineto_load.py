@@ -8,7 +8,8 @@ zero, ``ts``/``dur`` being µs):
   class (:class:`KernelClass`) and the collective named in the kernel's own args, if any;
 * **launches** — host events carrying ``args.correlation`` (``cudaLaunchKernel``, ``cudaMemcpyAsync``,
   ...): start, correlation id, thread;
-* **steps** — ``ProfilerStep#N`` annotations: N, start, end;
+* **steps** — ``ProfilerStep#N`` annotations: N, start, end (and the starts of their GPU-side
+  copies, ``gpu_user_annotation``);
 * **record_param_comms** — c10d's host record of each collective: start, end, thread, and its
   ``Collective name``.
 
@@ -104,6 +105,9 @@ class TraceColumns:
     """int64."""
     step_end: np.ndarray
     """int64."""
+    gpu_step_start: np.ndarray
+    """int64: starts of the GPU-side copies of ``ProfilerStep#N`` (``gpu_user_annotation``); HTA
+    counts them among the steps when it finds where the last one starts."""
     rpc_start: np.ndarray
     """int64: ``record_param_comms`` starts."""
     rpc_end: np.ndarray
@@ -163,6 +167,7 @@ def trace_columns(events: list[Any], hta_rounding: bool = False) -> TraceColumns
     sn: list[int] = []
     s_ts: list[Any] = []
     s_dur: list[Any] = []
+    g_ts: list[Any] = []
     r_ts: list[Any] = []
     r_dur: list[Any] = []
     rt: list[int] = []
@@ -211,6 +216,9 @@ def trace_columns(events: list[Any], hta_rounding: bool = False) -> TraceColumns
                 sn.append(int(m.group(1)))
                 s_ts.append(e.get("ts"))
                 s_dur.append(e.get("dur", 0))
+        elif cat == "gpu_user_annotation":
+            if step_re.match(str(e.get("name", ""))):
+                g_ts.append(e.get("ts"))
         elif cat != "python_function":
             args = e.get("args")
             if args:
@@ -224,10 +232,12 @@ def trace_columns(events: list[Any], hta_rounding: bool = False) -> TraceColumns
     ls, _, lok, _ = _ns(l_ts, [0] * len(l_ts))
     ss, se, sok, _ = _ns(s_ts, s_dur)
     rs, re_, rok, _ = _ns(r_ts, r_dur)
+    gs, _, gok, _ = _ns(g_ts, [0] * len(g_ts))
     if hta_rounding and frac:
         ds, de = _hta_round(ds, de)
         ls = -((-ls) // 1000) * 1000
         ss, se = _hta_round(ss, se)
+        gs = -((-gs) // 1000) * 1000
     return TraceColumns(
         dev_start=ds[dok],
         dev_end=de[dok],
@@ -241,6 +251,7 @@ def trace_columns(events: list[Any], hta_rounding: bool = False) -> TraceColumns
         step_num=np.array(sn, i64)[sok],
         step_start=ss[sok],
         step_end=se[sok],
+        gpu_step_start=gs[gok],
         rpc_start=rs[rok],
         rpc_end=re_[rok],
         rpc_tid=np.array(rt, i32)[rok],
