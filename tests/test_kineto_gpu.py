@@ -296,3 +296,45 @@ def test_run_directory_with_gpu_traces(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr
     assert "overlap" in res.stdout and "kernel-level straggler: rank 0" in res.stdout
     assert "kernel-level straggler: rank 0" in html.read_text()
+
+
+def test_msgspec_path_gives_the_same_columns() -> None:
+    """The msgspec fast path (the ``fast`` extra) reads the same columns as the dict path."""
+    pytest.importorskip("msgspec", reason="msgspec not installed (the fast extra)")
+    import numpy as np
+
+    from meshprof.analyze.kineto_load import fast_trace, trace_columns
+
+    docs = [
+        make_gpu_trace(0, fractional=True, named_kernels=True),
+        make_gpu_trace(1, steps=3, kernels=30, slow_rank=1),
+    ]
+    # odd but legal events: no args, a string stream, a null correlation
+    docs[1]["traceEvents"] += [
+        {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 3, "ts": 5, "dur": 1},
+        {
+            "ph": "X",
+            "cat": "kernel",
+            "name": "k",
+            "pid": 0,
+            "tid": 3,
+            "ts": 6,
+            "dur": 1,
+            "args": {"stream": "x", "correlation": None},
+        },
+        {"ph": "i", "name": "marker", "pid": 0, "tid": 3, "ts": 7},
+    ]
+    for doc in docs:
+        for rounding in (False, True):
+            fast = fast_trace(json.dumps(doc).encode(), rounding)
+            assert fast is not None
+            a, header = fast
+            b = trace_columns(doc["traceEvents"], rounding)
+            for f in a.__dataclass_fields__:
+                x, y = getattr(a, f), getattr(b, f)
+                assert np.array_equal(x, y) if isinstance(x, np.ndarray) else x == y, f
+            assert header["distributedInfo"] == doc["distributedInfo"]
+    # documents the fast path does not take: the general parser decides
+    assert fast_trace(b'[{"ph": "X"}]') is None
+    assert fast_trace(b'{"traceEvents": [{"ph": "X", "cat": "cpu_op", "args": [1]}]}') is None
+    assert fast_trace(b'{"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "a"}]}') is None

@@ -47,7 +47,7 @@ from meshprof.analyze.gpu_breakdown import (
     gpu_breakdown,
     kernel_stragglers,
 )
-from meshprof.analyze.kineto_load import trace_columns
+from meshprof.analyze.kineto_load import fast_trace, trace_columns
 from meshprof.errors import MeshprofError
 
 #: Lower-case substrings that mark an event as communication.
@@ -192,6 +192,11 @@ def _loads(raw: bytes) -> Any:
 
 def load_trace(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Load a Chrome/Kineto trace (``.json`` or gzip-compressed). Bad files raise MeshprofError."""
+    return _parse_trace(path, _trace_bytes(path))
+
+
+def _trace_bytes(path: str | os.PathLike[str]) -> bytes:
+    """The file's bytes, gunzipped when compressed."""
     p = Path(path)
     try:
         raw = p.read_bytes()
@@ -200,10 +205,16 @@ def load_trace(path: str | os.PathLike[str]) -> dict[str, Any]:
     except OSError as e:
         raise MeshprofError(f"{p}: cannot read ({e})") from None
     try:
-        if raw[:2] == b"\x1f\x8b":
-            raw = gzip.decompress(raw)
+        return gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw
+    except (OSError, EOFError, ValueError) as e:
+        raise MeshprofError(f"{p}: not a JSON trace ({type(e).__name__}: {e})") from None
+
+
+def _parse_trace(path: str | os.PathLike[str], raw: bytes) -> dict[str, Any]:
+    p = Path(path)
+    try:
         data = _loads(raw)
-    except (OSError, EOFError, ValueError, UnicodeDecodeError) as e:
+    except (ValueError, UnicodeDecodeError) as e:
         raise MeshprofError(f"{p}: not a JSON trace ({type(e).__name__}: {e})") from None
     if isinstance(data, list):
         data = {"traceEvents": data}
@@ -328,17 +339,25 @@ def _read_one(path: str, hta_rounding: bool = False) -> _FileResult:
 
 def _read_one_gc_off(path: str, hta_rounding: bool) -> _FileResult:
     try:
-        data = load_trace(path)
+        raw = _trace_bytes(path)
+        fast = fast_trace(raw, hta_rounding)  # GPU traces with msgspec: no dict per event
+        if fast is not None:
+            cols, data = fast
+        else:
+            data = _parse_trace(path, raw)
+            cols = None
     except MeshprofError as e:
         return _FileResult(
             path, -1, "", ("host", 0, 0, 0, 0, 0), None, str(e), "traceEvents" in str(e)
         )
+    del raw
     if isinstance(data.get("metadata"), dict) and data["metadata"].get("meshprof"):
         return _FileResult(
             path, -1, "", ("host", 0, 0, 0, 0, 0), None, "meshprof's own trace", True
         )
     rank, source = trace_rank_source(data, path)
-    cols = trace_columns(data["traceEvents"], hta_rounding)
+    if cols is None:
+        cols = trace_columns(data["traceEvents"], hta_rounding)
     gpu = gpu_breakdown(cols)
     if gpu is None:
         split = breakdown_of(data)

@@ -152,29 +152,82 @@ def _hta_round(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarr
     return s, np.maximum(e, s)
 
 
+class _Lists:
+    """The raw values one pass collects (filled by either loop below)."""
+
+    def __init__(self) -> None:
+        self.d_ts: list[Any] = []
+        self.d_dur: list[Any] = []
+        self.dstream: list[int] = []
+        self.dcorr: list[int] = []
+        self.dcls: list[int] = []
+        self.dcoll: list[int] = []
+        self.l_ts: list[Any] = []
+        self.lc: list[int] = []
+        self.lt: list[int] = []
+        self.sn: list[int] = []
+        self.s_ts: list[Any] = []
+        self.s_dur: list[Any] = []
+        self.g_ts: list[Any] = []
+        self.r_ts: list[Any] = []
+        self.r_dur: list[Any] = []
+        self.rt: list[int] = []
+        self.rc: list[int] = []
+        self.tids: dict[Any, int] = {}
+        self.colls: dict[str, int] = {}
+        self.classes: dict[Any, int] = {}
+
+    def columns(self, hta_rounding: bool) -> TraceColumns:
+        i64, i32 = np.int64, np.int32
+        ds, de, dok, frac = _ns(self.d_ts, self.d_dur)
+        ls, _, lok, _ = _ns(self.l_ts, [0] * len(self.l_ts))
+        ss, se, sok, _ = _ns(self.s_ts, self.s_dur)
+        rs, re_, rok, _ = _ns(self.r_ts, self.r_dur)
+        gs, _, gok, _ = _ns(self.g_ts, [0] * len(self.g_ts))
+        if hta_rounding and frac:
+            ds, de = _hta_round(ds, de)
+            ls = -((-ls) // 1000) * 1000
+            ss, se = _hta_round(ss, se)
+            gs = -((-gs) // 1000) * 1000
+        return TraceColumns(
+            dev_start=ds[dok],
+            dev_end=de[dok],
+            dev_stream=np.array(self.dstream, i64)[dok],
+            dev_corr=np.array(self.dcorr, i64)[dok],
+            dev_class=np.array(self.dcls, np.int8)[dok],
+            dev_coll=np.array(self.dcoll, i32)[dok],
+            launch_start=ls[lok],
+            launch_corr=np.array(self.lc, i64)[lok],
+            launch_tid=np.array(self.lt, i32)[lok],
+            step_num=np.array(self.sn, i64)[sok],
+            step_start=ss[sok],
+            step_end=se[sok],
+            gpu_step_start=gs[gok],
+            rpc_start=rs[rok],
+            rpc_end=re_[rok],
+            rpc_tid=np.array(self.rt, i32)[rok],
+            rpc_coll=np.array(self.rc, i32)[rok],
+            collectives=tuple(self.colls),
+        )
+
+
+def _device(acc: _Lists, name: Any, ts: Any, dur: Any, stream: int, corr: Any, cn: Any) -> None:
+    acc.d_ts.append(ts)
+    acc.d_dur.append(dur)
+    acc.dstream.append(stream)
+    acc.dcorr.append(corr if type(corr) is int else -1)
+    k = acc.classes.get(name)
+    if k is None:
+        k = acc.classes[name] = int(kernel_class(str(name)))
+    acc.dcls.append(k)
+    acc.dcoll.append(acc.colls.setdefault(str(cn), len(acc.colls)) if cn else -1)
+
+
 def trace_columns(events: list[Any], hta_rounding: bool = False) -> TraceColumns:
-    """One pass over a trace's ``traceEvents``; see the module docstring. The loop only copies
-    raw values into lists; conversion and checks are done on arrays afterwards."""
-    d_ts: list[Any] = []
-    d_dur: list[Any] = []
-    dstream: list[int] = []
-    dcorr: list[int] = []
-    dcls: list[int] = []
-    dcoll: list[int] = []
-    l_ts: list[Any] = []
-    lc: list[int] = []
-    lt: list[int] = []
-    sn: list[int] = []
-    s_ts: list[Any] = []
-    s_dur: list[Any] = []
-    g_ts: list[Any] = []
-    r_ts: list[Any] = []
-    r_dur: list[Any] = []
-    rt: list[int] = []
-    rc: list[int] = []
-    tids: dict[Any, int] = {}
-    colls: dict[str, int] = {}
-    classes: dict[Any, int] = {}
+    """One pass over a trace's ``traceEvents`` (dicts); see the module docstring. The loop only
+    copies raw values into lists; conversion and checks are done on arrays afterwards."""
+    acc = _Lists()
+    tids, colls = acc.tids, acc.colls
     device_cats = DEVICE_CATS
     step_re = _STEP_RE
     for e in events:
@@ -189,75 +242,155 @@ def trace_columns(events: list[Any], hta_rounding: bool = False) -> TraceColumns
                     stream = int(stream)  # type: ignore[arg-type]
                 except (TypeError, ValueError):
                     continue  # HTA's stream -1: not a GPU event
-            if stream < 0:
-                continue
-            d_ts.append(e.get("ts"))
-            d_dur.append(e.get("dur", 0))
-            dstream.append(stream)
-            corr = args.get("correlation", -1)
-            dcorr.append(corr if type(corr) is int else -1)
-            name = e.get("name", "")
-            k = classes.get(name)
-            if k is None:
-                k = classes[name] = int(kernel_class(str(name)))
-            dcls.append(k)
-            cn = args.get("Collective name")
-            dcoll.append(colls.setdefault(str(cn), len(colls)) if cn else -1)
+            if stream >= 0:
+                _device(
+                    acc,
+                    e.get("name", ""),
+                    e.get("ts"),
+                    e.get("dur", 0),
+                    stream,
+                    args.get("correlation", -1),
+                    args.get("Collective name"),
+                )
         elif cat == "cpu_op":
             if e.get("name") == "record_param_comms":
                 cn = (e.get("args") or {}).get("Collective name")
-                r_ts.append(e.get("ts"))
-                r_dur.append(e.get("dur", 0))
-                rt.append(tids.setdefault(e.get("tid"), len(tids)))
-                rc.append(colls.setdefault(str(cn), len(colls)) if cn else -1)
+                acc.r_ts.append(e.get("ts"))
+                acc.r_dur.append(e.get("dur", 0))
+                acc.rt.append(tids.setdefault(e.get("tid"), len(tids)))
+                acc.rc.append(colls.setdefault(str(cn), len(colls)) if cn else -1)
         elif cat == "user_annotation":
             m = step_re.match(str(e.get("name", "")))
             if m:
-                sn.append(int(m.group(1)))
-                s_ts.append(e.get("ts"))
-                s_dur.append(e.get("dur", 0))
+                acc.sn.append(int(m.group(1)))
+                acc.s_ts.append(e.get("ts"))
+                acc.s_dur.append(e.get("dur", 0))
         elif cat == "gpu_user_annotation":
             if step_re.match(str(e.get("name", ""))):
-                g_ts.append(e.get("ts"))
+                acc.g_ts.append(e.get("ts"))
         elif cat != "python_function":
             args = e.get("args")
             if args:
                 corr = args.get("correlation")
                 if type(corr) is int:
-                    l_ts.append(e.get("ts"))
-                    lc.append(corr)
-                    lt.append(tids.setdefault(e.get("tid"), len(tids)))
-    i64, i32 = np.int64, np.int32
-    ds, de, dok, frac = _ns(d_ts, d_dur)
-    ls, _, lok, _ = _ns(l_ts, [0] * len(l_ts))
-    ss, se, sok, _ = _ns(s_ts, s_dur)
-    rs, re_, rok, _ = _ns(r_ts, r_dur)
-    gs, _, gok, _ = _ns(g_ts, [0] * len(g_ts))
-    if hta_rounding and frac:
-        ds, de = _hta_round(ds, de)
-        ls = -((-ls) // 1000) * 1000
-        ss, se = _hta_round(ss, se)
-        gs = -((-gs) // 1000) * 1000
-    return TraceColumns(
-        dev_start=ds[dok],
-        dev_end=de[dok],
-        dev_stream=np.array(dstream, i64)[dok],
-        dev_corr=np.array(dcorr, i64)[dok],
-        dev_class=np.array(dcls, np.int8)[dok],
-        dev_coll=np.array(dcoll, i32)[dok],
-        launch_start=ls[lok],
-        launch_corr=np.array(lc, i64)[lok],
-        launch_tid=np.array(lt, i32)[lok],
-        step_num=np.array(sn, i64)[sok],
-        step_start=ss[sok],
-        step_end=se[sok],
-        gpu_step_start=gs[gok],
-        rpc_start=rs[rok],
-        rpc_end=re_[rok],
-        rpc_tid=np.array(rt, i32)[rok],
-        rpc_coll=np.array(rc, i32)[rok],
-        collectives=tuple(colls),
-    )
+                    acc.l_ts.append(e.get("ts"))
+                    acc.lc.append(corr)
+                    acc.lt.append(tids.setdefault(e.get("tid"), len(tids)))
+    return acc.columns(hta_rounding)
 
 
-__all__ = ["DEVICE_CATS", "KernelClass", "TraceColumns", "kernel_class", "trace_columns"]
+# ---- the msgspec path: decode only the fields read above (no dict per event) -----------------
+
+try:  # the ``fast`` extra
+    import msgspec
+except ImportError:  # pragma: no cover - depends on the environment
+    msgspec = None
+
+if msgspec is not None:
+
+    class _Args(msgspec.Struct):
+        stream: Any = None
+        correlation: Any = None
+        coll: Any = msgspec.field(default=None, name="Collective name")
+
+    class _Event(msgspec.Struct):
+        ph: Any = None
+        cat: Any = None
+        name: Any = ""
+        tid: Any = None
+        ts: Any = None
+        dur: Any = 0
+        args: _Args | None = None
+
+    class _Document(msgspec.Struct):
+        traceEvents: list[_Event]  # the trace's own key names
+        distributedInfo: Any = None
+        baseTimeNanoseconds: Any = 0
+        metadata: Any = None
+
+    _DECODER: Any = msgspec.json.Decoder(_Document)
+else:  # pragma: no cover
+    _DECODER = None
+
+
+def fast_trace(
+    raw: bytes, hta_rounding: bool = False
+) -> tuple[TraceColumns, dict[str, Any]] | None:
+    """The columns of a trace decoded with msgspec, keeping only the fields the GPU breakdown
+    reads (3× faster than building every event's dict), and the document's ``distributedInfo``,
+    ``baseTimeNanoseconds`` and ``metadata``. None when msgspec is not installed, the document
+    does not fit (not an object with a ``traceEvents`` list of objects whose ``args`` are objects)
+    or it has no GPU event (the host split needs every event): parse it whole then. The same
+    columns as :func:`trace_columns` (tested)."""
+    if _DECODER is None:
+        return None
+    try:
+        doc = _DECODER.decode(raw)
+    except Exception:  # msgspec.ValidationError / DecodeError: the general path decides
+        return None
+    acc = _Lists()
+    tids, colls = acc.tids, acc.colls
+    device_cats = DEVICE_CATS
+    step_re = _STEP_RE
+    for e in doc.traceEvents:
+        if e.ph != "X":
+            continue
+        cat = e.cat
+        if cat in device_cats:
+            args = e.args
+            stream = args.stream if args is not None and args.stream is not None else e.tid
+            if type(stream) is not int:
+                try:
+                    stream = int(stream)
+                except (TypeError, ValueError):
+                    continue
+            if stream >= 0:
+                _device(
+                    acc,
+                    e.name,
+                    e.ts,
+                    e.dur,
+                    stream,
+                    args.correlation if args is not None and args.correlation is not None else -1,
+                    args.coll if args is not None else None,
+                )
+        elif cat == "cpu_op":
+            if e.name == "record_param_comms":
+                cn = e.args.coll if e.args is not None else None
+                acc.r_ts.append(e.ts)
+                acc.r_dur.append(e.dur)
+                acc.rt.append(tids.setdefault(e.tid, len(tids)))
+                acc.rc.append(colls.setdefault(str(cn), len(colls)) if cn else -1)
+        elif cat == "user_annotation":
+            m = step_re.match(str(e.name))
+            if m:
+                acc.sn.append(int(m.group(1)))
+                acc.s_ts.append(e.ts)
+                acc.s_dur.append(e.dur)
+        elif cat == "gpu_user_annotation":
+            if step_re.match(str(e.name)):
+                acc.g_ts.append(e.ts)
+        elif cat != "python_function":
+            args = e.args
+            if args is not None and type(args.correlation) is int:
+                acc.l_ts.append(e.ts)
+                acc.lc.append(args.correlation)
+                acc.lt.append(tids.setdefault(e.tid, len(tids)))
+    if not acc.d_ts:
+        return None
+    header = {
+        "distributedInfo": doc.distributedInfo,
+        "baseTimeNanoseconds": doc.baseTimeNanoseconds,
+        "metadata": doc.metadata,
+    }
+    return acc.columns(hta_rounding), header
+
+
+__all__ = [
+    "DEVICE_CATS",
+    "KernelClass",
+    "TraceColumns",
+    "fast_trace",
+    "kernel_class",
+    "trace_columns",
+]
