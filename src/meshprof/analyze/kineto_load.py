@@ -284,7 +284,7 @@ def trace_columns(events: list[Any], hta_rounding: bool = False) -> TraceColumns
 try:  # the ``fast`` extra
     import msgspec
 except ImportError:  # pragma: no cover - depends on the environment
-    msgspec = None
+    msgspec = None  # type: ignore[assignment]
 
 if msgspec is not None:
 

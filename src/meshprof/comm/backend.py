@@ -55,6 +55,10 @@ class KernelBackend(Protocol):
     def settle(self, timeout_s: float) -> None:
         """Wait up to ``timeout_s`` for the kernel's ops in flight to complete."""
 
+    def sweep(self) -> None:
+        """Complete, on the calling thread and without waiting, the kernel's ops whose works
+        have already finished (so a read right after misses none of them)."""
+
     def inflight(self) -> list[InflightOp]:
         """The kernel's own ops in flight, oldest first (those the recorder does not hold)."""
 

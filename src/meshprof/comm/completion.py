@@ -122,6 +122,9 @@ class Poller:
         self._idle = True
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
+        self._sweep_lock = threading.Lock()
+        """One sweep at a time: a sweep holds the works it took from the deques, so a reader's
+        sweep waits for the poller's pass in progress instead of missing what it holds."""
         self._stop = False
 
     def add(self, work: Any, rec: PendingOp, sync: bool, wait_in_thread: bool = False) -> None:
@@ -161,16 +164,22 @@ class Poller:
     def settle(self, timeout_s: float) -> None:
         """Sweep the pending works on the calling thread until none is left or ``timeout_s``
         passes (0: one sweep). Before a final write this catches ops that completed while the
-        poller thread was starved of the GIL or CPU (a loaded host at interpreter exit)."""
+        poller thread was starved of the GIL or CPU (a loaded host at interpreter exit); before
+        every read it completes the ops that finished since the poller last looked.
+
+        These sweeps also ask each work's future: a backend marks the future complete (and
+        wakes whoever waits on it, such as DDP's reducer) just before it flags the work itself,
+        so a read right after such a wait must not depend on the order of the two."""
         deadline = time.monotonic() + max(timeout_s, 0.0)
         while True:
-            self._sweep(self._fast)
-            self._sweep(self._slow)
+            with self._sweep_lock:
+                self._sweep(self._fast, futures=True)
+                self._sweep(self._slow, futures=True)
             if not self.pending() or time.monotonic() >= deadline:
                 return
             time.sleep(0.001)
 
-    def _sweep(self, items: deque[tuple[Any, PendingOp]]) -> bool:
+    def _sweep(self, items: deque[tuple[Any, PendingOp]], futures: bool = False) -> bool:
         progressed = False
         for _ in range(len(items)):
             try:
@@ -180,7 +189,7 @@ class Poller:
             if rec.work is None:  # already completed through Work.wait
                 continue
             try:
-                completed = work.is_completed()
+                completed = work.is_completed() or (futures and _future_done(work))
             except Exception:
                 completed = True
             if not completed:
@@ -210,12 +219,32 @@ class Poller:
                 self._wake.clear()
             now = time.monotonic()
             if now - last_slow >= self.SLOW_S:
-                self._sweep(self._slow)
+                with self._sweep_lock:
+                    self._sweep(self._slow)
                 last_slow = now
             if self._fast:
-                progressed = self._sweep(self._fast)
+                with self._sweep_lock:
+                    progressed = self._sweep(self._fast)
                 delay = self.FAST_MIN_S if progressed else min(delay * 2, self.FAST_MAX_S)
                 time.sleep(delay)
+
+
+#: Work classes whose ``get_future()`` raises (gloo's send/recv): asked once, never again (each
+#: raise builds a c10::Error with a backtrace, tens of µs).
+_NO_FUTURE: set[type] = set()
+
+
+def _future_done(work: Any) -> bool:
+    """Whether the work's future is complete (False for works that have none)."""
+    kind = type(work)
+    if kind in _NO_FUTURE:
+        return False
+    try:
+        fut = work.get_future()
+    except Exception:
+        _NO_FUTURE.add(kind)
+        return False
+    return bool(fut.done())
 
 
 #: Frames from :meth:`Completion.watch` up to the Python code that issued the op:

@@ -240,6 +240,11 @@ class NativeKernel:
                 return
             time.sleep(0.001)
 
+    def sweep(self) -> None:
+        """One pass of the C++ poller's check on this thread (GIL released): polled works that
+        have finished complete now. Works with a future complete in their C++ callback."""
+        self.mod.sweep()
+
     def inflight(self) -> list[InflightOp]:
         """The native ops in flight, oldest first."""
         raw = self.mod.inflight_records()

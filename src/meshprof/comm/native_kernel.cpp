@@ -175,18 +175,12 @@ void complete(int64_t token, int64_t end, const std::string* err, c10d::Work* wo
   done.push_back(r);
 }
 
-void poll_loop() {
-  int64_t delay_us = poll_min_us.load();
-  while (true) {
-    std::vector<std::pair<c10::intrusive_ptr<c10d::Work>, int64_t>> items;
-    {
-      std::unique_lock<std::mutex> g(poll_mu);
-      if (polled.empty()) {
-        poll_cv.wait(g, [] { return !polled.empty(); });
-        delay_us = poll_min_us.load();
-      }
-      items.swap(polled);
-    }
+// One pass over the polled works: those that have finished complete now. Run by the poller
+// thread and, through sweep(), by a reader before it drains (so a read misses no finished op).
+// Each work is held by one pass at a time: a pass takes the whole list and puts back the rest.
+std::mutex sweep_mu;  // one pass at a time, so a reader never misses works a pass holds
+
+bool sweep_once(std::vector<std::pair<c10::intrusive_ptr<c10d::Work>, int64_t>> items) {
     bool progressed = false;
     std::vector<std::pair<c10::intrusive_ptr<c10d::Work>, int64_t>> keep;
     std::vector<std::pair<c10::intrusive_ptr<c10d::Work>, int64_t>> finished;
@@ -219,10 +213,68 @@ void poll_loop() {
       }
     }
     for (auto& it : mine) complete(it.second, end, nullptr, it.first.get());
+    return progressed;
+}
+
+void poll_loop() {
+  int64_t delay_us = poll_min_us.load();
+  while (true) {
+    std::vector<std::pair<c10::intrusive_ptr<c10d::Work>, int64_t>> items;
+    {
+      std::unique_lock<std::mutex> g(poll_mu);
+      if (polled.empty()) {
+        poll_cv.wait(g, [] { return !polled.empty(); });
+        delay_us = poll_min_us.load();
+      }
+    }
+    bool progressed = false;
+    {
+      std::lock_guard<std::mutex> s(sweep_mu);  // a reader's sweep waits for this pass
+      {
+        std::lock_guard<std::mutex> g(poll_mu);
+        items.swap(polled);
+      }
+      progressed = sweep_once(std::move(items));
+    }
     delay_us = progressed ? poll_min_us.load()
                           : std::min<int64_t>(delay_us * 2, poll_max_us.load());
     std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
   }
+}
+
+// Futures whose completion callback has not run yet, by token. A future is marked complete
+// (waking whoever waits on it, e.g. DDP's reducer) before its callbacks run, so a reader's sweep
+// completes such ops itself (complete() is idempotent per token: the later callback is a no-op).
+std::mutex fut_mu;
+std::unordered_map<int64_t, c10::intrusive_ptr<c10::ivalue::Future>> futures_by_token;
+
+// A reader's pass (CommProfiler.flush): without waiting, on the caller's thread.
+void sweep() {
+  std::vector<std::pair<int64_t, std::string>> finished;  // token, error ("" if none)
+  bool any_error = false;
+  {
+    std::lock_guard<std::mutex> g(fut_mu);
+    for (auto it = futures_by_token.begin(); it != futures_by_token.end();) {
+      if (it->second->completed()) {
+        const bool err = it->second->hasError();
+        finished.emplace_back(it->first, err ? it->second->tryRetrieveErrorMessage() : "");
+        any_error = any_error || err;
+        it = futures_by_token.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  const int64_t end = now_ns();
+  for (auto& f : finished) complete(f.first, end, f.second.empty() ? nullptr : &f.second);
+  std::lock_guard<std::mutex> s(sweep_mu);
+  std::vector<std::pair<c10::intrusive_ptr<c10d::Work>, int64_t>> items;
+  {
+    std::lock_guard<std::mutex> g(poll_mu);
+    if (polled.empty()) return;
+    items.swap(polled);
+  }
+  sweep_once(std::move(items));
 }
 
 // Work classes whose getFuture() throws (gloo's SendWork/RecvWork): asking again would cost a
@@ -248,6 +300,10 @@ void watch(const c10::intrusive_ptr<c10d::Work>& work, int64_t token, bool wait_
     }
   }
   if (fut) {
+    {
+      std::lock_guard<std::mutex> g(fut_mu);
+      futures_by_token[token] = fut;
+    }
     fut->addCallback([token](c10::ivalue::Future& f) {
       int64_t end = now_ns();
       if (f.hasError()) {
@@ -256,6 +312,9 @@ void watch(const c10::intrusive_ptr<c10d::Work>& work, int64_t token, bool wait_
       } else {
         complete(token, end, nullptr);
       }
+      // only now: until the record is complete a reader's sweep must still find the future
+      std::lock_guard<std::mutex> g(fut_mu);
+      futures_by_token.erase(token);
     });
     return;
   }
@@ -502,6 +561,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_enabled", &set_enabled);
   m.def("set_step", &set_step);
   m.def("drain", &drain);
+  m.def("sweep", &sweep, py::call_guard<py::gil_scoped_release>());
   m.def("inflight_records", &inflight_records);
   m.def("record_size", &record_size);
   m.def("work_waited", &work_waited);

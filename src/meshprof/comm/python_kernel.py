@@ -94,6 +94,9 @@ class PythonKernel:
     def settle(self, timeout_s: float) -> None:
         """Nothing to do: the recorder settles its own ops (``CommProfiler.completion``)."""
 
+    def sweep(self) -> None:
+        """Nothing to do: the recorder sweeps its own pending works (``CommProfiler.flush``)."""
+
     def inflight(self) -> list[InflightOp]:
         return []  # every op in flight is the recorder's own
 

@@ -191,7 +191,20 @@ class CommProfiler(RecordQueries):
         return self._min_ns
 
     def flush(self) -> None:
-        """Resolve finished device timings and move staged events into the buffer."""
+        """Complete the ops whose works have already finished, resolve finished device timings
+        and move staged events into the buffer.
+
+        Every read (``events()``, ``columns()``, ``stats()``, ``export_json``, a rank-file write)
+        goes through here, so an op that completed before the read is in it even when nobody
+        waited on it from Python (DDP's C++ reducer waits on its buckets itself) and the poller
+        has not looked yet: one sweep of the pending works runs on the reading thread (no
+        waiting: a work that is not complete stays pending)."""
+        try:
+            self.completion.settle(0)
+            if self._backend is not None:
+                self._backend.sweep()
+        except Exception as e:
+            self.report_internal_error(e)
         self.completion.resolve_device()
         self._wall_offset = time.time_ns() - time.perf_counter_ns()
         if self._backend is not None:
