@@ -26,6 +26,7 @@ Clock drift during the run is not modelled: one constant offset per rank.
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 
 import numpy as np
@@ -80,7 +81,12 @@ class ClockAlignment:
     """Largest remaining uncertainty over the aligned ranks (ns); -1 when some rank is unaligned."""
 
     def offset(self, rank: int) -> int:
-        for rc in self.ranks:
+        # ranks are in rank order: a binary search (a linear scan per call made the per-rank
+        # loops of the report quadratic in the number of ranks)
+        i = bisect.bisect_left(self.ranks, rank, key=lambda rc: rc.rank)
+        if i < len(self.ranks) and self.ranks[i].rank == rank:
+            return self.ranks[i].offset_ns
+        for rc in self.ranks:  # not in rank order (built by hand)
             if rc.rank == rank:
                 return rc.offset_ns
         return 0

@@ -17,7 +17,7 @@ import numpy as np
 
 from meshprof.analyze.clock import ClockAlignment, align_clocks
 from meshprof.analyze.match import CollectiveMatch, MatchSummary, match_collectives, summarize_match
-from meshprof.analyze.sorting import stable_argsort, unique_inverse
+from meshprof.analyze.sorting import RowsByKey, stable_argsort, unique_inverse
 from meshprof.analyze.stragglers import (
     DEFAULT_THRESHOLD,
     StragglerReport,
@@ -369,21 +369,24 @@ def _group_rows(table: EventTable, m: CollectiveMatch) -> tuple[GroupRow, ...]:
         if len(m)
         else np.zeros(0)
     )
+    by_group = RowsByKey(m.gid)  # one sort, not one pass over every collective per group
+    complete = m.complete
+    multi = m.present >= 2
     for g, ref in enumerate(table.groups):
-        sel = m.gid == g
-        if not sel.any():
+        sel = by_group.rows(g)
+        if not len(sel):
             continue
-        ok = sel & (m.present >= 2)
+        ok = sel[multi[sel]]
         rows.append(
             GroupRow(
                 ref.name,
                 ref.desc,
                 ref.dimension,
                 len(ref.ranks),
-                int(sel.sum()),
-                int((sel & ~m.complete).sum()),
-                float(np.median(skew[ok])) if ok.any() else 0.0,
-                float(skew[ok].max()) if ok.any() else 0.0,
+                len(sel),
+                int((~complete[sel]).sum()),
+                float(np.median(skew[ok])) if len(ok) else 0.0,
+                float(skew[ok].max()) if len(ok) else 0.0,
                 int(wait_by_coll[sel].sum()),
             )
         )
@@ -403,8 +406,9 @@ def _comm_by_dim(
     gdim = np.asarray([dims.index(g.dimension) for g in table.groups] or [0], dtype=np.int64)
     gdim_row = gdim[table.gid]
     start_all, end_all = table.start_ns, table.end_ns
+    by_rank = RowsByKey(table.rank)
     for i, r in enumerate(s.ranks):
-        mine = np.flatnonzero(table.rank == r)
+        mine = by_rank.rows(r)
         st = run.ranks[r].spans
         st = st[st["kind"] == 0]
         if len(st):
@@ -452,6 +456,7 @@ def _timeline(
     else:
         return (), 0
     items: list[TimelineItem] = []
+    by_rank = RowsByKey(table.rank)
     for r in s.ranks:
         rd = run.ranks[r]
         off = clock.offset(r)
@@ -470,7 +475,7 @@ def _timeline(
                 else (names[row["name"]] if row["name"] < len(names) else "?")
             )
             items.append(TimelineItem(r, kind, label, a - w0, int(row["duration_ns"])))
-        mine = np.nonzero(table.rank == r)[0]
+        mine = by_rank.rows(r)
         a = table.start_ns[mine] + off
         keep = mine[(a <= w1) & (a + table.duration_ns[mine] >= w0)][:400]
         for k in keep:
@@ -702,6 +707,7 @@ def analyze_run_parts(
         step_tot = np.nansum(s.step_ns, axis=1)
     rows = []
     peaks = {}
+    by_rank = RowsByKey(table.rank)
     for i, r in enumerate(s.ranks):
         rd = run.ranks[r]
         nsteps = int(np.sum(~np.isnan(s.step_ns[i]))) if s.steps else 0
@@ -723,7 +729,7 @@ def analyze_run_parts(
                 peak_memory_bytes=peaks[r],
                 score=sc.score,
                 last_share=sc.last_share,
-                events=int(np.sum(table.rank == r)),
+                events=by_rank.count(r),
             )
         )
     valid = {r: p for r, p in peaks.items() if p >= 0}

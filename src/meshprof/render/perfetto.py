@@ -41,14 +41,22 @@ def _cutoff(
     if not cap or len(table) <= cap:
         return None
     t = int(np.partition(aligned, len(aligned) - cap)[len(aligned) - cap])
-    firsts: dict[int, int] = {}
+    # earliest aligned start of each step over ranks, in one pass over all ranks' step spans
+    steps, starts = [], []
     for r, rd in run.ranks.items():
         st = rd.spans[rd.spans["kind"] == 0]
-        a = st["start_ns"].astype(np.int64) + clock.offset(r)
-        for step, x in zip(st["step"].tolist(), a.tolist(), strict=True):
-            firsts[step] = min(firsts.get(step, x), x)
-    later = [x for x in firsts.values() if x >= t]
-    return min(later) if later else t
+        steps.append(st["step"].astype(np.int64))
+        starts.append(st["start_ns"].astype(np.int64) + clock.offset(r))
+    if not steps:
+        return t
+    step, a = np.concatenate(steps), np.concatenate(starts)
+    if not len(step):
+        return t
+    u, inv = np.unique(step, return_inverse=True)
+    firsts = np.full(len(u), np.iinfo(np.int64).max, dtype=np.int64)
+    np.minimum.at(firsts, inv.reshape(-1), a)
+    later = firsts[firsts >= t]
+    return int(later.min()) if len(later) else t
 
 
 def build_trace(
