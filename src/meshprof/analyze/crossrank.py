@@ -428,6 +428,9 @@ def _comm_by_dim(
     return dims, out
 
 
+_TIMELINE_COMM_ITEMS = 20_000
+
+
 def _timeline(
     run: LoadedRun, table: EventTable, clock: ClockAlignment, s: StragglerReport
 ) -> tuple[tuple[TimelineItem, ...], int]:
@@ -457,6 +460,9 @@ def _timeline(
         return (), 0
     items: list[TimelineItem] = []
     by_rank = RowsByKey(table.rank)
+    # at most 400 collectives per rank, and about _TIMELINE_COMM_ITEMS in all (a short excerpt:
+    # 4,096 ranks × 400 bars would be 1.6M items)
+    per_rank = max(8, min(400, _TIMELINE_COMM_ITEMS // max(len(s.ranks), 1)))
     for r in s.ranks:
         rd = run.ranks[r]
         off = clock.offset(r)
@@ -477,7 +483,7 @@ def _timeline(
             items.append(TimelineItem(r, kind, label, a - w0, int(row["duration_ns"])))
         mine = by_rank.rows(r)
         a = table.start_ns[mine] + off
-        keep = mine[(a <= w1) & (a + table.duration_ns[mine] >= w0)][:400]
+        keep = mine[(a <= w1) & (a + table.duration_ns[mine] >= w0)][:per_rank]
         for k in keep:
             g = table.groups[table.gid[k]]
             items.append(
