@@ -78,7 +78,7 @@ def layout_for(n: int, layout: tuple[int, int, int] | None = None) -> tuple[int,
 
 
 def parse_layout(text: str) -> tuple[int, int, int]:
-    """"8x4x8" → (8, 4, 8)."""
+    """ "8x4x8" → (8, 4, 8)."""
     parts = text.lower().replace("×", "x").split("x")
     if len(parts) != 3:
         raise ValueError(f"layout {text!r}: expected DPxTPxPP, e.g. 8x4x8")

@@ -75,7 +75,7 @@ class RowsByKey:
     per-rank (per-group) loops of the analyzers take their rows from here instead of comparing
     the whole column with each value, which cost O(values × rows)."""
 
-    __slots__ = ("_order", "keys", "_starts")
+    __slots__ = ("_order", "_starts", "keys")
 
     def __init__(self, values: np.ndarray) -> None:
         v = np.asarray(values)
