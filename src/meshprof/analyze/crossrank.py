@@ -17,7 +17,7 @@ import numpy as np
 
 from meshprof.analyze.clock import ClockAlignment, align_clocks
 from meshprof.analyze.match import CollectiveMatch, MatchSummary, match_collectives, summarize_match
-from meshprof.analyze.sorting import RowsByKey, stable_argsort, unique_inverse
+from meshprof.analyze.sorting import RowsByKey
 from meshprof.analyze.stragglers import (
     DEFAULT_THRESHOLD,
     StragglerReport,
@@ -319,25 +319,24 @@ def _by_size(table: EventTable) -> tuple[SizeRow, ...]:
     from meshprof.events import OP_CODES
 
     code_of = np.asarray([OP_CODES.get(o, OP_CODES["custom"]) for o in table.ops], dtype=np.int64)
-    # group rows by (op, size bucket) with one sort; message sizes repeat, so the buckets are
-    # computed once per distinct size (they are 0 or powers of two: their exponent is the key)
-    sizes, inv = unique_inverse(table.size_bytes)
-    bucket_u = size_bucket_array(sizes)
-    exp_u = np.zeros(len(sizes), dtype=np.int64)
-    pos = bucket_u > 0
-    exp_u[pos] = np.log2(bucket_u[pos]).astype(np.int64) + 1
-    exp = exp_u[inv]
-    bucket_row = inv  # a row's bucket is bucket_u[inv[row]]
-    exp += table.op.astype(np.int64) * 128
-    order = stable_argsort(exp)
-    key = exp[order]
-    del exp
-    cut = np.flatnonzero(np.r_[True, key[1:] != key[:-1], True])
-    del key
+    # one small key per row, op · 128 + (exponent of the size bucket + 1, 0 for empty
+    # messages), computed in chunks (4 B per row in all, no full-length sort); then the rows of
+    # each (op, bucket), in row order, by one comparison per distinct key
+    n = len(table)
+    key = np.empty(n, dtype=np.int32)
+    for c0 in range(0, n, _BW_CHUNK):
+        c1 = min(c0 + _BW_CHUNK, n)
+        bucket = size_bucket_array(table.size_bytes[c0:c1])
+        exp = np.zeros(c1 - c0, dtype=np.int64)
+        pos = bucket > 0
+        exp[pos] = np.log2(bucket[pos]).astype(np.int64) + 1
+        exp += table.op[c0:c1].astype(np.int64) * 128
+        key[c0:c1] = exp
     rows = []
-    for g0, g1 in zip(cut[:-1].tolist(), cut[1:].tolist(), strict=True):
-        o, b = int(table.op[order[g0]]), int(bucket_u[bucket_row[order[g0]]])
-        idx = order[g0:g1]
+    for k in np.flatnonzero(np.bincount(key)).tolist():
+        idx = np.flatnonzero(key == k)
+        o, e = divmod(k, 128)
+        b = 0 if e == 0 else 1 << (e - 1)
         d = table.duration_ns[idx]
         alg = np.empty(len(idx))
         bus = np.empty(len(idx))
@@ -347,18 +346,36 @@ def _by_size(table: EventTable) -> tuple[SizeRow, ...]:
             alg[c0 : c0 + len(ci)], bus[c0 : c0 + len(ci)] = bandwidth_arrays(
                 np.full(len(ci), code_of[o]), sz, sz, d[c0 : c0 + len(ci)], table.group_size[ci]
             )
+        del idx
+        # sorted in place: the percentiles below copy nothing (numpy's median and percentile
+        # would each copy the column)
+        d.sort()
+        alg.sort()
+        bus.sort()
         rows.append(
             SizeRow(
                 table.ops[o],
                 b,
-                g1 - g0,
-                float(np.median(d)),
-                float(np.percentile(d, 95)),
-                float(np.median(alg)),
-                float(np.median(bus)),
+                len(d),
+                _sorted_pct(d, 50),
+                _sorted_pct(d, 95),
+                _sorted_pct(alg, 50),
+                _sorted_pct(bus, 50),
             )
         )
+        del d, alg, bus
     return tuple(sorted(rows, key=lambda r: (r.op, r.size_bucket)))
+
+
+def _sorted_pct(v: np.ndarray, q: float) -> float:
+    """``np.percentile(v, q)`` (linear interpolation) of an already sorted array."""
+    pos = (len(v) - 1) * (q / 100)
+    i = int(np.floor(pos))
+    j = min(i + 1, len(v) - 1)
+    lo, hi = float(v[i]), float(v[j])
+    t = pos - i
+    # numpy's lerp, for identical results
+    return hi - (hi - lo) * (1 - t) if t >= 0.5 else lo + (hi - lo) * t
 
 
 def _group_rows(table: EventTable, m: CollectiveMatch) -> tuple[GroupRow, ...]:
@@ -692,13 +709,23 @@ def analyze_run_parts(
     *,
     threshold: float = DEFAULT_THRESHOLD,
     bottlenecks: tuple[dict[str, Any], ...] | list[dict[str, Any]] = (),
+    release_events: bool = False,
 ) -> RunAnalysis:
-    """:func:`analyze_run`, keeping the event table, clock alignment and match it computed."""
+    """:func:`analyze_run`, keeping the event table, clock alignment and match it computed.
+
+    ``release_events``: let each rank's raw event rows go once they are in the table (the
+    ranks' ``events`` become empty): lower peak memory for a caller that needs only the
+    results, such as ``meshprof report``."""
     # The per-rank step analyses do not depend on the cross-rank steps: run them on a second
     # thread (numpy releases the GIL in its kernels, so this uses a second core when there is one).
+    # When the raw rows are let go they run first, since they read them.
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="meshprof-rank-analyses")
-    analyses_future = pool.submit(rank_analyses, run)
-    table = build_event_table(run)
+    if release_events:
+        done = rank_analyses(run)
+        analyses_future = pool.submit(lambda: done)
+    else:
+        analyses_future = pool.submit(rank_analyses, run)
+    table = build_event_table(run, release_events=release_events)
     clock = align_clocks(run, table)
     m = match_collectives(table, clock)
     s = find_stragglers(run, table, clock, m, threshold=threshold)

@@ -51,11 +51,11 @@ class CollectiveMatch:
     size_bytes: np.ndarray
     """int64, per collective: nccl-tests buffer size S (largest member's)."""
     member_coll: np.ndarray
-    """int64, per member: row in the per-collective arrays."""
+    """int32, per member: row in the per-collective arrays."""
     member_rank: np.ndarray
     """int32, per member: rank."""
     member_row: np.ndarray
-    """int64, per member: row in the EventTable."""
+    """int32, per member: row in the EventTable (int64 beyond 2**31 rows)."""
     member_arrival_ns: np.ndarray
     """int64, per member: aligned arrival."""
     member_wait_ns: np.ndarray
@@ -146,6 +146,7 @@ def match_collectives(table: EventTable, clock: ClockAlignment) -> CollectiveMat
     sizes = np.asarray([len(g.ranks) for g in table.groups] or [0], dtype=np.int32)
     expected = sizes[gid] if len(gid) else np.zeros(0, dtype=np.int32)
     send_row, recv_row, unmatched = _match_p2p(table)
+    idx_t = np.int32 if len(table) < 2**31 else np.int64  # 4 B per member, not 8
     return CollectiveMatch(
         gid=gid,
         seq=table.seq[rows[starts]] if len(starts) else np.zeros(0, dtype=np.int64),
@@ -158,9 +159,9 @@ def match_collectives(table: EventTable, clock: ClockAlignment) -> CollectiveMat
         if len(starts)
         else np.zeros(0, dtype=np.int32),
         size_bytes=size.astype(np.int64, copy=False),
-        member_coll=member_coll.astype(np.int64, copy=False),
+        member_coll=member_coll.astype(idx_t, copy=False),
         member_rank=table.rank[rows].astype(np.int32, copy=False),
-        member_row=rows.astype(np.int64, copy=False),
+        member_row=rows.astype(idx_t, copy=False),
         member_arrival_ns=arr.astype(np.int64, copy=False),
         member_wait_ns=wait.astype(np.int64, copy=False),
         p2p_send_row=send_row,

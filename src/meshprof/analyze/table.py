@@ -73,7 +73,7 @@ class EventTable:
     group_size: np.ndarray
     """int32: members of the group."""
     index: np.ndarray
-    """int64: row in the rank's own events array."""
+    """int32: row in the rank's own events array."""
 
     @property
     def end_ns(self) -> np.ndarray:
@@ -83,9 +83,13 @@ class EventTable:
         return len(self.rank)
 
 
-def build_event_table(run: LoadedRun) -> EventTable:
+def build_event_table(run: LoadedRun, *, release_events: bool = False) -> EventTable:
     """Flatten the loaded ranks' events into one :class:`EventTable` (pending and failed events
-    are left out: they have no completion time)."""
+    are left out: they have no completion time).
+
+    ``release_events``: replace each rank's ``events`` by an empty array once its rows are
+    copied, so the raw rows (54 B each) and the table (56 B per row) are never both held for
+    the whole run (for callers that need nothing else from the raw rows)."""
     groups: list[GroupRef] = []
     gindex: dict[str, int] = {}
     ops: list[str] = []
@@ -124,6 +128,7 @@ def build_event_table(run: LoadedRun) -> EventTable:
         gm = np.asarray(gmap or [0], dtype=np.int32)
         kept.append((r, ev, idx, omap[op_raw], gm, size_code[op_raw]))
     n = sum(len(k[3]) for k in kept)
+    kept.reverse()  # popped in rank order below, so each rank's raw rows can be let go
     out: dict[str, np.ndarray] = {
         "rank": np.empty(n, dtype=np.int32),
         "gid": np.empty(n, dtype=np.int32),
@@ -134,12 +139,13 @@ def build_event_table(run: LoadedRun) -> EventTable:
         "dur": np.empty(n, dtype=np.int64),
         "size": np.empty(n, dtype=np.int64),
         "gsize": np.empty(n, dtype=np.int32),
-        "index": np.empty(n, dtype=np.int64),
+        "index": np.empty(n, dtype=np.int32),
     }
     sizes = np.asarray([len(g.ranks) for g in groups] or [0], dtype=np.int32)
     fields = (("seq", "seq"), ("peer", "peer"), ("start", "start_ns"), ("dur", "duration_ns"))
     lo = 0
-    for r, ev, idx, op, gm, code in kept:
+    while kept:
+        r, ev, idx, op, gm, code = kept.pop()
         hi = lo + len(op)
         plain = not np.isin(code, _SIZE_TIMES_N).any()
         out["rank"][lo:hi] = r
@@ -163,6 +169,9 @@ def build_event_table(run: LoadedRun) -> EventTable:
                     code[b0:b1], blk["in_bytes"], blk["out_bytes"], gsize
                 )
         lo = hi
+        if release_events:
+            run.ranks[r].events = ev[:0].copy()
+        del ev, idx
     return EventTable(
         groups=tuple(groups),
         ops=tuple(ops),
