@@ -283,7 +283,7 @@ def _peak(mem: np.ndarray) -> int:
     return -1
 
 
-_BW_CHUNK = 1 << 20
+_BW_CHUNK = 1 << 16  # rows per bandwidth chunk (its temporaries stay a few MB)
 
 
 def _recorded_by_size(run: LoadedRun) -> dict[tuple[str, int], int] | None:
