@@ -2,7 +2,8 @@
 with the event count at 8 ranks.
 
 For each case, writes a synthetic dp × tp × pp run (:mod:`synth_run`: clocks off by up to
-±30 ms, one slow rank), then runs ``meshprof report DIR --json`` in a child process and prints
+±30 ms, one rank 30 % slower in every phase), then runs ``meshprof report DIR --json`` in a
+child process and prints
 its wall time, peak RSS (``os.wait4``), bytes per event, whether the slow rank was named, and the
 largest clock-offset error against the truth. ``--src`` runs another checkout's code (e.g. a
 snapshot of main: ``git archive main src | tar -x -C /tmp/base``) for a before/after table.
@@ -27,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from synth_run import write_run  # noqa: E402
+from synth_run import write_run
 
 DEFAULT_CASES = (
     "8:2000000,64:2000000,256:2000000,1024:2000000,4096:2000000,"
@@ -81,7 +82,15 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(d, ignore_errors=True)
         layout = layout_of(n)
         info = write_run(
-            d, n, per_rank, steps, slow_rank=n // 3, seed=1, layout=layout, clock_ms=30
+            d,
+            n,
+            per_rank,
+            steps,
+            slow_rank=n // 3,
+            seed=1,
+            layout=layout,
+            clock_ms=30,
+            slow_phases=(1, 2, 3),
         )
         events = info["events_per_rank"] * n
         try:

@@ -14,7 +14,7 @@ template on every rank, so sequence numbers agree and everything matches across 
 Collectives are synchronous: a rank issues slot j+1 after slot j completed plus its compute gap;
 a collective completes when its last member arrived plus a size-dependent duration, so the early
 members wait. One rank (``--slow-rank``, default the last) computes ``--slow``
-longer in its forward phase (default 30 %): it arrives last and the others wait for it. Every
+longer in its forward phase (default 30 %; in every phase with ``--slow-all``): it arrives last and the others wait for it. Every
 rank's clock is off by up to ``--clock-ms`` (default 3 ms; uniform in ±that, rank 0 exact),
 recorded as a timestamp exchange in ``meta["clock_sync"]`` unless ``--no-exchange`` (then only
 the collectives can align the clocks). Steps start on a common grid, one memory sample
@@ -155,9 +155,11 @@ def simulate(
     slow: float,
     rng: np.random.Generator,
     layout: tuple[int, int, int] | None = None,
+    slow_phases: tuple[int, ...] = (1,),
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Arrival and completion times relative to each step's start: (ranks, steps, slots) int64,
-    and each step's end (ranks, steps)."""
+    and each step's end (ranks, steps). The slow rank's compute is longer in ``slow_phases``
+    (1 forward, 2 backward, 3 optimizer)."""
     _, members = groups_for(n, layout)
     k = len(t.kind)
     arr = np.empty((n, steps, k), dtype=np.int64)
@@ -170,7 +172,7 @@ def simulate(
     dur = _duration(t.nbytes)
     pp_m = members["pairs"] if members["pp"].shape[1] >= 2 else None
     for j in range(k):
-        gap = t.gap_ns[j] * (factor if t.phase[j] == 1 else np.ones(n))
+        gap = t.gap_ns[j] * (factor if t.phase[j] in slow_phases else np.ones(n))
         a = prev + gap.astype(np.int64)[:, None] + rng.integers(0, 5 * US, size=(n, steps))
         kind = KINDS[t.kind[j]]
         m = pp_m if kind.startswith("pp") else members[kind]
@@ -198,6 +200,7 @@ def write_run(
     layout: tuple[int, int, int] | None = None,
     clock_ms: float = 3.0,
     exchange: bool = True,
+    slow_phases: tuple[int, ...] = (1,),
 ) -> dict:
     """Write the run directory; returns a summary (events per rank, layout, truth:
     ``slow_rank``, ``clock_offsets_ns`` = each rank's clock minus the true clock, and
@@ -207,7 +210,7 @@ def write_run(
     t = make_template(k, rng)
     slow_rank = n - 1 if slow_rank is None else slow_rank
     dp, tp, pp = layout_for(n, layout)
-    arr, done, end = simulate(n, steps, t, slow_rank, slow, rng, (dp, tp, pp))
+    arr, done, end = simulate(n, steps, t, slow_rank, slow, rng, (dp, tp, pp), slow_phases)
     period = int(end.max()) + 1 * MS
     step_start = BASE_NS + np.arange(steps, dtype=np.int64) * period  # true clock
     span = max(int(clock_ms * MS), 1)
@@ -369,6 +372,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--layout", type=parse_layout, default=None, help="DPxTPxPP, e.g. 8x4x8")
     p.add_argument("--clock-ms", type=float, default=3.0, help="clock offsets up to ± this (ms)")
     p.add_argument("--no-exchange", action="store_true", help="no timestamp-exchange samples")
+    p.add_argument(
+        "--slow-all",
+        action="store_true",
+        help="the slow rank is slow in every phase (forward only by default: with large TP "
+        "groups it then arrives last in under half of its collectives, and is not named)",
+    )
     a = p.parse_args(argv)
     t0 = time.perf_counter()
     info = write_run(
@@ -382,6 +391,7 @@ def main(argv: list[str] | None = None) -> int:
         layout=a.layout,
         clock_ms=a.clock_ms,
         exchange=not a.no_exchange,
+        slow_phases=(1, 2, 3) if a.slow_all else (1,),
     )
     short = {k: v for k, v in info.items() if "offsets" not in k}
     print(f"wrote {a.out} in {time.perf_counter() - t0:.1f} s: {short}")
