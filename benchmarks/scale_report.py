@@ -72,7 +72,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tmp", type=Path, default=Path(tempfile.gettempdir()))
     p.add_argument("--out", type=Path, default=None, help="append one JSON line per case")
     a = p.parse_args(argv)
-    print("| ranks | layout | events | report time | peak RSS | B/event | slow rank named | max clock error |")
+    print(
+        "| ranks | layout | events | report time | peak RSS | B/event | slow rank named | max clock error |"
+    )
     print("|---:|---|---:|---:|---:|---:|---|---:|")
     for case in a.cases.split(","):
         n, total = (int(x) for x in case.split(":"))

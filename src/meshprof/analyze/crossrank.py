@@ -476,7 +476,7 @@ def _timeline(
     else:
         return (), 0
     items: list[TimelineItem] = []
-    by_rank = RowsByKey(table.rank)
+    rows_of = RowsByKey(table.rank)
     # at most 400 collectives per rank, and about _TIMELINE_COMM_ITEMS in all (a short excerpt:
     # 4,096 ranks × 400 bars would be 1.6M items)
     per_rank = max(8, min(400, _TIMELINE_COMM_ITEMS // max(len(s.ranks), 1)))
@@ -498,7 +498,7 @@ def _timeline(
                 else (names[row["name"]] if row["name"] < len(names) else "?")
             )
             items.append(TimelineItem(r, kind, label, a - w0, int(row["duration_ns"])))
-        mine = by_rank.rows(r)
+        mine = rows_of.rows(r)
         a = table.start_ns[mine] + off
         keep = mine[(a <= w1) & (a + table.duration_ns[mine] >= w0)][:per_rank]
         for k in keep:
