@@ -17,6 +17,7 @@ import numpy as np
 
 from meshprof.analyze.clock import ClockAlignment, align_clocks
 from meshprof.analyze.match import CollectiveMatch, MatchSummary, match_collectives, summarize_match
+from meshprof.analyze.plain import plain_dict
 from meshprof.analyze.sorting import RowsByKey
 from meshprof.analyze.stragglers import (
     DEFAULT_THRESHOLD,
@@ -809,7 +810,7 @@ def analyze_run_parts(
         timeline_ns=tl_ns,
         findings=findings,
         bottlenecks=tuple(found),
-        rank_analyses=tuple(a.to_dict() for _, a in sorted(analyses.items())),
+        rank_analyses=tuple(plain_dict(a) for _, a in sorted(analyses.items())),
         pipeline=dataclasses.asdict(pipeline) if pipeline is not None else None,
         kineto=kineto,
     )
