@@ -9,6 +9,8 @@ excerpt, and findings. ``bottlenecks`` (from :mod:`meshprof.monitor`) are carrie
 from __future__ import annotations
 
 import dataclasses
+import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -572,8 +574,11 @@ def _findings(report_parts: dict[str, Any]) -> tuple[Finding, ...]:
     return tuple(out)
 
 
-def rank_analyses(run: LoadedRun) -> dict[int, Any]:
-    """The step monitor's analysis of every loaded rank (:func:`meshprof.monitor.analyze_steps`)."""
+def rank_analyses(
+    run: LoadedRun, after_rank: Callable[[int], None] | None = None
+) -> dict[int, Any]:
+    """The step monitor's analysis of every loaded rank (:func:`meshprof.monitor.analyze_steps`);
+    ``after_rank(r)`` is called once rank r is done."""
     from meshprof.monitor import Layout, analyze_steps
     from meshprof.monitor.bottlenecks import BottleneckThresholds
 
@@ -602,6 +607,8 @@ def rank_analyses(run: LoadedRun) -> dict[int, Any]:
             thresholds=thresholds,
             warmup_steps=int(mon.get("warmup_steps", 0) or 0),
         )
+        if after_rank is not None:
+            after_rank(r)
     return out
 
 
@@ -719,15 +726,15 @@ def analyze_run_parts(
     results, such as ``meshprof report``."""
     # The per-rank step analyses do not depend on the cross-rank steps: run them on a second
     # thread (numpy releases the GIL in its kernels, so this uses a second core when there is one).
-    # When the raw rows are let go they run first, since they read them.
+    # When the raw rows are let go, a rank's go once both the table and its analysis have
+    # read them, and matching waits for the analyses (the rows then never coexist with it).
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="meshprof-rank-analyses")
-    if release_events:
-        done = rank_analyses(run)
-        analyses_future = pool.submit(lambda: done)
-    else:
-        analyses_future = pool.submit(rank_analyses, run)
-    table = build_event_table(run, release_events=release_events)
+    done_with = _releaser(run) if release_events else None
+    analyses_future = pool.submit(rank_analyses, run, done_with)
+    table = build_event_table(run, after_rank=done_with)
     clock = align_clocks(run, table)
+    if release_events:
+        analyses_future.result()
     m = match_collectives(table, clock)
     s = find_stragglers(run, table, clock, m, threshold=threshold)
     with np.errstate(all="ignore"):
@@ -815,6 +822,21 @@ def analyze_run_parts(
         kineto=kineto,
     )
     return RunAnalysis(report, table, clock, m)
+
+
+def _releaser(run: LoadedRun) -> Callable[[int], None]:
+    """A callback that empties rank r's raw event rows on its second call (table + analysis)."""
+    left = dict.fromkeys(run.ranks, 2)
+    lock = threading.Lock()
+
+    def done_with(r: int) -> None:
+        with lock:
+            left[r] -= 1
+            if left[r] == 0:
+                rd = run.ranks[r]
+                rd.events = rd.events[:0].copy()
+
+    return done_with
 
 
 def run_pipeline_bubble(run: LoadedRun, clock: ClockAlignment) -> Any:

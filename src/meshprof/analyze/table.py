@@ -7,6 +7,7 @@ each group gets its parallelism dimension.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -83,13 +84,19 @@ class EventTable:
         return len(self.rank)
 
 
-def build_event_table(run: LoadedRun, *, release_events: bool = False) -> EventTable:
+def build_event_table(
+    run: LoadedRun,
+    *,
+    release_events: bool = False,
+    after_rank: Callable[[int], None] | None = None,
+) -> EventTable:
     """Flatten the loaded ranks' events into one :class:`EventTable` (pending and failed events
     are left out: they have no completion time).
 
     ``release_events``: replace each rank's ``events`` by an empty array once its rows are
     copied, so the raw rows (54 B each) and the table (56 B per row) are never both held for
-    the whole run (for callers that need nothing else from the raw rows)."""
+    the whole run (for callers that need nothing else from the raw rows). ``after_rank(r)`` is
+    called once rank r's rows are copied (and no longer referenced here)."""
     groups: list[GroupRef] = []
     gindex: dict[str, int] = {}
     ops: list[str] = []
@@ -172,6 +179,8 @@ def build_event_table(run: LoadedRun, *, release_events: bool = False) -> EventT
         if release_events:
             run.ranks[r].events = ev[:0].copy()
         del ev, idx
+        if after_rank is not None:
+            after_rank(r)
     return EventTable(
         groups=tuple(groups),
         ops=tuple(ops),
