@@ -22,6 +22,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -46,7 +47,7 @@ def layout_of(n: int) -> tuple[int, int, int]:
     return rest // tp, tp, pp
 
 
-def run_report(run_dir: Path, src: Path) -> tuple[float, int, dict]:
+def run_report(run_dir: Path, src: Path, timeout: float = 0) -> tuple[float, int, dict]:
     """Wall seconds, peak RSS (bytes) and the JSON of ``meshprof report DIR --json``."""
     env = dict(os.environ, PYTHONPATH=str(src))
     code = "import sys; from meshprof.cli import main; sys.exit(main())"
@@ -55,8 +56,15 @@ def run_report(run_dir: Path, src: Path) -> tuple[float, int, dict]:
         p = subprocess.Popen(
             [sys.executable, "-c", code, "report", str(run_dir), "--json"], stdout=out, env=env
         )
+        timer = threading.Timer(timeout, p.kill) if timeout > 0 else None
+        if timer is not None:
+            timer.start()
         _, status, ru = os.wait4(p.pid, 0)
         wall = time.perf_counter() - t0
+        if timer is not None:
+            timer.cancel()
+            if wall >= timeout:
+                raise RuntimeError(f"not done after {timeout:.0f} s")
         out.seek(0)
         data = out.read()
     if status != 0:
@@ -71,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--tmp", type=Path, default=Path(tempfile.gettempdir()))
     p.add_argument("--out", type=Path, default=None, help="append one JSON line per case")
+    p.add_argument("--timeout", type=float, default=0, help="stop a report after this many s")
     a = p.parse_args(argv)
     print(
         "| ranks | layout | events | report time | peak RSS | B/event | slow rank named | max clock error |"
@@ -96,9 +105,12 @@ def main(argv: list[str] | None = None) -> int:
         )
         events = info["events_per_rank"] * n
         try:
-            wall, rss, rep = run_report(d, a.src)
+            wall, rss, rep = run_report(d, a.src, a.timeout)
         except RuntimeError as e:
-            print(f"| {n} | {layout} | {events:,} | failed: {e} | | | | |")
+            print(
+                f"| {n:,} | {'x'.join(map(str, layout))} | {events:,} | {e} | | | | |", flush=True
+            )
+            shutil.rmtree(d, ignore_errors=True)
             continue
         named = rep["summary"]["stragglers"]
         truth = np.asarray(info["aligned_offsets_ns"])
