@@ -172,7 +172,9 @@ def _read_npz(path: Path, names: tuple[str, ...]) -> dict[str, _np.ndarray]:
                 view = memoryview(arr.reshape(-1).view(_np.uint8))  # type: ignore[arg-type]
                 got = 0
                 while got < len(view):
-                    k = f.readinto(view[got:])  # type: ignore[attr-defined]
+                    # in 256 KiB pieces, as np.load reads (ZipExtFile.readinto reads into a
+                    # temporary bytes first; larger pieces left glibc arenas holding more)
+                    k = f.readinto(view[got : got + (1 << 18)])  # type: ignore[attr-defined]
                     if not k:
                         raise EOFError(f"{name}: truncated ({got} of {len(view)} bytes)")
                     got += k
