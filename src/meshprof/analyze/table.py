@@ -85,18 +85,14 @@ class EventTable:
 
 
 def build_event_table(
-    run: LoadedRun,
-    *,
-    release_events: bool = False,
-    after_rank: Callable[[int], None] | None = None,
+    run: LoadedRun, *, after_rank: Callable[[int], None] | None = None
 ) -> EventTable:
     """Flatten the loaded ranks' events into one :class:`EventTable` (pending and failed events
     are left out: they have no completion time).
 
-    ``release_events``: replace each rank's ``events`` by an empty array once its rows are
-    copied, so the raw rows (54 B each) and the table (56 B per row) are never both held for
-    the whole run (for callers that need nothing else from the raw rows). ``after_rank(r)`` is
-    called once rank r's rows are copied (and no longer referenced here)."""
+    ``after_rank(r)`` is called once rank r's rows are copied and no longer referenced here:
+    a caller that needs nothing else from the raw rows (54 B each) can let them go then, so
+    they and the table (56 B per row) are never both held for the whole run."""
     groups: list[GroupRef] = []
     gindex: dict[str, int] = {}
     ops: list[str] = []
@@ -177,8 +173,6 @@ def build_event_table(
                     code[b0:b1], blk["in_bytes"], blk["out_bytes"], gsize
                 )
         lo = hi
-        if release_events:
-            run.ranks[r].events = ev[:0].copy()
         del ev, idx
         if after_rank is not None:
             after_rank(r)
