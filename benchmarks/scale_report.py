@@ -4,7 +4,7 @@ with the event count at 8 ranks.
 For each case, writes a synthetic dp × tp × pp run (:mod:`synth_run`: clocks off by up to
 ±30 ms, one rank 30 % slower in every phase), then runs ``meshprof report DIR --json`` in a
 child process and prints
-its wall time, peak RSS (``os.wait4``), bytes per event, whether the slow rank was named, and the
+its wall time, CPU time and peak RSS (``os.wait4``), bytes per event, whether the slow rank was named, and the
 largest clock-offset error against the truth. ``--src`` runs another checkout's code (e.g. a
 snapshot of main: ``git archive main src | tar -x -C /tmp/base``) for a before/after table.
 
@@ -47,8 +47,9 @@ def layout_of(n: int) -> tuple[int, int, int]:
     return rest // tp, tp, pp
 
 
-def run_report(run_dir: Path, src: Path, timeout: float = 0) -> tuple[float, int, dict]:
-    """Wall seconds, peak RSS (bytes) and the JSON of ``meshprof report DIR --json``."""
+def run_report(run_dir: Path, src: Path, timeout: float = 0) -> tuple[float, float, int, dict]:
+    """Wall seconds, CPU seconds (user + system), peak RSS (bytes) and the JSON of
+    ``meshprof report DIR --json``."""
     env = dict(os.environ, PYTHONPATH=str(src))
     code = "import sys; from meshprof.cli import main; sys.exit(main())"
     with tempfile.TemporaryFile() as out:
@@ -69,7 +70,7 @@ def run_report(run_dir: Path, src: Path, timeout: float = 0) -> tuple[float, int
         data = out.read()
     if status != 0:
         raise RuntimeError(f"report failed ({status}) on {run_dir}")
-    return wall, ru.ru_maxrss * 1024, json.loads(data)
+    return wall, ru.ru_utime + ru.ru_stime, ru.ru_maxrss * 1024, json.loads(data)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -82,9 +83,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=0, help="stop a report after this many s")
     a = p.parse_args(argv)
     print(
-        "| ranks | layout | events | report time | peak RSS | B/event | slow rank named | max clock error |"
+        "| ranks | layout | events | report time | CPU time | peak RSS | B/event | slow rank named "
+        "| max clock error |"
     )
-    print("|---:|---|---:|---:|---:|---:|---|---:|")
+    print("|---:|---|---:|---:|---:|---:|---:|---|---:|")
     for case in a.cases.split(","):
         n, total = (int(x) for x in case.split(":"))
         per_rank = total // n
@@ -105,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         events = info["events_per_rank"] * n
         try:
-            wall, rss, rep = run_report(d, a.src, a.timeout)
+            wall, cpu, rss, rep = run_report(d, a.src, a.timeout)
         except RuntimeError as e:
             print(
                 f"| {n:,} | {'x'.join(map(str, layout))} | {events:,} | {e} | | | | |", flush=True
@@ -121,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
             "layout": "x".join(map(str, layout)),
             "events": events,
             "seconds": round(wall, 1),
+            "cpu_seconds": round(cpu, 1),
             "peak_rss_mib": round(rss / 2**20),
             "bytes_per_event": round(rss / events),
             "slow_rank": info["slow_rank"],
@@ -128,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
             "max_clock_error_us": round(err / 1e3, 1),
         }
         print(
-            f"| {n:,} | {row['layout']} | {events:,} | {wall:.1f} s | {rss / 2**20:,.0f} MiB | "
+            f"| {n:,} | {row['layout']} | {events:,} | {wall:.1f} s | {cpu:.1f} s "
+            f"| {rss / 2**20:,.0f} MiB | "
             f"{rss / events:.0f} | {'yes' if info['slow_rank'] in named else 'NO'} {named[:3]} | "
             f"{err / 1e3:.1f} µs |",
             flush=True,
