@@ -13,7 +13,7 @@ The steps, in order (each an analyzer of :mod:`meshprof.analyze`):
 8. steps       step analysis of every rank, on a second thread from the start (:mod:`.analyze.steps`)
 9. pipeline    the pipeline bubble of all stages on the aligned clock  (:mod:`.analyze.pipeline`)
 10. bottlenecks per-rank rules merged across ranks + cross-rank rules (:mod:`.analyze.run_bottlenecks`)
-11. traces     torch.profiler traces: computation / communication / other (:mod:`.analyze.kineto`)
+11. traces     torch.profiler traces: HTA's GPU breakdown per rank, kernel stragglers (:mod:`.analyze.kineto`)
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from meshprof.rundir import LoadedRun, RankMeta, resolve_layout
 
 if TYPE_CHECKING:
     from meshprof.analyze.bottlenecks import Bottleneck
-    from meshprof.analyze.kineto import KinetoBreakdown
+    from meshprof.analyze.kineto import KinetoReport
     from meshprof.analyze.pipeline import PipelineBubble
     from meshprof.analyze.steps.types import StepAnalysis
 
@@ -73,12 +73,17 @@ def analyze_run(
     *,
     threshold: float = DEFAULT_THRESHOLD,
     bottlenecks: Iterable[Bottleneck] = (),
+    hta_rounding: bool = False,
 ) -> RunReport:
     """Build the cross-rank report of a loaded run (pure: reads ``run``, returns data).
 
     Bottlenecks come from the step monitor's rules on every rank and the cross-rank rules
-    (:mod:`meshprof.analyze.bottlenecks`); ``bottlenecks`` adds more, shown as given."""
-    return analyze_run_parts(run, threshold=threshold, bottlenecks=bottlenecks).report
+    (:mod:`meshprof.analyze.bottlenecks`); ``bottlenecks`` adds more, shown as given.
+    ``hta_rounding``: torch.profiler traces are read with HTA 0.5's whole-µs rounding
+    (:mod:`meshprof.analyze.kineto_load`)."""
+    return analyze_run_parts(
+        run, threshold=threshold, bottlenecks=bottlenecks, hta_rounding=hta_rounding
+    ).report
 
 
 def analyze_run_parts(
@@ -86,6 +91,7 @@ def analyze_run_parts(
     *,
     threshold: float = DEFAULT_THRESHOLD,
     bottlenecks: Iterable[Bottleneck] = (),
+    hta_rounding: bool = False,
     release_events: bool = False,
 ) -> RunAnalysis:
     """:func:`analyze_run`, keeping the event table, clock alignment and match it computed.
@@ -124,7 +130,7 @@ def analyze_run_parts(
         pipeline,
         extra=bottlenecks,
     )
-    kineto, kineto_error = run_kineto(run)
+    kineto = run_kineto(run, hta_rounding=hta_rounding)
     report = RunReport(
         path=str(run.path),
         world_size=run.world_size,
@@ -155,7 +161,6 @@ def analyze_run_parts(
         rank_analyses=tuple(a for _, a in sorted(analyses.items())),
         pipeline=pipeline,
         kineto=kineto,
-        kineto_error=kineto_error,
     )
     return RunAnalysis(report, table, clock, match)
 
@@ -230,14 +235,14 @@ def run_pipeline_bubble(run: LoadedRun, clock: ClockAlignment) -> PipelineBubble
     )
 
 
-def run_kineto(run: LoadedRun) -> tuple[tuple[KinetoBreakdown, ...], str | None]:
-    """Computation / communication / other per rank from the torch.profiler traces in the run
-    directory (written by ``@performance_monitor``), and why they could not be read (None when
-    they could, or when there are none)."""
-    from meshprof.analyze.kineto import find_traces, kineto_breakdown
+def run_kineto(run: LoadedRun, *, hta_rounding: bool = False) -> KinetoReport | None:
+    """The torch.profiler traces in the run directory (written by ``@performance_monitor``, or
+    put there by the user): HTA's GPU breakdown per rank (the host split on CPU-only traces),
+    the files not read, the kernel-level straggler; None when there are none."""
+    from meshprof.analyze.kineto import KinetoReport, find_traces, kineto_report
 
     try:
         paths = find_traces(run.path)
-        return (tuple(kineto_breakdown(paths)) if paths else ()), None
+        return kineto_report(paths, hta_rounding=hta_rounding) if paths else None
     except Exception as e:  # a damaged trace must not cost the rest of the report
-        return (), f"{type(e).__name__}: {e}"
+        return KinetoReport((), problems=(f"{type(e).__name__}: {e}",))

@@ -4,23 +4,32 @@ A Kineto trace (``.json`` or ``.json.gz``, as ``torch.profiler`` exports it) hol
 events (``"ph": "X"``) with ``ts``/``dur`` in microseconds; ``baseTimeNanoseconds`` + ``ts``·1000
 is the wall clock (``time.time_ns``) of the profiled process, the clock meshprof's recorder uses.
 
-Definitions (per trace file, summed over a rank's files):
+On a trace with GPU events ("device" basis) the figures are Holistic Trace Analysis' temporal
+breakdown and communication/computation overlap over the GPU kernel span, plus exposed
+communication, memory copies, per iteration, per stream and per collective: see
+:mod:`meshprof.analyze.gpu_breakdown` for the definitions. The split fields below then read:
+window = the kernel span, computation = union of computation kernels, communication = exposed
+communication (outside computation), other = the rest (idle, copies, synchronization).
 
-* **window** — from the first event's start to the last event's end (ops, kernels, annotations).
-* **communication** — the union of the intervals of collective events: kernels or CPU ops whose
-  name contains one of :data:`COMM_MARKERS` ("nccl", "gloo", "c10d::", "record_param_comms", ...).
-* **computation** — the union of every other op/kernel interval, minus the time already counted as
+On a CPU-only trace ("host" basis; HTA reports nothing there), per trace file, summed over a
+rank's files:
+
+* **window** — from the first event's start to the last event's end (ops, annotations).
+* **communication** — the union of the intervals of collective events: CPU ops whose name
+  contains one of :data:`COMM_MARKERS` ("nccl", "gloo", "c10d::", "record_param_comms", ...).
+* **computation** — the union of every other op interval, minus the time already counted as
   communication (so an op that encloses a collective is not counted twice).
-* **other** — the rest of the window (Python, data loading, idle, waiting for the GPU).
+* **other** — the rest of the window (Python, data loading, idle, waiting).
 
-On a trace with GPU kernels only the kernels (and memcpy/memset) are counted ("device" basis);
-on a CPU-only trace the CPU ops are ("host" basis). computation + communication + other = window.
+computation + communication + other = window on both bases.
 """
 
 from __future__ import annotations
 
 import functools
+import gc
 import gzip
+import itertools
 import json
 import os
 import re
@@ -33,6 +42,13 @@ from typing import Any
 import numpy as np
 
 from meshprof.analyze import intervals
+from meshprof.analyze.gpu_breakdown import (
+    GpuBreakdown,
+    KernelStragglers,
+    gpu_breakdown,
+    kernel_stragglers,
+)
+from meshprof.analyze.kineto_load import fast_trace, trace_columns
 from meshprof.errors import MeshprofError
 
 #: Lower-case substrings that mark an event as communication.
@@ -82,6 +98,10 @@ class KinetoBreakdown:
     """Number of communication events counted."""
     start_ns: int
     """Wall clock of the first event (this rank's clock)."""
+    rank_source: str = "metadata"
+    """Where the rank came from: "metadata" (``distributedInfo.rank``), "file name" or "default"."""
+    gpu: GpuBreakdown | None = None
+    """The GPU breakdown on HTA's definitions (device basis); None on a CPU-only trace."""
 
     @property
     def compute_share(self) -> float:
@@ -96,10 +116,23 @@ class KinetoBreakdown:
         return self.other_ns / self.window_ns if self.window_ns else 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        """``kineto.ranks[i]`` of ``report --json``: HTA's figures at the top (None on the host
+        basis), then the split, iterations, streams and collectives."""
+        g = self.gpu
+        t = g.total if g is not None else None
+        d: dict[str, Any] = {
             "rank": self.rank,
+            "rank_source": self.rank_source,
             "paths": list(self.paths),
             "basis": self.basis,
+            "idle_pct": t.idle_pct if t else None,
+            "compute_pct": t.compute_pct if t else None,
+            "non_compute_pct": t.non_compute_pct if t else None,
+            "comm_comp_overlap_pct": t.comm_comp_overlap_pct if t else None,
+            "exposed_comm_ns": t.exposed_comm_ns if t else None,
+            "exposed_comm_pct": t.exposed_comm_pct if t else None,
+            "memcpy_ns": t.memcpy_ns if t else None,
+            "memset_ns": t.memset_ns if t else None,
             "window_ns": self.window_ns,
             "compute_ns": self.compute_ns,
             "comm_ns": self.comm_ns,
@@ -109,6 +142,38 @@ class KinetoBreakdown:
             "compute_share": self.compute_share,
             "comm_share": self.comm_share,
             "other_share": self.other_share,
+        }
+        if g is not None:
+            d["gpu"] = g.total.to_dict() | {
+                "last_step_dropped": g.last_step_dropped,
+                "excluded_events": g.excluded,
+            }
+            d["iterations"] = [i.to_dict() for i in g.iterations]
+            d["streams"] = [x.to_dict() for x in g.streams]
+            d["collectives"] = [c.to_dict() for c in g.collectives]
+        return d
+
+
+@dataclass(frozen=True, slots=True)
+class KinetoReport:
+    """Every rank's breakdown from a set of trace files, what could not be read, and the
+    kernel-level straggler."""
+
+    ranks: tuple[KinetoBreakdown, ...]
+    """Sorted by rank."""
+    problems: tuple[str, ...] = ()
+    """Files not read, each "path: why" (truncated, not JSON, ...)."""
+    notes: tuple[str, ...] = ()
+    """Several files claiming one rank, and how they were read."""
+    stragglers: KernelStragglers | None = None
+    """Whose computation kernels take longest per iteration (device basis, two ranks or more)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ranks": [b.to_dict() for b in self.ranks],
+            "problems": list(self.problems),
+            "notes": list(self.notes),
+            "stragglers": self.stragglers.to_dict() if self.stragglers else None,
         }
 
 
@@ -128,6 +193,11 @@ def _loads(raw: bytes) -> Any:
 
 def load_trace(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Load a Chrome/Kineto trace (``.json`` or gzip-compressed). Bad files raise MeshprofError."""
+    return _parse_trace(path, _trace_bytes(path))
+
+
+def _trace_bytes(path: str | os.PathLike[str]) -> bytes:
+    """The file's bytes, gunzipped when compressed."""
     p = Path(path)
     try:
         raw = p.read_bytes()
@@ -136,10 +206,16 @@ def load_trace(path: str | os.PathLike[str]) -> dict[str, Any]:
     except OSError as e:
         raise MeshprofError(f"{p}: cannot read ({e})") from None
     try:
-        if raw[:2] == b"\x1f\x8b":
-            raw = gzip.decompress(raw)
+        return gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw
+    except (OSError, EOFError, ValueError) as e:
+        raise MeshprofError(f"{p}: not a JSON trace ({type(e).__name__}: {e})") from None
+
+
+def _parse_trace(path: str | os.PathLike[str], raw: bytes) -> dict[str, Any]:
+    p = Path(path)
+    try:
         data = _loads(raw)
-    except (OSError, EOFError, ValueError, UnicodeDecodeError) as e:
+    except (ValueError, UnicodeDecodeError) as e:
         raise MeshprofError(f"{p}: not a JSON trace ({type(e).__name__}: {e})") from None
     if isinstance(data, list):
         data = {"traceEvents": data}
@@ -159,11 +235,16 @@ def is_comm_name(name: str) -> bool:
 def trace_rank(data: dict[str, Any], path: str | os.PathLike[str]) -> int:
     """The rank a trace belongs to: ``distributedInfo.rank``, else ``rank<N>`` in the file
     name, else 0."""
+    return trace_rank_source(data, path)[0]
+
+
+def trace_rank_source(data: dict[str, Any], path: str | os.PathLike[str]) -> tuple[int, str]:
+    """(rank, where it came from: "metadata", "file name" or "default")."""
     info = data.get("distributedInfo")
     if isinstance(info, dict) and isinstance(info.get("rank"), int):
-        return int(info["rank"])
+        return int(info["rank"]), "metadata"
     m = _RANK_RE.search(Path(path).name)
-    return int(m.group(1)) if m else 0
+    return (int(m.group(1)), "file name") if m else (0, "default")
 
 
 def _intervals(
@@ -216,9 +297,60 @@ def breakdown_of(data: dict[str, Any]) -> tuple[str, int, int, int, int, int]:
     return basis, window_end - window_start, compute, comm, int(comm_mask.sum()), window_start
 
 
-def _read_one(path: str) -> tuple[str, int, tuple[str, int, int, int, int, int]]:
-    data = load_trace(path)
-    return path, trace_rank(data, path), breakdown_of(data)
+@dataclass(frozen=True, slots=True)
+class _FileResult:
+    path: str
+    rank: int
+    rank_source: str
+    split: tuple[str, int, int, int, int, int]
+    gpu: GpuBreakdown | None
+    error: str = ""
+    not_a_trace: bool = False
+
+
+def _read_one(path: str, hta_rounding: bool = False) -> _FileResult:
+    """One file reduced to its breakdown; a bad file gives its error instead of raising. The
+    cyclic garbage collector is paused meanwhile: parsing creates millions of containers and
+    no cycles, and its passes over them cost a third of the time."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _read_one_gc_off(path, hta_rounding)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _read_one_gc_off(path: str, hta_rounding: bool) -> _FileResult:
+    try:
+        raw = _trace_bytes(path)
+        fast = fast_trace(raw, hta_rounding)  # GPU traces with msgspec: no dict per event
+        if fast is not None:
+            cols, data = fast
+        else:
+            data = _parse_trace(path, raw)
+            cols = None
+    except MeshprofError as e:
+        return _FileResult(
+            path, -1, "", ("host", 0, 0, 0, 0, 0), None, str(e), "traceEvents" in str(e)
+        )
+    del raw
+    if isinstance(data.get("metadata"), dict) and data["metadata"].get("meshprof"):
+        return _FileResult(
+            path, -1, "", ("host", 0, 0, 0, 0, 0), None, "meshprof's own trace", True
+        )
+    rank, source = trace_rank_source(data, path)
+    if cols is None:
+        cols = trace_columns(data["traceEvents"], hta_rounding)
+    gpu = gpu_breakdown(cols)
+    if gpu is None:
+        split = breakdown_of(data)
+    else:
+        t = gpu.total
+        start = int(data.get("baseTimeNanoseconds", 0) or 0) + int(cols.dev_start.min())
+        comm_events = sum(c.kernels for c in gpu.collectives)
+        split = ("device", t.span_ns, t.compute_ns, t.exposed_comm_ns, comm_events, start)
+    return _FileResult(path, rank, source, split, gpu)
 
 
 PARALLEL_MIN_BYTES = 32 << 20
@@ -226,12 +358,12 @@ PARALLEL_MIN_BYTES = 32 << 20
 
 
 def _read_all(
-    paths: Sequence[str | os.PathLike[str]],
-) -> list[tuple[str, int, tuple[str, int, int, int, int, int]]]:
+    paths: Sequence[str | os.PathLike[str]], hta_rounding: bool = False
+) -> list[_FileResult]:
     """Parse every trace and reduce it to its breakdown; several files go to a pool of forked
-    processes (parsing JSON is CPU-bound and holds the GIL). Only the small breakdown tuples come
+    processes (parsing JSON is CPU-bound and holds the GIL). Only the small breakdowns come
     back. Falls back to this process when forking is not safe (torch already imported: its
-    threads do not survive a fork) or not possible; errors are the same either way."""
+    threads do not survive a fork) or not possible; results are the same either way."""
     names = [str(p) for p in paths]
     cores = os.cpu_count() or 1
     try:
@@ -245,56 +377,106 @@ def _read_all(
         try:
             ctx = mp.get_context("fork")
             with ProcessPoolExecutor(max_workers=min(cores, len(names)), mp_context=ctx) as pool:
-                return list(pool.map(_read_one, names))
-        except MeshprofError:
-            raise
+                return list(pool.map(_read_one, names, [hta_rounding] * len(names)))
         except Exception:
             pass  # no fork here: read in this process
-    return [_read_one(p) for p in names]
+    return [_read_one(p, hta_rounding) for p in names]
 
 
-def kineto_breakdown(paths: Sequence[str | os.PathLike[str]]) -> list[KinetoBreakdown]:
-    """Computation / communication / other time per rank from torch.profiler trace files
-    (several files of one rank, e.g. one per active window, are summed). Sorted by rank."""
-    per: dict[int, list[tuple[str, tuple[str, int, int, int, int, int]]]] = {}
-    for p, rank, b in _read_all(paths):
-        per.setdefault(rank, []).append((p, b))
-    out = []
+def _overlapping(items: list[_FileResult]) -> bool:
+    spans = sorted((r.split[5] + (r.gpu.total.span_ns if r.gpu else 0), r.split[5]) for r in items)
+    return False if len(spans) < 2 else any(a[1] < b[0] for a, b in itertools.pairwise(spans))
+
+
+def kineto_report(
+    paths: Sequence[str | os.PathLike[str]], hta_rounding: bool = False
+) -> KinetoReport:
+    """Every rank's breakdown from torch.profiler trace files (several files of one rank, e.g.
+    one per active window, are summed), the files that could not be read, the ranks claimed by
+    several files, and the kernel-level straggler. Files that are JSON but no trace (a config, a
+    comm log) are left out quietly. ``hta_rounding``: round sub-µs times as HTA 0.5 does
+    (:mod:`meshprof.analyze.kineto_load`)."""
+    per: dict[int, list[_FileResult]] = {}
+    problems: list[str] = []
+    for r in _read_all(paths, hta_rounding):
+        if r.error:
+            if not r.not_a_trace:
+                problems.append(r.error)
+            continue
+        per.setdefault(r.rank, []).append(r)
+    out: list[KinetoBreakdown] = []
+    notes: list[str] = []
     for rank in sorted(per):
         items = per[rank]
-        basis = "device" if any(b[0] == "device" for _, b in items) else "host"
-        window = sum(b[1] for _, b in items)
-        compute = sum(b[2] for _, b in items)
-        comm = sum(b[3] for _, b in items)
-        starts = [b[5] for _, b in items if b[1] > 0]
+        if len(items) > 1:
+            names = ", ".join(Path(r.path).name for r in items)
+            notes.append(
+                f"rank {rank} claimed by {len(items)} files ({names}): "
+                + (
+                    "their times overlap, so they may be different processes; summed as one rank"
+                    if _overlapping(items)
+                    else "read as successive windows of one rank and summed"
+                )
+            )
+        basis = "device" if any(r.split[0] == "device" for r in items) else "host"
+        use = [r for r in items if r.split[0] == basis]
+        window = sum(r.split[1] for r in use)
+        compute = sum(r.split[2] for r in use)
+        comm = sum(r.split[3] for r in use)
+        starts = [r.split[5] for r in use if r.split[1] > 0]
+        gpu = None
+        for r in use:
+            if r.gpu is not None:
+                gpu = r.gpu if gpu is None else gpu + r.gpu
         out.append(
             KinetoBreakdown(
                 rank=rank,
-                paths=tuple(p for p, _ in items),
+                paths=tuple(r.path for r in items),
                 basis=basis,
                 window_ns=window,
                 compute_ns=compute,
                 comm_ns=comm,
                 other_ns=window - compute - comm,
-                comm_events=sum(b[4] for _, b in items),
+                comm_events=sum(r.split[4] for r in use),
                 start_ns=min(starts) if starts else 0,
+                rank_source=items[0].rank_source,
+                gpu=gpu,
             )
         )
-    return out
+    strag = kernel_stragglers([(b.rank, b.gpu) for b in out if b.gpu is not None])
+    return KinetoReport(tuple(out), tuple(problems), tuple(notes), strag)
 
 
-_TRACE_NAME = re.compile(r"^(trace_rank\d+.*|.*\.pt\.trace)\.json(\.gz)?$")
+def kineto_breakdown(paths: Sequence[str | os.PathLike[str]]) -> list[KinetoBreakdown]:
+    """Per rank breakdowns of torch.profiler trace files (see :func:`kineto_report`), sorted by
+    rank. A file that cannot be read, or is no trace, raises :class:`MeshprofError`."""
+    rep = kineto_report(paths)
+    if rep.problems:
+        raise MeshprofError(rep.problems[0])
+    bad = [str(p) for p in paths if str(p) not in {q for b in rep.ranks for q in b.paths}]
+    if bad:
+        raise MeshprofError(f"{bad[0]}: no traceEvents list (not a torch.profiler trace)")
+    return list(rep.ranks)
+
+
+_TRACE_SUFFIXES = (".json", ".json.gz")
+_NOT_TRACES = frozenset({"manifest.json"})
 
 
 def find_traces(run_dir: str | os.PathLike[str]) -> list[Path]:
-    """torch.profiler traces in a run directory, directly in it or in ``traces/``:
-    ``trace_rank{r}_step{s}.json[.gz]`` (``@performance_monitor``) and ``*.pt.trace.json[.gz]``
-    (``torch.profiler.tensorboard_trace_handler``). meshprof's own merged trace is not one."""
+    """Candidate torch.profiler traces in a folder, directly in it or in ``traces/``: every
+    ``*.json`` and ``*.json.gz`` but meshprof's manifest (``trace_rank{r}_step{s}.json.gz`` of
+    ``@performance_monitor``, ``*.pt.trace.json`` of ``tensorboard_trace_handler``, any other
+    name). Whether a file is a trace is decided when it is read (:func:`kineto_report`)."""
     d = Path(run_dir)
     found: list[Path] = []
     for sub in (d, d / "traces"):
         if sub.is_dir():
-            found += [f for f in sorted(sub.iterdir()) if _TRACE_NAME.match(f.name)]
+            found += [
+                f
+                for f in sorted(sub.iterdir())
+                if f.name.endswith(_TRACE_SUFFIXES) and f.name not in _NOT_TRACES and f.is_file()
+            ]
     return found
 
 
@@ -361,9 +543,11 @@ __all__ = [
     "COMM_MARKERS",
     "KINETO_TID_BASE",
     "KinetoBreakdown",
+    "KinetoReport",
     "find_traces",
     "is_comm_name",
     "kineto_breakdown",
     "kineto_events",
+    "kineto_report",
     "load_trace",
 ]

@@ -20,7 +20,7 @@ from meshprof.analyze.stragglers import StragglerReport
 from meshprof.analyze.table import GroupRef
 
 if TYPE_CHECKING:
-    from meshprof.analyze.kineto import KinetoBreakdown
+    from meshprof.analyze.kineto import KinetoReport
     from meshprof.analyze.pipeline import PipelineBubble
     from meshprof.analyze.steps.types import StepAnalysis
 
@@ -215,19 +215,18 @@ class RunReport:
     pipeline: PipelineBubble | None = None
     """The pipeline bubble measured from all stages' timelines on the aligned clock; None
     without pipelining."""
-    kineto: tuple[KinetoBreakdown, ...] = ()
-    """Per rank, torch.profiler traces found in the run directory split into computation,
-    communication and other time."""
-    kineto_error: str | None = None
-    """Why the torch.profiler traces could not be read (then :attr:`kineto` is empty)."""
+    kineto: KinetoReport | None = None
+    """The torch.profiler traces found in the run directory: per rank HTA's GPU breakdown (or
+    the host split on CPU-only traces), the files not read, the kernel-level straggler; None
+    when there are none."""
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (numpy arrays become nested lists, NaN becomes None)."""
         s = self.stragglers
-        kineto: list[dict[str, Any]] = (
-            [{"error": self.kineto_error}]
-            if self.kineto_error is not None
-            else [dataclasses.asdict(k) for k in self.kineto]
+        kineto: dict[str, Any] = (
+            self.kineto.to_dict()
+            if self.kineto is not None
+            else {"ranks": [], "problems": [], "notes": [], "stragglers": None}
         )
         return json_ready(
             {

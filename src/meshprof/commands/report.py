@@ -37,6 +37,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=DEFAULT_THRESHOLD,
         help="straggler score threshold (fraction, default 0.05)",
     )
+    p.add_argument(
+        "--hta-rounding",
+        action="store_true",
+        help="torch.profiler traces: round sub-µs times to whole µs as Holistic Trace Analysis "
+        "0.5 does, to reproduce its figures exactly (default: exact ns)",
+    )
     p.set_defaults(func=run)
 
 
@@ -52,9 +58,64 @@ def _merge_kineto(trace: dict[str, Any], loaded: Any, clock: Any) -> None:
             rank = trace_rank(load_trace(path), path)
             trace["traceEvents"] += kineto_events(path, rank, clock.offset(rank), origin_ns=origin)
             merged += 1
+        except MeshprofError as e:
+            if "traceEvents" in str(e):
+                continue  # JSON but no trace (a comm log, a config): not ours to merge
+            trace.setdefault("metadata", {}).setdefault("kineto_errors", []).append(f"{path}: {e}")
         except Exception as e:  # a damaged trace is named, never fatal
             trace.setdefault("metadata", {}).setdefault("kineto_errors", []).append(f"{path}: {e}")
     trace.setdefault("metadata", {})["kineto_traces_merged"] = merged
+
+
+def _traces_only(args: argparse.Namespace, why: MeshprofError) -> int:
+    """``report DIR`` on a folder of torch.profiler traces without meshprof rank files."""
+    from meshprof.analyze.kineto import find_traces, kineto_report
+
+    folder = Path(args.dir)
+    paths = find_traces(folder)
+    if not paths:
+        raise MeshprofError(
+            f"{why}, and no torch.profiler traces (*.json, *.json.gz, also under traces/)"
+        ) from None
+    if args.trace:
+        raise MeshprofError(
+            f"--trace needs a meshprof run directory; {folder} holds torch.profiler traces only "
+            "(open them in Perfetto directly)"
+        )
+    k = kineto_report(paths, hta_rounding=args.hta_rounding)
+    if not k.ranks:
+        detail = "; ".join(k.problems) if k.problems else "no file there holds a traceEvents list"
+        raise MeshprofError(f"{folder}: no readable torch.profiler trace ({detail})") from None
+    # damaged rank files beside the traces are said, not hidden
+    rank_files = "" if "no rank files" in str(why) else str(why)
+    written = []
+    if args.html:
+        from meshprof.render.html import write_kineto_html
+
+        written.append(write_kineto_html(Path(args.html), str(folder), k))
+    if args.json:
+        summary = {
+            "path": str(folder),
+            "traces": len(paths),
+            "ranks": [b.rank for b in k.ranks],
+            "rank_files": rank_files or None,
+        }
+        print(json.dumps({"summary": summary, "kineto": k.to_dict()}, default=str))
+        return 0
+    from meshprof.render.kineto_view import print_kineto
+
+    console = Console()
+    console.print(
+        f"[bold]meshprof report[/] {folder}: torch.profiler traces only, "
+        f"{len(k.ranks)} ranks from {len(paths)} files",
+        highlight=False,
+    )
+    if rank_files:
+        console.print(rank_files, highlight=False, markup=False)
+    print_kineto(k, console)
+    for w in written:
+        console.print(f"wrote {w}", highlight=False)
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:
@@ -66,9 +127,16 @@ def run(args: argparse.Namespace) -> int:
             raise MeshprofError(f"--{opt} {target}: is a directory (give a file name)")
     if args.trace_max_events is not None and args.trace_max_events < 0:
         raise MeshprofError(f"--trace-max-events must be >= 0, got {args.trace_max_events}")
-    loaded = load_run(Path(args.dir))
+    try:
+        loaded = load_run(Path(args.dir))
+    except MeshprofError as e:
+        if "no usable rank file" not in str(e):
+            raise
+        return _traces_only(args, e)
     # nothing below reads the raw event rows: the analysis lets them go once tabled
-    parts = analyze_run_parts(loaded, threshold=args.threshold, release_events=True)
+    parts = analyze_run_parts(
+        loaded, threshold=args.threshold, hta_rounding=args.hta_rounding, release_events=True
+    )
     rep = parts.report
     written = []
     if args.html:

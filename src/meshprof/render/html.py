@@ -14,13 +14,12 @@ import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from meshprof.analyze.report_types import RunReport
 from meshprof.render.format import (
     fmt_bytes,
     fmt_gbps,
-    fmt_ms,
     fmt_ns,
     fmt_pct,
     ratio_color,
@@ -28,6 +27,9 @@ from meshprof.render.format import (
 )
 from meshprof.render.report_text import RANK_COLUMNS, rank_cells
 from meshprof.rundir.atomic import atomic_write_text
+
+if TYPE_CHECKING:
+    from meshprof.analyze.kineto import KinetoReport
 
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0 auto;max-width:1200px;padding:16px;color:#222}
@@ -472,18 +474,10 @@ def _pipeline_traces(rep: RunReport) -> str:
             "(all stages joined on the aligned clock).</p>"
             f"<table><tr><th>rank</th><th>bubble</th></tr>{rows}</table>"
         )
-    if rep.kineto:
-        rows = "".join(
-            f"<tr><td>{k.rank}</td><td>{len(k.paths)}</td><td>{fmt_ms(k.window_ns)}</td>"
-            f"<td>{fmt_pct(k.compute_share)}</td><td>{fmt_pct(k.comm_share)}</td>"
-            f"<td>{fmt_pct(k.other_share)}</td><td>{_E(str(k.basis))}</td></tr>"
-            for k in rep.kineto
-        )
-        out.append(
-            "<p>torch.profiler traces (<code>@performance_monitor</code>): time split per rank.</p>"
-            "<table><tr><th>rank</th><th>traces</th><th>window</th><th>computation</th>"
-            f"<th>communication</th><th>other</th><th>basis</th></tr>{rows}</table>"
-        )
+    if rep.kineto is not None:
+        from meshprof.render.kineto_view import kineto_html
+
+        out.append(kineto_html(rep.kineto))
     return (
         "".join(out)
         or '<p class="muted">No pipeline stages and no torch.profiler traces in this run.</p>'
@@ -515,6 +509,19 @@ def render_html(rep: RunReport, title: str = "meshprof report") -> str:
         f'<body><h1>{_E(title)}: <code>{_E(rep.path)}</code></h1><p class="muted" id="js-status">static</p>{body}'
         f"<script>{_JS}</script></body></html>\n"
     )
+
+
+def write_kineto_html(path: Path, folder: str, k: KinetoReport) -> Path:
+    """A report of a folder of torch.profiler traces alone (no meshprof rank files), atomically."""
+    from meshprof.render.kineto_view import kineto_html
+
+    body = kineto_html(k) or '<p class="muted">No torch.profiler trace could be read.</p>'
+    doc = (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>meshprof report</title>'
+        f"<style>{_CSS}</style></head><body><h1>meshprof report: <code>{_E(folder)}</code></h1>"
+        f'<section id="traces"><h2>torch.profiler traces</h2>{body}</section></body></html>\n'
+    )
+    return atomic_write_text(Path(path), doc)
 
 
 def write_html(path: Path, rep: RunReport, title: str = "meshprof report") -> Path:

@@ -173,24 +173,7 @@ def _print_pipeline_and_traces(rep: RunReport, console: Console) -> None:
             highlight=False,
             markup=False,
         )
-    if rep.kineto_error is not None:
-        console.print(
-            f"torch.profiler traces not read: {rep.kineto_error}", highlight=False, markup=False
-        )
-    if rep.kineto:
-        kt = _table(
-            "torch.profiler traces: time split per rank",
-            ("rank", "traces", "window", "computation", "communication", "other", "basis"),
-            left=("rank", "basis"),
-        )
-        for k in rep.kineto:
-            kt.add_row(
-                str(k.rank),
-                str(len(k.paths)),
-                fmt_ns(k.window_ns),
-                f"{fmt_ns(k.compute_ns)} ({fmt_pct(k.compute_share, 0)})",
-                f"{fmt_ns(k.comm_ns)} ({fmt_pct(k.comm_share, 0)})",
-                f"{fmt_ns(k.other_ns)} ({fmt_pct(k.other_share, 0)})",
-                str(k.basis),
-            )
-        console.print(kt)
+    if rep.kineto is not None:
+        from meshprof.render.kineto_view import print_kineto
+
+        print_kineto(rep.kineto, console)
