@@ -1,24 +1,28 @@
 """Write a realistic synthetic run directory: N ranks × M collectives, fast (vectorized numpy).
 
-The job is a dp × tp × pp mesh (8 ranks: dp=2, tp=2, pp=2; other sizes: dp=N, tp=pp=1). Every
-step has the same collective template on every rank, so sequence numbers agree and everything
-matches across ranks:
+The job is a dp × tp × pp mesh (``--layout DPxTPxPP``, e.g. ``8x4x8`` for 256 ranks; by default
+N/4 × 2 × 2 for multiples of 8, else pure data parallel). Every step has the same collective
+template on every rank, so sequence numbers agree and everything matches across ranks:
 
 - ``data`` phase: compute only;
 - ``forward``: TP all_reduces between layer computations, and every 50th slot a pipeline
-  send (pp stage 0 → 1) / recv;
+  send / recv between the stage pairs (0, 1), (2, 3), ... (even stage → odd stage);
 - ``backward``: TP all_reduces, a DP reduce_scatter every 10th slot, pipeline sends back
-  (stage 1 → 0) every 50th;
+  (odd stage → even stage) every 50th;
 - ``optimizer``: DP all_gathers and one all_reduce over the world group (the grad norm).
 
 Collectives are synchronous: a rank issues slot j+1 after slot j completed plus its compute gap;
 a collective completes when its last member arrived plus a size-dependent duration, so the early
 members wait. One rank (``--slow-rank``, default the last) computes ``--slow``
-longer in its forward phase (default 30 %): it arrives last and the others wait for it. Every rank's clock is
-off by a few ms (recorded as a timestamp exchange in ``meta["clock_sync"]``). Steps start on a
-common grid, one memory sample (CUDA-like) per step.
+longer in its forward phase (default 30 %; in every phase with ``--slow-all``): it arrives last and the others wait for it. Every
+rank's clock is off by up to ``--clock-ms`` (default 3 ms; uniform in ±that, rank 0 exact),
+recorded as a timestamp exchange in ``meta["clock_sync"]`` unless ``--no-exchange`` (then only
+the collectives can align the clocks). Steps start on a common grid, one memory sample
+(CUDA-like) per step. The true offsets and the slow rank are returned by :func:`write_run`
+(``aligned_offsets_ns``: add to a rank's timestamps to get rank 0's clock).
 
     python benchmarks/synth_run.py OUT_DIR [--ranks 8] [--collectives 1000000] [--steps 1000]
+                                           [--layout 8x4x8] [--clock-ms 30] [--no-exchange]
 
 Writes OUT_DIR/manifest.json and OUT_DIR/rankNNNNN.npz (the format of :mod:`meshprof.rundir`).
 """
@@ -58,11 +62,28 @@ class Template:
     """int: 1 forward, 2 backward, 3 optimizer."""
 
 
-def layout_for(n: int) -> tuple[int, int, int]:
-    """(dp, tp, pp): 2 × 2 × 2 style for multiples of 8, else pure data parallel."""
+def layout_for(n: int, layout: tuple[int, int, int] | None = None) -> tuple[int, int, int]:
+    """(dp, tp, pp): ``layout`` when given (its product must be n, pp even or 1), else
+    N/4 × 2 × 2 for multiples of 8, else pure data parallel."""
+    if layout is not None:
+        dp, tp, pp = (int(x) for x in layout)
+        if dp * tp * pp != n or min(dp, tp, pp) < 1:
+            raise ValueError(f"layout {dp}x{tp}x{pp} does not have {n} ranks")
+        if pp > 1 and pp % 2:
+            raise ValueError(f"pp={pp}: the generator pairs pipeline stages, pp must be even or 1")
+        return dp, tp, pp
     if n % 8 == 0:
         return n // 4, 2, 2
     return n, 1, 1
+
+
+def parse_layout(text: str) -> tuple[int, int, int]:
+    """ "8x4x8" → (8, 4, 8)."""
+    parts = text.lower().replace("×", "x").split("x")
+    if len(parts) != 3:
+        raise ValueError(f"layout {text!r}: expected DPxTPxPP, e.g. 8x4x8")
+    dp, tp, pp = (int(p) for p in parts)
+    return dp, tp, pp
 
 
 def make_template(k: int, rng: np.random.Generator) -> Template:
@@ -90,15 +111,19 @@ def make_template(k: int, rng: np.random.Generator) -> Template:
     return Template(kind, op, nbytes, gap, phase)
 
 
-def groups_for(n: int) -> tuple[list[dict], dict[str, np.ndarray]]:
-    """Run-wide group list and, per kind, the member matrix (instances × size, global ranks)."""
-    dp, tp, pp = layout_for(n)
+def groups_for(
+    n: int, layout: tuple[int, int, int] | None = None
+) -> tuple[list[dict], dict[str, np.ndarray]]:
+    """Run-wide group list and, per kind, the member matrix (instances × size, global ranks);
+    ``pairs`` holds the pipeline stage pairs (even stage, odd stage) of every pp group."""
+    dp, tp, pp = layout_for(n, layout)
     r = np.arange(n).reshape(dp, tp, pp)  # rank = dp_rank·tp·pp + tp_rank·pp + pp_rank
     members = {
         "world": np.arange(n)[None, :],
         "dp": r.transpose(1, 2, 0).reshape(-1, dp),
         "tp": r.transpose(0, 2, 1).reshape(-1, tp),
         "pp": r.reshape(-1, pp),
+        "pairs": r.reshape(-1, 2) if pp >= 2 else r.reshape(-1, 1),
     }
     groups = [{"name": "0", "desc": "default_pg", "ranks": list(range(n)), "backend": "nccl"}]
     for dim in ("dp", "tp", "pp"):
@@ -123,11 +148,19 @@ def _duration(nbytes: np.ndarray) -> np.ndarray:
 
 
 def simulate(
-    n: int, steps: int, t: Template, slow_rank: int, slow: float, rng: np.random.Generator
+    n: int,
+    steps: int,
+    t: Template,
+    slow_rank: int,
+    slow: float,
+    rng: np.random.Generator,
+    layout: tuple[int, int, int] | None = None,
+    slow_phases: tuple[int, ...] = (1,),
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Arrival and completion times relative to each step's start: (ranks, steps, slots) int64,
-    and each step's end (ranks, steps)."""
-    _, members = groups_for(n)
+    and each step's end (ranks, steps). The slow rank's compute is longer in ``slow_phases``
+    (1 forward, 2 backward, 3 optimizer)."""
+    _, members = groups_for(n, layout)
     k = len(t.kind)
     arr = np.empty((n, steps, k), dtype=np.int64)
     done = np.empty((n, steps, k), dtype=np.int64)
@@ -137,9 +170,9 @@ def simulate(
     if 0 <= slow_rank < n:
         factor[slow_rank] += slow
     dur = _duration(t.nbytes)
-    pp_m = members["pp"] if members["pp"].shape[1] >= 2 else None
+    pp_m = members["pairs"] if members["pp"].shape[1] >= 2 else None
     for j in range(k):
-        gap = t.gap_ns[j] * (factor if t.phase[j] == 1 else np.ones(n))
+        gap = t.gap_ns[j] * (factor if t.phase[j] in slow_phases else np.ones(n))
         a = prev + gap.astype(np.int64)[:, None] + rng.integers(0, 5 * US, size=(n, steps))
         kind = KINDS[t.kind[j]]
         m = pp_m if kind.startswith("pp") else members[kind]
@@ -163,22 +196,44 @@ def write_run(
     slow_rank: int | None = None,
     slow: float = 0.30,
     seed: int = 0,
+    *,
+    layout: tuple[int, int, int] | None = None,
+    clock_ms: float = 3.0,
+    exchange: bool = True,
+    slow_phases: tuple[int, ...] = (1,),
 ) -> dict:
-    """Write the run directory; returns a summary (events per rank, layout, truth)."""
+    """Write the run directory; returns a summary (events per rank, layout, truth:
+    ``slow_rank``, ``clock_offsets_ns`` = each rank's clock minus the true clock, and
+    ``aligned_offsets_ns`` = what clock alignment should find: its negation)."""
     rng = np.random.default_rng(seed)
     k = max(collectives // steps, 2)
     t = make_template(k, rng)
     slow_rank = n - 1 if slow_rank is None else slow_rank
-    arr, done, end = simulate(n, steps, t, slow_rank, slow, rng)
+    dp, tp, pp = layout_for(n, layout)
+    arr, done, end = simulate(n, steps, t, slow_rank, slow, rng, (dp, tp, pp), slow_phases)
     period = int(end.max()) + 1 * MS
     step_start = BASE_NS + np.arange(steps, dtype=np.int64) * period  # true clock
-    offsets = rng.integers(-3 * MS, 3 * MS, size=n).astype(np.int64)
+    span = max(int(clock_ms * MS), 1)
+    offsets = rng.integers(-span, span, size=n).astype(np.int64)
     offsets[0] = 0
-    groups, members = groups_for(n)
-    dp, tp, pp = layout_for(n)
+    groups, members = groups_for(n, (dp, tp, pp))
     gindex = {g["name"]: i for i, g in enumerate(groups)}
+    # per rank: the groups it belongs to (in run order) and, per dimension, its instance
+    mine: list[list[dict]] = [[groups[0]] for _ in range(n)]
+    inst_of: dict[str, np.ndarray] = {}
+    for dim in ("dp", "tp", "pp"):
+        m = members[dim]
+        inst_of[dim] = np.empty(n, dtype=np.int64)
+        for i, row in enumerate(m):
+            inst_of[dim][row] = i
+        if m.shape[1] < 2:
+            continue
+        for i, row in enumerate(m):
+            g = groups[gindex[f"{dim}{i}"]]
+            for x in row.tolist():
+                mine[x].append(g)
     for r in range(n):
-        my_groups = [g for g in groups if r in g["ranks"]]
+        my_groups = mine[r]
         local = {g["name"]: i for i, g in enumerate(my_groups)}
         # this rank's group (local code), peer and op per slot
         code = np.zeros(k, dtype=np.uint16)
@@ -192,14 +247,13 @@ def write_run(
             if dim == "world" or members[dim].shape[1] < 2:
                 code[sel] = local["0"]
                 continue
-            inst = int(np.nonzero((members[dim] == r).any(axis=1))[0][0])
+            inst = int(inst_of[dim][r])
             code[sel] = local[f"{dim}{inst}"]
             if kind.startswith("pp"):
-                row = members["pp"][inst]
-                me = int(np.nonzero(row == r)[0][0])
-                other = int(row[1 - me]) if len(row) == 2 else int(row[(me + 1) % len(row)])
-                sender = 0 if kind == "pp_fwd" else len(row) - 1
-                op[sel] = OP_CODES["send"] if me == sender else OP_CODES["recv"]
+                stage = r % pp
+                other = r + 1 if stage % 2 == 0 else r - 1  # pairs (0, 1), (2, 3), ...
+                sends = (stage % 2 == 0) == (kind == "pp_fwd")
+                op[sel] = OP_CODES["send"] if sends else OP_CODES["recv"]
                 peer[sel] = other
         # sequence numbers: per group, and per (pair, direction) for p2p
         seq_in_step = np.zeros(k, dtype=np.int64)
@@ -260,7 +314,7 @@ def write_run(
         mem["rss"] = 6 * 2**30
         mem["capacity"] = 80 * 2**30
         samples = []
-        if r != 0:
+        if r != 0 and exchange:
             t0 = int(BASE_NS - 50 * MS)
             for _ in range(10):
                 d1, d2 = (int(x) for x in rng.integers(20 * US, 80 * US, size=2))
@@ -289,12 +343,14 @@ def write_run(
         out,
         Manifest(
             world_size=n,
-            command=f"synth_run.py --ranks {n} --collectives {collectives} --steps {steps}",
+            command=f"synth_run.py --ranks {n} --collectives {collectives} --steps {steps}"
+            f" --layout {dp}x{tp}x{pp}",
             layout={"dp": dp, "tp": tp, "pp": pp},
         ),
     )
     return {
         "ranks": n,
+        "aligned_offsets_ns": (-offsets).tolist(),
         "events_per_rank": steps * k,
         "steps": steps,
         "layout": (dp, tp, pp),
@@ -313,10 +369,32 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--slow-rank", type=int, default=None, help="default: the last rank")
     p.add_argument("--slow", type=float, default=0.30, help="extra forward compute (fraction)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--layout", type=parse_layout, default=None, help="DPxTPxPP, e.g. 8x4x8")
+    p.add_argument("--clock-ms", type=float, default=3.0, help="clock offsets up to ± this (ms)")
+    p.add_argument("--no-exchange", action="store_true", help="no timestamp-exchange samples")
+    p.add_argument(
+        "--slow-all",
+        action="store_true",
+        help="the slow rank is slow in every phase (forward only by default: with large TP "
+        "groups it then arrives last in under half of its collectives, and is not named)",
+    )
     a = p.parse_args(argv)
     t0 = time.perf_counter()
-    info = write_run(a.out, a.ranks, a.collectives, a.steps, a.slow_rank, a.slow, a.seed)
-    print(f"wrote {a.out} in {time.perf_counter() - t0:.1f} s: {info}")
+    info = write_run(
+        a.out,
+        a.ranks,
+        a.collectives,
+        a.steps,
+        a.slow_rank,
+        a.slow,
+        a.seed,
+        layout=a.layout,
+        clock_ms=a.clock_ms,
+        exchange=not a.no_exchange,
+        slow_phases=(1, 2, 3) if a.slow_all else (1,),
+    )
+    short = {k: v for k, v in info.items() if "offsets" not in k}
+    print(f"wrote {a.out} in {time.perf_counter() - t0:.1f} s: {short}")
     return 0
 
 

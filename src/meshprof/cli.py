@@ -23,6 +23,8 @@ COMMANDS: tuple[str, ...] = (
     "run",
     "hang",
     "report",
+    "export",
+    "query",
     "bench",
     "doctor",
     "plan",

@@ -12,8 +12,9 @@ else is "other".
 
 from __future__ import annotations
 
+import functools
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from meshprof.errors import MeshprofError
@@ -108,13 +109,28 @@ def dimension_of(group_ranks: Iterable[int], layout: object, desc: str = "") -> 
     This is the one definition every part of meshprof uses (the step monitor, the cross-rank
     report's event table, the demo's summary, the layout planner).
     """
-    ranks = sorted({int(r) for r in group_ranks})
     try:
         lay = Layout.from_any(layout)
     except (TypeError, ValueError):
         lay = None
     if lay is not None and min(lay.dp, lay.tp, lay.pp) < 1:
         lay = None
+    # every rank file lists the same groups: one answer per distinct group (the per-rank step
+    # analyses of a 4,096-rank run otherwise redo the world group's 4,096 members per rank)
+    members = tuple(group_ranks)
+    try:
+        return _dimension_cached(members, lay, desc)
+    except TypeError:  # unhashable members
+        return _dimension(members, lay, desc)
+
+
+@functools.lru_cache(maxsize=4096)
+def _dimension_cached(group_ranks: tuple[int, ...], lay: Layout | None, desc: str) -> str:
+    return _dimension(group_ranks, lay, desc)
+
+
+def _dimension(group_ranks: Sequence[int], lay: Layout | None, desc: str) -> str:
+    ranks = sorted({int(r) for r in group_ranks})
     if lay is not None and len(ranks) > 1 and ranks[0] >= 0 and ranks[-1] < lay.world_size:
         coords = [lay.coords(r) for r in ranks]
         varying = [DIMS[i] for i in range(3) if len({c[i] for c in coords}) > 1]

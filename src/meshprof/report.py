@@ -18,7 +18,8 @@ The steps, in order (each an analyzer of :mod:`meshprof.analyze`):
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import threading
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -91,14 +92,24 @@ def analyze_run_parts(
     threshold: float = DEFAULT_THRESHOLD,
     bottlenecks: Iterable[Bottleneck] = (),
     hta_rounding: bool = False,
+    release_events: bool = False,
 ) -> RunAnalysis:
-    """:func:`analyze_run`, keeping the event table, clock alignment and match it computed."""
+    """:func:`analyze_run`, keeping the event table, clock alignment and match it computed.
+
+    ``release_events``: let each rank's raw event rows go once they are in the table (the
+    ranks' ``events`` become empty): lower peak memory for a caller that needs only the
+    results, such as ``meshprof report``."""
     # The per-rank step analyses do not depend on the cross-rank steps: run them on a second
     # thread (numpy releases the GIL in its kernels, so this uses a second core when there is one).
+    # When the raw rows are let go, a rank's go once both the table and its analysis have
+    # read them, and matching waits for the analyses (the rows then never coexist with it).
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="meshprof-rank-analyses") as pool:
-        analyses_future = pool.submit(rank_analyses, run)
-        table = build_event_table(run)
+        done_with = _releaser(run) if release_events else None
+        analyses_future = pool.submit(rank_analyses, run, done_with)
+        table = build_event_table(run, after_rank=done_with)
         clock = align_clocks(run, table)
+        if release_events:
+            analyses_future.result()
         match = match_collectives(table, clock)
         stragglers = find_stragglers(run, table, clock, match, threshold=threshold)
         ranks = rank_rows(run, table, stragglers)
@@ -159,8 +170,26 @@ def _monitor_meta(run: LoadedRun, meta: RankMeta) -> tuple[dict[str, Any], Layou
     return meta.monitor or {}, resolve_layout(meta, run.manifest)
 
 
-def rank_analyses(run: LoadedRun) -> dict[int, StepAnalysis]:
-    """The step monitor's analysis of every loaded rank (:mod:`meshprof.analyze.steps`)."""
+def _releaser(run: LoadedRun) -> Callable[[int], None]:
+    """A callback that empties rank r's raw event rows on its second call (table + analysis)."""
+    left = dict.fromkeys(run.ranks, 2)
+    lock = threading.Lock()
+
+    def done_with(r: int) -> None:
+        with lock:
+            left[r] -= 1
+            if left[r] == 0:
+                rd = run.ranks[r]
+                rd.events = rd.events[:0].copy()
+
+    return done_with
+
+
+def rank_analyses(
+    run: LoadedRun, after_rank: Callable[[int], None] | None = None
+) -> dict[int, StepAnalysis]:
+    """The step monitor's analysis of every loaded rank (:mod:`meshprof.analyze.steps`);
+    ``after_rank(r)`` is called once rank r is done."""
     from meshprof.analyze.steps import StepOptions, analyze_recorded
 
     out: dict[int, StepAnalysis] = {}
@@ -169,6 +198,8 @@ def rank_analyses(run: LoadedRun) -> dict[int, StepAnalysis]:
         options = StepOptions.from_meta(mon, rank=r, layout=layout)
         names = rd.span_names or list(mon.get("span_names", []))
         out[r] = analyze_recorded(rd.spans, names, rd.events, rd.groups, rd.memory, options)
+        if after_rank is not None:
+            after_rank(r)
     return out
 
 

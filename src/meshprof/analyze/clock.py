@@ -26,11 +26,12 @@ Clock drift during the run is not modelled: one constant offset per rank.
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 
 import numpy as np
 
-from meshprof.analyze.sorting import group_seq_key, unique_inverse
+from meshprof.analyze.sorting import group_seq_key, stable_argsort, unique_inverse
 from meshprof.analyze.table import EventTable
 from meshprof.rundir import LoadedRun
 
@@ -80,7 +81,12 @@ class ClockAlignment:
     """Largest remaining uncertainty over the aligned ranks (ns); -1 when some rank is unaligned."""
 
     def offset(self, rank: int) -> int:
-        for rc in self.ranks:
+        # ranks are in rank order: a binary search (a linear scan per call made the per-rank
+        # loops of the report quadratic in the number of ranks)
+        i = bisect.bisect_left(self.ranks, rank, key=lambda rc: rc.rank)
+        if i < len(self.ranks) and self.ranks[i].rank == rank:
+            return self.ranks[i].offset_ns
+        for rc in self.ranks:  # not in rank order (built by hand)
             if rc.rank == rank:
                 return rc.offset_ns
         return 0
@@ -109,72 +115,178 @@ def exchange_estimate(clock_sync: dict | None) -> tuple[int, int] | None:
     return best
 
 
-def _sync_matrix(table: EventTable, ranks: list[int]) -> tuple[np.ndarray, int]:
-    """Completion times (ns relative to a base, float) of synchronizing collectives:
-    one row per (group, seq) seen by ≥ 2 ranks, one column per rank (NaN where absent); beyond
-    _MAX_SYNC rows, _MAX_SYNC evenly spaced ones (in (group, seq) order)."""
+@dataclass(frozen=True, slots=True)
+class _SyncCells:
+    """Completion times of synchronizing collectives seen by ≥ 2 ranks, one cell per
+    (collective, rank), sorted by group, then collective, then rank column.
+
+    ``row`` numbers the collectives (0..rows-1, in (group, seq) order), ``col`` is the rank's
+    column (index into the sorted rank list), ``end`` the completion time relative to ``base``
+    (float ns); ``group_start`` delimits each group's cells (``group_start[i]:group_start[i+1]``)."""
+
+    row: np.ndarray
+    col: np.ndarray
+    end: np.ndarray
+    group_start: np.ndarray
+    base: int
+
+
+def _sync_cells(table: EventTable, ranks: list[int]) -> _SyncCells:
+    """The cells of synchronizing collectives seen by ≥ 2 ranks; beyond ``_MAX_SYNC``
+    collectives in one group, ``_MAX_SYNC`` evenly spaced ones of it (every k-th seq first, then
+    evenly spaced over those). Cost: one pass over the table's columns, then sorts over the
+    selected events only (no rank × collective matrix)."""
+    empty = _SyncCells(
+        np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0), np.zeros(1, np.int64), 0
+    )
     sync_ops = np.asarray([i for i, o in enumerate(table.ops) if o in SYNC_OPS], dtype=np.int32)
-    sel = np.flatnonzero((table.peer < 0) & np.isin(table.op, sync_ops))
-    if not len(sel):
-        return np.zeros((0, len(ranks))), 0
-    keys, inv = unique_inverse(group_seq_key(table.gid[sel], table.seq[sel]))
+    is_sync = np.zeros(max(len(table.ops), 1), dtype=bool)
+    is_sync[sync_ops] = True
+    mask = is_sync[table.op]
+    mask &= table.peer < 0
+    # a group with more than _MAX_SYNC distinct seqs keeps every k-th seq only, decided before
+    # any sort (the same seqs on every member): the sorts below then see ≤ _MAX_SYNC collectives
+    # per group, not every event (8 ranks × 1M collectives: ~20k of them)
+    ng = len(table.groups)
+    if ng and mask.any():
+        g = table.gid
+        seq = table.seq
+        big = np.iinfo(np.int64).max
+        lo = np.full(ng, big, dtype=np.int64)
+        hi = np.full(ng, -big, dtype=np.int64)
+        np.minimum.at(lo, g[mask], seq[mask])
+        np.maximum.at(hi, g[mask], seq[mask])
+        stride = np.maximum((hi - lo + 1) // (2 * _MAX_SYNC), 1)  # 2×: seqs of other ops
+        if (stride > 1).any():
+            mask &= (seq - lo[g]) % stride[g] == 0
+    sel = np.flatnonzero(mask)
+    del mask
+    if not len(sel) or not ranks:
+        return empty
+    gid = table.gid[sel]
+    keys, inv = unique_inverse(group_seq_key(gid, table.seq[sel]))
     n_keys = len(keys)
     del keys
-    rk = table.rank[sel]
-    colmap = np.full(max(max(ranks), int(rk.max())) + 1, -1, dtype=np.int64)
+    colmap = np.full(max(max(ranks), int(table.rank[sel].max())) + 1, -1, dtype=np.int64)
     colmap[ranks] = np.arange(len(ranks))
-    col = colmap[rk]
-    del rk
-    # members per (group, seq), counting each (key, rank) cell once as the matrix does
-    seen = np.zeros((n_keys, len(ranks)), dtype=bool)
-    seen[inv, col] = True
-    counts = seen.sum(axis=1)
-    del seen
-    rows = np.flatnonzero(counts >= 2)
-    if len(rows) > _MAX_SYNC:
-        rows = rows[np.linspace(0, len(rows) - 1, _MAX_SYNC).astype(np.int64)]
+    col = colmap[table.rank[sel]]
+    # one cell per (collective, rank): a rank that recorded a (group, seq) twice keeps its first
+    cell = inv * len(ranks) + col
+    order = stable_argsort(cell)
+    c_sorted = cell[order]
+    first = np.r_[True, c_sorted[1:] != c_sorted[:-1]]
+    order = order[first]
+    del cell, c_sorted, first
+    inv, col, sel, gid = inv[order], col[order], sel[order], gid[order]
+    del order
+    counts = np.bincount(inv, minlength=n_keys)
+    keep_key = counts >= 2
+    # per group, at most _MAX_SYNC collectives, evenly spaced
+    key_gid = np.full(n_keys, -1, dtype=np.int64)
+    key_gid[inv] = gid
+    kk = np.flatnonzero(keep_key)
+    if len(kk):
+        kg = key_gid[kk]
+        cut = np.flatnonzero(np.r_[True, kg[1:] != kg[:-1], True])
+        sizes = np.diff(cut)
+        for i in np.flatnonzero(sizes > _MAX_SYNC).tolist():
+            g0, g1 = int(cut[i]), int(cut[i + 1])
+            pick = np.zeros(g1 - g0, dtype=bool)
+            pick[np.linspace(0, g1 - g0 - 1, _MAX_SYNC).astype(np.int64)] = True
+            keep_key[kk[g0:g1][~pick]] = False
+    rows = np.flatnonzero(keep_key)
+    if not len(rows):
+        return empty
     pos = np.full(n_keys, -1, dtype=np.int64)
     pos[rows] = np.arange(len(rows))
     p = pos[inv]
-    del inv, pos
     keep = np.flatnonzero(p >= 0)
+    row = p[keep]
+    col = col[keep]
+    sel = sel[keep]
+    gid = gid[keep]
+    del p, pos, inv
     end = table.start_ns[sel] + table.duration_ns[sel]
     base = int(end.min())
-    m = np.full((len(rows), len(ranks)), np.nan)
-    m[p[keep], col[keep]] = (end[keep] - base).astype(np.float64)
-    return m, base
+    gstart = np.flatnonzero(np.r_[True, gid[1:] != gid[:-1], True])
+    return _SyncCells(row, col, (end - base).astype(np.float64), gstart.astype(np.int64), base)
 
 
 def _collective_estimates(
-    m: np.ndarray, ranks: list[int], ref_col: int
+    cells: _SyncCells, ranks: list[int], ref_col: int
 ) -> dict[int, tuple[float, float, int]]:
-    """rank → (offset, standard error, samples) by aligning outward from the reference column."""
+    """rank → (offset, standard error, samples) by aligning outward from the reference column.
+
+    Group by group: the group with the most shared collectives among those with an aligned
+    member comes first; each of its unaligned members is aligned on the mean aligned completion
+    time of the collectives it shares with the group's aligned members (median of the
+    differences). Each group's cells are read once or a few times, so the cost is linear in the
+    events whatever the number of ranks (the former greedy step re-scanned every unaligned
+    column against every aligned one: O(ranks³ × collectives))."""
+    import heapq
+
     est: dict[int, tuple[float, float, int]] = {}
-    if ref_col < 0 or not len(m):
+    ng = len(cells.group_start) - 1
+    if ref_col < 0 or ng <= 0:
         return est
-    off = np.full(len(ranks), np.nan)
-    unc = np.full(len(ranks), np.nan)
+    nr = len(ranks)
+    off = np.full(nr, np.nan)
+    unc = np.full(nr, np.nan)
     off[ref_col], unc[ref_col] = 0.0, 0.0
-    while True:
-        anchors = ~np.isnan(off)
-        aligned = m[:, anchors] + off[anchors]
+    gs = cells.group_start
+    # groups of each column, and each group's size in collectives (its priority)
+    g_of_cell = np.repeat(np.arange(ng), np.diff(gs))
+    gc = np.unique(cells.col * ng + g_of_cell)
+    col_groups_flat = gc % ng
+    col_cut = np.searchsorted(gc // ng, np.arange(nr + 1))
+    g_rows = cells.row[gs[1:] - 1] - cells.row[gs[:-1]] + 1  # groups are never empty
+    # members of each group still unaligned
+    unaligned_left = np.bincount(col_groups_flat, minlength=ng)
+    unaligned_left[col_groups_flat[col_cut[ref_col] : col_cut[ref_col + 1]]] -= 1
+    heap: list[tuple[int, int]] = []
+
+    def push(c: int) -> None:
+        for g in col_groups_flat[col_cut[c] : col_cut[c + 1]].tolist():
+            if unaligned_left[g] > 0:
+                heapq.heappush(heap, (-int(g_rows[g]), g))
+
+    push(ref_col)
+    while heap:
+        _, g = heapq.heappop(heap)
+        if unaligned_left[g] <= 0:
+            continue
+        a, b = int(gs[g]), int(gs[g + 1])
+        row = cells.row[a:b] - cells.row[a]
+        cols, mcol = np.unique(cells.col[a:b], return_inverse=True)
+        mcol = mcol.reshape(-1)
+        m = np.full((int(row[-1]) + 1, len(cols)), np.nan)
+        m[row, mcol] = cells.end[a:b]
+        anchors = ~np.isnan(off[cols])
+        if not anchors.any():
+            continue
+        aligned = m[:, anchors] + off[cols[anchors]]
         present = np.sum(~np.isnan(aligned), axis=1)
         anchor_t = np.nansum(aligned, axis=1) / np.maximum(present, 1)
-        best = None
-        for c in np.nonzero(~anchors)[0]:
-            ok = ~np.isnan(m[:, c]) & np.any(~np.isnan(m[:, anchors]), axis=1)
+        has_anchor = present > 0
+        u_anchor = float(np.max(unc[cols[anchors]]))
+        newly = []
+        for j in np.flatnonzero(~anchors).tolist():
+            ok = has_anchor & ~np.isnan(m[:, j])
             n = int(ok.sum())
-            if n and (best is None or n > best[1]):
-                best = (c, n, ok)
-        if best is None:
-            return est
-        c, n, ok = best
-        d = anchor_t[ok] - m[ok, c]
-        med = float(np.median(d))
-        se = 1.4826 * float(np.median(np.abs(d - med))) / np.sqrt(n)
-        u_anchor = float(np.nanmax(unc[anchors]))
-        off[c], unc[c] = med, se + u_anchor
-        est[ranks[c]] = (med, se + u_anchor, n)
+            if not n:
+                continue
+            d = anchor_t[ok] - m[ok, j]
+            med = float(np.median(d))
+            se = 1.4826 * float(np.median(np.abs(d - med))) / np.sqrt(n)
+            c = int(cols[j])
+            off[c], unc[c] = med, se + u_anchor
+            est[ranks[c]] = (med, se + u_anchor, n)
+            newly.append(c)
+        for c in newly:
+            unaligned_left[col_groups_flat[col_cut[c] : col_cut[c + 1]]] -= 1
+        for c in newly:
+            push(c)
+    return est
 
 
 def align_clocks(run: LoadedRun, table: EventTable) -> ClockAlignment:
@@ -193,8 +305,7 @@ def align_clocks(run: LoadedRun, table: EventTable) -> ClockAlignment:
         anchor = with_x[0] if with_x else ranks[0]
     else:
         anchor = ref
-    m, _ = _sync_matrix(table, ranks)
-    coll = _collective_estimates(m, ranks, ranks.index(anchor))
+    coll = _collective_estimates(_sync_cells(table, ranks), ranks, ranks.index(anchor))
     x_anchor = exchange_estimate(run.ranks[anchor].meta.clock_sync) if anchor != ref else None
     shift = x_anchor[0] if x_anchor else 0  # collective offsets are relative to the anchor
     out: list[RankClock] = []

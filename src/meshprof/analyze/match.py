@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from meshprof.analyze.clock import ClockAlignment
-from meshprof.analyze.sorting import group_seq_key, lexsort2
+from meshprof.analyze.sorting import group_seq_key, lexsort2, unique_inverse
 from meshprof.analyze.table import EventTable
 
 
@@ -51,11 +51,11 @@ class CollectiveMatch:
     size_bytes: np.ndarray
     """int64, per collective: nccl-tests buffer size S (largest member's)."""
     member_coll: np.ndarray
-    """int64, per member: row in the per-collective arrays."""
+    """int32, per member: row in the per-collective arrays."""
     member_rank: np.ndarray
     """int32, per member: rank."""
     member_row: np.ndarray
-    """int64, per member: row in the EventTable."""
+    """int32, per member: row in the EventTable (int64 beyond 2**31 rows)."""
     member_arrival_ns: np.ndarray
     """int64, per member: aligned arrival."""
     member_wait_ns: np.ndarray
@@ -146,6 +146,7 @@ def match_collectives(table: EventTable, clock: ClockAlignment) -> CollectiveMat
     sizes = np.asarray([len(g.ranks) for g in table.groups] or [0], dtype=np.int32)
     expected = sizes[gid] if len(gid) else np.zeros(0, dtype=np.int32)
     send_row, recv_row, unmatched = _match_p2p(table)
+    idx_t = np.int32 if len(table) < 2**31 else np.int64  # 4 B per member, not 8
     return CollectiveMatch(
         gid=gid,
         seq=table.seq[rows[starts]] if len(starts) else np.zeros(0, dtype=np.int64),
@@ -158,9 +159,9 @@ def match_collectives(table: EventTable, clock: ClockAlignment) -> CollectiveMat
         if len(starts)
         else np.zeros(0, dtype=np.int32),
         size_bytes=size.astype(np.int64, copy=False),
-        member_coll=member_coll.astype(np.int64, copy=False),
+        member_coll=member_coll.astype(idx_t, copy=False),
         member_rank=table.rank[rows].astype(np.int32, copy=False),
-        member_row=rows.astype(np.int64, copy=False),
+        member_row=rows.astype(idx_t, copy=False),
         member_arrival_ns=arr.astype(np.int64, copy=False),
         member_wait_ns=wait.astype(np.int64, copy=False),
         p2p_send_row=send_row,
@@ -193,8 +194,7 @@ def _match_p2p(table: EventTable) -> tuple[np.ndarray, np.ndarray, int]:
     keys[: len(sends), 2] = table.peer[sends]
     keys[len(sends) :, 1] = table.peer[recvs]
     keys[len(sends) :, 2] = table.rank[recvs]
-    _, kid = np.unique(keys, axis=0, return_inverse=True)
-    kid = kid.reshape(-1)
+    kid = _row_ids(keys)
     ks, kr = kid[: len(sends)], kid[len(sends) :]
     send_of = np.full(int(kid.max()) + 1, -1, dtype=np.int64)
     # the last send of each key: first occurrence in the reversed order
@@ -207,6 +207,26 @@ def _match_p2p(table: EventTable) -> tuple[np.ndarray, np.ndarray, int]:
     s_rows = send_of[kr[first]].astype(np.int64)
     unmatched = len(p2p) - 2 * len(s_rows)
     return s_rows, r_rows, unmatched
+
+
+def _row_ids(keys: np.ndarray) -> np.ndarray:
+    """``np.unique(keys, axis=0, return_inverse=True)[1]`` for an int64 (n, k) array: the
+    columns packed into one int64 (mixed radix, each column's value minus its minimum) when
+    their ranges fit in 63 bits, so one integer sort replaces numpy's row-wise sort of a void
+    view (0.8 s for 150k send/recv rows)."""
+    lo = keys.min(axis=0)
+    span = keys.max(axis=0) - lo + 1
+    total = 1
+    for x in span.tolist():
+        total *= int(x)
+    if total >= 1 << 62:
+        _, kid = np.unique(keys, axis=0, return_inverse=True)
+        return kid.reshape(-1)
+    packed = np.zeros(len(keys), dtype=np.int64)
+    for j in range(keys.shape[1]):
+        packed *= int(span[j])
+        packed += keys[:, j] - lo[j]
+    return unique_inverse(packed)[1]
 
 
 def summarize_match(m: CollectiveMatch) -> MatchSummary:

@@ -14,6 +14,7 @@ import numpy as np
 from meshprof.analyze.clock import ClockAlignment
 from meshprof.analyze.match import CollectiveMatch
 from meshprof.analyze.report_types import TimelineItem
+from meshprof.analyze.sorting import RowsByKey
 from meshprof.analyze.stragglers import StragglerReport
 from meshprof.analyze.table import EventTable, GroupRef
 from meshprof.rundir import LoadedRun
@@ -26,6 +27,10 @@ def aligned_offsets(table: EventTable, clock: ClockAlignment) -> np.ndarray:
         return np.zeros(0, dtype=np.int64)
     by_rank = np.asarray([offs.get(r, 0) for r in range(int(table.rank.max()) + 1)], dtype=np.int64)
     return by_rank[table.rank]
+
+
+TIMELINE_COMM_ITEMS = 20_000
+"""Collective bars the excerpt shows in all (about: at most 400 per rank, at least 8)."""
 
 
 def timeline_excerpt(
@@ -51,6 +56,10 @@ def timeline_excerpt(
     else:
         return (), 0
     items: list[TimelineItem] = []
+    rows_of = RowsByKey(table.rank)
+    # at most 400 collectives per rank, and about TIMELINE_COMM_ITEMS in all (a short excerpt:
+    # 4,096 ranks × 400 bars would be 1.6M items)
+    per_rank = max(8, min(400, TIMELINE_COMM_ITEMS // max(len(s.ranks), 1)))
     for r in s.ranks:
         rd = run.ranks[r]
         off = clock.offset(r)
@@ -69,9 +78,9 @@ def timeline_excerpt(
                 else (names[row["name"]] if row["name"] < len(names) else "?")
             )
             items.append(TimelineItem(r, kind, label, a - w0, int(row["duration_ns"])))
-        mine = np.nonzero(table.rank == r)[0]
+        mine = rows_of.rows(r)
         a = table.start_ns[mine] + off
-        keep = mine[(a <= w1) & (a + table.duration_ns[mine] >= w0)][:400]
+        keep = mine[(a <= w1) & (a + table.duration_ns[mine] >= w0)][:per_rank]
         for k in keep:
             g = table.groups[table.gid[k]]
             items.append(
@@ -194,14 +203,22 @@ def trace_cutoff(
     if not cap or len(table) <= cap:
         return None
     t = int(np.partition(aligned, len(aligned) - cap)[len(aligned) - cap])
-    firsts: dict[int, int] = {}
+    # earliest aligned start of each step over ranks, in one pass over all ranks' step spans
+    steps, starts = [], []
     for r, rd in run.ranks.items():
         st = rd.spans[rd.spans["kind"] == 0]
-        a = st["start_ns"].astype(np.int64) + clock.offset(r)
-        for step, x in zip(st["step"].tolist(), a.tolist(), strict=True):
-            firsts[step] = min(firsts.get(step, x), x)
-    later = [x for x in firsts.values() if x >= t]
-    return min(later) if later else t
+        steps.append(st["step"].astype(np.int64))
+        starts.append(st["start_ns"].astype(np.int64) + clock.offset(r))
+    if not steps:
+        return t
+    step, a = np.concatenate(steps), np.concatenate(starts)
+    if not len(step):
+        return t
+    u, inv = np.unique(step, return_inverse=True)
+    firsts = np.full(len(u), np.iinfo(np.int64).max, dtype=np.int64)
+    np.minimum.at(firsts, inv.reshape(-1), a)
+    later = firsts[firsts >= t]
+    return int(later.min()) if len(later) else t
 
 
 def _rank_slices(
@@ -211,6 +228,7 @@ def _rank_slices(
     r: int,
     cut: int | None,
     keep_row: np.ndarray | None,
+    rows_of: RowsByKey,
 ) -> RankSlices:
     rd = run.ranks[r]
     off = clock.offset(r)
@@ -218,7 +236,7 @@ def _rank_slices(
     sp = rd.spans
     if cut is not None:
         sp = sp[sp["start_ns"].astype(np.int64) + off >= cut]
-    mine = np.flatnonzero(table.rank == r)
+    mine = rows_of.rows(r)
     if keep_row is not None:
         mine = mine[keep_row[mine]]
     return RankSlices(
@@ -317,9 +335,12 @@ def merged_timeline(
         if cut is not None and keep_row is not None
         else None
     )
+    rows_of = RowsByKey(table.rank)
     return MergedTimeline(
         t0_ns=min(starts) if starts else 0,
-        ranks=tuple(_rank_slices(run, table, clock, r, cut, keep_row) for r in sorted(run.ranks)),
+        ranks=tuple(
+            _rank_slices(run, table, clock, r, cut, keep_row, rows_of) for r in sorted(run.ranks)
+        ),
         groups=table.groups,
         flows=flow_arrows(table, match, clock, keep_row),
         clock_max_uncertainty_ns=clock.max_uncertainty_ns,

@@ -21,7 +21,7 @@ from meshprof.analyze.report_types import (
     SizeRow,
     StepHeatmap,
 )
-from meshprof.analyze.sorting import stable_argsort, unique_inverse
+from meshprof.analyze.sorting import RowsByKey
 from meshprof.analyze.stragglers import StragglerReport
 from meshprof.analyze.table import EventTable
 from meshprof.events import OP_CODES, bandwidth_arrays, size_bucket_array
@@ -46,7 +46,7 @@ def peak_memory_bytes(mem: np.ndarray) -> int:
     return -1
 
 
-_BW_CHUNK = 1 << 20
+_BW_CHUNK = 1 << 16  # rows per bandwidth chunk (its temporaries stay a few MB)
 
 
 def recorded_by_size(run: LoadedRun) -> dict[tuple[str, int], int] | None:
@@ -81,25 +81,24 @@ def size_rows(table: EventTable) -> tuple[SizeRow, ...]:
     if not len(table):
         return ()
     code_of = np.asarray([OP_CODES.get(o, OP_CODES["custom"]) for o in table.ops], dtype=np.int64)
-    # group rows by (op, size bucket) with one sort; message sizes repeat, so the buckets are
-    # computed once per distinct size (they are 0 or powers of two: their exponent is the key)
-    sizes, inv = unique_inverse(table.size_bytes)
-    bucket_u = size_bucket_array(sizes)
-    exp_u = np.zeros(len(sizes), dtype=np.int64)
-    pos = bucket_u > 0
-    exp_u[pos] = np.log2(bucket_u[pos]).astype(np.int64) + 1
-    exp = exp_u[inv]
-    bucket_row = inv  # a row's bucket is bucket_u[inv[row]]
-    exp += table.op.astype(np.int64) * 128
-    order = stable_argsort(exp)
-    key = exp[order]
-    del exp
-    cut = np.flatnonzero(np.r_[True, key[1:] != key[:-1], True])
-    del key
+    # one small key per row, op · 128 + (exponent of the size bucket + 1, 0 for empty
+    # messages), computed in chunks (4 B per row in all, no full-length sort); then the rows of
+    # each (op, bucket), in row order, by one comparison per distinct key
+    n = len(table)
+    key = np.empty(n, dtype=np.int32)
+    for c0 in range(0, n, _BW_CHUNK):
+        c1 = min(c0 + _BW_CHUNK, n)
+        bucket = size_bucket_array(table.size_bytes[c0:c1])
+        exp = np.zeros(c1 - c0, dtype=np.int64)
+        pos = bucket > 0
+        exp[pos] = np.log2(bucket[pos]).astype(np.int64) + 1
+        exp += table.op[c0:c1].astype(np.int64) * 128
+        key[c0:c1] = exp
     rows = []
-    for g0, g1 in zip(cut[:-1].tolist(), cut[1:].tolist(), strict=True):
-        o, b = int(table.op[order[g0]]), int(bucket_u[bucket_row[order[g0]]])
-        idx = order[g0:g1]
+    for k in np.flatnonzero(np.bincount(key)).tolist():
+        idx = np.flatnonzero(key == k)
+        o, e = divmod(k, 128)
+        b = 0 if e == 0 else 1 << (e - 1)
         d = table.duration_ns[idx]
         alg = np.empty(len(idx))
         bus = np.empty(len(idx))
@@ -109,18 +108,36 @@ def size_rows(table: EventTable) -> tuple[SizeRow, ...]:
             alg[c0 : c0 + len(ci)], bus[c0 : c0 + len(ci)] = bandwidth_arrays(
                 np.full(len(ci), code_of[o]), sz, sz, d[c0 : c0 + len(ci)], table.group_size[ci]
             )
+        del idx
+        # sorted in place: the percentiles below copy nothing (numpy's median and percentile
+        # would each copy the column)
+        d.sort()
+        alg.sort()
+        bus.sort()
         rows.append(
             SizeRow(
                 table.ops[o],
                 b,
-                g1 - g0,
-                float(np.median(d)),
-                float(np.percentile(d, 95)),
-                float(np.median(alg)),
-                float(np.median(bus)),
+                len(d),
+                _sorted_pct(d, 50),
+                _sorted_pct(d, 95),
+                _sorted_pct(alg, 50),
+                _sorted_pct(bus, 50),
             )
         )
+        del d, alg, bus
     return tuple(sorted(rows, key=lambda r: (r.op, r.size_bucket)))
+
+
+def _sorted_pct(v: np.ndarray, q: float) -> float:
+    """``np.percentile(v, q)`` (linear interpolation) of an already sorted array."""
+    pos = (len(v) - 1) * (q / 100)
+    i = int(np.floor(pos))
+    j = min(i + 1, len(v) - 1)
+    lo, hi = float(v[i]), float(v[j])
+    t = pos - i
+    # numpy's lerp, for identical results
+    return hi - (hi - lo) * (1 - t) if t >= 0.5 else lo + (hi - lo) * t
 
 
 def group_rows(table: EventTable, m: CollectiveMatch) -> tuple[GroupRow, ...]:
@@ -132,21 +149,24 @@ def group_rows(table: EventTable, m: CollectiveMatch) -> tuple[GroupRow, ...]:
         if len(m)
         else np.zeros(0)
     )
+    by_group = RowsByKey(m.gid)  # one sort, not one pass over every collective per group
+    complete = m.complete
+    multi = m.present >= 2
     for g, ref in enumerate(table.groups):
-        sel = m.gid == g
-        if not sel.any():
+        sel = by_group.rows(g)
+        if not len(sel):
             continue
-        ok = sel & (m.present >= 2)
+        ok = sel[multi[sel]]
         rows.append(
             GroupRow(
                 ref.name,
                 ref.desc,
                 ref.dimension,
                 len(ref.ranks),
-                int(sel.sum()),
-                int((sel & ~m.complete).sum()),
-                float(np.median(skew[ok])) if ok.any() else 0.0,
-                float(skew[ok].max()) if ok.any() else 0.0,
+                len(sel),
+                int((~complete[sel]).sum()),
+                float(np.median(skew[ok])) if len(ok) else 0.0,
+                float(skew[ok].max()) if len(ok) else 0.0,
                 int(wait_by_coll[sel].sum()),
             )
         )
@@ -169,8 +189,9 @@ def comm_share_by_dimension(
     gdim = np.asarray([dims.index(g.dimension) for g in table.groups] or [0], dtype=np.int64)
     gdim_row = gdim[table.gid]
     start_all, end_all = table.start_ns, table.end_ns
+    by_rank = RowsByKey(table.rank)
     for i, r in enumerate(s.ranks):
-        mine = np.flatnonzero(table.rank == r)
+        mine = by_rank.rows(r)
         st = run.ranks[r].spans
         st = st[st["kind"] == 0]
         if len(st):
@@ -202,6 +223,7 @@ def rank_rows(run: LoadedRun, table: EventTable, s: StragglerReport) -> tuple[Ra
         wait_tot = np.nansum(s.wait_ns, axis=1)
         step_tot = np.nansum(s.step_ns, axis=1)
     rows = []
+    by_rank = RowsByKey(table.rank)
     for i, r in enumerate(s.ranks):
         rd = run.ranks[r]
         nsteps = int(np.sum(~np.isnan(s.step_ns[i]))) if s.steps else 0
@@ -219,7 +241,7 @@ def rank_rows(run: LoadedRun, table: EventTable, s: StragglerReport) -> tuple[Ra
                 peak_memory_bytes=peak_memory_bytes(rd.memory),
                 score=sc.score,
                 last_share=sc.last_share,
-                events=int(np.sum(table.rank == r)),
+                events=by_rank.count(r),
             )
         )
     return tuple(rows)

@@ -67,3 +67,38 @@ def group_seq_key(gid: np.ndarray, seq: np.ndarray) -> np.ndarray:
     if span >= 1 << 40 or span * (int(g.max()) + 1) >= 1 << 62 or int(g.min()) < 0:
         return g * (1 << 40) + q
     return g * span + (q - lo)
+
+
+class RowsByKey:
+    """The rows of an integer column grouped by value, from one sort (or none when the column
+    is already sorted, as :class:`~meshprof.analyze.table.EventTable`'s rank column is): the
+    per-rank (per-group) loops of the analyzers take their rows from here instead of comparing
+    the whole column with each value, which cost O(values × rows)."""
+
+    __slots__ = ("_order", "_starts", "keys")
+
+    def __init__(self, values: np.ndarray) -> None:
+        v = np.asarray(values)
+        if len(v) < 2 or bool(np.all(v[1:] >= v[:-1])):
+            self._order: np.ndarray | None = None
+            s = v
+        else:
+            self._order = stable_argsort(v)
+            s = v[self._order]
+        cut = np.flatnonzero(np.r_[True, s[1:] != s[:-1]]) if len(s) else np.zeros(0, np.int64)
+        self.keys = s[cut]
+        self._starts = np.r_[cut, len(s)].astype(np.int64)
+
+    def rows(self, key: int) -> np.ndarray:
+        """Row indices (ascending) whose value is ``key``; empty when none."""
+        i = int(np.searchsorted(self.keys, key))
+        if i >= len(self.keys) or self.keys[i] != key:
+            return np.zeros(0, dtype=np.int64)
+        a, b = int(self._starts[i]), int(self._starts[i + 1])
+        return np.arange(a, b, dtype=np.int64) if self._order is None else self._order[a:b]
+
+    def count(self, key: int) -> int:
+        i = int(np.searchsorted(self.keys, key))
+        if i >= len(self.keys) or self.keys[i] != key:
+            return 0
+        return int(self._starts[i + 1] - self._starts[i])

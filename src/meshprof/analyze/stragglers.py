@@ -29,7 +29,7 @@ import numpy as np
 from meshprof.analyze import intervals
 from meshprof.analyze.clock import ClockAlignment
 from meshprof.analyze.match import CollectiveMatch, arrived_last_share
-from meshprof.analyze.sorting import stable_argsort
+from meshprof.analyze.sorting import RowsByKey, stable_argsort
 from meshprof.analyze.table import EventTable
 from meshprof.rundir import LoadedRun
 
@@ -133,15 +133,19 @@ def find_stragglers(
     steps = tuple(sorted(set().union(*step_sets))) if step_sets else ()
     common = tuple(sorted(set.intersection(*step_sets))) if step_sets else ()
     scol = {s: i for i, s in enumerate(steps)}
+    common_set = set(common)
     shape = (len(ranks), len(steps))
     step_ns, comm_ns, wait_ns = (np.full(shape, np.nan) for _ in range(3))
     phase_names: list[str] = []
+    phase_seen: set[str] = set()
     phase_vals: dict[tuple[int, str], list[float]] = {}
     last = arrived_last_share(match)
     end_all = table.end_ns
+    by_rank = RowsByKey(table.rank)
+    members_by_rank = RowsByKey(match.member_rank)
     for ri, r in enumerate(ranks):
         rd = run.ranks[r]
-        mine = np.flatnonzero(table.rank == r)
+        mine = by_rank.rows(r)
         us, ue = intervals.union(table.start_ns[mine], end_all[mine])
         sp = rd.spans
         st = sp[sp["kind"] == 0]
@@ -151,7 +155,7 @@ def find_stragglers(
             b = a + st["duration_ns"].astype(np.int64)
             step_ns[ri, cols] = st["duration_ns"]
             comm_ns[ri, cols] = intervals.covered(us, ue, a, b)
-            mm = np.flatnonzero(match.member_rank == r)
+            mm = members_by_rank.rows(r)
             arr_local = match.member_arrival_ns[mm] - clock.offset(r)
             o = stable_argsort(arr_local)  # wait sums below do not depend on the order of ties
             arr_local, w = arr_local[o], match.member_wait_ns[mm][o]
@@ -170,9 +174,10 @@ def find_stragglers(
                 name = names[n] if n < len(names) else f"#{n}"
                 per[(name, s)] = per.get((name, s), 0.0) + c
             for (name, s), c in per.items():
-                if name not in phase_names:
+                if name not in phase_seen:
+                    phase_seen.add(name)
                     phase_names.append(name)
-                if not common or s in common:
+                if not common or s in common_set:
                     phase_vals.setdefault((r, name), []).append(c)
     compute = step_ns - comm_ns
     ccols = [scol[s] for s in common]
@@ -184,8 +189,10 @@ def find_stragglers(
         for i, r in enumerate(ranks)
     )
     phase_ns = np.full((len(ranks), len(phase_names)), np.nan)
+    row_of = {r: i for i, r in enumerate(ranks)}
+    col_of = {name: j for j, name in enumerate(phase_names)}
     for (r, name), v in phase_vals.items():
-        phase_ns[ranks.index(r), phase_names.index(name)] = float(np.median(v))
+        phase_ns[row_of[r], col_of[name]] = float(np.median(v))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         phase_med = (

@@ -133,7 +133,10 @@ def run(args: argparse.Namespace) -> int:
         if "no usable rank file" not in str(e):
             raise
         return _traces_only(args, e)
-    parts = analyze_run_parts(loaded, threshold=args.threshold, hta_rounding=args.hta_rounding)
+    # nothing below reads the raw event rows: the analysis lets them go once tabled
+    parts = analyze_run_parts(
+        loaded, threshold=args.threshold, hta_rounding=args.hta_rounding, release_events=True
+    )
     rep = parts.report
     written = []
     if args.html:

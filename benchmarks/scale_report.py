@@ -1,0 +1,148 @@
+"""How ``meshprof report RUN --json`` scales with the number of ranks at a fixed event count, and
+with the event count at 8 ranks.
+
+For each case, writes a synthetic dp × tp × pp run (:mod:`synth_run`: clocks off by up to
+±30 ms, one rank 30 % slower in every phase), then runs ``meshprof report DIR --json`` in a
+child process and prints
+its wall time, CPU time and peak RSS (``os.wait4``), bytes per event, whether the slow rank was named, and the
+largest clock-offset error against the truth. ``--src`` runs another checkout's code (e.g. a
+snapshot of main: ``git archive main src | tar -x -C /tmp/base``) for a before/after table.
+
+    python benchmarks/scale_report.py [--cases 8:2000000,1024:2000000] [--src DIR] [--out F]
+
+A case is RANKS:TOTAL_EVENTS; the layout is chosen as dp × tp × pp with tp ≤ 8, pp ≤ 8 (even).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from synth_run import write_run
+
+DEFAULT_CASES = (
+    "8:2000000,64:2000000,256:2000000,1024:2000000,4096:2000000,"
+    "8:1000000,8:4000000,8:8000000,8:16000000"
+)
+
+
+def layout_of(n: int) -> tuple[int, int, int]:
+    """A 3D layout for n ranks: pp and tp up to 8 (pp even), the rest data parallel."""
+    if n < 8 or n % 8:
+        return n, 1, 1
+    pp = 8 if n % 64 == 0 and n >= 512 else 2
+    rest = n // pp
+    tp = 8 if rest % 8 == 0 and rest >= 64 else (4 if rest % 4 == 0 else 2)
+    return rest // tp, tp, pp
+
+
+def run_report(run_dir: Path, src: Path, timeout: float = 0) -> tuple[float, float, int, dict]:
+    """Wall seconds, CPU seconds (user + system), peak RSS (bytes) and the JSON of
+    ``meshprof report DIR --json``."""
+    env = dict(os.environ, PYTHONPATH=str(src))
+    code = "import sys; from meshprof.cli import main; sys.exit(main())"
+    with tempfile.TemporaryFile() as out:
+        t0 = time.perf_counter()
+        p = subprocess.Popen(
+            [sys.executable, "-c", code, "report", str(run_dir), "--json"], stdout=out, env=env
+        )
+        timer = threading.Timer(timeout, p.kill) if timeout > 0 else None
+        if timer is not None:
+            timer.start()
+        _, status, ru = os.wait4(p.pid, 0)
+        wall = time.perf_counter() - t0
+        if timer is not None:
+            timer.cancel()
+            if wall >= timeout:
+                raise RuntimeError(f"not done after {timeout:.0f} s")
+        out.seek(0)
+        data = out.read()
+    if status != 0:
+        raise RuntimeError(f"report failed ({status}) on {run_dir}")
+    return wall, ru.ru_utime + ru.ru_stime, ru.ru_maxrss * 1024, json.loads(data)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--cases", default=DEFAULT_CASES)
+    p.add_argument("--src", type=Path, default=Path(__file__).resolve().parents[1] / "src")
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--tmp", type=Path, default=Path(tempfile.gettempdir()))
+    p.add_argument("--out", type=Path, default=None, help="append one JSON line per case")
+    p.add_argument("--timeout", type=float, default=0, help="stop a report after this many s")
+    a = p.parse_args(argv)
+    print(
+        "| ranks | layout | events | report time | CPU time | peak RSS | B/event | slow rank named "
+        "| max clock error |"
+    )
+    print("|---:|---|---:|---:|---:|---:|---:|---|---:|")
+    for case in a.cases.split(","):
+        n, total = (int(x) for x in case.split(":"))
+        per_rank = total // n
+        steps = max(2, min(a.steps, per_rank // 20))
+        d = a.tmp / f"meshprof_scale_{n}_{total}"
+        shutil.rmtree(d, ignore_errors=True)
+        layout = layout_of(n)
+        info = write_run(
+            d,
+            n,
+            per_rank,
+            steps,
+            slow_rank=n // 3,
+            seed=1,
+            layout=layout,
+            clock_ms=30,
+            slow_phases=(1, 2, 3),
+        )
+        events = info["events_per_rank"] * n
+        try:
+            wall, cpu, rss, rep = run_report(d, a.src, a.timeout)
+        except RuntimeError as e:
+            print(
+                f"| {n:,} | {'x'.join(map(str, layout))} | {events:,} | {e} | | | | |", flush=True
+            )
+            shutil.rmtree(d, ignore_errors=True)
+            continue
+        named = rep["summary"]["stragglers"]
+        truth = np.asarray(info["aligned_offsets_ns"])
+        got = np.asarray([c["offset_ns"] for c in rep["clock"]["ranks"]])
+        err = float(np.abs(got - truth).max()) if len(got) == len(truth) else float("nan")
+        row = {
+            "ranks": n,
+            "layout": "x".join(map(str, layout)),
+            "events": events,
+            "seconds": round(wall, 1),
+            "cpu_seconds": round(cpu, 1),
+            "peak_rss_mib": round(rss / 2**20),
+            "bytes_per_event": round(rss / events),
+            "slow_rank": info["slow_rank"],
+            "named": named,
+            "max_clock_error_us": round(err / 1e3, 1),
+        }
+        print(
+            f"| {n:,} | {row['layout']} | {events:,} | {wall:.1f} s | {cpu:.1f} s "
+            f"| {rss / 2**20:,.0f} MiB | "
+            f"{rss / events:.0f} | {'yes' if info['slow_rank'] in named else 'NO'} {named[:3]} | "
+            f"{err / 1e3:.1f} µs |",
+            flush=True,
+        )
+        if a.out:
+            with a.out.open("a") as f:
+                f.write(json.dumps(row) + "\n")
+        shutil.rmtree(d, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
