@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from meshprof.analyze.hang import diagnose_hang
+from meshprof.analyze.hang import diagnose_hang, diagnose_states
 from meshprof.render.hang import render_hang_text
+from meshprof.rundir.hang_dumps import Collective, Frame, RankState
 from meshprof.spawn import WorkerError, run_ranks
 
 HERE = os.path.basename(__file__)
@@ -68,6 +69,11 @@ def _scenario(rank: int, ws: int, kind: str, dump_dir: str) -> int:
             works = [dist.broadcast(u, 0, async_op=True), dist.all_reduce(t, async_op=True)]
         for w in works:
             w.wait()
+    elif kind == "bcast":  # issue 14: rank 1 stuck before a broadcast that others can finish
+        if rank == 1:
+            _wait_outside(60)
+        dist.broadcast(t, 0)  # seq 2
+        dist.all_reduce(t)  # seq 3
     elif kind == "sleep":
         if rank == 1:
             time.sleep(60)  # sleeps "forever": killed when the others time out
@@ -169,6 +175,24 @@ def test_rank_sleeps_forever(tmp_path, cli):
     assert p.returncode == 1
     data = json.loads(p.stdout)
     assert data["findings"][0]["kind"] == "missing" and data["findings"][0]["ranks"] == [1]
+    assert data["root_cause"]["ranks"] == [1] and data["root_cause"]["seq"] == 2
+
+
+@pytest.mark.timeout(60)
+def test_root_cause_real_broadcast(tmp_path, cli):
+    """Issue 14 on real gloo: 4 ranks, rank 1 stuck outside any collective before broadcast seq
+    2. Whoever finished the broadcast and waits in all_reduce seq 3 is a consequence: the only
+    root cause is rank 1, and no other rank is named at fault by a finding of its own."""
+    diag, dump_dir = _run("bcast", tmp_path, ws=4)
+    text = render_hang_text(diag)
+    rc = diag.root_cause
+    assert rc is not None and rc.ranks == (1,) and rc.kind == "missing", text
+    assert (rc.group, rc.seq, rc.op) == ("0", 2, "broadcast"), text
+    assert f"{HERE}:{_line_of('threading.Event().wait(seconds)')}" in rc.where
+    assert diag.findings[0].ranks == (1,) and diag.findings[0].consequence_of is None
+    assert all(f.consequence_of is not None for f in diag.findings[1:]), text
+    d = json.loads(cli("hang", dump_dir, "--json").stdout)
+    assert d["root_cause"]["ranks"] == [1] and d["findings"][0]["consequence_of"] is None
 
 
 def test_flight_recorder_only(tmp_path):
@@ -252,3 +276,166 @@ def test_signal_dump_and_stop(tmp_path):
         assert any(f["function"] == "_signal_dump" for f in main_thread["frames"])
     diag = diagnose_hang(tmp_path)
     assert diag.ok and "No hang or desync found" in render_hang_text(diag)
+    assert diag.root_cause is None and diag.to_dict()["root_cause"] is None
+
+
+# --- causality over synthetic states (the diagnosis is a pure function of the ranks' states) ---
+
+
+def _c(op: str, group: str, seq: int, state: str = "completed") -> Collective:
+    return Collective(op, group, seq, "float32", 32, 32, state, age_ns=5_000_000_000)
+
+
+def _state(
+    rank: int, cols: list[Collective], groups: dict[str, tuple[int, ...]], where: str = ""
+) -> RankState:
+    frames = (Frame(f"/job/{where}.py", 10 + rank, where),) if where else ()
+    return RankState(rank, "meshprof", "peer", tuple(cols), groups, frames, 4)
+
+
+def test_root_cause_first_rank_stuck_before_broadcast(cli, tmp_path):
+    """Issue 14's case: rank 1 is stuck outside any collective before broadcast seq 7; gloo let
+    rank 2 finish it and enter all_reduce seq 8. Rank 1 is the root cause; ranks 0 and 3 are
+    not culprits, and the all_reduce finding is marked a consequence."""
+    g = {"0": (0, 1, 2, 3)}
+    done = [_c("all_reduce", "0", s) for s in range(7)]
+    states = {
+        0: _state(0, [*done, _c("broadcast", "0", 7, "inflight")], g, "train"),
+        1: _state(1, done, g, "load_batch"),
+        2: _state(2, [*done, _c("broadcast", "0", 7), _c("all_reduce", "0", 8, "inflight")], g),
+        3: _state(3, [*done, _c("broadcast", "0", 7, "inflight")], g, "train"),
+    }
+    diag = diagnose_states(states)
+    text = render_hang_text(diag)
+    rc = diag.root_cause
+    assert rc is not None, text
+    assert (rc.kind, rc.ranks, rc.group, rc.seq, rc.op) == ("missing", (1,), "0", 7, "broadcast")
+    assert rc.where == "rank 1: /job/load_batch.py:11 in load_batch"
+    assert (
+        "ranks 0, 3 wait in broadcast seq 7 of group 0 for rank 1; rank 2 finished broadcast "
+        "seq 7 and waits in all_reduce seq 8 of group 0 for ranks 0, 1, 3" in rc.message
+    )
+    first, second = diag.findings
+    assert (first.kind, first.ranks, first.seq, first.consequence_of) == ("missing", (1,), 7, None)
+    assert (second.kind, second.seq, second.consequence_of) == ("missing", 8, 0)
+    assert "ranks 0, 3 wait in broadcast seq 7 of group 0 (finding 1)" in second.message
+    assert text.splitlines()[1].startswith("Root cause: rank 1 never entered broadcast seq 7")
+    assert "2. [missing] (consequence of 1)" in text
+    # the CLI, from dumps on disk: the same root cause in --json, old keys kept
+    for r, st in states.items():
+        (tmp_path / f"rank{r}.json").write_text(json.dumps(_dump(st)))
+    p = cli("hang", tmp_path, "--json")
+    assert p.returncode == 1
+    d = json.loads(p.stdout)
+    assert {k: d["root_cause"][k] for k in ("kind", "ranks", "group", "seq", "op")} == {
+        "kind": "missing",
+        "ranks": [1],
+        "group": "0",
+        "seq": 7,
+        "op": "broadcast",
+    }
+    assert "load_batch" in d["root_cause"]["where"] and d["root_cause"]["message"]
+    assert [f["consequence_of"] for f in d["findings"]] == [None, 0]
+    assert set(d["findings"][1]) >= {"kind", "group", "seq", "ranks", "message", "values"}
+
+
+def _dump(st: RankState) -> dict:
+    ev = lambda c: {  # noqa: E731
+        "op": c.op,
+        "group_name": c.group,
+        "seq": c.seq,
+        "dtype": c.dtype,
+        "in_bytes": c.in_bytes,
+        "out_bytes": c.out_bytes,
+        "state": c.state,
+        "age_ns": c.age_ns,
+        "thread_id": 1,
+    }
+    return {
+        "rank": st.rank,
+        "world_size": st.world_size,
+        "reason": st.reason,
+        "events": [ev(c) for c in st.collectives if c.state != "inflight"],
+        "inflight": [ev(c) for c in st.inflight],
+        "groups": [{"name": k, "ranks": list(v)} for k, v in st.groups.items()],
+        "threads": [
+            {
+                "thread_id": 1,
+                "main": True,
+                "frames": [
+                    {"file": f.file, "line": f.line, "function": f.function} for f in st.where
+                ],
+            }
+        ],
+    }
+
+
+def test_root_cause_cascades_across_groups():
+    """TP groups {0,1} {2,3}, DP groups {0,2} {1,3}. TP group {0,1} is desynced (rank 1 calls
+    broadcast where rank 0 calls all_reduce): both hang there, so the DP all_reduces of the other
+    TP group (ranks 2, 3, waiting for 0 and 1) are its consequences, not causes."""
+    g = {"tp0": (0, 1), "tp1": (2, 3), "dp0": (0, 2), "dp1": (1, 3)}
+    pre = [_c("all_reduce", "tp0", 0), _c("all_reduce", "dp0", 0)]
+    pre13 = [_c("all_reduce", "tp0", 0), _c("all_reduce", "dp1", 0)]
+    states = {
+        0: _state(0, [*pre, _c("all_reduce", "tp0", 1, "inflight")], g, "attn"),
+        1: _state(1, [*pre13, _c("broadcast", "tp0", 1, "inflight")], g, "attn"),
+        2: _state(
+            2,
+            [
+                _c("all_reduce", "tp1", 0),
+                _c("all_reduce", "dp0", 0),
+                _c("all_reduce", "tp1", 1),
+                _c("all_reduce", "dp0", 1, "inflight"),
+            ],
+            g,
+        ),
+        3: _state(
+            3,
+            [
+                _c("all_reduce", "tp1", 0),
+                _c("all_reduce", "dp1", 0),
+                _c("all_reduce", "tp1", 1),
+                _c("all_reduce", "dp1", 1, "inflight"),
+            ],
+            g,
+        ),
+    }
+    diag = diagnose_states(states)
+    text = render_hang_text(diag)
+    rc = diag.root_cause
+    assert rc is not None and (rc.kind, rc.group, rc.seq) == ("op_mismatch", "tp0", 1), text
+    first, *rest = diag.findings
+    assert first.kind == "op_mismatch" and first.consequence_of is None
+    assert sorted((f.group, f.ranks, f.consequence_of) for f in rest) == [
+        ("dp0", (0,), 0),
+        ("dp1", (1,), 0),
+    ], text
+    assert "rank 2 waits in all_reduce seq 1 of group dp0 for rank 0" in rc.message
+    assert "rank 3 waits in all_reduce seq 1 of group dp1 for rank 1" in rc.message
+
+
+def test_root_cause_rank_stuck_outside_blocks_two_groups():
+    """Rank 1 stuck outside any collective: TP group {0,1} and DP group {1,3} both miss it, and
+    DP group {0,2} waits for rank 0, blocked in TP. One root cause (the TP finding, which explains
+    more); the other two follow from it. A rank without a dump is a root of its own kind."""
+    g = {"tp0": (0, 1), "tp1": (2, 3), "dp0": (0, 2), "dp1": (1, 3)}
+    states = {
+        0: _state(0, [_c("all_reduce", "tp0", 0, "inflight")], g, "attn"),
+        1: _state(1, [], g, "dataloader"),
+        2: _state(2, [_c("all_reduce", "tp1", 0), _c("all_reduce", "dp0", 0, "inflight")], g),
+        3: _state(3, [_c("all_reduce", "tp1", 0), _c("all_reduce", "dp1", 0, "inflight")], g),
+    }
+    diag = diagnose_states(states)
+    rc = diag.root_cause
+    assert rc is not None and (rc.ranks, rc.group) == ((1,), "tp0"), render_hang_text(diag)
+    assert [(f.group, f.consequence_of) for f in diag.findings] == [
+        ("tp0", None),
+        ("dp0", 0),
+        ("dp1", 0),
+    ]
+    del states[1]
+    diag = diagnose_states(states)
+    assert diag.root_cause is not None and diag.root_cause.kind == "no_dump"
+    assert diag.root_cause.ranks == (1,) and diag.root_cause.where == "rank 1: left no dump"
+    assert all(f.kind == "no_dump" or f.consequence_of is not None for f in diag.findings)

@@ -100,3 +100,24 @@ def test_report_size_table_counts_evicted_and_sampled_out_collectives(tmp_path, 
     assert p.returncode == 0, p.stderr
     got = {(r["op"], r["size_bucket"]): r["recorded"] for r in json.loads(p.stdout)["by_size"]}
     assert got[("all_reduce", 64)] == 120 and got[("all_reduce", 4096)] == 60
+
+
+def test_damaged_or_missing_manifest_is_reported_not_fatal(tmp_path, cli):
+    """A damaged manifest.json is one warning finding (a missing one, info); every rank file is
+    still analysed."""
+    synthetic_run(tmp_path, 2, [0, 5 * MS], slow_rank=1, extra_ns=6 * MS)
+    (tmp_path / "manifest.json").write_text('{"world_size": 2, "comm')  # cut off mid-write
+    p = cli("report", tmp_path, "--json")
+    assert p.returncode == 0, p.stderr
+    d = json.loads(p.stdout)
+    assert d["summary"]["loaded_ranks"] == [0, 1] and d["summary"]["stragglers"] == [1]
+    man = [f for f in d["summary"]["findings"] if f["kind"] == "manifest"]
+    assert len(man) == 1 and man[0]["severity"] == "warning"
+    assert "damaged manifest" in man[0]["title"] and man[0]["evidence"]["state"] == "damaged"
+    p = cli("report", tmp_path)
+    assert p.returncode == 0 and p.stdout.count("damaged manifest") == 1
+    (tmp_path / "manifest.json").unlink()
+    d = json.loads(cli("report", tmp_path, "--json").stdout)
+    man = [f for f in d["summary"]["findings"] if f["kind"] == "manifest"]
+    assert [(f["severity"], f["evidence"]["state"]) for f in man] == [("info", "missing")]
+    assert d["summary"]["loaded_ranks"] == [0, 1]

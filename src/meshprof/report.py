@@ -118,7 +118,15 @@ def analyze_run_parts(
         timeline, timeline_ns = timeline_excerpt(run, table, clock, stragglers)
         problems = tuple(sorted(run.problems.items()))
         summary = summarize_match(match)
-        findings = find_findings(stragglers, memory, problems, clock, summary)
+        findings = find_findings(
+            stragglers,
+            memory,
+            problems,
+            clock,
+            summary,
+            run.manifest_state,
+            run.manifest_problem,
+        )
         analyses = analyses_future.result()
     pipeline = run_pipeline_bubble(run, clock)
     sampled = memory.max_rank >= 0

@@ -21,10 +21,22 @@ def find_findings(
     problems: tuple[tuple[int, str], ...],
     clock: ClockAlignment,
     match: MatchSummary,
+    manifest_state: str = "ok",
+    manifest_problem: str = "",
 ) -> tuple[RunFinding, ...]:
-    """Every finding, in this order: stragglers, memory imbalance, missing or damaged ranks,
-    ranks whose clock could not be aligned, collectives not recorded by every member."""
+    """Every finding, in this order: a damaged (warning) or missing (info) manifest, stragglers,
+    memory imbalance, missing or damaged ranks, ranks whose clock could not be aligned,
+    collectives not recorded by every member."""
     out: list[RunFinding] = []
+    if manifest_state != "ok":
+        out.append(
+            RunFinding(
+                "manifest",
+                "warning" if manifest_state == "damaged" else "info",
+                manifest_problem or f"manifest.json: {manifest_state}",
+                {"state": manifest_state, "reason": manifest_problem},
+            )
+        )
     for x in stragglers.stragglers:
         phase = f" in phase '{x.phase}'" if x.phase else ""
         out.append(

@@ -121,7 +121,7 @@ class RunFinding:
     """A conclusion of the cross-rank report with the numbers that support it."""
 
     kind: str
-    """"straggler", "memory_imbalance", "missing_rank", "clock", "incomplete"."""
+    """"manifest", "straggler", "memory_imbalance", "missing_rank", "clock", "incomplete"."""
     severity: str
     """"warning" or "info"."""
     title: str

@@ -1,5 +1,6 @@
 """Text of a hang diagnosis (:class:`~meshprof.analyze.hang.HangDiagnosis`) for the terminal:
-the findings in plain words, then where each rank is. Ages are shown in seconds."""
+the root cause, the findings in causal order (each consequence says which finding it follows
+from), then where each rank is. Ages are shown in seconds."""
 
 from __future__ import annotations
 
@@ -11,12 +12,16 @@ def render_hang_text(diag: HangDiagnosis) -> str:
     lines = [
         f"meshprof hang: {len(diag.ranks)} rank dump(s) in {diag.directory} (world size {diag.world_size or '?'})"
     ]
+    rc = diag.root_cause
+    if rc is not None:
+        lines.append(f"Root cause: {rc.message}")
     if not diag.findings:
         lines.append(
             "No hang or desync found: every collective in flight had all members, with matching arguments."
         )
     for i, f in enumerate(diag.findings, 1):
-        lines.append(f"{i}. [{f.kind}] {f.message}")
+        after = "" if f.consequence_of is None else f" (consequence of {f.consequence_of + 1})"
+        lines.append(f"{i}. [{f.kind}]{after} {f.message}")
     lines.append("")
     lines.append("Where each rank is:")
     for st in diag.ranks:

@@ -1,5 +1,6 @@
 """Loading a run directory: the merged manifest and every rank file that reads
-(:func:`load_run` -> :class:`LoadedRun`). Missing or damaged ranks are listed, not fatal."""
+(:func:`load_run` -> :class:`LoadedRun`). Missing or damaged ranks are listed, not fatal; so is a
+missing or damaged ``manifest.json`` (the rank files are still read)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from meshprof.errors import MeshprofError
 from meshprof.layout import Layout
 from meshprof.rundir.manifest import merge_node_records, read_manifest, read_node_records
 from meshprof.rundir.rankfile import RankData, load_rank_file
-from meshprof.rundir.schema import RANK_FILE_RE, Manifest, rank_file, resolve_layout
+from meshprof.rundir.schema import MANIFEST, RANK_FILE_RE, Manifest, rank_file, resolve_layout
 
 
 @dataclass(slots=True)
@@ -26,6 +27,11 @@ class LoadedRun:
     problems: dict[int, str]
     """rank -> why it is missing or damaged (ranks expected from the manifest's world size)."""
     world_size: int
+    manifest_state: str = "ok"
+    """``manifest.json``: "ok", "missing" (e.g. a run recorded without ``meshprof run``) or
+    "damaged". The rank files are analysed all the same, with an empty manifest."""
+    manifest_problem: str = ""
+    """Why ``manifest.json`` could not be used, in words ("" when it read)."""
 
     def layout_of(self, rank: int) -> Layout | None:
         """The dp/tp/pp layout rank ``rank`` ran with (:func:`resolve_layout`)."""
@@ -84,7 +90,17 @@ def load_run(run_dir: str | Path) -> LoadedRun:
         raise MeshprofError(f"{run_dir}: no such directory")
     if not run_dir.is_dir():
         raise MeshprofError(f"{run_dir}: not a directory (expected a meshprof run directory)")
-    manifest = merge_node_records(read_manifest(run_dir), read_node_records(run_dir))
+    manifest_state, manifest_problem = "ok", ""
+    try:
+        raw_manifest = read_manifest(run_dir)
+    except MeshprofError as e:
+        raw_manifest, manifest_state = Manifest(), "damaged"
+        manifest_problem = f"{e}; the rank files are analysed without it"
+    else:
+        if not (run_dir / MANIFEST).exists():
+            manifest_state = "missing"
+            manifest_problem = f"{MANIFEST}: missing; the rank files are analysed without it"
+    manifest = merge_node_records(raw_manifest, read_node_records(run_dir))
     ranks: dict[int, RankData] = {}
     problems: dict[int, str] = {}
     files = [
@@ -108,7 +124,13 @@ def load_run(run_dir: str | Path) -> LoadedRun:
         detail = "; ".join(problems.values()) if problems else "no rank files (rank*.npz)"
         raise MeshprofError(f"{run_dir}: no usable rank file ({detail})")
     return LoadedRun(
-        path=run_dir, manifest=manifest, ranks=ranks, problems=problems, world_size=world
+        path=run_dir,
+        manifest=manifest,
+        ranks=ranks,
+        problems=problems,
+        world_size=world,
+        manifest_state=manifest_state,
+        manifest_problem=manifest_problem,
     )
 
 
