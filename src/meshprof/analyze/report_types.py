@@ -46,7 +46,7 @@ class RankRow:
     """99th percentile of the step times (ns, linear interpolation); NaN without steps."""
     steps_per_s: float
     """Steps (requests) per second: steps / (end of the last − start of the first); NaN with
-    fewer than one step or no elapsed time."""
+    no step or no elapsed time."""
     compute_ns: float
     """Mean compute time per step (ns)."""
     comm_share: float
