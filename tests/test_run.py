@@ -63,6 +63,7 @@ def test_run_ddp_script_records_every_collective_and_step(tmp_path: Path, cli) -
         steps = rd.spans[rd.spans["kind"] == SPAN_KINDS.index("step")]
         assert len(steps) == oracle["optimizer_steps"] == rd.meta["steps_detected"] == 3
         assert steps["step"].tolist() == [0, 1, 2]
+        assert rd.meta["step_detection"] == "optimizer"  # --step-detect auto: it trains
         # events are stored in completion order; a bucket all_reduce polled to completion can
         # land after the final synchronous all_reduce, so compare in issue (start) order
         ar = rd.events[rd.events["op"] == OP_NAMES.index("all_reduce")]
@@ -79,6 +80,54 @@ def test_run_ddp_script_records_every_collective_and_step(tmp_path: Path, cli) -
     assert result["stats"]["by_op"] and sum(r["count"] for r in result["stats"]["by_rank"]) == sum(
         len(rd.events) for rd in run.ranks.values()
     )
+
+
+@pytest.mark.timeout(180)
+def test_run_inference_script_gets_a_step_per_request(tmp_path: Path, cli) -> None:
+    """A tensor-parallel inference script (DTensor over gloo, no optimizer) under the default
+    --step-detect auto: each request (one outermost forward) is a step, and the report's latency
+    percentiles and request rate match the script's own timing of its requests."""
+    out = tmp_path / "run"
+    oracle_dir = tmp_path / "oracle"
+    oracle_dir.mkdir()
+    requests = 10
+    p = cli.process(
+        "run",
+        "--nproc-per-node",
+        "2",
+        "-o",
+        str(out),
+        "--no-summary",
+        str(SCRIPTS / "run_infer_tp.py"),
+        str(oracle_dir),
+        str(requests),
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    run = load_run(out)
+    assert sorted(run.ranks) == [0, 1] and run.problems == {}
+    for rd in run.ranks.values():
+        steps = rd.spans[rd.spans["kind"] == SPAN_KINDS.index("step")]
+        assert len(steps) == requests == rd.meta["steps_detected"]
+        assert steps["step"].tolist() == list(range(requests))
+        assert rd.meta["step_detection"] == "forward"
+        assert len(rd.events) >= requests  # the row-parallel all_reduce of every request
+    rep = cli("report", str(out), "--json")
+    assert rep.returncode == 0, rep.stderr
+    rows = json.loads(rep.stdout)["ranks"]
+    assert [r["rank"] for r in rows] == [0, 1]
+    for row in rows:
+        oracle = json.loads((oracle_dir / f"oracle_rank{row['rank']}.json").read_text())
+        assert row["steps"] == oracle["requests"] == requests
+        own = np.asarray(oracle["request_ns"], dtype=float)
+        p50, p95, p99 = np.percentile(own, [50, 95, 99])
+        # the step is the outermost forward; the script's clock also covers the call into it:
+        # P50 within 10% + 0.5 ms, the tail (the first request's warm-up) within 15%
+        assert abs(row["step_p50_ns"] - p50) <= 0.10 * p50 + 5e5, (row, p50)
+        assert abs(row["step_p95_ns"] - p95) <= 0.15 * p95 + 5e5, (row, p95)
+        assert abs(row["step_p99_ns"] - p99) <= 0.15 * p99 + 5e5, (row, p99)
+        assert row["step_p50_ns"] <= row["step_p95_ns"] <= row["step_p99_ns"]
+        rate = requests * 1e9 / oracle["elapsed_ns"]
+        assert abs(row["steps_per_s"] - rate) <= 0.15 * rate, (row, rate)
 
 
 @pytest.mark.timeout(180)
@@ -130,6 +179,7 @@ def test_run_module_that_raises(tmp_path: Path, cli) -> None:
         (("--hang-timeout", "soon", "x.py"), "--hang-timeout 'soon': expected a number"),
         (("--hang-action", "explode", "x.py"), "--hang-action 'explode'"),
         (("-m",), "-m needs a module name"),
+        (("--step-detect", "bogus", "x.py"), "--step-detect 'bogus': expected auto, optimizer"),
     ],
 )
 def test_run_bad_input_is_one_line_and_exit_2(

@@ -17,6 +17,7 @@ _EXPORTS: dict[str, str] = {
     "disable": "meshprof.api",
     "enable": "meshprof.api",
     "get_profiler": "meshprof.api",
+    "mark_step": "meshprof.api",
     "profile": "meshprof.api",
     "reset": "meshprof.api",
     "ProfilerConfig": "meshprof.config",
@@ -38,7 +39,7 @@ _EXPORTS: dict[str, str] = {
 if TYPE_CHECKING:
     from meshprof.analyze.bottlenecks import Bottleneck, BottleneckThresholds
     from meshprof.analyze.steps import StepAnalysis
-    from meshprof.api import disable, enable, get_profiler, profile, reset
+    from meshprof.api import disable, enable, get_profiler, mark_step, profile, reset
     from meshprof.comm.recorder import CommProfiler
     from meshprof.config import ProfilerConfig
     from meshprof.events import CommEvent, GroupInfo, OpType
@@ -79,6 +80,7 @@ __all__ = [
     "disable",
     "enable",
     "get_profiler",
+    "mark_step",
     "performance_monitor",
     "profile",
     "reset",

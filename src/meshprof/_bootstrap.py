@@ -4,8 +4,9 @@ torchrun starts this in every worker. It turns meshprof on, then runs the user's
 script as ``__main__`` with the ``sys.argv`` the script expects:
 
 1. the collective recorder (:func:`meshprof.enable`);
-2. the step monitor, with automatic step detection: every step of the first optimizer that
-   steps ends a training step (``register_optimizer_step_post_hook`` -> ``monitor.mark_step()``);
+2. the step monitor, with automatic step detection (``$MESHPROF_STEP_DETECT``, default auto):
+   every step of the first optimizer that steps ends a training step, or, in a script that does
+   not train, each outermost module forward call is a step (see ``RecordingSession``);
 3. the rank writer (:class:`meshprof.rundir.writer.RankWriter`): the rank file is written every
    ``$MESHPROF_FLUSH_INTERVAL`` seconds, at exit, on an unhandled exception and on SIGTERM;
 4. the hang watchdog (``$MESHPROF_HANG_TIMEOUT`` > 0), dumping into ``$MESHPROF_RUN_DIR/hang``;
@@ -77,7 +78,7 @@ def session_config(target: dict[str, Any]) -> SessionConfig:
         flush_interval_s=_env_float(launch.ENV_FLUSH_INTERVAL, 30.0),
         profiler=profiler,
         layout=layout,
-        step_detection=os.environ.get(launch.ENV_STEP_DETECT, "optimizer") == "optimizer",
+        step_detection=os.environ.get(launch.ENV_STEP_DETECT, "") or "auto",
         wrap_init_process_group=True,
         hang_timeout_s=_env_float(launch.ENV_HANG_TIMEOUT, 0.0),
         meta=meta,

@@ -52,6 +52,21 @@ def get_profiler() -> CommProfiler | None:
     return _profiler
 
 
+def mark_step(tokens: int = 0, samples: int = 0) -> bool:
+    """End the current step and start the next one on the active step monitor
+    (:func:`meshprof.monitor.get_monitor`), e.g. once per request of a serving loop. Under
+    ``meshprof run`` the first call turns automatic step detection off: your marks are the steps.
+    ``tokens``/``samples`` are credited to the step that ends. False when no monitor is active."""
+    from meshprof.monitor import get_monitor
+
+    mon = get_monitor()
+    if mon is None:
+        return False
+    mon.user_marks += 1
+    mon.mark_step(tokens, samples)
+    return True
+
+
 def reset() -> None:
     """Disable and forget the global profiler (tests use it)."""
     global _profiler

@@ -34,6 +34,7 @@ from meshprof.run_record import (
 )
 from meshprof.rundir.manifest import write_node_record
 from meshprof.rundir.schema import HANG_DIR
+from meshprof.session import STEP_DETECT_MODES
 
 ENV_RUN_DIR = "MESHPROF_RUN_DIR"
 ENV_FLUSH_INTERVAL = "MESHPROF_FLUSH_INTERVAL"
@@ -79,8 +80,9 @@ class RunOptions:
     """Seconds a collective may stay in flight before the watchdog dumps (0: no watchdog)."""
     hang_action: str = "kill"
     """What the launcher does after a hang dump: "kill" ends the job, "wait" lets it run on."""
-    step_detect: str = "optimizer"
-    """Automatic step detection: "optimizer" (every optimizer step ends a step) or "off"."""
+    step_detect: str = "auto"
+    """Automatic step detection: "auto" (optimizer steps when the script steps an optimizer,
+    else each outermost module forward call), "optimizer", "forward" or "off"."""
     max_events: int | None = None
     """Ring-buffer capacity of each rank's recorder (None: the recorder's default)."""
     command: list[str] = field(default_factory=list)
@@ -114,8 +116,10 @@ class RunOptions:
             )
         if self.hang_action not in ("kill", "wait"):
             raise MeshprofError(f"--hang-action {self.hang_action!r}: expected kill or wait")
-        if self.step_detect not in ("optimizer", "off"):
-            raise MeshprofError(f"--step-detect {self.step_detect!r}: expected optimizer or off")
+        if self.step_detect not in STEP_DETECT_MODES:
+            raise MeshprofError(
+                f"--step-detect {self.step_detect!r}: expected {', '.join(STEP_DETECT_MODES)}"
+            )
         if self.max_events is not None and self.max_events < 1:
             raise MeshprofError(f"--max-events {self.max_events}: must be >= 1")
 

@@ -37,6 +37,16 @@ class RankRow:
     """Steps recorded."""
     step_ns: float
     """Mean step time (ns); NaN without steps."""
+    step_p50_ns: float
+    """Median step time (ns): per-request latency P50 when each forward is a step; NaN without
+    steps."""
+    step_p95_ns: float
+    """95th percentile of the step times (ns, linear interpolation); NaN without steps."""
+    step_p99_ns: float
+    """99th percentile of the step times (ns, linear interpolation); NaN without steps."""
+    steps_per_s: float
+    """Steps (requests) per second: steps / (end of the last − start of the first); NaN with
+    no step or no elapsed time."""
     compute_ns: float
     """Mean compute time per step (ns)."""
     comm_share: float

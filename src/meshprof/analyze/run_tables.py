@@ -227,6 +227,7 @@ def rank_rows(run: LoadedRun, table: EventTable, s: StragglerReport) -> tuple[Ra
     for i, r in enumerate(s.ranks):
         rd = run.ranks[r]
         nsteps = int(np.sum(~np.isnan(s.step_ns[i]))) if s.steps else 0
+        p50, p95, p99 = step_percentiles(s.step_ns[i] if s.steps else np.zeros(0))
         sc = s.scores[i]
         has_time = bool(nsteps and step_tot[i] > 0)
         rows.append(
@@ -235,6 +236,10 @@ def rank_rows(run: LoadedRun, table: EventTable, s: StragglerReport) -> tuple[Ra
                 host=str(rd.meta.hostname or ""),
                 steps=nsteps,
                 step_ns=float(step_mean[i]) if nsteps else float("nan"),
+                step_p50_ns=p50,
+                step_p95_ns=p95,
+                step_p99_ns=p99,
+                steps_per_s=steps_per_second(rd.spans),
                 compute_ns=float((step_tot[i] - comm_tot[i]) / nsteps) if nsteps else float("nan"),
                 comm_share=float(comm_tot[i] / step_tot[i]) if has_time else float("nan"),
                 wait_share=float(wait_tot[i] / step_tot[i]) if has_time else float("nan"),
@@ -245,6 +250,28 @@ def rank_rows(run: LoadedRun, table: EventTable, s: StragglerReport) -> tuple[Ra
             )
         )
     return tuple(rows)
+
+
+def step_percentiles(step_ns: np.ndarray) -> tuple[float, float, float]:
+    """P50, P95, P99 of one rank's step times (ns; NaN entries, steps it did not record, left
+    out; linear interpolation); NaNs without steps."""
+    v = step_ns[~np.isnan(step_ns)] if len(step_ns) else step_ns
+    if not len(v):
+        return float("nan"), float("nan"), float("nan")
+    p50, p95, p99 = np.percentile(v, [50, 95, 99]).tolist()
+    return float(p50), float(p95), float(p99)
+
+
+def steps_per_second(spans: np.ndarray) -> float:
+    """Steps completed per second over the time the steps cover (first start to last end):
+    the request rate when each forward is a step. NaN without steps or elapsed time."""
+    st = spans[spans["kind"] == 0] if len(spans) else spans
+    if not len(st):
+        return float("nan")
+    t0 = st["start_ns"].astype(np.int64)
+    t1 = t0 + st["duration_ns"].astype(np.int64)
+    elapsed = int(t1.max() - t0.min())
+    return float(len(st) * 1e9 / elapsed) if elapsed > 0 else float("nan")
 
 
 def mean_step_ns(rows: tuple[RankRow, ...]) -> float:

@@ -34,7 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "run",
         help="run a training script under torchrun with meshprof on in every worker",
         description="Run an unmodified training script under torchrun (torch.distributed.run) with "
-        "the collective recorder, the step monitor (steps detected from optimizer steps) and the "
+        "the collective recorder, the step monitor (steps detected from optimizer steps, or forward calls in a script without an optimizer) and the "
         "per-rank writer on in every worker; write a run directory and print its summary. "
         "Options go before the script; everything after it is the script's.",
     )
@@ -85,8 +85,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--step-detect",
-        default="optimizer",
-        help="automatic step detection: optimizer or off (default optimizer)",
+        default="auto",
+        help="automatic step detection: auto (optimizer steps when the script steps an "
+        "optimizer, else each outermost module forward call is a step: per-request latency), "
+        "optimizer, forward or off (default auto)",
     )
     p.add_argument(
         "--max-events",

@@ -137,6 +137,8 @@ class StepMonitor:
         self._step_no = 0
         self._implicit: _Span | None = None
         self.internal_errors = 0
+        self.user_marks = 0
+        """Calls of :func:`meshprof.mark_step` (the user marks steps: automatic detection stops)."""
         self._wall_offset = time.time_ns() - time.perf_counter_ns()
         _active = self
         if track_pipeline:
@@ -170,6 +172,46 @@ class StepMonitor:
         except Exception as e:
             self._internal_error(e)
 
+    def discard_implicit_step(self) -> None:
+        """Drop the implicit step in progress without recording it (automatic step detection
+        changing its mind: the step opened at the first forward of a script that turns out to
+        make each forward a step)."""
+        try:
+            span = self._implicit
+            if span is None:
+                return
+            self._implicit = None
+            stack = self._stack()
+            if span in stack:
+                while stack and stack[-1] is not span:
+                    stack.pop()
+                stack.pop()
+            self._step_no = span.step
+        except Exception as e:
+            self._internal_error(e)
+
+    def add_step(self, start_perf_ns: int, end_perf_ns: int, cpu_ns: int = 0) -> None:
+        """Record a step that already happened (``time.perf_counter_ns()`` bounds) as the next
+        step; no memory sample (automatic step detection's provisional forwards)."""
+        try:
+            self._spans.append(
+                (
+                    _STEP,
+                    _OK,
+                    0,
+                    self._name("step"),
+                    self._step_no,
+                    start_perf_ns + self._wall_offset,
+                    max(end_perf_ns - start_perf_ns, 0),
+                    0,
+                    0,
+                    cpu_ns,
+                )
+            )
+            self._step_no += 1
+        except Exception as e:
+            self._internal_error(e)
+
     def _stack(self) -> list[_Span]:
         s = getattr(self._tls, "stack", None)
         if s is None:
@@ -182,6 +224,11 @@ class StepMonitor:
             i = self._name_index[name] = len(self._names)
             self._names.append(name)
         return i
+
+    @property
+    def in_step(self) -> bool:
+        """A step or phase is open on this thread (explicit or implicit)."""
+        return bool(self._stack())
 
     @property
     def current_step(self) -> int:

@@ -70,6 +70,13 @@ def fmt_signed_pct(x: float, digits: int = 1) -> str:
     return f"{x:+.{digits}%}"
 
 
+def fmt_rate(x: float | int | None) -> str:
+    """A rate per second, three significant digits (``"-"`` when missing)."""
+    if x is None or is_missing(x):
+        return MISSING
+    return f"{x:.3g}/s"
+
+
 def fmt_gbps(x: float) -> str:
     """A bandwidth in GB/s (1e9 bytes per second), three decimals."""
     return f"{x:.3f}"

@@ -9,13 +9,24 @@ from rich.console import Console
 from rich.table import Table
 
 from meshprof.analyze.report_types import RankRow, RunReport
-from meshprof.render.format import fmt_bytes, fmt_ms, fmt_ns, fmt_pct, fmt_signed_pct
+from meshprof.render.format import (
+    fmt_bytes,
+    fmt_ms,
+    fmt_ns,
+    fmt_pct,
+    fmt_rate,
+    fmt_signed_pct,
+)
 
 RANK_COLUMNS = (
     "rank",
     "host",
     "steps",
     "step time",
+    "p50",
+    "p95",
+    "p99",
+    "steps/s",
     "compute",
     "comm share",
     "wait share",
@@ -31,6 +42,10 @@ def rank_cells(row: RankRow) -> list[str]:
         row.host,
         str(row.steps),
         fmt_ns(row.step_ns),
+        fmt_ns(row.step_p50_ns),
+        fmt_ns(row.step_p95_ns),
+        fmt_ns(row.step_p99_ns),
+        fmt_rate(row.steps_per_s),
         fmt_ns(row.compute_ns),
         fmt_pct(row.comm_share),
         fmt_pct(row.wait_share),
