@@ -19,14 +19,13 @@ import contextlib
 import functools
 import os
 import sys
-import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from meshprof.monitor.step_detect import STEP_DETECT_MODES, StepDetector, step_detect_mode
 from meshprof.rundir.schema import HANG_DIR, Manifest
 
 if TYPE_CHECKING:
@@ -88,26 +87,6 @@ class SessionConfig:
     ("meshprof: <what> failed, the script runs without it: ...")."""
 
 
-#: ``--step-detect`` / ``SessionConfig.step_detection`` values.
-STEP_DETECT_MODES = ("auto", "optimizer", "forward", "off")
-
-#: In auto mode, grad-free outermost forwards seen before any optimizer step that decide on
-#: forward steps (an inference script); a training script steps its optimizer first.
-AUTO_FORWARD_AFTER = 2
-
-
-def step_detect_mode(value: str | bool) -> str:
-    """The mode of a ``step_detection`` setting (True: "optimizer", False: "off"); ValueError
-    for an unknown one."""
-    if value is True:
-        return "optimizer"
-    if value is False:
-        return "off"
-    if value not in STEP_DETECT_MODES:
-        raise ValueError(f"{value!r}: expected one of {', '.join(STEP_DETECT_MODES)}")
-    return str(value)
-
-
 #: The parts of a session, as named to ``on_error`` -> what the default warning says failed.
 PARTS = {
     "recorder": "enabling the recorder",
@@ -148,20 +127,21 @@ class RecordingSession:
         """The rank-meta fields the writer adds at every write (kept up to date; mutable)."""
         self.failures: dict[str, str] = {}
         """part -> "Type: message" of the error that switched it off."""
-        self.steps_detected = 0
-        """Steps made by automatic step detection (optimizer steps, or forward calls)."""
-        self.step_mode = "off"
-        """Step detection in effect: "optimizer", "forward", "off", or "auto" while undecided."""
-        self._primary_optimizer: int | None = None
-        self._step_open = False
-        self._hooks: list[Any] = []
-        self._forward_hook: Any = None
-        self._forward_hooks: list[Any] = []  # pre and post hooks of forward steps
-        self._tls = threading.local()  # depth of module forward calls; the open forward step
-        self._pending: list[tuple[int, int, int]] = []  # auto: undecided forwards (t0, t1, cpu)
-        self._grad_free_forwards = 0
+        self.steps = StepDetector(self)
+        """Automatic step detection (optimizer steps or forward calls): see
+        :mod:`meshprof.monitor.step_detect`."""
         self._wrapped: tuple[Any, Any] | None = None  # (original, wrapper)
         self._started = False
+
+    @property
+    def steps_detected(self) -> int:
+        """Steps made by automatic step detection (optimizer steps, or forward calls)."""
+        return self.steps.steps_detected
+
+    @property
+    def step_mode(self) -> str:
+        """Step detection in effect: "optimizer", "forward", "off", or "auto" while undecided."""
+        return self.steps.mode
 
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self) -> RecordingSession:
@@ -181,7 +161,10 @@ class RecordingSession:
         if self.monitor is None and cfg.monitor:
             self._start_monitor()
         if cfg.step_detection:
-            self._start_step_detection()
+            try:
+                self.steps.start(cfg.step_detection)
+            except Exception as e:
+                self._fail("step detection", e)
         if cfg.run_dir is not None:
             self._start_writer(Path(cfg.run_dir))
         if cfg.hang_timeout_s > 0:
@@ -228,11 +211,7 @@ class RecordingSession:
     def settle_steps(self) -> None:
         """The script has ended: auto step detection still undecided after forwards and no
         optimizer step makes those forwards steps (an inference script that kept autograd on)."""
-        if self.step_mode == "auto" and self._pending:
-            try:
-                self._commit_forward_mode()
-            except Exception as e:
-                self._internal_error(e)
+        self.steps.settle()
 
     def set_exit(self, how: str, code: int | None = None, error: str = "") -> None:
         """Record how the process ended ("normal", "exit", "exception", "signal"); settles
@@ -255,11 +234,7 @@ class RecordingSession:
             with contextlib.suppress(Exception):
                 self.watchdog.stop()
         self.settle_steps()
-        for h in [*self._hooks, self._forward_hook, *self._forward_hooks]:
-            if h is not None:
-                with contextlib.suppress(Exception):
-                    h.remove()
-        self._hooks, self._forward_hook, self._forward_hooks = [], None, []
+        self.steps.remove_hooks()
         self._unwrap_init_process_group()
         if self.writer is not None:
             with contextlib.suppress(Exception):
@@ -318,30 +293,6 @@ class RecordingSession:
         except Exception as e:
             self._fail("step monitor", e)
 
-    def _start_step_detection(self) -> None:
-        try:
-            mode = step_detect_mode(self.config.step_detection)
-            if mode == "off":
-                return
-            from torch.nn.modules.module import (
-                register_module_forward_hook,
-                register_module_forward_pre_hook,
-            )
-            from torch.optim.optimizer import register_optimizer_step_post_hook
-
-            if mode in ("auto", "optimizer"):
-                self._hooks.append(register_optimizer_step_post_hook(self._on_optimizer_step))
-            if mode == "optimizer":
-                self._forward_hook = register_module_forward_pre_hook(self._on_first_forward)
-            else:
-                self._forward_hooks = [
-                    register_module_forward_pre_hook(self._on_forward_pre),
-                    register_module_forward_hook(self._on_forward_post, always_call=True),
-                ]
-            self._set_mode(mode)
-        except Exception as e:
-            self._fail("step detection", e)
-
     def _start_writer(self, run_dir: Path) -> None:
         try:
             from meshprof.rundir.writer import RankWriter
@@ -371,152 +322,8 @@ class RecordingSession:
         except Exception as e:
             self._fail("watchdog", e)
 
-    # -- automatic step detection -----------------------------------------------------------------
-    def _open_first_step(self) -> None:
-        if self._step_open:
-            return
-        self._step_open = True
-        if self._forward_hook is not None:
-            self._forward_hook.remove()
-            self._forward_hook = None
-        if self.monitor is not None:
-            self.monitor.mark_step()
-
-    def _on_first_forward(self, module: Any, args: Any) -> None:
-        """Step 0 starts at the first forward of any module (model building is not a step)."""
-        try:
-            self._open_first_step()
-        except Exception as e:
-            self._internal_error(e)
-
-    def _on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        """Each step of the first optimizer that steps ends a step and starts the next one (the
-        step left open after the last optimizer step is never closed: it is not a step)."""
-        try:
-            if self._user_marks_steps():
-                return
-            # With several optimizers (GANs, per-module optimizers) one of them marks the step.
-            if self._primary_optimizer is None:
-                self._primary_optimizer = id(optimizer)
-            if id(optimizer) != self._primary_optimizer:
-                return
-            if self.step_mode in ("auto", "forward"):
-                # auto: the script trains. Undecided forwards are dropped (step 0, opened at the
-                # first forward, is today's optimizer step 0); forward steps already made (a
-                # grad-free evaluation before training) stay, and optimizer steps follow.
-                self._pending = []
-                self._remove_forward_hooks()
-                self._set_mode("optimizer")
-            self.steps_detected += 1
-            self.meta["steps_detected"] = self.steps_detected
-            if not self._step_open:  # no forward seen: the step starts now, with its optimizer
-                self._open_first_step()
-                return
-            if self.monitor is not None:
-                self.monitor.mark_step()
-            elif self.prof is not None:
-                self.prof.step = self.steps_detected
-        except Exception as e:
-            self._internal_error(e)
-
-    # forward steps: each outermost module forward call is a step ("forward" mode, and "auto"
-    # once it decides the script does not train).
-    def _on_forward_pre(self, module: Any, args: Any) -> None:
-        """The start of a module forward call; an outermost one starts a step.
-
-        auto: the first outermost forward opens step 0 as in optimizer mode, and outermost
-        forwards are only timed (kept pending) until the script decides: its first optimizer
-        step makes it a training script (pending forwards dropped: optimizer steps, exactly as
-        "optimizer" mode), while the :data:`AUTO_FORWARD_AFTER`-th grad-free outermost forward
-        before any optimizer step, or the end of the script, makes it an inference script:
-        step 0 is dropped unrecorded, the pending forwards become steps, and every outermost
-        forward from then on is a step as it runs. A forward is thus a step in one mode only."""
-        tls = self._tls
-        depth = getattr(tls, "depth", 0)
-        tls.depth = depth + 1
-        if depth:
-            return
-        try:
-            if self._user_marks_steps():
-                return
-            if self.step_mode == "auto":
-                if not self._step_open:
-                    self._open_first_step()
-                if not _grad_enabled():
-                    self._grad_free_forwards += 1
-                    if self._grad_free_forwards >= AUTO_FORWARD_AFTER:
-                        self._commit_forward_mode()
-            mon = self.monitor
-            if self.step_mode == "auto":
-                tls.t0, tls.cpu0 = time.perf_counter_ns(), time.thread_time_ns()
-            elif self.step_mode == "forward" and mon is not None and not mon.in_step:
-                span = mon.step()
-                span.__enter__()
-                tls.span = span
-        except Exception as e:
-            self._internal_error(e)
-
-    def _on_forward_post(self, module: Any, args: Any, output: Any) -> None:
-        """The end of a module forward call; an outermost one ends its step."""
-        tls = self._tls
-        depth = getattr(tls, "depth", 1) - 1
-        tls.depth = max(depth, 0)
-        if depth > 0:
-            return
-        try:
-            span = getattr(tls, "span", None)
-            if span is not None:
-                tls.span = None
-                span.__exit__(None, None, None)
-                self.steps_detected += 1
-                self.meta["steps_detected"] = self.steps_detected
-            elif self.step_mode == "auto" and getattr(tls, "t0", None) is not None:
-                t1, cpu1 = time.perf_counter_ns(), time.thread_time_ns()
-                self._pending.append((tls.t0, t1, cpu1 - tls.cpu0))
-            tls.t0 = None
-        except Exception as e:
-            self._internal_error(e)
-
-    def _commit_forward_mode(self) -> None:
-        """auto decided the script does not train: its pending forwards become steps."""
-        self._set_mode("forward")
-        mon = self.monitor
-        if mon is not None:
-            mon.discard_implicit_step()
-            for t0, t1, cpu in self._pending:
-                mon.add_step(t0, t1, cpu)
-        self.steps_detected += len(self._pending)
-        self.meta["steps_detected"] = self.steps_detected
-        self._pending = []
-
-    def _remove_forward_hooks(self) -> None:
-        for h in self._forward_hooks:
-            with contextlib.suppress(Exception):
-                h.remove()
-        self._forward_hooks = []
-
-    def _user_marks_steps(self) -> bool:
-        """The script called :func:`meshprof.mark_step`: its marks are the steps, detection
-        stops (pending forwards are dropped)."""
-        mon = self.monitor
-        if mon is None or not mon.user_marks:
-            return False
-        if self.step_mode != "off":
-            self._pending = []
-            self._remove_forward_hooks()
-            for h in self._hooks:
-                with contextlib.suppress(Exception):
-                    h.remove()
-            self._hooks = []
-            self._set_mode("off")
-            self.meta["step_detection"] = "user"
-        return True
-
-    def _set_mode(self, mode: str) -> None:
-        self.step_mode = mode
-        self.meta["step_detection"] = mode
-
-    def _internal_error(self, e: BaseException) -> None:
+    def report_internal_error(self, e: BaseException) -> None:
+        """Count an error of meshprof's own (never raises into training)."""
         if self.prof is not None:
             with contextlib.suppress(Exception):
                 self.prof.report_internal_error(e)
@@ -570,15 +377,6 @@ def process_rank() -> int:
         return int(os.environ.get("RANK", "0"))
     except ValueError:
         return 0
-
-
-def _grad_enabled() -> bool:
-    try:
-        import torch
-
-        return bool(torch.is_grad_enabled())
-    except Exception:
-        return True
 
 
 def _default_group_exists() -> bool:
