@@ -214,6 +214,7 @@ def _exposed_worker(rank, ws):
     mon = StepMonitor({"dp": 2})
     t = torch.ones(1024)
     waited = 0  # oracle: wall time this thread spent blocked in collective calls
+    desched = 0  # wall − CPU time of the busy compute: the OS ran something else (loaded machine)
     for _ in range(3):
         with mon.step():
             with mon.phase("forward"):
@@ -227,7 +228,9 @@ def _exposed_worker(rank, ws):
                     time.sleep(0.040)
                 w = dist.all_reduce(t, async_op=True)
                 if rank == 0:
+                    c0, t0 = time.thread_time_ns(), time.perf_counter_ns()
                     _busy(0.080)  # the all_reduce completes while rank 0 computes: hidden
+                    desched += (time.perf_counter_ns() - t0) - (time.thread_time_ns() - c0)
                 t0 = time.perf_counter_ns()
                 w.wait()
                 waited += time.perf_counter_ns() - t0
@@ -240,6 +243,7 @@ def _exposed_worker(rank, ws):
         "total": a.comm_total_share * a.step_time.mean_ns,
         "hidden": sum(c.hidden_ns for c in a.comm),
         "waited": waited / 3,
+        "desched": max(desched, 0) / 3,
         "dims": [c.dimension for c in a.comm],
         "steps": a.steps,
     }
@@ -251,9 +255,12 @@ def test_exposed_vs_hidden_communication_with_injected_waits():
     assert r0["dims"] == ["dp"]  # the world group of a dp=2 layout
     # rank 0: exposed = the time its thread was blocked in collective calls (measured by the test)
     assert r0["waited"] > 30e6  # rank 1 makes rank 0 wait ~60 ms per step
-    assert r0["exposed"] == pytest.approx(r0["waited"], rel=0.15, abs=5e6)
+    # Blocked time is wall − CPU time, so time the OS gave another process during the busy
+    # compute (only on a loaded machine) counts as blocked too: it may add up to that much.
+    tol = max(0.15 * r0["waited"], 5e6)
+    assert r0["waited"] - tol <= r0["exposed"] <= r0["waited"] + r0["desched"] + tol
     # the async all_reduce (~40 ms) ran while rank 0 computed: hidden, not exposed
-    assert r0["hidden"] > 25e6
+    assert r0["hidden"] > 25e6 - r0["desched"]
     assert r0["total"] == pytest.approx(r0["exposed"] + r0["hidden"], rel=0.01)
 
 
