@@ -76,6 +76,7 @@ def session_config(target: dict[str, Any]) -> SessionConfig:
     return SessionConfig(
         run_dir=Path(os.environ.get(launch.ENV_RUN_DIR) or "meshprof-runs/worker"),
         flush_interval_s=_env_float(launch.ENV_FLUSH_INTERVAL, 30.0),
+        live_interval_s=_env_float(launch.ENV_LIVE_INTERVAL, 1.0),
         profiler=profiler,
         layout=layout,
         step_detection=os.environ.get(launch.ENV_STEP_DETECT, "") or "auto",

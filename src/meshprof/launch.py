@@ -40,6 +40,7 @@ ENV_RUN_DIR = "MESHPROF_RUN_DIR"
 ENV_FLUSH_INTERVAL = "MESHPROF_FLUSH_INTERVAL"
 ENV_HANG_TIMEOUT = "MESHPROF_HANG_TIMEOUT"
 ENV_HANG_ACTION = "MESHPROF_HANG_ACTION"
+ENV_LIVE_INTERVAL = "MESHPROF_LIVE_INTERVAL"
 ENV_STEP_DETECT = "MESHPROF_STEP_DETECT"
 ENV_LAYOUT = "MESHPROF_LAYOUT"
 ENV_MAX_EVENTS = "MESHPROF_MAX_EVENTS"
@@ -83,6 +84,8 @@ class RunOptions:
     step_detect: str = "auto"
     """Automatic step detection: "auto" (optimizer steps when the script steps an optimizer,
     else each outermost module forward call), "optimizer", "forward" or "off"."""
+    live_interval_s: float = 1.0
+    """Seconds between two live-state records of each rank (``RUN_DIR/live/``); 0: none."""
     max_events: int | None = None
     """Ring-buffer capacity of each rank's recorder (None: the recorder's default)."""
     command: list[str] = field(default_factory=list)
@@ -119,6 +122,10 @@ class RunOptions:
         if self.step_detect not in STEP_DETECT_MODES:
             raise MeshprofError(
                 f"--step-detect {self.step_detect!r}: expected {', '.join(STEP_DETECT_MODES)}"
+            )
+        if not self.live_interval_s >= 0:
+            raise MeshprofError(
+                f"--live-interval {self.live_interval_s}: must be >= 0 seconds (0 turns it off)"
             )
         if self.max_events is not None and self.max_events < 1:
             raise MeshprofError(f"--max-events {self.max_events}: must be >= 1")
@@ -187,6 +194,7 @@ def worker_env(
     env[ENV_HANG_TIMEOUT] = repr(float(opts.hang_timeout_s))
     env[ENV_HANG_ACTION] = opts.hang_action
     env[ENV_STEP_DETECT] = opts.step_detect
+    env[ENV_LIVE_INTERVAL] = repr(float(opts.live_interval_s))
     if opts.max_events is not None:
         env[ENV_MAX_EVENTS] = str(opts.max_events)
     # Workers import meshprof from wherever this launcher did (a checkout without install works).

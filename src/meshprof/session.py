@@ -31,6 +31,7 @@ from meshprof.rundir.schema import HANG_DIR, Manifest
 if TYPE_CHECKING:
     from meshprof.comm.recorder import CommProfiler
     from meshprof.config import ProfilerConfig
+    from meshprof.live.publish import LivePublisher
     from meshprof.monitor import StepMonitor
     from meshprof.rundir.writer import RankWriter
     from meshprof.tools.watchdog import Watchdog
@@ -47,6 +48,9 @@ class SessionConfig:
     once it exists, else 0."""
     flush_interval_s: float = 30.0
     """Seconds between periodic rank-file writes; 0: only at stop(), at exit and on SIGTERM."""
+    live_interval_s: float = 1.0
+    """Seconds between two live-state records (``RUN_DIR/live/rank{R}.json``, read by
+    ``meshprof top``/``serve`` and the Prometheus exporter); 0: none. Needs ``run_dir``."""
     profiler: ProfilerConfig | None = None
     """Recorder settings for :func:`meshprof.enable`; None: its defaults (an enabled recorder
     is reused)."""
@@ -93,6 +97,7 @@ PARTS = {
     "step monitor": "creating the step monitor",
     "step detection": "automatic step detection",
     "rank writer": "starting the rank writer",
+    "live state": "publishing the live state",
     "watchdog": "starting the hang watchdog",
     "manifest": "writing the manifest",
     "init wrapper": "wrapping init_process_group (no clock sync)",
@@ -123,6 +128,7 @@ class RecordingSession:
         self.monitor: StepMonitor | None = monitor
         self.writer: RankWriter | None = None
         self.watchdog: Watchdog | None = None
+        self.live: LivePublisher | None = None
         self.meta: dict[str, Any] = dict(self.config.meta)
         """The rank-meta fields the writer adds at every write (kept up to date; mutable)."""
         self.failures: dict[str, str] = {}
@@ -167,6 +173,8 @@ class RecordingSession:
                 self._fail("step detection", e)
         if cfg.run_dir is not None:
             self._start_writer(Path(cfg.run_dir))
+            if cfg.live_interval_s > 0:
+                self._start_live(Path(cfg.run_dir))
         if cfg.hang_timeout_s > 0:
             self._start_watchdog()
         if cfg.manifest is not None and cfg.run_dir is not None and self.rank() == 0:
@@ -207,6 +215,10 @@ class RecordingSession:
         self.monitor = monitor
         if self.writer is not None:
             self.writer.monitor = monitor
+        if self.live is not None:
+            self.live.monitor = monitor
+            if self.live.counters.layout is None:
+                self.live.counters.layout = getattr(monitor, "layout", None)
 
     def settle_steps(self) -> None:
         """The script has ended: auto step detection still undecided after forwards and no
@@ -220,6 +232,8 @@ class RecordingSession:
         if self.writer is not None:
             with contextlib.suppress(Exception):
                 self.writer.set_exit(how, code, error)
+        if self.live is not None:
+            self.live.set_exit(how)
 
     def write(self, force: bool = False) -> Path | None:
         """Write the rank file now; its path, or None (skipped, failed, or no writer)."""
@@ -239,6 +253,10 @@ class RecordingSession:
         if self.writer is not None:
             with contextlib.suppress(Exception):
                 self.writer.stop(final_write)
+        if self.live is not None:
+            with contextlib.suppress(Exception):
+                self.live.stop(self.live.exit_how or "normal")
+            self.live = None
         self._started = False
 
     def rank(self) -> int:
@@ -308,6 +326,33 @@ class RecordingSession:
             ).start()
         except Exception as e:
             self._fail("rank writer", e)
+
+    def _start_live(self, run_dir: Path) -> None:
+        try:
+            import atexit
+
+            from meshprof.live.publish import LivePublisher
+
+            assert self.prof is not None
+            layout = self.meta.get("layout") or self.config.layout
+            self.live = LivePublisher(
+                run_dir,
+                self.prof,
+                self.monitor,
+                self.config.live_interval_s,
+                rank=self.config.rank,
+                layout=layout,
+                extra=self.meta,
+            ).start()
+            atexit.register(self._live_at_exit)
+        except Exception as e:
+            self._fail("live state", e)
+
+    def _live_at_exit(self) -> None:
+        live = self.live
+        if live is not None:
+            with contextlib.suppress(Exception):
+                live.stop(live.exit_how or "normal")
 
     def _start_watchdog(self) -> None:
         cfg = self.config

@@ -73,6 +73,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="seconds between periodic writes of the rank files (default 30)",
     )
     p.add_argument(
+        "--live-interval",
+        default="1",
+        metavar="SECONDS",
+        help="seconds between two live-state records of each rank, read by meshprof top/serve "
+        "and the metrics exporter (default 1; 0: off)",
+    )
+    p.add_argument(
         "--hang-timeout",
         default="300",
         metavar="SECONDS",
@@ -172,6 +179,7 @@ def options_from_args(args: argparse.Namespace, argv: list[str] | None = None) -
         standalone=args.standalone,
         flush_interval_s=_number(args.flush_interval, "--flush-interval"),
         hang_timeout_s=_number(args.hang_timeout, "--hang-timeout"),
+        live_interval_s=_number(args.live_interval, "--live-interval"),
         hang_action=args.hang_action,
         step_detect=args.step_detect,
         max_events=_number(args.max_events, "--max-events", int)

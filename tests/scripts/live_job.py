@@ -1,0 +1,44 @@
+"""A 2-rank training loop for the live-state tests: every step does a busy compute of
+BASE_S seconds (rank SLOW_RANK: BASE_S + EXTRA_S), then one all_reduce; optimizer steps make
+the steps. argv: steps base_s extra_s slow_rank stop_file (the loop runs until the file exists
+or `steps` steps are done)."""
+
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+steps, base_s, extra_s, slow = (
+    int(sys.argv[1]),
+    float(sys.argv[2]),
+    float(sys.argv[3]),
+    int(sys.argv[4]),
+)
+stop_file = sys.argv[5]
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+model = torch.nn.Linear(8, 8)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+
+def busy(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    x = 0
+    while time.perf_counter() < end:
+        x += 1
+
+
+for _ in range(steps):
+    if os.path.exists(stop_file):
+        break
+    loss = model(torch.randn(4, 8)).sum()
+    loss.backward()
+    busy(base_s + (extra_s if rank == slow else 0.0))
+    t = torch.ones(1024)
+    dist.all_reduce(t)
+    opt.step()
+    opt.zero_grad()
+dist.barrier()
+dist.destroy_process_group()

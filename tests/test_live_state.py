@@ -1,0 +1,171 @@
+"""Live state: each rank's record every interval (RUN_DIR/live/), read back as a snapshot, on a
+real gloo job while it runs (known compute per step, one rank slower by a known amount)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from meshprof.live.state import (
+    HIST_BOUNDS_S,
+    Alert,
+    RankLive,
+    append_alert,
+    live_file,
+    read_alerts,
+    read_snapshot,
+    snapshot_to_dict,
+    write_rank_live,
+)
+from meshprof.session import RecordingSession, SessionConfig
+
+SCRIPTS = Path(__file__).parent / "scripts"
+
+
+def test_session_publishes_counts_histogram_and_steps(tmp_path: Path) -> None:
+    from meshprof.spawn import free_port
+
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1
+    )
+    try:
+        session = RecordingSession(
+            SessionConfig(run_dir=tmp_path, live_interval_s=60.0, clock_sync=False)
+        ).start()
+        assert session.live is not None and session.monitor is not None
+        mon = session.monitor
+        t0 = time.time_ns()
+        for _ in range(5):
+            with mon.step(tokens=100):
+                time.sleep(0.02)
+                for _ in range(3):
+                    dist.all_reduce(torch.ones(16))
+        loop_ns = time.time_ns() - t0
+        session.live.publish()
+        rec = RankLive.from_dict(json.loads(live_file(tmp_path, 0).read_text()))
+        assert rec.collectives == 15 and rec.steps_done == 5 and rec.step == 5
+        (series,) = [s for s in rec.series if s.op == "all_reduce"]
+        assert series.count == 15 and sum(series.buckets) == 15
+        assert len(series.buckets) == len(HIST_BOUNDS_S) + 1
+        assert 20e6 <= rec.step_ns < 200e6
+        assert len(rec.recent_step_ns) == 5
+        # 500 tokens over the five steps: the window runs from the first step's start to the
+        # last one's end, inside the loop the test timed
+        assert 500e9 / loop_ns <= rec.tokens_per_s <= 500e9 / sum(rec.recent_step_ns)
+        assert rec.steps_per_s == pytest.approx(rec.tokens_per_s / 100)
+        assert rec.memory_bytes > 0 and rec.memory_capacity_bytes >= rec.memory_bytes
+        assert rec.inflight is None and rec.status == "running"
+        session.stop()
+        rec = RankLive.from_dict(json.loads(live_file(tmp_path, 0).read_text()))
+        assert rec.status == "ended"
+        snap = read_snapshot(tmp_path)
+        assert snap.ended and snap.stale == [] and list(snap.ranks) == [0]
+    finally:
+        dist.destroy_process_group()
+
+
+def test_snapshot_marks_stale_ranks_and_reads_alerts(tmp_path: Path) -> None:
+    now = time.time_ns()
+    write_rank_live(
+        tmp_path, RankLive(rank=0, updated_ns=now, interval_s=1.0, compute_ns=100_000_000)
+    )
+    write_rank_live(tmp_path, RankLive(rank=1, updated_ns=now - 10**10, interval_s=1.0))
+    write_rank_live(
+        tmp_path, RankLive(rank=2, updated_ns=now, interval_s=1.0, compute_ns=160_000_000)
+    )
+    write_rank_live(
+        tmp_path, RankLive(rank=3, updated_ns=now, interval_s=1.0, compute_ns=101_000_000)
+    )
+    (tmp_path / "live" / "rank00009.json").write_text("{not json")  # half a file is skipped
+    append_alert(tmp_path, Alert("straggler", "rank 2 is slow", now, [2]))
+    snap = read_snapshot(tmp_path, now_ns=now)
+    assert snap.stale == [1] and not snap.ended and sorted(snap.ranks) == [0, 1, 2, 3]
+    assert [s.rank for s in snap.stragglers] == [2]
+    assert snap.stragglers[0].excess_ns == 160_000_000 - 100_500_000  # the others: 100, 101 ms
+    d = snapshot_to_dict(snap)
+    assert {"taken_ns", "ranks", "stragglers", "alerts"} <= set(d)
+    assert {
+        "rank",
+        "step",
+        "step_ns",
+        "tokens_per_s",
+        "comm_share",
+        "memory_bytes",
+        "inflight",
+        "updated_ns",
+    } <= set(d["ranks"][0])
+    assert [a.message for a in read_alerts(tmp_path)] == ["rank 2 is slow"]
+    with pytest.raises(FileNotFoundError):
+        read_snapshot(tmp_path / "missing")
+
+
+def _wait(pred, timeout: float = 90.0):  # type: ignore[no-untyped-def]
+    end = time.time() + timeout
+    while time.time() < end:
+        v = pred()
+        if v:
+            return v
+        time.sleep(0.2)
+    raise AssertionError("timed out")
+
+
+def test_live_state_of_a_running_job(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    out, stop = tmp_path / "run", tmp_path / "stop"
+    proc = cli.start(
+        "run",
+        "--nproc-per-node",
+        "2",
+        "-o",
+        out,
+        "--live-interval",
+        "0.5",
+        "--no-summary",
+        SCRIPTS / "live_job.py",
+        "400",
+        "0.04",
+        "0.03",
+        "1",
+        stop,
+    )
+    try:
+
+        def ready():  # type: ignore[no-untyped-def]
+            s = read_snapshot(out) if out.is_dir() else None
+            return (
+                s
+                if s and len(s.ranks) == 2 and min(x.steps_done for x in s.ranks.values()) >= 12
+                else None
+            )
+
+        first = _wait(ready)
+        seen = max(x.steps_done for x in first.ranks.values())
+
+        def later():  # type: ignore[no-untyped-def]
+            s = read_snapshot(out)
+            return s if min(x.steps_done for x in s.ranks.values()) > seen + 2 else None
+
+        second = _wait(later)
+        assert all(second.ranks[r].updated_ns > first.ranks[r].updated_ns for r in (0, 1))
+        r0, r1 = second.ranks[0], second.ranks[1]
+        # both ranks step together: ~base + extra per step (busy compute, CPU time counts)
+        for r in (r0, r1):
+            assert 60e6 <= r.step_ns <= 250e6, r.step_ns
+            assert r.steps_per_s == pytest.approx(1e9 / r.step_ns, rel=0.35)
+        # rank 0 waits for rank 1 in the all_reduce: its exposed share is about extra / step
+        assert r0.exposed_share > r1.exposed_share
+        assert r0.exposed_share == pytest.approx(0.03e9 / r0.step_ns, abs=0.12)
+        # rank 1 computes 30 ms more per step: the live straggler, with about that excess
+        assert [s.rank for s in second.stragglers] == [1]
+        assert second.stragglers[0].excess_ns == pytest.approx(30e6, abs=15e6)
+        assert not second.ended and second.stale == []
+    finally:
+        stop.write_text("")
+        outs = proc.communicate(timeout=120)
+    assert proc.returncode == 0, outs[1][-2000:]
+    done = read_snapshot(out)
+    assert done.ended and all(x.status == "ended" for x in done.ranks.values())
