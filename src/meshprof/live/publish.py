@@ -32,9 +32,10 @@ from meshprof.live.state import (
     HIST_BOUNDS_S,
     DimLive,
     InflightLive,
+    LiveWriter,
     OpSeries,
     RankLive,
-    write_rank_live,
+    live_file,
 )
 
 #: Steps in the recent window (medians, shares, rates).
@@ -169,6 +170,7 @@ class LivePublisher:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._writer: LiveWriter | None = None
 
     def start(self) -> LivePublisher:
         """Register the chunk listener and start the thread (the first record right away)."""
@@ -188,6 +190,8 @@ class LivePublisher:
         self.publish()
         with contextlib.suppress(ValueError):
             self.prof.log.listeners.remove(self.counters.on_chunk)
+        if self._writer is not None:
+            self._writer.close()
 
     def set_exit(self, how: str) -> None:
         """Remember how the process ends (the last record says it)."""
@@ -206,7 +210,10 @@ class LivePublisher:
                 with contextlib.suppress(Exception):
                     self.prof.flush()
                 self.counters.fold()
-                path = write_rank_live(self.run_dir, self.build())
+                rec = self.build()
+                if self._writer is None or self._writer.path != live_file(self.run_dir, rec.rank):
+                    self._writer = LiveWriter(live_file(self.run_dir, rec.rank))
+                path = self._writer.write(rec)
                 self.publishes += 1
                 return path
         except Exception:

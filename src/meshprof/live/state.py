@@ -194,8 +194,47 @@ def _known(cls: type, d: dict[str, Any]) -> dict[str, Any]:
 
 
 def write_rank_live(run_dir: str | os.PathLike[str], rec: RankLive) -> Path:
-    """Publish ``rec`` atomically (readers never see half a file)."""
-    return atomic_write_text(live_file(run_dir, rec.rank), json.dumps(rec.to_dict()))
+    """Publish ``rec`` atomically (a new file renamed into place; :class:`LiveWriter` is the
+    cheaper way for a rank that publishes every second)."""
+    return atomic_write_text(live_file(run_dir, rec.rank), json.dumps(rec.to_dict()), fsync=False)
+
+
+class LiveWriter:
+    """Rewrites one rank's live file in place (``pwrite`` at offset 0, then truncate), keeping
+    the file open.
+
+    Why not a rename per record: on ext4 replacing an existing file by rename forces the new
+    data to disk first (``auto_da_alloc``), ~5 ms each time here; an in-place write is ~40 µs.
+    A reader that races the write may see a mix of two records, which is not valid JSON:
+    :func:`read_rank_lives` reads again."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+
+    def write(self, rec: RankLive) -> Path:
+        data = json.dumps(rec.to_dict()).encode("utf-8")
+        os.pwrite(self._fd, data, 0)
+        os.ftruncate(self._fd, len(data))
+        return self.path
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self._fd)
+
+
+def _read_record(p: Path, tries: int = 3) -> RankLive | None:
+    for i in range(tries):
+        try:
+            data = json.loads(p.read_text("utf-8"))
+            return RankLive.from_dict(data) if isinstance(data, dict) else None
+        except (ValueError, UnicodeDecodeError):
+            if i + 1 < tries:
+                time.sleep(0.005)  # raced the writer: read again
+        except (OSError, TypeError):
+            return None
+    return None
 
 
 def read_rank_lives(run_dir: str | os.PathLike[str]) -> dict[int, RankLive]:
@@ -209,10 +248,9 @@ def read_rank_lives(run_dir: str | os.PathLike[str]) -> dict[int, RankLive]:
         m = LIVE_FILE_RE.match(p.name)
         if not m:
             continue
-        with contextlib.suppress(OSError, ValueError, TypeError):
-            data = json.loads(p.read_text("utf-8"))
-            if isinstance(data, dict):
-                out[int(m.group(1))] = RankLive.from_dict(data)
+        rec = _read_record(p)
+        if rec is not None:
+            out[int(m.group(1))] = rec
     return dict(sorted(out.items()))
 
 
@@ -390,6 +428,7 @@ __all__ = [
     "InflightLive",
     "LiveSnapshot",
     "LiveStraggler",
+    "LiveWriter",
     "OpSeries",
     "RankLive",
     "append_alert",
