@@ -42,6 +42,10 @@ def test_slower_collective_and_more_memory_are_the_deltas(tmp_path, cli):
         mem_extra_bytes=512 * MIB,
     )
     d = _diff(cli, a, b)
+    assert list(d) == [
+        "a", "b", "headline", "notes", "step", "phases", "ranks", "collectives", "comm_share",
+        "memory", "throughput", "bottlenecks",
+    ]  # fmt: skip
     assert d["notes"] == []
     # every step, the backward phase and the 1 MiB all_reduce take 2 ms more; nothing else moves
     assert d["step"]["delta_ns"] == pytest.approx(2 * MS, abs=1 * US)

@@ -375,62 +375,39 @@ def _headline(
     tp: Throughput,
     a_ranks: dict[int, RankFigures],
 ) -> tuple[Headline, ...]:
-    cand: list[Headline] = []
+    """The changes that pass the headline's thresholds (see the module docstring)."""
+    cand: list[tuple[str, str, float, float]] = []  # (what, unit, A, B)
     if d_step is not None:
-        cand.append(Headline("step time", "ns", d_step.a_ns, d_step.b_ns, d_step.delta_ns, _NAN))
-    cand += [Headline(f"phase {p.phase}", "ns", p.a_ns, p.b_ns, p.delta_ns, _NAN) for p in phases]
-    cand += [
-        Headline(
-            f"{c.op} {_fmt_size(c.size_bytes)} p50", "ns", c.a_p50_ns, c.b_p50_ns, c.delta_ns, _NAN
-        )
-        for c in colls
-    ]
+        cand.append(("step time", "ns", d_step.a_ns, d_step.b_ns))
+    cand += [(f"phase {p.phase}", "ns", p.a_ns, p.b_ns) for p in phases]
+    cand += [(f"{c.op} {_fmt_size(c.size_bytes)} p50", "ns", c.a_p50_ns, c.b_p50_ns) for c in colls]
     if ranks and not math.isnan(ranks[0].compute_delta_ns):
         r = ranks[0]  # the largest compute change stands for the ranks
         a_c = a_ranks[r.rank].compute_ns
-        cand.append(
-            Headline(
-                f"rank {r.rank} compute",
-                "ns",
-                a_c,
-                a_c + r.compute_delta_ns,
-                r.compute_delta_ns,
-                _NAN,
-            )
-        )
+        cand.append((f"rank {r.rank} compute", "ns", a_c, a_c + r.compute_delta_ns))
     mem_ranks = [x for x in ranks if x.memory_delta_bytes]
     if mem_ranks:
         r = max(mem_ranks, key=lambda x: abs(x.memory_delta_bytes or 0))
         a_m = float(a_ranks[r.rank].peak_memory_bytes)
-        dm = float(r.memory_delta_bytes or 0)
-        cand.append(Headline(f"rank {r.rank} peak memory", "bytes", a_m, a_m + dm, dm, _NAN))
+        cand.append((f"rank {r.rank} peak memory", "bytes", a_m, a_m + (r.memory_delta_bytes or 0)))
     if mem.delta_bytes is not None:
         cand.append(
-            Headline(
-                "peak memory (highest rank)",
-                "bytes",
-                float(mem.a_max_bytes),
-                float(mem.b_max_bytes),
-                float(mem.delta_bytes),
-                _NAN,
-            )
+            ("peak memory (highest rank)", "bytes", float(mem.a_max_bytes), float(mem.b_max_bytes))
         )
-    cand += [Headline(f"comm share {s.dim}", "fraction", s.a, s.b, s.delta, _NAN) for s in shares]
-    cand.append(
-        Headline("steps/s", "1/s", tp.steps_per_s.a, tp.steps_per_s.b, tp.steps_per_s.delta, _NAN)
-    )
+    cand += [(f"comm share {s.dim}", "fraction", s.a, s.b) for s in shares]
+    cand.append(("steps/s", "1/s", tp.steps_per_s.a, tp.steps_per_s.b))
     if tp.tokens_per_s is not None:
-        t = tp.tokens_per_s
-        cand.append(Headline("tokens/s", "1/s", t.a, t.b, t.delta, _NAN))
+        cand.append(("tokens/s", "1/s", tp.tokens_per_s.a, tp.tokens_per_s.b))
     step_a = d_step.a_ns if d_step is not None else _NAN
     out = []
-    for h in cand:
-        rel = relative(h.delta, h.a)
+    for what, unit, a, b in cand:
+        delta = b - a
+        rel = relative(delta, a)
         if math.isnan(rel) or abs(rel) < HEADLINE_MIN_REL:
             continue
-        if h.unit == "ns" and step_a > 0 and abs(h.delta) < HEADLINE_MIN_STEP_SHARE * step_a:
+        if unit == "ns" and step_a > 0 and abs(delta) < HEADLINE_MIN_STEP_SHARE * step_a:
             continue
-        out.append(Headline(h.what, h.unit, h.a, h.b, h.delta, rel))
+        out.append(Headline(what, unit, a, b, delta, rel))
     out.sort(key=lambda h: -abs(h.rel))
     return tuple(out[:HEADLINE_MAX])
 
