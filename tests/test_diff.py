@@ -31,7 +31,7 @@ def _coll(d: dict, size: int) -> dict:
 
 def test_slower_collective_and_more_memory_are_the_deltas(tmp_path, cli):
     a, b = tmp_path / "a", tmp_path / "b"
-    synthetic_run(a, 4, OFFSETS, collectives=BASE)
+    synthetic_run(a, 4, OFFSETS, collectives=BASE, tokens_per_step=8192)
     # B: the 1 MiB all_reduce takes 4 ms instead of 2; rank 2 holds 512 MiB more
     synthetic_run(
         b,
@@ -40,6 +40,7 @@ def test_slower_collective_and_more_memory_are_the_deltas(tmp_path, cli):
         collectives=((4096, 1 * MS), (MIB, 4 * MS)),
         mem_rank=2,
         mem_extra_bytes=512 * MIB,
+        tokens_per_step=8192,
     )
     d = _diff(cli, a, b)
     assert list(d) == [
@@ -79,7 +80,11 @@ def test_slower_collective_and_more_memory_are_the_deltas(tmp_path, cli):
     # steps/s: each step's wall time grows by exactly 2 ms
     sps = d["throughput"]["steps_per_s"]
     assert 1 / sps["b"] - 1 / sps["a"] == pytest.approx(2e-3, abs=20e-6)
-    assert d["throughput"]["tokens_per_s"] is None
+    # tokens/s: 8192 tokens per step of 20 ms, then 22 ms
+    tps = d["throughput"]["tokens_per_s"]
+    assert tps["a"] == pytest.approx(8192 / (d["step"]["a_ns"] / 1e9), rel=0.005)
+    assert tps["b"] == pytest.approx(8192 / (d["step"]["b_ns"] / 1e9), rel=0.005)
+    assert tps["rel"] == pytest.approx(20 / 22 - 1, abs=0.005)
     appeared = {(f["source"], f["kind"], f["rank"]) for f in d["bottlenecks"]["appeared"]}
     assert appeared == {
         ("bottleneck", "memory_imbalance", None),
@@ -110,6 +115,7 @@ def test_a_slower_rank_ranks_first_and_others_wait(tmp_path, cli):
         assert r["step_delta_ns"] == pytest.approx(6 * MS, abs=300 * US)
     assert d["step"]["delta_ns"] == pytest.approx(6 * MS, abs=300 * US)
     assert "rank 1 compute" in {h["what"] for h in d["headline"]}
+    assert d["throughput"]["tokens_per_s"] is None  # no run recorded tokens
     appeared = {(f["source"], f["kind"], f["rank"]) for f in d["bottlenecks"]["appeared"]}
     assert {("bottleneck", "load_imbalance", None), ("finding", "straggler", 1)} <= appeared
     # the other way round, the same changes with the opposite sign, and the straggler vanished

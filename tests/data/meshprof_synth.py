@@ -106,6 +106,7 @@ def synthetic_run(
     mem_rank: int = -1,
     mem_extra_bytes: int = 0,
     step_spans: bool = True,
+    tokens_per_step: int = 0,
 ) -> dict:
     """Write rank files whose local clocks read true_time + clock_offsets_ns[r].
 
@@ -113,7 +114,8 @@ def synthetic_run(
     ``collectives``, back to back: for each (bytes, latency) an all_reduce of that many bytes on
     the world group that completes ``latency`` ns after its last arrival; by default one of
     4 KiB, 1 ms), optimizer (2 ms). Memory: (100 + rank) MiB of RSS, + ``mem_extra_bytes`` on
-    ``mem_rank``. ``step_spans=False`` writes no step or phase spans (collectives only).
+    ``mem_rank``. ``step_spans=False`` writes no step or phase spans (collectives only); each
+    step span carries ``tokens_per_step`` tokens.
     Two runs with the same seed draw the same random numbers whatever the other arguments, so
     they differ by exactly what the arguments change.
     Returns the truth: {"arrivals": {(rank, seq): true issue time}, ...}.
@@ -157,7 +159,8 @@ def synthetic_run(
                 end_r = arrive[r]
             s_end = end_r + 2 * MS
             if step_spans:
-                spans[r].append((0, 0, 0, 3, k, t_start[r] + off, s_end - t_start[r], 0, 0))
+                step_ns = s_end - t_start[r]
+                spans[r].append((0, 0, 0, 3, k, t_start[r] + off, step_ns, tokens_per_step, 0))
                 spans[r].append((1, 0, 1, 0, k, t_start[r] + off, fwd[r], 0, 0))
                 spans[r].append(
                     (1, 0, 1, 1, k, t_start[r] + fwd[r] + off, end_r - t_start[r] - fwd[r], 0, 0)
