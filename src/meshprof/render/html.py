@@ -42,6 +42,7 @@ th{background:#f4f4f4;cursor:pointer;user-select:none}td:first-child,th:first-ch
 .finding.warning,.finding.high,.finding.critical{border-color:#b00020;background:#fff5f5}
 code{background:#f4f4f4;padding:0 3px}svg text{font-size:11px;font-family:inherit}
 """
+"""The pages' inline style sheet (the run report, the run comparison)."""
 
 SORT_JS = """
 (function(){
@@ -64,6 +65,7 @@ SORT_JS = """
   var s = document.getElementById('js-status'); if (s) { s.textContent = 'interactive: click a column header to sort'; }
 })();
 """
+"""Inline script: click a header of a ``table.sortable`` to sort by that column."""
 
 _E = html.escape
 
