@@ -23,6 +23,7 @@ COMMANDS: tuple[str, ...] = (
     "run",
     "hang",
     "report",
+    "diff",
     "export",
     "query",
     "bench",

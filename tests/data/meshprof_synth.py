@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import socket
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -72,6 +73,24 @@ def memory_array(rows: list[tuple]) -> np.ndarray:
     return _rows(rows, MEMORY_DTYPE, _MEM_FIELDS)
 
 
+def _all_reduce(seq: int, nbytes: int, start_ns: int, duration_ns: int, step: int) -> tuple:
+    """An event row (fields of _EVENT_FIELDS): a completed all_reduce on the world group."""
+    return (
+        OP_CODES["all_reduce"],
+        0,
+        0,
+        0,
+        0,
+        -1,
+        seq,
+        nbytes,
+        nbytes,
+        start_ns,
+        duration_ns,
+        step,
+    )
+
+
 def synthetic_run(
     out: Path,
     world: int,
@@ -83,14 +102,28 @@ def synthetic_run(
     exchange: bool = True,
     seed: int = 0,
     completion_jitter_ns: int = 20 * US,
+    collectives: Sequence[tuple[int, int]] = ((4096, 1 * MS),),
+    mem_rank: int = -1,
+    mem_extra_bytes: int = 0,
+    step_spans: bool = True,
+    tokens_per_step: int = 0,
 ) -> dict:
     """Write rank files whose local clocks read true_time + clock_offsets_ns[r].
 
-    Each step: forward (10 ms, + extra on slow_rank), backward (5 ms compute, then an all_reduce
-    on the world group that completes 1 ms after the last arrival), optimizer (2 ms).
+    Each step: forward (10 ms, + extra on slow_rank), backward (5 ms compute, then the
+    ``collectives``, back to back: for each (bytes, latency) an all_reduce of that many bytes on
+    the world group that completes ``latency`` ns after its last arrival; by default one of
+    4 KiB, 1 ms), optimizer (2 ms). Memory: (100 + rank) MiB of RSS, + ``mem_extra_bytes`` on
+    ``mem_rank``. ``step_spans=False`` writes no step or phase spans (collectives only); each
+    step span carries ``tokens_per_step`` tokens.
+    Two runs with the same seed draw the same random numbers whatever the other arguments, so
+    they differ by exactly what the arguments change.
     Returns the truth: {"arrivals": {(rank, seq): true issue time}, ...}.
     """
     rng = np.random.default_rng(seed)
+    rng_more = np.random.default_rng(seed + 1)  # the collectives before the last one
+    colls = list(collectives)
+    n_coll = len(colls)
     groups = [{"name": "0", "desc": "default_pg", "ranks": list(range(world)), "backend": "gloo"}]
     events = {r: [] for r in range(world)}
     spans = {r: [] for r in range(world)}
@@ -103,36 +136,38 @@ def synthetic_run(
             for r in range(world)
         }
         arrive = {r: t_start[r] + fwd[r] + 5 * MS for r in range(world)}
-        done = max(arrive.values()) + 1 * MS
+        for i, (nbytes, latency) in enumerate(colls[:-1]):
+            done = max(arrive.values()) + latency
+            for r in range(world):
+                end = done + int(rng_more.integers(-completion_jitter_ns, completion_jitter_ns + 1))
+                seq = k * n_coll + i
+                arrivals[(r, seq)] = arrive[r]
+                start = arrive[r] + clock_offsets_ns[r]
+                events[r].append(_all_reduce(seq, nbytes, start, end - arrive[r], k))
+                arrive[r] = end
+        done = max(arrive.values()) + (colls[-1][1] if colls else 0)
         nxt = {}
         for r in range(world):
             off = clock_offsets_ns[r]
             end_r = done + int(rng.integers(-completion_jitter_ns, completion_jitter_ns + 1))
-            arrivals[(r, k)] = arrive[r]
-            events[r].append(
-                (
-                    OP_CODES["all_reduce"],
-                    0,
-                    0,
-                    0,
-                    0,
-                    -1,
-                    k,
-                    4096,
-                    4096,
-                    arrive[r] + off,
-                    end_r - arrive[r],
-                    k,
-                )
-            )
+            if colls:
+                seq = k * n_coll + n_coll - 1
+                arrivals[(r, seq)] = arrive[r]
+                dur = end_r - arrive[r]
+                events[r].append(_all_reduce(seq, colls[-1][0], arrive[r] + off, dur, k))
+            else:
+                end_r = arrive[r]
             s_end = end_r + 2 * MS
-            spans[r].append((0, 0, 0, 3, k, t_start[r] + off, s_end - t_start[r], 0, 0))
-            spans[r].append((1, 0, 1, 0, k, t_start[r] + off, fwd[r], 0, 0))
-            spans[r].append(
-                (1, 0, 1, 1, k, t_start[r] + fwd[r] + off, end_r - t_start[r] - fwd[r], 0, 0)
-            )
-            spans[r].append((1, 0, 1, 2, k, end_r + off, 2 * MS, 0, 0))
-            mem[r].append((k, s_end + off, -1, -1, -1, (100 + r) * 2**20, 2**34))
+            if step_spans:
+                step_ns = s_end - t_start[r]
+                spans[r].append((0, 0, 0, 3, k, t_start[r] + off, step_ns, tokens_per_step, 0))
+                spans[r].append((1, 0, 1, 0, k, t_start[r] + off, fwd[r], 0, 0))
+                spans[r].append(
+                    (1, 0, 1, 1, k, t_start[r] + fwd[r] + off, end_r - t_start[r] - fwd[r], 0, 0)
+                )
+                spans[r].append((1, 0, 1, 2, k, end_r + off, 2 * MS, 0, 0))
+            rss = (100 + r) * 2**20 + (mem_extra_bytes if r == mem_rank else 0)
+            mem[r].append((k, s_end + off, -1, -1, -1, rss, 2**34))
             nxt[r] = s_end + int(rng.integers(0, 100 * US))
         t_start = nxt
     for r in range(world):

@@ -12,6 +12,8 @@ import math
 __all__ = [
     "MISSING",
     "fmt_bytes",
+    "fmt_delta_bytes",
+    "fmt_delta_ns",
     "fmt_gbps",
     "fmt_ms",
     "fmt_ns",
@@ -42,6 +44,21 @@ def fmt_ns(ns: float | int | None) -> str:
     if ns < 1e9:
         return f"{ns / 1e6:.2f} ms"
     return f"{ns / 1e9:.2f} s"
+
+
+def fmt_delta_ns(ns: float | int | None) -> str:
+    """A signed duration in ns for people (a difference: ``+2.00 ms``, ``-15.0 µs``, ``+0 ns``;
+    ``"-"`` when missing)."""
+    if ns is None or is_missing(ns):
+        return MISSING
+    return ("-" if ns < 0 else "+") + fmt_ns(abs(ns))
+
+
+def fmt_delta_bytes(n: float | int | None) -> str:
+    """A signed size in bytes with binary units (``+512.0 MiB``; ``"-"`` when missing)."""
+    if n is None or is_missing(n):
+        return MISSING
+    return ("-" if n < 0 else "+") + fmt_bytes(abs(n))
 
 
 def fmt_ms(ns: float | int, digits: int = 2, signed: bool = False) -> str:

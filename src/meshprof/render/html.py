@@ -31,7 +31,7 @@ from meshprof.rundir.atomic import atomic_write_text
 if TYPE_CHECKING:
     from meshprof.analyze.kineto import KinetoReport
 
-_CSS = """
+PAGE_CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0 auto;max-width:1200px;padding:16px;color:#222}
 h1{font-size:22px}h2{font-size:18px;margin-top:28px;border-bottom:1px solid #ddd;padding-bottom:4px}
 table{border-collapse:collapse;font-size:13px;margin:8px 0}th,td{padding:3px 8px;border-bottom:1px solid #eee;text-align:right}
@@ -42,8 +42,9 @@ th{background:#f4f4f4;cursor:pointer;user-select:none}td:first-child,th:first-ch
 .finding.warning,.finding.high,.finding.critical{border-color:#b00020;background:#fff5f5}
 code{background:#f4f4f4;padding:0 3px}svg text{font-size:11px;font-family:inherit}
 """
+"""The pages' inline style sheet (the run report, the run comparison)."""
 
-_JS = """
+SORT_JS = """
 (function(){
   document.querySelectorAll('table.sortable').forEach(function(t){
     t.querySelectorAll('th').forEach(function(th, col){
@@ -64,11 +65,12 @@ _JS = """
   var s = document.getElementById('js-status'); if (s) { s.textContent = 'interactive: click a column header to sort'; }
 })();
 """
+"""Inline script: click a header of a ``table.sortable`` to sort by that column."""
 
 _E = html.escape
 
 
-def _table(
+def html_table(
     headers: list[str], rows: Sequence[Sequence[tuple[str, Any]]], cls: str = "sortable"
 ) -> str:
     """rows: cells as (escaped text, sort value)."""
@@ -195,7 +197,7 @@ def _ranks_table(rep: RunReport) -> str:
             r.last_share,
         )
         rows.append([*zip(texts, values, strict=True), (str(r.events), r.events)])
-    return _table([*RANK_COLUMNS, "straggler score", "arrived last", "events"], rows)
+    return html_table([*RANK_COLUMNS, "straggler score", "arrived last", "events"], rows)
 
 
 def _heatmap(rep: RunReport) -> str:
@@ -265,7 +267,7 @@ def _dims(rep: RunReport) -> str:
         ]
         for i, r in enumerate(s.ranks)
     ]
-    return "".join(parts) + _table(["rank", *rep.dimensions], rows)
+    return "".join(parts) + html_table(["rank", *rep.dimensions], rows)
 
 
 def _sizes(rep: RunReport) -> str:
@@ -297,7 +299,7 @@ def _sizes(rep: RunReport) -> str:
         )
     parts.append("</svg>")
     return (
-        _table(
+        html_table(
             [
                 "op",
                 "size ≤",
@@ -360,8 +362,9 @@ def _straggler_view(rep: RunReport) -> str:
                 style = ' class="warn"' if med[j] > 0 and ex > s.threshold * med[j] else ""
                 cells.append((f"<span{style}>{_E(fmt_ns(v))}</span>", v))
             rows.append(cells)
-        table = "<p>Compute time per phase (median per step, communication excluded):</p>" + _table(
-            ["rank", *s.phases], rows
+        table = (
+            "<p>Compute time per phase (median per step, communication excluded):</p>"
+            + html_table(["rank", *s.phases], rows)
         )
     return head + "".join(parts) + table
 
@@ -413,7 +416,7 @@ def _clock(rep: RunReport) -> str:
         ]
         for c in rep.clock.ranks
     ]
-    return f"<p>Reference: rank {rep.clock.reference_rank}.</p>" + _table(
+    return f"<p>Reference: rank {rep.clock.reference_rank}.</p>" + html_table(
         [
             "rank",
             "method",
@@ -446,7 +449,7 @@ def _groups(rep: RunReport) -> str:
     return (
         f"<p>{m.collectives} collectives ({m.complete} complete, {m.incomplete} incomplete), {m.p2p_pairs} send/recv pairs "
         f"({m.unmatched_p2p} unmatched); total wait {_E(fmt_ns(m.total_wait_ns))}.</p>"
-        + _table(
+        + html_table(
             [
                 "group",
                 "name",
@@ -503,15 +506,21 @@ def render_html(rep: RunReport, title: str = "meshprof report") -> str:
         ("Collectives matched across ranks", _groups(rep)),
         ("Clock alignment", _clock(rep)),
     ]
+    return html_page(title, f"<code>{_E(rep.path)}</code>", sections)
+
+
+def html_page(title: str, subject: str, sections: Sequence[tuple[str, str]]) -> str:
+    """One self-contained HTML document: ``title: subject`` as its heading (``subject`` is HTML,
+    escaped by the caller), then one section per (heading, HTML body), with sortable tables."""
     body = "".join(
         f'<section id="{_E(t.lower().replace(" ", "-"))}"><h2>{_E(t)}</h2>{c}</section>'
         for t, c in sections
     )
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-        f'<meta name="viewport" content="width=device-width,initial-scale=1"><title>{_E(title)}</title><style>{_CSS}</style></head>'
-        f'<body><h1>{_E(title)}: <code>{_E(rep.path)}</code></h1><p class="muted" id="js-status">static</p>{body}'
-        f"<script>{_JS}</script></body></html>\n"
+        f'<meta name="viewport" content="width=device-width,initial-scale=1"><title>{_E(title)}</title><style>{PAGE_CSS}</style></head>'
+        f'<body><h1>{_E(title)}: {subject}</h1><p class="muted" id="js-status">static</p>{body}'
+        f"<script>{SORT_JS}</script></body></html>\n"
     )
 
 
@@ -522,7 +531,7 @@ def write_kineto_html(path: Path, folder: str, k: KinetoReport) -> Path:
     body = kineto_html(k) or '<p class="muted">No torch.profiler trace could be read.</p>'
     doc = (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>meshprof report</title>'
-        f"<style>{_CSS}</style></head><body><h1>meshprof report: <code>{_E(folder)}</code></h1>"
+        f"<style>{PAGE_CSS}</style></head><body><h1>meshprof report: <code>{_E(folder)}</code></h1>"
         f'<section id="traces"><h2>torch.profiler traces</h2>{body}</section></body></html>\n'
     )
     return atomic_write_text(Path(path), doc)

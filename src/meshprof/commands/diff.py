@@ -1,0 +1,62 @@
+"""``meshprof diff RUN_A RUN_B``: what changed between two run directories (every delta B − A)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from meshprof.analyze.diff import RunSide, check_side, diff_runs, run_side
+from meshprof.commands.options import add_json_option
+from meshprof.errors import MeshprofError
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "diff",
+        help="compare two run directories: step, phases, ranks, collectives, memory, bottlenecks",
+    )
+    p.add_argument("run_a", metavar="RUN_A", help="the run before (the baseline)")
+    p.add_argument("run_b", metavar="RUN_B", help="the run after; every delta is B − A")
+    add_json_option(p, "the comparison")
+    p.add_argument("--html", metavar="FILE", help="write a self-contained HTML page")
+    p.set_defaults(func=run)
+
+
+def _side(path: str) -> RunSide:
+    """One run's figures; its report and events are let go before the other run is read."""
+    from meshprof.report import analyze_run_parts
+    from meshprof.rundir import load_run
+
+    loaded = load_run(Path(path))
+    report = analyze_run_parts(loaded, release_events=True).report
+    side = run_side(report, loaded.layout())
+    check_side(side)
+    return side
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.html and Path(args.html).is_dir():
+        raise MeshprofError(f"--html {args.html}: is a directory (give a file name)")
+    for path in (args.run_a, args.run_b):  # both named before either is analysed
+        if not Path(path).is_dir():
+            why = "no such directory" if not Path(path).exists() else "not a directory"
+            raise MeshprofError(f"{path}: {why} (expected a meshprof run directory)")
+    d = diff_runs(_side(args.run_a), _side(args.run_b))
+    written = []
+    if args.html:
+        from meshprof.render.diff_html import write_diff_html
+
+        written.append(write_diff_html(Path(args.html), d))
+    if args.json:
+        print(json.dumps(d.to_dict()))
+        return 0
+    from rich.console import Console
+
+    from meshprof.render.diff_text import print_diff
+
+    console = Console()
+    print_diff(d, console)
+    for w in written:
+        console.print(f"wrote {w}", highlight=False)
+    return 0
