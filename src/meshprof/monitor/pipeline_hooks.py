@@ -8,9 +8,15 @@ bubble is measured from these spans.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import importlib.abc
+import importlib.machinery
+import sys
+from types import ModuleType
 from typing import Any
 
+_STAGE = "torch.distributed.pipelining.stage"
 _installed = False
 CHUNK_PHASES = {
     "forward_one_chunk": "pp_forward",
@@ -23,14 +29,22 @@ PIPELINE_CHUNKS = tuple(CHUNK_PHASES.values())
 
 
 def install_pipeline_hooks() -> bool:
-    """Wrap the stage methods; returns False when torch has no pipelining module."""
+    """Wrap the stage methods: now when torch.distributed.pipelining is imported, else as soon as
+    it is (an import hook: importing pipelining pulls in DTensor, dynamo and sympy, seconds that a
+    script which never pipelines should not pay). Returns False when it cannot be done."""
     global _installed
     if _installed:
         return True
-    try:
-        from torch.distributed.pipelining import stage as stage_mod
-    except Exception:
-        return False
+    mod = sys.modules.get(_STAGE)
+    if mod is not None:
+        return _patch(mod)
+    if not any(isinstance(f, _StageImportHook) for f in sys.meta_path):
+        sys.meta_path.insert(0, _StageImportHook())
+    return True
+
+
+def _patch(stage_mod: ModuleType) -> bool:
+    global _installed
     base = getattr(stage_mod, "_PipelineStageBase", None)
     if base is None:
         return False
@@ -41,6 +55,28 @@ def install_pipeline_hooks() -> bool:
         setattr(base, method, _wrap(original, span))
     _installed = True
     return True
+
+
+class _StageImportHook(importlib.abc.MetaPathFinder):
+    """Patches the pipelining stage module right after it is first imported, then leaves."""
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname != _STAGE:
+            return None
+        with contextlib.suppress(ValueError):
+            sys.meta_path.remove(self)
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        exec_module = spec.loader.exec_module
+
+        def exec_and_patch(module: ModuleType) -> None:
+            exec_module(module)
+            with contextlib.suppress(Exception):  # never break the user's import
+                _patch(module)
+
+        spec.loader.exec_module = exec_and_patch  # type: ignore[method-assign]
+        return spec
 
 
 def _wrap(original: Any, span_name: str) -> Any:
