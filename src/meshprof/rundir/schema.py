@@ -267,6 +267,10 @@ class Manifest(JsonRecord):
     """Worst node's: "hang", "failed", "running" or "ok"."""
     nodes: list[dict[str, Any]] | None = None
     rank_exit_codes: dict[str, Any] | None = None
+    """Global rank (as a string) -> its exit code; negative: it died of that signal (-9:
+    SIGKILL), as torchrun reports it."""
+    rank_signals: dict[str, str] | None = None
+    """Global rank -> the signal it died of ("SIGKILL", "SIGTERM", ...), for signal deaths."""
     torchrun_exit_code: int | None = None
     missing_ranks: dict[str, str] | None = None
     hang: dict[str, Any] | None = None

@@ -132,6 +132,7 @@ class RankWriter:
         """Writes that failed (the first is reported on stderr)."""
         self.last_path: Path | None = None
         self._lock = threading.Lock()
+        self._lock_owner: int | None = None  # thread id of the write in progress
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._last_sig: tuple[Any, ...] | None = None
@@ -200,6 +201,7 @@ class RankWriter:
         try:
             if not self._lock.acquire(timeout=SIGNAL_WRITE_TIMEOUT_S):
                 return None
+            self._lock_owner = threading.get_ident()
             try:
                 extra = dict(self.extra_meta)
                 rank = self._current_rank()
@@ -226,6 +228,7 @@ class RankWriter:
                     self._discard_crashsafe()
                 return path
             finally:
+                self._lock_owner = None
                 self._lock.release()
         except BaseException as e:  # never into training, not even KeyboardInterrupt mid-write
             self.failures += 1
@@ -369,9 +372,13 @@ class RankWriter:
         try:
             self.set_exit("signal", 128 + signum, signal.Signals(signum).name)
             self._stop.set()
-            t = threading.Thread(target=self.write, name="meshprof-final-write", daemon=True)
-            t.start()
-            t.join(SIGNAL_WRITE_TIMEOUT_S)
+            # A write this thread was in when the signal came cannot finish before this handler
+            # returns: waiting for it would only delay the death (the file written before it,
+            # and the crash-safe files, stay).
+            if self._lock_owner != threading.get_ident():
+                t = threading.Thread(target=self.write, name="meshprof-final-write", daemon=True)
+                t.start()
+                t.join(SIGNAL_WRITE_TIMEOUT_S)
         except BaseException:
             pass
         prev = self._prev_sigterm
