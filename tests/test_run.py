@@ -406,5 +406,8 @@ def test_run_sigkilled_rank_is_recovered_and_named_first(tmp_path: Path, cli) ->
     assert failures[0]["last_seen_ns"] >= killed["kill_ns"] - 1_000_000_000 - 200_000_000
     assert sorted(f["rank"] for f in failures[1:]) == [0, 2]
     assert not any(f["first"] for f in failures[1:])
-    text = cli("report", str(out))
-    assert f"rank 1 was killed by SIGKILL at step {killed['step']}" in text.stdout
+    head = f"rank 1 was killed by SIGKILL at step {killed['step']}"
+    assert head in cli("report", str(out)).stdout
+    assert cli("report", str(out), "--html", str(tmp_path / "r.html")).returncode == 0
+    page = (tmp_path / "r.html").read_text()
+    assert page.index(head) < page.index("<h2>Summary</h2>")  # the HTML leads with it

@@ -95,6 +95,14 @@ def _write_json(path: Path, obj: Any) -> None:
     os.replace(tmp, path)
 
 
+def _mapped(run_dir: Path, rank: int, part: str, dtype: np.dtype, n: int) -> np.ndarray:
+    """A new ``.npy`` file of ``n`` zeroed rows mapped into memory, as a plain ndarray view (a
+    store into it is an ndarray store, without np.memmap's per-operation overhead; the view
+    keeps the mapping alive)."""
+    mm = np.lib.format.open_memmap(crashsafe_path(run_dir, rank, part), "w+", dtype, (int(n),))
+    return mm.view(np.ndarray)
+
+
 class _Tail:
     """Copies the rows appended to a ``deque`` since the last call, without a counter in the
     producer: the last row copied is found again by identity, searching from the right."""
@@ -185,10 +193,12 @@ class CrashSafeStore:
     def note_step(self, step: int) -> None:
         """The rank entered ``step`` (a profiler step listener: once per step)."""
         cur = self._cursor
-        if cur is not None and not self._closed:
-            with contextlib.suppress(Exception):
+        if cur is not None:
+            try:  # (zero-cost try: this runs once per step)
                 cur[CUR_STEP] = step
                 cur[CUR_STEP_NS] = time.time_ns()
+            except Exception:
+                pass
 
     def discard(self) -> None:
         """The final rank file is written: stop, and remove this rank's mapped files."""
@@ -209,16 +219,13 @@ class CrashSafeStore:
             remove_crashsafe(self.run_dir, self._rank)
         d = crashsafe_dir(self.run_dir)
         d.mkdir(parents=True, exist_ok=True)
-        mm = np.lib.format.open_memmap
         cap = int(prof.log.capacity)
         rows = getattr(monitor, "span_rows", None)
         span_cap = min(int(getattr(rows, "maxlen", 0) or SPAN_CAPACITY), SPAN_CAPACITY)
-        self._events = mm(crashsafe_path(d.parent, rank, "events.npy"), "w+", EVENT_DTYPE, (cap,))
-        self._spans = mm(crashsafe_path(d.parent, rank, "spans.npy"), "w+", SPAN_DTYPE, (span_cap,))
-        self._memory = mm(
-            crashsafe_path(d.parent, rank, "memory.npy"), "w+", MEMORY_DTYPE, (span_cap,)
-        )
-        cur = mm(crashsafe_path(d.parent, rank, "cursor.npy"), "w+", np.int64, (CURSOR_LEN,))
+        self._events = _mapped(self.run_dir, rank, "events.npy", EVENT_DTYPE, cap)
+        self._spans = _mapped(self.run_dir, rank, "spans.npy", SPAN_DTYPE, span_cap)
+        self._memory = _mapped(self.run_dir, rank, "memory.npy", MEMORY_DTYPE, span_cap)
+        cur = _mapped(self.run_dir, rank, "cursor.npy", np.dtype(np.int64), CURSOR_LEN)
         cur[:] = 0
         cur[CUR_VERSION] = 1
         cur[CUR_PID] = os.getpid()
@@ -240,11 +247,8 @@ class CrashSafeStore:
             # the first tick, a resized log (renumbered from 0) or a cleared one (ids restart
             # at 0): copy from its oldest retained event into a ring of its capacity
             if len(ring) != log.capacity:
-                self._events = ring = np.lib.format.open_memmap(
-                    crashsafe_path(self.run_dir, int(cur[CUR_RANK]), "events.npy"),
-                    "w+",
-                    EVENT_DTYPE,
-                    (int(log.capacity),),
+                self._events = ring = _mapped(
+                    self.run_dir, int(cur[CUR_RANK]), "events.npy", EVENT_DTYPE, log.capacity
                 )
             self._log = log
             self._next_id = 0
