@@ -4,6 +4,7 @@ SIGKILL leaves; the store is simply abandoned, never discarded)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -132,3 +133,15 @@ def test_the_step_is_noted_at_every_step_change(tmp_path: Path) -> None:
     store.discard()
     assert prof.step_listeners == [] and recover_rank(tmp_path, 0) is None
     assert np.all(prof.columns()[0]["seq"] >= 0)
+
+
+def test_an_exit_of_another_process_is_not_applied(tmp_path: Path) -> None:
+    """torchrun's exit names a pid: a rank file rebuilt from another process' files (a restarted
+    worker) does not get it."""
+    prof = CommProfiler(ProfilerConfig(max_events=10))
+    _feed(prof, range(3), 0)
+    CrashSafeStore(tmp_path).tick(prof, None, rank=0)
+    ex = ExitStatus("signal", 137, "SIGKILL", 5)
+    assert finalize_crashsafe(tmp_path, {0: ex}, pids={0: os.getpid() + 1}) == [0]
+    rd = load_run(tmp_path).ranks[0]
+    assert rd.meta.exit is None and rd.meta.pid == os.getpid() and len(rd.events) == 3

@@ -164,7 +164,12 @@ def finish_manifest(
     exits = dict(worker_exits or {})
     code = torchrun_rc
     me = node_id()
-    finalize_crashsafe(run_dir, {r: _exit_status(w) for r, w in exits.items()}, me)
+    finalize_crashsafe(
+        run_dir,
+        {r: _exit_status(w) for r, w in exits.items()},
+        me,
+        pids={r: w.pid for r, w in exits.items() if w.pid > 0},
+    )
     rec = dict(node)
     changes: dict[str, Any] = {}
     hosts = {socket.gethostname()}

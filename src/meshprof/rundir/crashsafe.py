@@ -464,11 +464,15 @@ def finalize_crashsafe(
     run_dir: str | Path,
     exits: dict[int, ExitStatus] | None = None,
     node_id: str | None = None,
+    pids: dict[int, int] | None = None,
 ) -> list[int]:
     """Turn the crash-safe files of the ranks that died into rank files (the launcher's finish
     step): for each rank whose files are newer than its rank file, write the recovered rank file
     (with ``exits[rank]`` as its exit, when the launcher learnt it); then remove the files.
-    Only ranks of the launcher ``node_id`` (by their meta's node id) when given. Returns the
+    Only ranks of the launcher ``node_id`` (by their meta's node id) when given. With ``pids``
+    (rank -> the pid the exit belongs to), an exit is applied only to the process it is about
+    (the pid its crash-safe cursor holds): a restarted worker is not given its predecessor's
+    exit. Returns the
     ranks whose rank file was written from crash-safe data."""
     from meshprof.errors import MeshprofError
     from meshprof.rundir.rankfile import load_rank_file
@@ -486,6 +490,9 @@ def finalize_crashsafe(
                 old = None
             if is_newer_than(rec, old):
                 ex = (exits or {}).get(r)
+                pid = (pids or {}).get(r)
+                if pid is not None and rec.meta.pid is not None and pid != rec.meta.pid:
+                    ex = None
                 if ex is not None:
                     rec.meta = rec.meta.updated(exit=ex)
                 try:
