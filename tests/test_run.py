@@ -343,3 +343,71 @@ def test_node_records_merge_without_a_shared_file_system(tmp_path: Path) -> None
     # a damaged record is skipped, the others still merge
     (run_dir / "nodes" / "zz.json").write_text("{not json")
     assert len(read_node_records(run_dir)) == 2
+
+
+@pytest.mark.timeout(240)
+def test_run_sigkilled_rank_is_recovered_and_named_first(tmp_path: Path, cli) -> None:
+    """Rank 1 of 3 SIGKILLs itself mid-step under the default flush interval (30 s: it never
+    got a periodic write). Its data comes back from the crash-safe files up to its last tick,
+    the manifest has torchrun's -9, and the report names it first."""
+    out = tmp_path / "run"
+    side = tmp_path / "side"
+    side.mkdir()
+    p = cli.process(
+        "run",
+        "--nproc-per-node",
+        "3",
+        "-o",
+        str(out),
+        str(SCRIPTS / "run_sigkill.py"),
+        str(side),
+        "2",
+        timeout=200,
+    )
+    killed = json.loads((side / "killed.json").read_text())
+    assert p.returncode == 128 + 9, p.stderr[-3000:]  # the first failure: death by SIGKILL
+    run = load_run(out)
+    assert sorted(run.ranks) == [0, 1, 2] and run.problems == {}
+    assert not (out / "crashsafe").exists()  # the launcher turned them into rank01.npz
+    m = run.manifest
+    assert m["rank_exit_codes"]["1"] == -9 and m["rank_signals"]["1"] == "SIGKILL"
+    assert m["status"] == "failed" and m["exit_code"] == 137
+    r1 = run.ranks[1]
+    assert r1.meta.recovered is not None and r1.meta.recovered["step"] == killed["step"]
+    assert r1.meta.exit is not None and r1.meta.exit.how == "signal"
+    ar = OP_NAMES.index("all_reduce")
+    mine = r1.events[r1.events["op"] == ar]
+    # every all_reduce that returned at least 1 s before the death was recovered (and none
+    # that the script did not run)
+    old = sum(1 for t in killed["done_ns"] if t <= killed["kill_ns"] - 1_000_000_000)
+    assert old <= len(mine) <= len(killed["done_ns"]), (old, len(mine), len(killed["done_ns"]))
+    assert old > 0
+    # ... and they are the collectives the survivors recorded under the same (group, seq)
+    assert mine["seq"].tolist() == list(range(len(mine)))
+    for peer in (0, 2):
+        ev = run.ranks[peer].events
+        theirs = ev[ev["op"] == ar]
+        assert set(theirs["seq"].tolist()) >= set(mine["seq"].tolist())
+        assert run.ranks[peer].meta.exit is not None
+    rep = cli("report", str(out), "--json")
+    assert rep.returncode == 0, rep.stderr
+    failures = json.loads(rep.stdout)["failures"]
+    assert failures[0] == {
+        "rank": 1,
+        "how": "signal",
+        "exit_code": -9,
+        "signal": "SIGKILL",
+        "last_step": killed["step"],
+        "last_seen_ns": failures[0]["last_seen_ns"],
+        "first": True,
+        "reason": "killed by SIGKILL",
+        "recovered": True,
+    }
+    assert failures[0]["last_seen_ns"] >= killed["kill_ns"] - 1_000_000_000 - 200_000_000
+    assert sorted(f["rank"] for f in failures[1:]) == [0, 2]
+    assert not any(f["first"] for f in failures[1:])
+    head = f"rank 1 was killed by SIGKILL at step {killed['step']}"
+    assert head in cli("report", str(out)).stdout
+    assert cli("report", str(out), "--html", str(tmp_path / "r.html")).returncode == 0
+    page = (tmp_path / "r.html").read_text()
+    assert page.index(head) < page.index("<h2>Summary</h2>")  # the HTML leads with it

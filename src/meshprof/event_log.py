@@ -182,6 +182,23 @@ class EventLog:
             start = self.total % self.capacity
             return np.concatenate([self._ring[start:], self._ring[:start]]), ids
 
+    def rows_since(self, first_id: int) -> tuple[np.ndarray, int]:
+        """(rows, id of rows[0]): a copy of the retained events with ids >= ``first_id``, oldest
+        first (from the oldest retained one when ``first_id`` was evicted already). Staged
+        tuples are not flushed here: the caller flushes first (a crash-safe tick reads only what
+        it has not copied yet, so its cost grows with the new events, not with the ring)."""
+        with self._lock:
+            oldest = max(0, self.total - self.capacity)
+            a = max(int(first_id), oldest)
+            n = self.total - a
+            if n <= 0:
+                return self._ring[:0].copy(), self.total
+            start = a % self.capacity
+            end = start + n
+            if end <= self.capacity:
+                return self._ring[start:end].copy(), a
+            return np.concatenate([self._ring[start:], self._ring[: end - self.capacity]]), a
+
     def clear(self) -> None:
         with self._lock:
             self._staged.clear()

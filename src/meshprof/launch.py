@@ -1,8 +1,9 @@
 """``meshprof run``'s launcher: start torchrun with the worker bootstrap, watch it, keep its code.
 
-The launcher runs ``python -m torch.distributed.run <torchrun options> -m meshprof._bootstrap
-<script.py | -m module> <args>``: torchrun (the real launcher, multi-node included) starts the
-workers, and each worker runs :mod:`meshprof._bootstrap`, which turns the recorder, the step
+The launcher runs ``python -m meshprof._torchrun <torchrun options> -m meshprof._bootstrap
+<script.py | -m module> <args>``: torchrun (the real launcher, ``torch.distributed.run`` run by
+:mod:`meshprof._torchrun`, which also keeps how failed workers ended; multi-node included)
+starts the workers, and each worker runs :mod:`meshprof._bootstrap`, which turns the recorder, the step
 monitor and the rank writer on before running the user's unmodified script. Settings reach the
 workers through environment variables (:data:`ENV_*`). The launcher writes the run directory's
 manifest at start and again at the end (:mod:`meshprof.run_record`), and, when a worker's watchdog writes a dump into ``DIR/hang/``, asks the other local
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from meshprof._torchrun import ENV_WORKER_EXITS
 from meshprof.errors import MeshprofError
 from meshprof.run_record import (
     EXIT_HANG,
@@ -34,6 +36,7 @@ from meshprof.run_record import (
 )
 from meshprof.rundir.manifest import write_node_record
 from meshprof.rundir.schema import HANG_DIR
+from meshprof.rundir.worker_exits import read_worker_exits, worker_exits_path
 from meshprof.session import STEP_DETECT_MODES
 
 ENV_RUN_DIR = "MESHPROF_RUN_DIR"
@@ -156,8 +159,9 @@ class RunOptions:
 
 
 def torchrun_command(opts: RunOptions) -> list[str]:
-    """The torchrun command line that runs the bootstrap in every worker."""
-    cmd = [sys.executable, "-m", "torch.distributed.run"]
+    """The torchrun command line that runs the bootstrap in every worker (torchrun through
+    :mod:`meshprof._torchrun`, which keeps how failed workers ended)."""
+    cmd = [sys.executable, "-m", "meshprof._torchrun"]
     cmd += ["--nproc-per-node", opts.nproc_per_node, "--nnodes", opts.nnodes]
     given = set(opts.torchrun)
     standalone = opts.standalone
@@ -190,6 +194,7 @@ def worker_env(
     env = dict(os.environ if base is None else base)
     env[ENV_RUN_DIR] = str(run_dir)
     env[ENV_NODE_ID] = node_id()
+    env[ENV_WORKER_EXITS] = str(worker_exits_path(run_dir, node_id()))
     env[ENV_FLUSH_INTERVAL] = repr(float(opts.flush_interval_s))
     env[ENV_HANG_TIMEOUT] = repr(float(opts.hang_timeout_s))
     env[ENV_HANG_ACTION] = opts.hang_action
@@ -328,7 +333,11 @@ def launch(opts: RunOptions) -> LaunchResult:
             "signalled": [],
             "killed": False,
         }
-    code = finish_manifest(manifest, node, run_dir, rc, hang)
+    exits_file = worker_exits_path(run_dir, node_id())
+    exits = read_worker_exits(exits_file)
+    with contextlib.suppress(OSError):
+        exits_file.unlink()
+    code = finish_manifest(manifest, node, run_dir, rc, hang, exits)
     return LaunchResult(run_dir=run_dir, exit_code=code, torchrun_exit_code=rc, hang=hang)
 
 
@@ -350,6 +359,7 @@ __all__ = [
     "ENV_NODE_ID",
     "ENV_RUN_DIR",
     "ENV_STEP_DETECT",
+    "ENV_WORKER_EXITS",
     "EXIT_HANG",
     "LaunchResult",
     "RunOptions",

@@ -5,6 +5,7 @@ The steps, in order (each an analyzer of :mod:`meshprof.analyze`):
 
 1. table       every completed event of every rank as columns        (:mod:`.analyze.table`)
 2. clock       clock offsets between ranks                           (:mod:`.analyze.clock`)
+   failures    ranks that did not finish normally, the first failure  (:mod:`.analyze.failures`)
 3. match       collectives matched across ranks, arrival skew, waits (:mod:`.analyze.match`)
 4. stragglers  per-step times, straggler scores, slow phases         (:mod:`.analyze.stragglers`)
 5. tables      per-rank, memory, heatmap, dimensions, sizes, groups  (:mod:`.analyze.run_tables`)
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from meshprof.analyze.clock import ClockAlignment, align_clocks
+from meshprof.analyze.failures import find_failures
 from meshprof.analyze.findings import find_findings
 from meshprof.analyze.match import CollectiveMatch, match_collectives, summarize_match
 from meshprof.analyze.merged_timeline import timeline_excerpt
@@ -108,6 +110,7 @@ def analyze_run_parts(
         analyses_future = pool.submit(rank_analyses, run, done_with)
         table = build_event_table(run, after_rank=done_with)
         clock = align_clocks(run, table)
+        failures = find_failures(run, clock)
         if release_events:
             analyses_future.result()
         match = match_collectives(table, clock)
@@ -169,6 +172,7 @@ def analyze_run_parts(
         rank_analyses=tuple(a for _, a in sorted(analyses.items())),
         pipeline=pipeline,
         kineto=kineto,
+        failures=failures,
     )
     return RunAnalysis(report, table, clock, match)
 

@@ -12,11 +12,13 @@ import datetime as _dt
 import os
 import socket
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from meshprof.errors import MeshprofError
 from meshprof.layout import parse_layout
+from meshprof.rundir.crashsafe import finalize_crashsafe
 from meshprof.rundir.loader import load_run
 from meshprof.rundir.manifest import (
     merge_node_records,
@@ -25,7 +27,9 @@ from meshprof.rundir.manifest import (
     write_manifest,
     write_node_record,
 )
-from meshprof.rundir.schema import Manifest
+from meshprof.rundir.rankfile import RankData
+from meshprof.rundir.schema import ExitStatus, Manifest
+from meshprof.rundir.worker_exits import WorkerExit
 
 if TYPE_CHECKING:
     from meshprof.launch import RunOptions
@@ -137,25 +141,45 @@ def finish_manifest(
     run_dir: Path,
     torchrun_rc: int,
     hang: dict[str, Any] | None,
+    worker_exits: dict[int, WorkerExit] | None = None,
 ) -> int:
     """Write this node's record and the merged manifest; return the exit code ``meshprof run``
     keeps.
 
-    The code is the script's on this node: when torchrun failed, the lowest local rank that
-    recorded a non-zero exit code of its own (not a signal torchrun sent) gives it, else the
-    lowest local rank with any non-zero code; when no rank recorded one (killed hard), torchrun's
-    own code. Local ranks are those whose rank file names this launcher's :func:`node_id`.
+    First the ranks that died without writing their final rank file get one from their
+    crash-safe files (:func:`meshprof.rundir.crashsafe.finalize_crashsafe`), with the exit
+    torchrun saw (``worker_exits``, :mod:`meshprof.rundir.worker_exits`). Each local rank's exit
+    code goes into ``rank_exit_codes`` (negative: died of that signal, as torchrun reports it;
+    a rank that wrote "signal" itself, e.g. torchrun's SIGTERM, gets -signum too) and the
+    signal's name into ``rank_signals``.
+
+    The code is the script's on this node: when torchrun failed, that of the local rank whose
+    failure came first (a signal death torchrun saw, or an exit / exception the rank recorded;
+    not torchrun's SIGTERM of the others), by time: the exit's time, or for a killed rank the
+    last crash-safe tick before its death. A signal death gives 128 + signum (137 for SIGKILL),
+    as a shell would. With no such rank, the lowest rank with any non-zero code; when none
+    recorded one, torchrun's own code. Local ranks are those whose rank file names this
+    launcher's :func:`node_id`.
     """
+    exits = dict(worker_exits or {})
     code = torchrun_rc
-    own_failures: list[int] = []  # codes of ranks that ended by themselves, not by a signal
     me = node_id()
+    finalize_crashsafe(
+        run_dir,
+        {r: _exit_status(w) for r, w in exits.items()},
+        me,
+        pids={r: w.pid for r, w in exits.items() if w.pid > 0},
+    )
     rec = dict(node)
     changes: dict[str, Any] = {}
     hosts = {socket.gethostname()}
+    causes: list[tuple[int, int, int]] = []  # (time ns, rank, code) of failures not torchrun's
     try:
         run = load_run(run_dir)
     except MeshprofError:
         run = None
+    rank_codes: dict[int, int] = {}
+    signals: dict[int, str] = {}
     if run is not None:
         changes["world_size"] = run.world_size
         layout = next((rd.meta.layout for rd in run.ranks.values() if rd.meta.layout), None)
@@ -169,22 +193,44 @@ def finish_manifest(
         node_ranks = {rd.meta.node_rank for rd in local.values()}
         if len(node_ranks) == 1 and isinstance(next(iter(node_ranks)), int):
             rec["node_rank"] = next(iter(node_ranks))  # the rendezvous' choice (GROUP_RANK)
-        rank_codes: dict[int, int] = {}
         for r, rd in local.items():
             ex = rd.meta.exit
-            if ex is not None and isinstance(ex.code, int):
-                rank_codes[r] = ex.code
-                if ex.code != 0 and ex.how != "signal":
-                    own_failures.append(ex.code)
-        rec["ranks"] = sorted(local)
-        rec["rank_exit_codes"] = {str(r): c for r, c in rank_codes.items()}
+            if ex is None or not isinstance(ex.code, int):
+                continue
+            rank_codes[r] = signed_exit_code(ex.how, ex.code)
+            if ex.how == "signal" and ex.error:
+                signals[r] = ex.error
+            if ex.code != 0 and ex.how != "signal":
+                causes.append((ex.t_ns, r, ex.code))
+        for r, w in exits.items():
+            rank_codes[r] = w.exit_code
+            name = w.signal
+            got = run.ranks.get(r)
+            if name:  # killed before torchrun ended anyone: a cause, at its last sign of life
+                signals[r] = name
+                seen = _last_seen_ns(got) if got is not None else 0
+                causes.append((seen or w.time_ns, r, 128 - w.exit_code))
+            elif w.exit_code != 0 and all(c[1] != r for c in causes):
+                causes.append((w.time_ns, r, w.exit_code))
+        rec["ranks"] = sorted(set(local) | set(exits))
         if torchrun_rc != 0:
             # torchrun ends the other workers with SIGTERM after the first failure: the root
-            # cause is a rank that failed by itself.
-            failed = own_failures or [c for c in rank_codes.values() if c != 0]
-            if failed:
-                code = failed[0]
+            # cause is the rank that failed first by itself.
+            if causes:
+                code = min(causes)[2]
+            else:
+                failed = [c for _, c in sorted(rank_codes.items()) if c != 0]
+                if failed:
+                    code = failed[0] if failed[0] > 0 else 128 - failed[0]
         changes["missing_ranks"] = {str(r): why for r, why in sorted(run.problems.items())}
+    else:
+        rank_codes = {r: w.exit_code for r, w in exits.items()}
+        signals = {r: n for r, w in exits.items() if (n := w.signal)}
+    rec["rank_exit_codes"] = {str(r): c for r, c in sorted(rank_codes.items())}
+    rec["rank_signals"] = {str(r): n for r, n in sorted(signals.items())}
+    if exits:
+        rec["worker_failures"] = [asdict(w) for _, w in sorted(exits.items())]
+    own_failures = [c for _, _, c in sorted(causes)]
     if hang is not None:
         rec["hang"] = hang
         if hang.get("killed"):  # the ranks died of our SIGTERM: the hang is the cause
@@ -200,11 +246,36 @@ def finish_manifest(
     return code
 
 
+def signed_exit_code(how: str, code: int) -> int:
+    """A rank's own exit record as torchrun would report it: a death by signal N (recorded as
+    128 + N) is -N; any other code is itself."""
+    if how == "signal" and code > 128:
+        return 128 - code
+    return code
+
+
+def _exit_status(w: WorkerExit) -> ExitStatus:
+    """The exit torchrun saw, as a rank file's exit record (for a rank recovered from its
+    crash-safe files: it could not record its own)."""
+    name = w.signal
+    if name:
+        return ExitStatus("signal", 128 - w.exit_code, name, w.time_ns)
+    return ExitStatus("exit", w.exit_code, w.message, w.time_ns)
+
+
+def _last_seen_ns(rd: RankData) -> int:
+    """When a rank was last seen alive (wall clock ns): its last crash-safe tick when it was
+    recovered from them, else its rank file's last write."""
+    rec = rd.meta.recovered or {}
+    return int(rec.get("tick_ns") or rd.meta.exported_ns or 0)
+
+
 __all__ = [
     "EXIT_HANG",
     "finish_manifest",
     "node_id",
     "node_record",
+    "signed_exit_code",
     "start_manifest",
     "write_merged_manifest",
 ]

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from meshprof.analyze.clock import ClockAlignment
+from meshprof.analyze.failures import RankFailure
 from meshprof.analyze.match import MatchSummary
 from meshprof.analyze.run_bottlenecks import RunBottleneck
 from meshprof.analyze.stragglers import StragglerReport
@@ -229,6 +230,9 @@ class RunReport:
     """The torch.profiler traces found in the run directory: per rank HTA's GPU breakdown (or
     the host split on CPU-only traces), the files not read, the kernel-level straggler; None
     when there are none."""
+    failures: tuple[RankFailure, ...] = ()
+    """The ranks that did not finish normally, the first failure first
+    (:func:`meshprof.analyze.failures.find_failures`); empty when all ended normally."""
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (numpy arrays become nested lists, NaN becomes None)."""
@@ -250,6 +254,7 @@ class RunReport:
                     "metadata": self.metadata,
                     "findings": [dataclasses.asdict(f) for f in self.findings],
                 },
+                "failures": [dataclasses.asdict(f) for f in self.failures],
                 "problems": [{"rank": r, "reason": why} for r, why in self.problems],
                 "ranks": [dataclasses.asdict(r) for r in self.ranks],
                 "stragglers": {

@@ -108,6 +108,10 @@ class CommProfiler(RecordQueries):
         self._min_ns = int(self.config.min_duration_us * 1000)
         self._wall_offset = time.time_ns() - time.perf_counter_ns()
         self.created_ns = time.time_ns()
+        self.step_listeners: list[Any] = []
+        """Callables ``(step)`` told each time the step changes (once per step, never per
+        collective; they must not raise): the crash-safe store notes the step in its mapped
+        cursor."""
 
     # -- installation -------------------------------------------------------------------------
     @property
@@ -176,6 +180,8 @@ class CommProfiler(RecordQueries):
         self._step = int(value)
         if self._backend is not None:
             self._backend.set_step(self._step)
+        for listener in self.step_listeners:
+            listener(self._step)
 
     def set_step(self, step: int) -> None:
         self.step = int(step)

@@ -313,6 +313,23 @@ class StepMonitor:
         arr = np.array(rows, dtype=SPAN_DTYPE) if rows else np.zeros(0, dtype=SPAN_DTYPE)
         return arr, list(self._names)
 
+    @property
+    def span_rows(self) -> deque[tuple[Any, ...]]:
+        """The closed spans as tuples in SPAN_DTYPE field order, oldest first (bounded: the
+        oldest go first). Read it, never change it: the crash-safe store copies new rows."""
+        return self._spans
+
+    @property
+    def memory_rows(self) -> deque[tuple[int, ...]]:
+        """The memory samples as tuples in MEMORY_DTYPE field order (read-only, like
+        :attr:`span_rows`)."""
+        return self._memory
+
+    @property
+    def span_names(self) -> list[str]:
+        """The span-name table (SPAN_DTYPE ``name`` codes index it)."""
+        return self._names
+
     def memory_array(self) -> np.ndarray:
         rows = list(self._memory)
         return np.array(rows, dtype=MEMORY_DTYPE) if rows else np.zeros(0, dtype=MEMORY_DTYPE)

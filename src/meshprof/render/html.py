@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from meshprof.analyze.report_types import RunReport
+from meshprof.render.failures import FAILURE_COLUMNS, failure_cells, failure_headline
 from meshprof.render.format import (
     fmt_bytes,
     fmt_gbps,
@@ -491,9 +492,23 @@ def _pipeline_traces(rep: RunReport) -> str:
     )
 
 
+def _failures(rep: RunReport) -> str:
+    """The headline (the first failure, then the others) and one row per failed rank."""
+    head = "".join(f"<th>{_E(c)}</th>" for c in FAILURE_COLUMNS)
+    rows = "".join(
+        "<tr>" + "".join(f"<td>{_E(c)}</td>" for c in failure_cells(f)) + "</tr>"
+        for f in rep.failures
+    )
+    return (
+        f'<p class="finding warning"><b>{_E(failure_headline(rep.failures))}</b></p>'
+        f'<table class="sortable"><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>'
+    )
+
+
 def render_html(rep: RunReport, title: str = "meshprof report") -> str:
     """The report as one HTML document."""
-    sections = [
+    sections = [("Failures", _failures(rep))] if rep.failures else []
+    sections += [
         ("Summary", _summary(rep)),
         ("Bottlenecks and findings", _findings(rep)),
         ("Per-rank table", _ranks_table(rep)),

@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from meshprof.analyze.report_types import RankRow, RunReport
+from meshprof.render.failures import FAILURE_COLUMNS, failure_cells, failure_headline
 from meshprof.render.format import (
     fmt_bytes,
     fmt_ms,
@@ -64,8 +65,17 @@ def _table(title: str, columns: tuple[str, ...] | list[str], left: tuple[str, ..
 
 
 def print_report(rep: RunReport, console: Console) -> None:
-    """Summary, findings and bottlenecks, per-rank table, stragglers, groups and clocks."""
+    """Failures, summary, findings and bottlenecks, per-rank table, stragglers, groups and
+    clocks."""
     s = rep.stragglers
+    if rep.failures:
+        console.print(
+            f"[bold red]{failure_headline(rep.failures)}[/]", highlight=False, markup=True
+        )
+        ft = _table("failures", FAILURE_COLUMNS, left=("how", "signal", "reason"))
+        for f in rep.failures:
+            ft.add_row(*failure_cells(f))
+        console.print(ft)
     console.print(
         f"[bold]meshprof report[/] {rep.path}: {len(rep.loaded_ranks)} of {rep.world_size} ranks, "
         f"{len(s.steps)} steps, {rep.match.collectives} collectives matched "

@@ -1,6 +1,8 @@
 """Loading a run directory: the merged manifest and every rank file that reads
 (:func:`load_run` -> :class:`LoadedRun`). Missing or damaged ranks are listed, not fatal; so is a
-missing or damaged ``manifest.json`` (the rank files are still read)."""
+missing or damaged ``manifest.json`` (the rank files are still read). A rank that died without
+writing its final rank file is read from its crash-safe files when they are newer
+(:mod:`meshprof.rundir.crashsafe`; its meta's ``recovered`` says so)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from typing import Any
 
 from meshprof.errors import MeshprofError
 from meshprof.layout import Layout
+from meshprof.rundir.crashsafe import crashsafe_ranks, is_newer_than, recover_rank
 from meshprof.rundir.manifest import merge_node_records, read_manifest, read_node_records
 from meshprof.rundir.rankfile import RankData, load_rank_file
 from meshprof.rundir.schema import MANIFEST, RANK_FILE_RE, Manifest, rank_file, resolve_layout
@@ -113,6 +116,11 @@ def load_run(run_dir: str | Path) -> LoadedRun:
             ranks[r] = got
         else:
             problems[r] = got
+    for r in crashsafe_ranks(run_dir):
+        rec = recover_rank(run_dir, r)
+        if rec is not None and is_newer_than(rec, ranks.get(r)):
+            ranks[r] = rec
+            problems.pop(r, None)
     world = int(manifest.world_size or 0)
     for rd in ranks.values():
         world = max(world, rd.world_size)

@@ -92,7 +92,8 @@ def merge_node_records(
     manifest: Manifest | Mapping[str, Any], records: list[dict[str, Any]]
 ) -> Manifest:
     """The manifest with the job-level fields derived from the node records: ``nodes`` (one
-    summary per node), ``hosts`` (union), ``rank_exit_codes`` (union), ``status`` (the worst
+    summary per node), ``hosts`` (union), ``rank_exit_codes`` and ``rank_signals`` (unions),
+    ``status`` (the worst
     node's: hang, failed, running, ok), ``exit_code`` (the first failing node's, by node rank),
     ``torchrun_exit_code`` (likewise), ``end_ns`` (the last node's; None while one runs),
     ``start_ns`` (the first), ``hang`` (the first node's, unless the manifest has one)."""
@@ -101,9 +102,11 @@ def merge_node_records(
         return m
     hosts = set(m.hosts or [])
     codes: dict[str, Any] = dict(m.rank_exit_codes or {})
+    signals: dict[str, Any] = dict(m.rank_signals or {})
     for rec in records:
         hosts |= set(rec.get("hosts") or [])
         codes.update({str(k): v for k, v in (rec.get("rank_exit_codes") or {}).items()})
+        signals.update({str(k): v for k, v in (rec.get("rank_signals") or {}).items()})
     statuses = [str(rec.get("status") or "running") for rec in records]
     failing = [rec for rec in records if rec.get("exit_code") not in (0, None)]
     first = failing[0] if failing else records[0]
@@ -117,6 +120,8 @@ def merge_node_records(
         "torchrun_exit_code": first.get("torchrun_exit_code"),
         "end_ns": None if None in ends else max(int(e) for e in ends if e is not None),
     }
+    if signals or m.rank_signals is not None:
+        changes["rank_signals"] = dict(sorted(signals.items(), key=lambda kv: int(kv[0])))
     starts = [int(rec["start_ns"]) for rec in records if rec.get("start_ns")]
     if starts:
         changes["start_ns"] = min([*starts, *([m.start_ns] if m.start_ns else [])])

@@ -226,6 +226,13 @@ class RankMeta(JsonRecord):
     """The default process group's backend."""
     clock_sync: dict[str, Any] | None = None
     """Timestamp exchange at start (meshprof.comm.clocksync.exchange_timestamps)."""
+    current_step: int | None = None
+    """The step the rank was in at this write (the recorder's step; -1 before the first)."""
+    recovered: dict[str, Any] | None = None
+    """Set when this data was recovered from the crash-safe files of a rank that died without
+    writing its final rank file (:mod:`meshprof.rundir.crashsafe`): ``from``, ``tick_ns`` (wall
+    clock of the last tick: the data is complete up to it), ``step`` and ``step_ns`` (the step
+    the rank was in and when it began), ``pid``, ``ticks``."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -260,6 +267,10 @@ class Manifest(JsonRecord):
     """Worst node's: "hang", "failed", "running" or "ok"."""
     nodes: list[dict[str, Any]] | None = None
     rank_exit_codes: dict[str, Any] | None = None
+    """Global rank (as a string) -> its exit code; negative: it died of that signal (-9:
+    SIGKILL), as torchrun reports it."""
+    rank_signals: dict[str, str] | None = None
+    """Global rank -> the signal it died of ("SIGKILL", "SIGTERM", ...), for signal deaths."""
     torchrun_exit_code: int | None = None
     missing_ranks: dict[str, str] | None = None
     hang: dict[str, Any] | None = None

@@ -4,7 +4,10 @@
 the step monitor) into a :class:`~meshprof.rundir.rankfile.RankData` with a typed
 :class:`~meshprof.rundir.schema.RankMeta`; :class:`RankWriter` writes it atomically
 (temporary file + rename, so a crash never leaves half a file) every ``interval_s`` seconds from a
-daemon thread, at interpreter exit, on an unhandled exception and on SIGTERM.
+daemon thread, at interpreter exit, on an unhandled exception and on SIGTERM. The same thread
+keeps the crash-safe files (:mod:`meshprof.rundir.crashsafe`) up to date every
+``crashsafe_tick_s`` seconds, so a rank killed by SIGKILL loses at most that much; they are
+removed once the final rank file (with the exit status) is written.
 
 Everything here runs inside the user's training process: no method of :class:`RankWriter`
 raises; a failed write is counted and reported once on stderr, and training goes on.
@@ -27,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from meshprof.events import MEMORY_DTYPE, SPAN_DTYPE
+from meshprof.rundir.crashsafe import TICK_S, CrashSafeStore
 from meshprof.rundir.rankfile import RankData, write_rank_file
 from meshprof.rundir.schema import RANK_FORMAT, ExitStatus, RankMeta
 
@@ -113,6 +117,7 @@ class RankWriter:
         interval_s: float = 30.0,
         rank: int | None = None,
         extra_meta: dict[str, Any] | None = None,
+        crashsafe_tick_s: float = TICK_S,
     ) -> None:
         self.run_dir = Path(run_dir)
         self.prof = prof
@@ -127,6 +132,7 @@ class RankWriter:
         """Writes that failed (the first is reported on stderr)."""
         self.last_path: Path | None = None
         self._lock = threading.Lock()
+        self._lock_owner: int | None = None  # thread id of the write in progress
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._last_sig: tuple[Any, ...] | None = None
@@ -134,6 +140,10 @@ class RankWriter:
         self._prev_sigterm: Any = None
         self._prev_excepthook: Any = None
         self._installed = False
+        self.crashsafe: CrashSafeStore | None = (
+            CrashSafeStore(self.run_dir, crashsafe_tick_s) if crashsafe_tick_s > 0 else None
+        )
+        """The crash-safe mapped files of this rank (None: off)."""
 
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self) -> RankWriter:
@@ -151,7 +161,7 @@ class RankWriter:
                 self._watch_wakeup_fd()
             except (ValueError, OSError):
                 self._prev_sigterm = None
-        if self.interval_s > 0:
+        if self.interval_s > 0 or self.crashsafe is not None:
             self._thread = threading.Thread(target=self._run, name="meshprof-writer", daemon=True)
             self._thread.start()
         return self
@@ -174,7 +184,11 @@ class RankWriter:
                     signal.signal(signal.SIGTERM, self._prev_sigterm)
         if final_write:
             self._settle(SETTLE_S)
+            failures = self.failures
             self.write()
+            if self.failures != failures:
+                return  # the rank file may be behind: keep the crash-safe files
+        self._discard_crashsafe()  # this rank's recording ends here, not by a crash
 
     def set_exit(self, how: str, code: int | None = None, error: str = "") -> None:
         """Record how the process ended ("normal", "exception", "signal"); goes into meta.exit."""
@@ -187,6 +201,7 @@ class RankWriter:
         try:
             if not self._lock.acquire(timeout=SIGNAL_WRITE_TIMEOUT_S):
                 return None
+            self._lock_owner = threading.get_ident()
             try:
                 extra = dict(self.extra_meta)
                 rank = self._current_rank()
@@ -198,16 +213,22 @@ class RankWriter:
                 }
                 if self._exit is not None:
                     extra["exit"] = self._exit
+                extra["current_step"] = self.prof.step
                 data = rank_data(self.prof, self.monitor, extra)
                 sig = _signature(data)
                 if not force and sig == self._last_sig:
+                    if data.meta.exit is not None:
+                        self._discard_crashsafe()  # the file on disk is the final one
                     return None
                 path = write_rank_file(self.run_dir, data)
                 self._last_sig = sig
                 self.writes += 1
                 self.last_path = path
+                if data.meta.exit is not None:
+                    self._discard_crashsafe()
                 return path
             finally:
+                self._lock_owner = None
                 self._lock.release()
         except BaseException as e:  # never into training, not even KeyboardInterrupt mid-write
             self.failures += 1
@@ -229,8 +250,36 @@ class RankWriter:
         return max(int(r), 0)
 
     def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            self.write()
+        """The periodic thread: a crash-safe tick every ``crashsafe_tick_s`` seconds and a
+        rank-file write every ``interval_s`` seconds, until stopped."""
+        now = time.monotonic()
+        never = float("inf")
+        next_write = now + self.interval_s if self.interval_s > 0 else never
+        tick = self.crashsafe.tick_s if self.crashsafe is not None else never
+        next_tick = now
+        while not self._stop.wait(max(0.0, min(next_write, next_tick) - time.monotonic())):
+            now = time.monotonic()
+            if now >= next_tick:
+                self.persist_crashsafe()
+                next_tick = now + tick
+            if now >= next_write:
+                self.write()
+                next_write = now + self.interval_s
+
+    # -- crash-safe files -------------------------------------------------------------------------
+    def persist_crashsafe(self) -> None:
+        """One crash-safe tick: flush the recorder and copy what is new into the mapped files
+        (:meth:`meshprof.rundir.crashsafe.CrashSafeStore.tick`). Never raises."""
+        cs = self.crashsafe
+        if cs is None:
+            return
+        with contextlib.suppress(BaseException):
+            cs.tick(self.prof, self.monitor, self._current_rank(), self.extra_meta)
+
+    def _discard_crashsafe(self) -> None:
+        if self.crashsafe is not None:
+            with contextlib.suppress(Exception):
+                self.crashsafe.discard()
 
     # -- handlers -------------------------------------------------------------------------------
     def _settle(self, timeout_s: float) -> None:
@@ -323,9 +372,13 @@ class RankWriter:
         try:
             self.set_exit("signal", 128 + signum, signal.Signals(signum).name)
             self._stop.set()
-            t = threading.Thread(target=self.write, name="meshprof-final-write", daemon=True)
-            t.start()
-            t.join(SIGNAL_WRITE_TIMEOUT_S)
+            # A write this thread was in when the signal came cannot finish before this handler
+            # returns: waiting for it would only delay the death (the file written before it,
+            # and the crash-safe files, stay).
+            if self._lock_owner != threading.get_ident():
+                t = threading.Thread(target=self.write, name="meshprof-final-write", daemon=True)
+                t.start()
+                t.join(SIGNAL_WRITE_TIMEOUT_S)
         except BaseException:
             pass
         prev = self._prev_sigterm
