@@ -34,8 +34,11 @@ def test_session_publishes_counts_histogram_and_steps(tmp_path: Path) -> None:
         "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1
     )
     try:
+        from meshprof.monitor import StepMonitor
+
         session = RecordingSession(
-            SessionConfig(run_dir=tmp_path, live_interval_s=60.0, clock_sync=False)
+            SessionConfig(run_dir=tmp_path, live_interval_s=60.0, clock_sync=False),
+            monitor=StepMonitor(),  # a fresh one: step numbers from 0
         ).start()
         assert session.live is not None and session.monitor is not None
         mon = session.monitor
