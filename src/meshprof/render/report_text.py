@@ -17,6 +17,7 @@ from meshprof.render.format import (
     fmt_rate,
     fmt_signed_pct,
 )
+from meshprof.render.what_if import what_if_lines
 
 RANK_COLUMNS = (
     "rank",
@@ -64,7 +65,8 @@ def _table(title: str, columns: tuple[str, ...] | list[str], left: tuple[str, ..
 
 
 def print_report(rep: RunReport, console: Console) -> None:
-    """Summary, findings and bottlenecks, per-rank table, stragglers, groups and clocks."""
+    """Summary, what the costliest ranks cost every step, findings and bottlenecks, per-rank
+    table, stragglers, groups and clocks."""
     s = rep.stragglers
     console.print(
         f"[bold]meshprof report[/] {rep.path}: {len(rep.loaded_ranks)} of {rep.world_size} ranks, "
@@ -84,6 +86,8 @@ def print_report(rep: RunReport, console: Console) -> None:
             highlight=False,
             markup=False,
         )
+    for line in what_if_lines(rep.what_if):
+        console.print(line, highlight=False, markup=False)
     for r, why in rep.problems:
         console.print(f"[red]rank {r} not analyzed:[/] {why}", highlight=False)
     _print_findings(rep, console)
