@@ -309,6 +309,7 @@ def _what_if_dict(w: WhatIf | None) -> dict[str, Any]:
             "ranks_total": w.ranks_total,
             "ranks_replayed": len(w.ranks),
             "levels": w.levels,
+            "replay_error_ns": w.replay_error_ns,
             "min_share": w.min_share,
             "note": w.note,
         },

@@ -1,32 +1,16 @@
 """What-if attribution: how much shorter every step would be if one rank (the ranks of one
 process group, of one parallelism dimension) computed like its peers — a replay of the matched
-collectives, not a heuristic.
+collectives (:mod:`meshprof.analyze.replay`: chains of events per rank and step, compute gaps,
+collectives released by their last arrival), not a heuristic.
 
-The model (aligned clock, ns). The events of one rank inside one step span form a *chain*, in
-issue order. Each event belongs to a *collective*: a matched (group, seq) collective, a matched
-send/recv pair, or itself alone (an unmatched event).
-
-- An event's *compute gap* is its arrival (issue) minus what it waited for on its own rank: the
-  step's start for the chain's first event; the latest completion of the chain's earlier events
-  when they had all completed at its issue (a synchronous program); otherwise the previous
-  event's issue (it was issued while an earlier one was in flight).
-- A collective is *released* when its last member arrives (it cannot complete before).
-- A member that completed at or after the recorded release completes at the release + its
-  recorded completion − the recorded release (the transfer after the last arrival); one that
-  completed before it (a buffered send, a broadcast root) at its arrival + its own duration.
-- The rank's step ends at its latest completion (its last issue, if the step ended before that
-  completed) + the recorded time after it: the chain's *tail*, compute after the last collective.
-- The step ends when its last rank ends.
-
-Replaying the recorded gaps reproduces the recorded times exactly. A *scenario* replaces some
-gaps by their *peer median* — the median, over the ranks that issued the same sequence of
-collectives in that step (same op, same dimension, same position: the rank's peers, e.g. the
-ranks of one pipeline stage), of the gap at the same position (and of the tail) — then replays
-every chain through every group, so a slow TP rank delays its TP group, which delays the DP
-collectives of the other TP groups and the pipeline send/recv to the next stage. The *step
-saving* of a scenario is the replayed step end without the change minus with it, per step; the
-figure is its median over the replayed steps (at most :data:`MAX_STEPS`, evenly spaced over the
-steps every rank recorded). Scenarios:
+A *scenario* replaces some compute gaps by their *peer median* — the median, over the ranks that
+issued the same sequence of collectives in that step (same op, same dimension, same position: the
+rank's peers, e.g. the ranks of one pipeline stage), of the gap at the same position (and of the
+tail, the compute after the last collective) — then replays every chain through every group, so
+a slow TP rank delays its TP group, which delays the DP collectives of the other TP groups and the
+pipeline send/recv to the next stage. The step ends when its last rank ends. The *step saving*
+of a scenario is the replayed step end with the recorded gaps minus with the scenario's, per
+step; the figure is its median over the replayed steps. Scenarios:
 
 - rank r: all of r's gaps and tails ("rank r computed like the median rank");
 - group G: every gap before one of G's collectives, on all its members (the imbalance that G's
@@ -34,16 +18,13 @@ steps every rank recorded). Scenarios:
 - dimension D: every gap before a collective of a D group.
 
 A rank's *excess* is the sum of its gaps and tail above the peer medians (median over steps); the
-ranks with the largest excess are replayed (:data:`MAX_RANKS`; every rank when there are no more),
-so are the groups with the largest summed excess (:data:`MAX_GROUPS`) and every dimension.
+ranks with the largest excess are replayed (:data:`MAX_RANKS`; every rank in runs of up to
+:data:`ALL_RANKS_UP_TO` ranks), so are the groups with the largest summed excess
+(:data:`MAX_GROUPS`) and every dimension. The steps replayed are evenly spaced over the steps
+every rank recorded: at most :data:`MAX_STEPS`, and fewer (not under :data:`MIN_STEPS`) when
+events × scenarios would exceed :data:`CELL_BUDGET`.
 A rank's *phase* is the step-monitor phase holding most of its excess (each gap is attributed to
 the phase span covering most of it).
-
-Cost: the collectives get a *level* (1 + the largest level of their members' previous events, 0
-for a step's first) from a few sweeps over chain positions; the replay then visits the levels in
-order, all steps and all scenarios at once (numpy over members × scenarios), keeping per chain only
-its last issue and latest completion: work linear in the events × scenarios, one Python
-iteration per level.
 """
 
 from __future__ import annotations
@@ -55,21 +36,27 @@ import numpy as np
 from meshprof.analyze import intervals
 from meshprof.analyze.clock import ClockAlignment
 from meshprof.analyze.match import CollectiveMatch
-from meshprof.analyze.sorting import RowsByKey, lexsort2, stable_argsort, unique_inverse
+from meshprof.analyze.replay import I64_MIN, Chains, Recorded, build_chains, levels, record, replay
+from meshprof.analyze.sorting import RowsByKey, lexsort2, unique_inverse
 from meshprof.analyze.stragglers import StragglerReport
 from meshprof.analyze.table import EventTable
 from meshprof.rundir import LoadedRun
 
-MAX_RANKS = 16
-"""Ranks replayed: those with the largest excess compute."""
-MAX_GROUPS = 8
+MAX_RANKS = 8
+"""Ranks replayed beyond :data:`ALL_RANKS_UP_TO` ranks: those with the largest excess compute."""
+ALL_RANKS_UP_TO = 32
+"""Every rank is replayed in runs of at most this many ranks."""
+MAX_GROUPS = 4
 """Process groups replayed: those with the largest summed excess before their collectives."""
 MAX_STEPS = 64
-"""Steps replayed: evenly spaced over the steps every rank recorded."""
+"""Steps replayed at most: evenly spaced over the steps every rank recorded."""
+MIN_STEPS = 5
+"""Steps replayed at least (when recorded), whatever :data:`CELL_BUDGET` says."""
+CELL_BUDGET = 16_000_000
+"""Events × scenarios replayed at most (beyond :data:`MIN_STEPS`): fewer steps in runs with
+many events per step, so the replay stays a small part of the report."""
 MIN_SHARE = 0.01
 """Savings below this share of the step are not called out in the report's text."""
-_MAX_SWEEPS = 64  # level sweeps before giving up (a dependency cycle: mismatched collectives)
-_I64_MIN = np.iinfo(np.int64).min
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +134,9 @@ class WhatIf:
     """Ranks with events in the replayed steps (``len(ranks)`` of them were replayed)."""
     levels: int
     """Dependency levels of the replay (its Python iterations)."""
+    replay_error_ns: int = 0
+    """Largest |replayed − recorded| step end of a rank with the recorded gaps (ns): the model's
+    self-check, 0 by construction."""
     min_share: float = MIN_SHARE
     """Savings below this share are not called out in the report's text."""
     note: str = ""
@@ -170,78 +160,12 @@ def chosen_steps(common: tuple[int, ...], max_steps: int = MAX_STEPS) -> tuple[i
     return tuple(common[i] for i in idx.tolist())
 
 
-@dataclass(slots=True)
-class _Chains:
-    """The members (events inside the replayed steps, sorted by chain then issue) and chains."""
-
-    row: np.ndarray  # int64 [member]: EventTable row
-    chain: np.ndarray  # int64 [member]
-    c_rank: np.ndarray  # int64 [chain]
-    c_step: np.ndarray  # int64 [chain]: index into the replayed steps
-    c_start: np.ndarray  # int64 [chain]: aligned step start
-    c_end: np.ndarray  # int64 [chain]: aligned step end
-
-
-def _chains(run: LoadedRun, table: EventTable, off: np.ndarray, steps: tuple[int, ...]) -> _Chains:
-    """Every (rank, replayed step) chain and the events inside its step span."""
-    step_set = np.asarray(steps, dtype=np.int64)
-    by_rank = RowsByKey(table.rank)
-    rows_l, chain_l, rank_l, step_l, start_l, end_l = [], [], [], [], [], []
-    n_chains = 0
-    for r in sorted(run.ranks):
-        sp = run.ranks[r].spans
-        st = sp[sp["kind"] == 0]
-        st = st[np.isin(st["step"].astype(np.int64), step_set)]
-        if not len(st):
-            continue
-        _, first = np.unique(st["step"], return_index=True)  # one span per step number
-        st = st[first]
-        st = st[np.argsort(st["start_ns"], kind="stable")]
-        a = st["start_ns"].astype(np.int64)
-        b = a + st["duration_ns"].astype(np.int64)
-        rows = by_rank.rows(r) if r < len(off) else np.zeros(0, dtype=np.int64)
-        s = table.start_ns[rows]
-        o = stable_argsort(s)
-        rows, s = rows[o], s[o]
-        i = np.searchsorted(a, s, side="right") - 1
-        ok = (i >= 0) & (s < b[np.maximum(i, 0)])
-        rows_l.append(rows[ok].astype(np.int64))
-        chain_l.append(n_chains + i[ok])
-        rank_l.append(np.full(len(st), r, dtype=np.int64))
-        step_l.append(np.searchsorted(step_set, st["step"].astype(np.int64)))
-        o_r = int(off[r]) if r < len(off) else 0
-        start_l.append(a + o_r)
-        end_l.append(b + o_r)
-        n_chains += len(st)
-    cat = (
-        (lambda xs: np.concatenate(xs).astype(np.int64))
-        if n_chains
-        else (lambda xs: np.zeros(0, dtype=np.int64))
-    )
-    return _Chains(cat(rows_l), cat(chain_l), cat(rank_l), cat(step_l), cat(start_l), cat(end_l))
-
-
 def _mix(x: np.ndarray) -> np.ndarray:
     """splitmix64 of each value (uint64; wraps)."""
     z = x.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
     z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
     return z ^ (z >> np.uint64(31))
-
-
-def _segmented_cummax(v: np.ndarray, seg: np.ndarray) -> np.ndarray:
-    """Running maximum of ``v`` (≥ 0) restarting at each new value of ``seg`` (nondecreasing)."""
-    if not len(v):
-        return v.copy()
-    m = int(v.max()) + 1
-    if (int(seg.max()) + 1) * m < 1 << 62:
-        key = seg * m + v
-        return np.maximum.accumulate(key) - seg * m
-    out = v.copy()
-    starts = np.flatnonzero(np.r_[True, seg[1:] != seg[:-1]])
-    for lo, hi in zip(starts.tolist(), [*starts[1:].tolist(), len(v)], strict=True):
-        out[lo:hi] = np.maximum.accumulate(v[lo:hi])
-    return out
 
 
 def what_if(
@@ -256,159 +180,82 @@ def what_if(
     max_steps: int = MAX_STEPS,
 ) -> WhatIf:
     """The what-if attribution of a loaded run (see the module docstring)."""
-    steps = chosen_steps(stragglers.common_steps, max_steps)
+    n_loaded = len(run.ranks)
+    if n_loaded <= ALL_RANKS_UP_TO:
+        max_ranks = max(max_ranks, n_loaded)
+    dims = sorted({gr.dimension for gr in table.groups})
+    per_step = len(table) / max(len(stragglers.steps), 1)
+    scenarios = 1 + min(max_ranks, n_loaded) + min(max_groups, len(table.groups)) + len(dims)
+    fit = int(CELL_BUDGET // max(per_step * scenarios, 1))
+    steps = chosen_steps(stragglers.common_steps, min(max_steps, max(fit, MIN_STEPS)))
     if not steps:
         return _empty(stragglers.note or "no step recorded by every rank")
     offsets = clock.offsets()
-    n_ranks = int(table.rank.max()) + 1 if len(table) else 0
-    off = np.asarray([offsets.get(r, 0) for r in range(max(n_ranks, max(run.ranks) + 1))])
-    off = off.astype(np.int64)
-    ch = _chains(run, table, off, steps)
+    n_off = max(int(table.rank.max(initial=0)), max(run.ranks)) + 1
+    off = np.asarray([offsets.get(r, 0) for r in range(n_off)], dtype=np.int64)
+    ch = build_chains(run, table, off, steps)
     if not len(ch.row):
         return _empty("no collective inside the steps every rank recorded", steps)
-    n, nch = len(ch.row), len(ch.c_rank)
-    rows = ch.row
-    rank = table.rank[rows].astype(np.int64)
-    a0 = table.start_ns[rows] + off[rank]
-    dur = table.duration_ns[rows].astype(np.int64)
-    e0 = a0 + dur
-    gid = table.gid[rows].astype(np.int64)
-
-    # collectives: matched (group, seq), matched send/recv pairs, else the event alone
-    nc, npairs = len(match), len(match.p2p_send_row)
-    coll_of_row = np.full(len(table), -1, dtype=np.int64)
-    coll_of_row[match.member_row] = match.member_coll
-    coll_of_row[match.p2p_send_row] = nc + np.arange(npairs)
-    coll_of_row[match.p2p_recv_row] = nc + np.arange(npairs)
-    coll = coll_of_row[rows]
-    alone = np.flatnonzero(coll < 0)
-    coll[alone] = nc + npairs + np.arange(len(alone))
-    ucoll, cm = unique_inverse(coll)
-    ncm = len(ucoll)
-    # arrivals of members outside the replayed steps stay as recorded
-    const = np.full(ncm, _I64_MIN, dtype=np.int64)
-    compact = np.full(nc + npairs + len(alone), -1, dtype=np.int64)
-    compact[ucoll] = np.arange(ncm)
-    kept = np.zeros(len(table), dtype=bool)
-    kept[rows] = True
-    other = np.flatnonzero(~kept & (coll_of_row >= 0))
-    other = other[compact[coll_of_row[other]] >= 0]
-    if len(other):
-        a_other = table.start_ns[other] + off[table.rank[other]]
-        np.maximum.at(const, compact[coll_of_row[other]], a_other)
-    release0 = const.copy()
-    np.maximum.at(release0, cm, a0)
-    waits = e0 >= release0[cm]
-    d = np.where(waits, e0 - release0[cm], dur)
-
-    # chains: positions, what each event waited for on its own rank, gaps, tails
-    new = np.r_[True, ch.chain[1:] != ch.chain[:-1]]
-    first_idx = np.flatnonzero(new)
-    c_first = np.full(nch, -1, dtype=np.int64)
-    c_len = np.zeros(nch, dtype=np.int64)
-    c_first[ch.chain[first_idx]] = first_idx
-    c_len[ch.chain[first_idx]] = np.diff(np.r_[first_idx, n])
-    pos = np.arange(n) - c_first[ch.chain]
-    start_m = ch.c_start[ch.chain]
-    emax_rel = _segmented_cummax(e0 - start_m, ch.chain)
-    emax_before = np.where(pos > 0, np.r_[0, emax_rel[:-1]], 0) + start_m
-    a_prev = np.r_[0, a0[:-1]]
-    overlapped = (pos > 0) & (emax_before > a0)
-    g = a0 - np.where(overlapped, a_prev, emax_before)
-    has = c_len > 0
-    last = c_first + c_len - 1
-    c_emax = np.where(has, emax_rel[np.maximum(last, 0)] + ch.c_start, ch.c_start)
-    c_alast = np.where(has, a0[np.maximum(last, 0)], ch.c_start)
-    after_all = ch.c_end >= c_emax
-    tail = ch.c_end - np.where(after_all, c_emax, c_alast)
-
-    # peers: chains of one step with the same sequence of (op, dimension) → median gaps
-    dims = sorted({gr.dimension for gr in table.groups})
+    rec = record(table, match, off, ch)
+    order = levels(rec)
+    if order is None:
+        return _empty("the collectives' order is inconsistent across ranks (a cycle)", steps)
+    rank = table.rank[ch.row].astype(np.int64)
+    gid = table.gid[ch.row].astype(np.int64)
     dim_of_gid = np.asarray(
         [dims.index(gr.dimension) for gr in table.groups] or [0], dtype=np.int64
     )
     dimc = dim_of_gid[gid]
-    h = _mix((table.op[rows].astype(np.int64) << 40) ^ (dimc << 32) ^ pos)
-    sig = np.zeros(nch, dtype=np.uint64)
-    sig[ch.chain[first_idx]] = np.add.reduceat(h, first_idx)
-    sig = _mix(sig ^ c_len.astype(np.uint64))
-    gmed, tmed = g.copy(), tail.copy()
-    _, sig_id = unique_inverse(sig.view(np.int64))
-    corder = lexsort2(ch.c_step, sig_id)
-    key = sig_id[corder] * (len(steps) + 1) + ch.c_step[corder]
-    bounds = np.flatnonzero(np.r_[True, key[1:] != key[:-1], True])
-    for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
-        if hi - lo < 2:
-            continue
-        cs = corder[lo:hi]
-        tmed[cs] = int(np.rint(np.median(tail[cs])))
-        k = int(c_len[cs[0]])
-        if k:
-            idx = c_first[cs][:, None] + np.arange(k)[None, :]
-            gmed[idx] = np.rint(np.median(g[idx], axis=0)).astype(np.int64)[None, :]
-    ex = g - gmed
-    tex = tail - tmed
+    gmed, tmed = _peer_medians(rec, ch, table.op[ch.row].astype(np.int64), dimc, len(steps))
+    ex, tex = rec.gap - gmed, rec.tail - tmed
 
-    # candidates by excess
-    c_ex = tex.astype(np.float64)
-    np.add.at(c_ex, ch.chain, ex)
+    # candidates: the largest excess
+    c_ex = tex + np.bincount(ch.chain, weights=ex, minlength=len(ch.c_rank))
     rank_ids = np.unique(ch.c_rank)
-    rank_ex = {}
     by_chain_rank = RowsByKey(ch.c_rank)
-    for r in rank_ids.tolist():
-        rank_ex[r] = float(np.median(c_ex[by_chain_rank.rows(r)]))
-    rank_c = sorted(rank_ids.tolist(), key=lambda r: (-rank_ex[r], r))[: max(max_ranks, 0)]
+    rank_ex = {r: float(np.median(c_ex[by_chain_rank.rows(r)])) for r in rank_ids.tolist()}
+    rank_c = sorted(rank_ex, key=lambda r: (-rank_ex[r], r))[: max(max_ranks, 0)]
     g_ex = np.bincount(gid, weights=ex, minlength=len(table.groups)) / len(steps)
-    present = np.unique(gid)
-    multi = [x for x in present.tolist() if len(table.groups[x].ranks) >= 2]
+    multi = [x for x in np.unique(gid).tolist() if len(table.groups[x].ranks) >= 2]
     group_c = sorted(multi, key=lambda x: (-g_ex[x], x))[: max(max_groups, 0)]
     d_ex = np.bincount(dimc, weights=ex, minlength=len(dims)) / len(steps)
     dim_c = sorted(np.unique(dimc).tolist())
 
-    levels = _levels(cm, pos, ncm)
-    if levels is None:
-        return _empty("the collectives' order is inconsistent across ranks (a cycle)", steps)
-    ends = _replay(
-        levels,
-        cm,
-        ch,
-        np.asarray(rank_c, dtype=np.int64),
-        np.asarray(group_c, dtype=np.int64),
-        np.asarray(dim_c, dtype=np.int64),
-        _Members(rank, gid, dimc, g, gmed, overlapped, waits, d, dur, const),
-        after_all,
-        tail,
-        tmed,
-    )
-    job = np.full((len(steps), ends.shape[1]), _I64_MIN, dtype=np.int64)
-    np.maximum.at(job, ch.c_step, ends)
-    saving = np.median((job[:, :1] - job).astype(np.float64), axis=0)
+    # scenario rows: 0 recorded, then the ranks, the groups, the dimensions
+    nr, ng = len(rank_c), len(group_c)
+    k = 1 + nr + ng + len(dim_c)
+    rows = [
+        _lookup(rank, rank_c, 1),
+        _lookup(gid, group_c, 1 + nr),
+        _lookup(dimc, dim_c, 1 + nr + ng),
+    ]
+    ends = replay(rec, ch, order, k, rows, gmed, _lookup(ch.c_rank, rank_c, 1), tmed)
+    job = np.full((len(steps), k), I64_MIN, dtype=np.int64)
+    np.maximum.at(job, ch.c_step, ends.T)
+    saving = np.median((job[:, :1] - job).astype(np.float64), axis=0).tolist()
     step_ns = _median_step(stragglers, steps)
-    share = (lambda v: v / step_ns) if step_ns > 0 else (lambda v: float("nan"))
-    col = 1
-    ranks_out = []
-    for r in rank_c:
-        ranks_out.append(
-            RankCost(
-                r,
-                float(saving[col]),
-                share(float(saving[col])),
-                _phase(run, r, ch, rank, a0, g, ex, tail, tex, off),
-                rank_ex[r],
-            )
+
+    def share(v: float) -> float:
+        return v / step_ns if step_ns > 0 else float("nan")
+
+    ranks_out = [
+        RankCost(
+            r,
+            saving[1 + i],
+            share(saving[1 + i]),
+            _phase(run, r, ch, rank, rec, ex, tex, off),
+            rank_ex[r],
         )
-        col += 1
+        for i, r in enumerate(rank_c)
+    ]
     groups_out = []
-    for x in group_c:
-        gr = table.groups[x]
-        v = float(saving[col])
+    for i, x in enumerate(group_c):
+        gr, v = table.groups[x], saving[1 + nr + i]
         groups_out.append(GroupCost(gr.name, gr.desc, gr.dimension, v, share(v), float(g_ex[x])))
-        col += 1
-    dims_out = []
-    for x in dim_c:
-        v = float(saving[col])
-        dims_out.append(DimCost(dims[x], v, share(v), float(d_ex[x])))
-        col += 1
+    dims_out = [
+        DimCost(dims[x], saving[1 + nr + ng + i], share(saving[1 + nr + ng + i]), float(d_ex[x]))
+        for i, x in enumerate(dim_c)
+    ]
     return WhatIf(
         ranks=tuple(sorted(ranks_out, key=lambda c: (-c.step_saving_ns, c.rank))),
         groups=tuple(sorted(groups_out, key=lambda c: (-c.step_saving_ns, c.group))),
@@ -416,101 +263,44 @@ def what_if(
         steps=steps,
         step_ns=step_ns,
         ranks_total=len(rank_ids),
-        levels=int(levels[1].size - 1),
+        levels=len(order[1]) - 1,
+        replay_error_ns=int(np.abs(ends[0] - ch.c_end).max()),
     )
 
 
-def _levels(cm: np.ndarray, pos: np.ndarray, ncm: int) -> tuple[np.ndarray, np.ndarray] | None:
-    """The members in replay order (by level, then collective) and the level boundaries in it;
-    None on a dependency cycle.
-
-    level(c) = 1 + the largest level of its members' previous events' collectives (0 for a
-    chain's first): Gauss–Seidel sweeps over chain positions until nothing changes (two sweeps
-    when every collective's members sit at the same position of their chains)."""
-    lvl = np.zeros(ncm, dtype=np.int64)
-    porder = stable_argsort(pos)
-    pb = np.searchsorted(pos[porder], np.arange(int(pos.max()) + 2))
-    for _ in range(_MAX_SWEEPS):
-        changed = False
-        for p in range(1, len(pb) - 1):
-            idx = porder[pb[p] : pb[p + 1]]
-            want = lvl[cm[idx - 1]] + 1
-            up = want > lvl[cm[idx]]
-            if up.any():
-                np.maximum.at(lvl, cm[idx[up]], want[up])
-                changed = True
-        if not changed:
-            break
-    else:
-        return None
-    ml = lvl[cm]
-    order = lexsort2(cm, ml)
-    bounds = np.searchsorted(ml[order], np.arange(int(ml.max()) + 2))
-    return order, bounds
+def _lookup(values: np.ndarray, chosen: list[int], first: int) -> np.ndarray:
+    """Per value: ``first + i`` when it is ``chosen[i]``, else 0 (values are ≥ 0)."""
+    lut = np.zeros(max(int(values.max(initial=0)), max(chosen, default=0)) + 1, dtype=np.int64)
+    lut[np.asarray(chosen, dtype=np.int64)] = first + np.arange(len(chosen))
+    return lut[values]
 
 
-@dataclass(frozen=True, slots=True)
-class _Members:
-    """Per-member inputs of the replay."""
-
-    rank: np.ndarray
-    gid: np.ndarray
-    dimc: np.ndarray
-    g: np.ndarray
-    gmed: np.ndarray
-    overlapped: np.ndarray
-    waits: np.ndarray
-    d: np.ndarray
-    dur: np.ndarray
-    const: np.ndarray  # [collective]: latest arrival of members not replayed
-
-
-def _replay(
-    levels: tuple[np.ndarray, np.ndarray],
-    cm: np.ndarray,
-    ch: _Chains,
-    rank_c: np.ndarray,
-    group_c: np.ndarray,
-    dim_c: np.ndarray,
-    m: _Members,
-    after_all: np.ndarray,
-    tail: np.ndarray,
-    tmed: np.ndarray,
-) -> np.ndarray:
-    """Each chain's end (int64 [chain, scenario]); scenario 0 is the recorded gaps, then one per
-    rank of ``rank_c``, group of ``group_c`` and dimension of ``dim_c``."""
-    order, bounds = levels
-    k = 1 + len(rank_c) + len(group_c) + len(dim_c)
-    a_last = np.repeat(ch.c_start[:, None], k, axis=1)
-    e_max = a_last.copy()
-    for lvl in range(len(bounds) - 1):
-        idx = order[bounds[lvl] : bounds[lvl + 1]]
-        if not len(idx):
+def _peer_medians(
+    rec: Recorded, ch: Chains, op: np.ndarray, dimc: np.ndarray, n_steps: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each member's gap and each chain's tail as the median over its peers: the chains of the
+    same step with the same sequence of (op, dimension) (a chain without peers keeps its own)."""
+    h = _mix((op << 40) ^ (dimc << 32) ^ rec.pos)
+    nch = len(ch.c_rank)
+    has = np.flatnonzero(rec.c_len > 0)
+    sig = np.zeros(nch, dtype=np.uint64)
+    sig[has] = np.add.reduceat(h, rec.c_first[has])
+    sig = _mix(sig ^ rec.c_len.astype(np.uint64))
+    gmed, tmed = rec.gap.copy(), rec.tail.copy()
+    _, sig_id = unique_inverse(sig.view(np.int64))
+    corder = lexsort2(ch.c_step, sig_id)
+    key = sig_id[corder] * (n_steps + 1) + ch.c_step[corder]
+    bounds = np.flatnonzero(np.r_[True, key[1:] != key[:-1], True])
+    for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
+        if hi - lo < 2:
             continue
-        chn = ch.chain[idx]
-        swap = np.concatenate(
-            [
-                np.zeros((len(idx), 1), dtype=bool),
-                m.rank[idx][:, None] == rank_c[None, :],
-                m.gid[idx][:, None] == group_c[None, :],
-                m.dimc[idx][:, None] == dim_c[None, :],
-            ],
-            axis=1,
-        )
-        gap = np.where(swap, m.gmed[idx][:, None], m.g[idx][:, None])
-        arr = np.where(m.overlapped[idx][:, None], a_last[chn], e_max[chn]) + gap
-        c = cm[idx]
-        seg = np.r_[True, c[1:] != c[:-1]]
-        starts = np.flatnonzero(seg)
-        rel = np.maximum(np.maximum.reduceat(arr, starts, axis=0), m.const[c[starts]][:, None])
-        rel = rel[np.cumsum(seg) - 1]
-        done = np.where(m.waits[idx][:, None], rel + m.d[idx][:, None], arr + m.dur[idx][:, None])
-        a_last[chn] = arr
-        e_max[chn] = np.maximum(e_max[chn], done)
-    tails = np.repeat(tail[:, None], k, axis=1)
-    mine = ch.c_rank[:, None] == rank_c[None, :]
-    tails[:, 1 : 1 + len(rank_c)] = np.where(mine, tmed[:, None], tail[:, None])
-    return np.where(after_all[:, None], e_max, a_last) + tails
+        cs = corder[lo:hi]
+        tmed[cs] = int(np.rint(np.median(rec.tail[cs])))
+        k = int(rec.c_len[cs[0]])
+        if k:
+            idx = rec.c_first[cs][:, None] + np.arange(k)[None, :]
+            gmed[idx] = np.rint(np.median(rec.gap[idx], axis=0)).astype(np.int64)[None, :]
+    return gmed, tmed
 
 
 def _median_step(s: StragglerReport, steps: tuple[int, ...]) -> float:
@@ -526,12 +316,10 @@ def _median_step(s: StragglerReport, steps: tuple[int, ...]) -> float:
 def _phase(
     run: LoadedRun,
     r: int,
-    ch: _Chains,
+    ch: Chains,
     rank: np.ndarray,
-    a0: np.ndarray,
-    g: np.ndarray,
+    rec: Recorded,
     ex: np.ndarray,
-    tail: np.ndarray,
     tex: np.ndarray,
     off: np.ndarray,
 ) -> str | None:
@@ -544,8 +332,9 @@ def _phase(
     names = rd.span_names
     mine = np.flatnonzero(rank == r)
     cm_ = np.flatnonzero(ch.c_rank == r)
-    lo = np.r_[a0[mine] - g[mine], ch.c_end[cm_] - tail[cm_]] - off[r]
-    hi = np.r_[a0[mine], ch.c_end[cm_]] - off[r]
+    a0, g = rec.a0[mine], rec.gap[mine]
+    lo = np.r_[a0 - g, ch.c_end[cm_] - rec.tail[cm_]] - off[r]
+    hi = np.r_[a0, ch.c_end[cm_]] - off[r]
     weight = np.r_[ex[mine], tex[cm_]].astype(np.float64)
     labels = [names[x] if x < len(names) else f"#{x}" for x in ph["name"].tolist()]
     uniq = sorted(set(labels))
