@@ -164,10 +164,13 @@ def test_real_gloo_run_sleeping_rank(tmp_path, cli):
     assert "rank 1 costs every step" in text.split("Findings")[0]
 
 
-def _overlapped_run(out: Path, world: int, slow: int, x: int, steps: int = 4) -> None:
+def _overlapped_run(
+    out: Path, world: int, slow: int, x: int, steps: int = 4, short: int = -1
+) -> None:
     """Each step (starting every 20 ms on every rank): compute 1 ms (+ x on ``slow``), issue
     all_reduce 1, compute 0.5 ms, issue all_reduce 2 while 1 is still in flight; 1 completes
-    2 ms after its last arrival, 2 1 ms after its; the step ends 1 ms after both."""
+    2 ms after its last arrival, 2 1 ms after its; the step ends 1 ms after both. Rank
+    ``short``'s step span ends just before its all_reduce 2 (outside every step there)."""
     ev: dict[int, list[tuple]] = {r: [] for r in range(world)}
     sp: dict[int, list[tuple]] = {r: [] for r in range(world)}
     for k in range(steps):
@@ -181,7 +184,8 @@ def _overlapped_run(out: Path, world: int, slow: int, x: int, steps: int = 4) ->
                 ev[r].append(
                     (OP_CODES["all_reduce"], 0, 0, 0, 0, -1, 2 * k + j, 64, 64, i, e - i, k)
                 )
-            sp[r].append((0, 0, 0, 1, k, s0, end - s0, 0, 0))
+            stop = i2[r] - 1 if r == short else end
+            sp[r].append((0, 0, 0, 1, k, s0, stop - s0, 0, 0))
             sp[r].append((1, 0, 1, 0, k, s0, i2[r] - s0, 0, 0))
     groups = [{"name": "0", "desc": "default_pg", "ranks": list(range(world)), "backend": "gloo"}]
     for r in range(world):
@@ -192,10 +196,13 @@ def _overlapped_run(out: Path, world: int, slow: int, x: int, steps: int = 4) ->
     write_manifest(out, Manifest(world_size=world, command="overlapped"))
 
 
-def test_overlapped_collectives(tmp_path):
-    # all_reduce 2 is issued while 1 is in flight: it depends on the issue of 1, not its end
+@pytest.mark.parametrize("short", [-1, 0], ids=["in-steps", "straddling"])
+def test_overlapped_collectives(tmp_path, short):
+    # all_reduce 2 is issued while 1 is in flight: it depends on the issue of 1, not its end;
+    # "straddling": rank 0's all_reduce 2 lies outside its step span (its arrival stays as
+    # recorded, its step ends before its all_reduce 1 completes)
     x = 3 * MS
-    _overlapped_run(tmp_path, 4, 2, x)
+    _overlapped_run(tmp_path, 4, 2, x, short=short)
     w = analyze_run(load_run(tmp_path)).what_if
     assert w.replay_error_ns == 0
     assert w.ranks[0].rank == 2 and w.ranks[0].phase == "forward"
