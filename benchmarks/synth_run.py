@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -156,35 +157,56 @@ def simulate(
     rng: np.random.Generator,
     layout: tuple[int, int, int] | None = None,
     slow_phases: tuple[int, ...] = (1,),
+    extra_ns: Mapping[int, int] | None = None,
+    extra_phase: int = 1,
+    jitter: bool = True,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Arrival and completion times relative to each step's start: (ranks, steps, slots) int64,
     and each step's end (ranks, steps). The slow rank's compute is longer in ``slow_phases``
-    (1 forward, 2 backward, 3 optimizer)."""
+    (1 forward, 2 backward, 3 optimizer). ``extra_ns`` (rank → ns) adds exactly that much
+    compute per step to those ranks, spread evenly over the compute gaps of phase
+    ``extra_phase``.
+    ``jitter=False``: no random noise (every rank's data loading, gaps, completions and step
+    tail are the same), so the only imbalance is the one injected; the random draws are the
+    same either way."""
     _, members = groups_for(n, layout)
     k = len(t.kind)
+    noise = 1 if jitter else 0
     arr = np.empty((n, steps, k), dtype=np.int64)
     done = np.empty((n, steps, k), dtype=np.int64)
-    data_ns = rng.integers(200 * US, 400 * US, size=(n, steps)).astype(np.int64)
+    data_ns = 300 * US + noise * (
+        rng.integers(200 * US, 400 * US, size=(n, steps)).astype(np.int64) - 300 * US
+    )
     prev = data_ns
     factor = np.ones(n)
     if 0 <= slow_rank < n:
         factor[slow_rank] += slow
+    extra = np.zeros((n, k), dtype=np.int64)  # extra compute before each slot (ns)
+    in_phase = np.flatnonzero(t.phase == extra_phase)
+    for r, x in (extra_ns or {}).items():
+        if len(in_phase):
+            extra[r, in_phase] = int(x) // len(in_phase)
+            extra[r, in_phase[0]] += int(x) - int(x) // len(in_phase) * len(in_phase)
     dur = _duration(t.nbytes)
     pp_m = members["pairs"] if members["pp"].shape[1] >= 2 else None
     for j in range(k):
         gap = t.gap_ns[j] * (factor if t.phase[j] in slow_phases else np.ones(n))
-        a = prev + gap.astype(np.int64)[:, None] + rng.integers(0, 5 * US, size=(n, steps))
+        a = (
+            prev
+            + (gap.astype(np.int64) + extra[:, j])[:, None]
+            + noise * rng.integers(0, 5 * US, size=(n, steps))
+        )
         kind = KINDS[t.kind[j]]
         m = pp_m if kind.startswith("pp") else members[kind]
         if m is None or m.shape[1] < 2:  # dimension of size 1: the slot runs on the world group
             m = members["world"]
         c = np.empty_like(a)
         last = a[m].max(axis=1)  # (instances, steps)
-        c[m] = (last + dur[j])[:, None, :] + rng.integers(0, 3 * US, size=(*m.shape, steps))
+        c[m] = (last + dur[j])[:, None, :] + noise * rng.integers(0, 3 * US, size=(*m.shape, steps))
         arr[:, :, j] = a
         done[:, :, j] = c
         prev = c
-    end = prev + rng.integers(500 * US, 700 * US, size=(n, steps))
+    end = prev + 600 * US + noise * (rng.integers(500 * US, 700 * US, size=(n, steps)) - 600 * US)
     return arr, done, end
 
 
@@ -201,16 +223,33 @@ def write_run(
     clock_ms: float = 3.0,
     exchange: bool = True,
     slow_phases: tuple[int, ...] = (1,),
+    extra_ns: Mapping[int, int] | None = None,
+    extra_phase: int = 1,
+    jitter: bool = True,
 ) -> dict:
     """Write the run directory; returns a summary (events per rank, layout, truth:
-    ``slow_rank``, ``clock_offsets_ns`` = each rank's clock minus the true clock, and
-    ``aligned_offsets_ns`` = what clock alignment should find: its negation)."""
+    ``slow_rank``, ``clock_offsets_ns`` = each rank's clock minus the true clock,
+    ``aligned_offsets_ns`` = what clock alignment should find: its negation, and
+    ``job_step_end_ns``: per step, the true time from the step's start to the end of its last
+    rank). ``extra_ns``, ``extra_phase``, ``jitter``: see :func:`simulate`."""
     rng = np.random.default_rng(seed)
     k = max(collectives // steps, 2)
     t = make_template(k, rng)
     slow_rank = n - 1 if slow_rank is None else slow_rank
     dp, tp, pp = layout_for(n, layout)
-    arr, done, end = simulate(n, steps, t, slow_rank, slow, rng, (dp, tp, pp), slow_phases)
+    arr, done, end = simulate(
+        n,
+        steps,
+        t,
+        slow_rank,
+        slow,
+        rng,
+        (dp, tp, pp),
+        slow_phases,
+        extra_ns=extra_ns,
+        extra_phase=extra_phase,
+        jitter=jitter,
+    )
     period = int(end.max()) + 1 * MS
     step_start = BASE_NS + np.arange(steps, dtype=np.int64) * period  # true clock
     span = max(int(clock_ms * MS), 1)
@@ -357,6 +396,7 @@ def write_run(
         "groups": len(gindex),
         "slow_rank": slow_rank,
         "clock_offsets_ns": offsets.tolist(),
+        "job_step_end_ns": end.max(axis=0).tolist(),
     }
 
 

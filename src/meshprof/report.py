@@ -8,13 +8,15 @@ The steps, in order (each an analyzer of :mod:`meshprof.analyze`):
    failures    ranks that did not finish normally, the first failure  (:mod:`.analyze.failures`)
 3. match       collectives matched across ranks, arrival skew, waits (:mod:`.analyze.match`)
 4. stragglers  per-step times, straggler scores, slow phases         (:mod:`.analyze.stragglers`)
-5. tables      per-rank, memory, heatmap, dimensions, sizes, groups  (:mod:`.analyze.run_tables`)
-6. timeline    a two-step excerpt on the aligned clock     (:mod:`.analyze.merged_timeline`)
-7. findings    conclusions with their figures                        (:mod:`.analyze.findings`)
-8. steps       step analysis of every rank, on a second thread from the start (:mod:`.analyze.steps`)
-9. pipeline    the pipeline bubble of all stages on the aligned clock  (:mod:`.analyze.pipeline`)
-10. bottlenecks per-rank rules merged across ranks + cross-rank rules (:mod:`.analyze.run_bottlenecks`)
-11. traces     torch.profiler traces: HTA's GPU breakdown per rank, kernel stragglers (:mod:`.analyze.kineto`)
+5. what_if     what each rank, group and dimension costs every step: the matched collectives
+               replayed with its compute set to its peers' median    (:mod:`.analyze.what_if`)
+6. tables      per-rank, memory, heatmap, dimensions, sizes, groups  (:mod:`.analyze.run_tables`)
+7. timeline    a two-step excerpt on the aligned clock     (:mod:`.analyze.merged_timeline`)
+8. findings    conclusions with their figures                        (:mod:`.analyze.findings`)
+9. steps       step analysis of every rank, on a second thread from the start (:mod:`.analyze.steps`)
+10. pipeline   the pipeline bubble of all stages on the aligned clock  (:mod:`.analyze.pipeline`)
+11. bottlenecks per-rank rules merged across ranks + cross-rank rules (:mod:`.analyze.run_bottlenecks`)
+12. traces     torch.profiler traces: HTA's GPU breakdown per rank, kernel stragglers (:mod:`.analyze.kineto`)
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from meshprof.analyze.run_tables import (
 )
 from meshprof.analyze.stragglers import DEFAULT_THRESHOLD, find_stragglers
 from meshprof.analyze.table import EventTable, build_event_table
+from meshprof.analyze.what_if import what_if
 from meshprof.layout import Layout
 from meshprof.rundir import LoadedRun, RankMeta, resolve_layout
 
@@ -115,6 +118,7 @@ def analyze_run_parts(
             analyses_future.result()
         match = match_collectives(table, clock)
         stragglers = find_stragglers(run, table, clock, match, threshold=threshold)
+        what = what_if(run, table, clock, match, stragglers)
         ranks = rank_rows(run, table, stragglers)
         memory = memory_imbalance(ranks)
         dims, share = comm_share_by_dimension(run, table, stragglers)
@@ -173,6 +177,7 @@ def analyze_run_parts(
         pipeline=pipeline,
         kineto=kineto,
         failures=failures,
+        what_if=what,
     )
     return RunAnalysis(report, table, clock, match)
 

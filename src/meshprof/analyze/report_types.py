@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from meshprof.analyze.kineto import KinetoReport
     from meshprof.analyze.pipeline import PipelineBubble
     from meshprof.analyze.steps.types import StepAnalysis
+    from meshprof.analyze.what_if import WhatIf
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,6 +234,9 @@ class RunReport:
     failures: tuple[RankFailure, ...] = ()
     """The ranks that did not finish normally, the first failure first
     (:func:`meshprof.analyze.failures.find_failures`); empty when all ended normally."""
+    what_if: WhatIf | None = None
+    """What each slow rank, group and dimension costs every step, from a replay of the matched
+    collectives (:mod:`meshprof.analyze.what_if`); None when not computed."""
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (numpy arrays become nested lists, NaN becomes None)."""
@@ -290,8 +294,31 @@ class RunReport:
                     dataclasses.asdict(self.pipeline) if self.pipeline is not None else None
                 ),
                 "kineto": kineto,
+                **_what_if_dict(self.what_if),
             }
         )
+
+
+def _what_if_dict(w: WhatIf | None) -> dict[str, Any]:
+    """The what-if keys of the JSON report: ``what_if`` (ranks), ``what_if_groups``,
+    ``what_if_dims`` (largest saving first) and ``what_if_info`` (what was replayed)."""
+    if w is None:
+        return {"what_if": [], "what_if_groups": [], "what_if_dims": [], "what_if_info": None}
+    return {
+        "what_if": [dataclasses.asdict(x) for x in w.ranks],
+        "what_if_groups": [dataclasses.asdict(x) for x in w.groups],
+        "what_if_dims": [dataclasses.asdict(x) for x in w.dims],
+        "what_if_info": {
+            "steps": list(w.steps),
+            "step_ns": w.step_ns,
+            "ranks_total": w.ranks_total,
+            "ranks_replayed": len(w.ranks),
+            "levels": w.levels,
+            "replay_error_ns": w.replay_error_ns,
+            "min_share": w.min_share,
+            "note": w.note,
+        },
+    }
 
 
 def json_ready(o: Any) -> Any:

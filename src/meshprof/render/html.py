@@ -27,6 +27,7 @@ from meshprof.render.format import (
     sort_value,
 )
 from meshprof.render.report_text import RANK_COLUMNS, rank_cells
+from meshprof.render.what_if import what_if_html
 from meshprof.rundir.atomic import atomic_write_text
 
 if TYPE_CHECKING:
@@ -510,6 +511,7 @@ def render_html(rep: RunReport, title: str = "meshprof report") -> str:
     sections = [("Failures", _failures(rep))] if rep.failures else []
     sections += [
         ("Summary", _summary(rep)),
+        ("What each rank costs", what_if_html(rep.what_if)),
         ("Bottlenecks and findings", _findings(rep)),
         ("Per-rank table", _ranks_table(rep)),
         ("Step time per rank and step", _heatmap(rep)),

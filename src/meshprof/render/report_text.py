@@ -18,6 +18,7 @@ from meshprof.render.format import (
     fmt_rate,
     fmt_signed_pct,
 )
+from meshprof.render.what_if import what_if_lines
 
 RANK_COLUMNS = (
     "rank",
@@ -65,8 +66,8 @@ def _table(title: str, columns: tuple[str, ...] | list[str], left: tuple[str, ..
 
 
 def print_report(rep: RunReport, console: Console) -> None:
-    """Failures, summary, findings and bottlenecks, per-rank table, stragglers, groups and
-    clocks."""
+    """Failures, summary, what the costliest ranks cost every step, findings and bottlenecks,
+    per-rank table, stragglers, groups and clocks."""
     s = rep.stragglers
     if rep.failures:
         console.print(
@@ -94,6 +95,8 @@ def print_report(rep: RunReport, console: Console) -> None:
             highlight=False,
             markup=False,
         )
+    for line in what_if_lines(rep.what_if):
+        console.print(line, highlight=False, markup=False)
     for r, why in rep.problems:
         console.print(f"[red]rank {r} not analyzed:[/] {why}", highlight=False)
     _print_findings(rep, console)

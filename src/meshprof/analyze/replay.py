@@ -1,0 +1,346 @@
+"""A small discrete-event replay of the matched collectives: the step ends the run would have had
+with some compute gaps changed (the engine of :mod:`meshprof.analyze.what_if`).
+
+The model (aligned clock, ns). The events of one rank inside one step span form a *chain*, in
+issue order. Each event belongs to a *collective*: a matched (group, seq) collective, a matched
+send/recv pair, or itself alone (an unmatched event).
+
+- An event's *compute gap* is its arrival (issue) minus what it waited for on its own rank: the
+  step's start for the chain's first event; the latest completion of the chain's earlier events
+  when they had all completed at its issue (a synchronous program); otherwise the previous
+  event's issue (it was issued while an earlier one was in flight: it is *overlapped*).
+- A collective is *released* when its last member arrives (it cannot complete before); members
+  outside the replayed steps keep their recorded arrival.
+- A member that completed at or after the recorded release completes at the release + its
+  recorded completion − the recorded release (the transfer after the last arrival); one that
+  completed before it (a buffered send, a broadcast root) at its arrival + its own duration.
+- The rank's step ends at its latest completion (its last issue, if the step ended before that
+  completed) + the recorded time after it: the chain's *tail*, compute after the last collective.
+
+Replaying the recorded gaps reproduces the recorded times exactly (integer arithmetic).
+
+Cost: each collective gets a *level* (1 + the largest level of its members' previous events'
+collectives, 0 for a chain's first) from Gauss–Seidel sweeps over chain positions (two when every
+collective's members sit at the same position of their chains); the replay then visits the levels
+in order, all steps and all scenarios at once (numpy arrays [scenario, member]), keeping per
+chain only its last issue and latest completion: work linear in events × scenarios, one Python
+iteration per level.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from meshprof.analyze.match import CollectiveMatch
+from meshprof.analyze.sorting import RowsByKey, lexsort2, stable_argsort
+from meshprof.analyze.table import EventTable
+from meshprof.rundir import LoadedRun
+
+I64_MIN = int(np.iinfo(np.int64).min)
+_MAX_SWEEPS = 64  # level sweeps before giving up (a dependency cycle: mismatched collectives)
+
+
+@dataclass(frozen=True, slots=True)
+class Chains:
+    """The replayed events (*members*: inside a replayed step span, sorted by chain, then issue)
+    and the chains (one per rank and replayed step, sorted by rank, then start)."""
+
+    row: np.ndarray
+    """int64 [member]: EventTable row."""
+    chain: np.ndarray
+    """int64 [member]: its chain."""
+    c_rank: np.ndarray
+    """int64 [chain]: rank."""
+    c_step: np.ndarray
+    """int64 [chain]: index into the replayed steps."""
+    c_start: np.ndarray
+    """int64 [chain]: step start, aligned ns."""
+    c_end: np.ndarray
+    """int64 [chain]: step end, aligned ns."""
+
+
+def build_chains(
+    run: LoadedRun, table: EventTable, off: np.ndarray, steps: Sequence[int]
+) -> Chains:
+    """Every (rank, replayed step) chain and the events whose issue falls in its step span
+    (``off[r]``: rank r's clock offset), by one search over (rank, time) keys."""
+    step_set = np.asarray(sorted(steps), dtype=np.int64)
+    parts: list[tuple[int, np.ndarray, np.ndarray, np.ndarray]] = []
+    for r in sorted(run.ranks):
+        sp = run.ranks[r].spans
+        st = sp[sp["kind"] == 0]
+        st = st[np.isin(st["step"].astype(np.int64), step_set)]
+        if not len(st):
+            continue
+        _, first = np.unique(st["step"], return_index=True)  # one span per step number
+        st = st[first]
+        st = st[np.argsort(st["start_ns"], kind="stable")]
+        a = st["start_ns"].astype(np.int64)
+        parts.append((r, st["step"].astype(np.int64), a, a + st["duration_ns"].astype(np.int64)))
+    empty = np.zeros(0, dtype=np.int64)
+    if not parts:
+        return Chains(empty, empty, empty, empty, empty, empty)
+    c_rank = np.concatenate([np.full(len(p[1]), p[0], dtype=np.int64) for p in parts])
+    c_step = np.searchsorted(step_set, np.concatenate([p[1] for p in parts]))
+    a = np.concatenate([p[2] for p in parts])
+    b = np.concatenate([p[3] for p in parts])
+    # each rank's replayed window [first start, last end): rows outside it are in no chain
+    n_r = max(int(c_rank.max()), int(table.rank.max(initial=0))) + 1
+    lo = np.full(n_r, np.iinfo(np.int64).max, dtype=np.int64)
+    hi = np.full(n_r, I64_MIN, dtype=np.int64)
+    np.minimum.at(lo, c_rank, a)
+    np.maximum.at(hi, c_rank, b)
+    t, rk = table.start_ns, table.rank
+    inside = np.flatnonzero((t >= lo[rk]) & (t < hi[rk]))
+    rk_in = rk[inside].astype(np.int64)
+    rel = t[inside] - lo[rk_in]
+    width = max(int(rel.max(initial=0)), int((b - lo[c_rank]).max())) + 1
+    if n_r * width < 1 << 62:
+        key = rk_in * width + rel
+        if len(key) > 1 and not (key[1:] >= key[:-1]).all():
+            o = stable_argsort(key)
+            inside, key = inside[o], key[o]
+        i = np.searchsorted(c_rank * width + (a - lo[c_rank]), key, side="right") - 1
+    else:  # windows too long to pack with the rank: one search per rank
+        o = lexsort2(t[inside], rk_in)
+        inside, rk_in = inside[o], rk_in[o]
+        i = np.full(len(inside), -1, dtype=np.int64)
+        by, cb = RowsByKey(rk_in), RowsByKey(c_rank)
+        for r in np.unique(c_rank).tolist():
+            mine, chains = by.rows(r), cb.rows(r)
+            i[mine] = chains[np.searchsorted(a[chains], t[inside[mine]], side="right") - 1]
+    del rel
+    j = np.maximum(i, 0)
+    ok = (i >= 0) & (c_rank[j] == rk[inside]) & (t[inside] < b[j])
+    o_c = off[c_rank]
+    return Chains(inside[ok].astype(np.int64), i[ok], c_rank, c_step, a + o_c, b + o_c)
+
+
+@dataclass(frozen=True, slots=True)
+class Recorded:
+    """The recorded timeline of the members and chains, as the replay's inputs."""
+
+    a0: np.ndarray
+    """int64 [member]: aligned arrival (issue)."""
+    coll: np.ndarray
+    """int64 [member]: collective code (matched collectives, then send/recv pairs, then alone)."""
+    const: np.ndarray
+    """int64 [collective]: latest arrival of its members outside the replayed steps (int64 min
+    when none)."""
+    waits: np.ndarray
+    """bool [member]: completed at or after the recorded release."""
+    after_ns: np.ndarray
+    """int64 [member]: completion − release when it waits, else its duration."""
+    pos: np.ndarray
+    """int64 [member]: position in its chain."""
+    overlapped: np.ndarray
+    """bool [member]: issued while an earlier event of its chain was in flight."""
+    gap: np.ndarray
+    """int64 [member]: compute gap (see the module docstring)."""
+    c_first: np.ndarray
+    """int64 [chain]: first member (-1 when none)."""
+    c_len: np.ndarray
+    """int64 [chain]: members."""
+    after_all: np.ndarray
+    """bool [chain]: the step ended after all its events completed."""
+    tail: np.ndarray
+    """int64 [chain]: time from the latest completion (else the last issue) to the step end."""
+
+
+def record(table: EventTable, match: CollectiveMatch, off: np.ndarray, ch: Chains) -> Recorded:
+    """The recorded gaps, releases, transfer times and tails of the chains' members."""
+    rows = ch.row
+    n, nch = len(rows), len(ch.c_rank)
+    a0 = table.start_ns[rows] + off[table.rank[rows]]
+    dur = table.duration_ns[rows].astype(np.int64)
+    e0 = a0 + dur
+    coll, const, release0 = _collectives(table, match, off, rows, a0)
+    rel_m = release0[coll]
+    waits = e0 >= rel_m
+    after_ns = np.where(waits, e0 - rel_m, dur)
+    del rel_m, release0
+    first_idx = np.flatnonzero(np.r_[True, ch.chain[1:] != ch.chain[:-1]]) if n else ch.chain
+    c_first = np.full(nch, -1, dtype=np.int64)
+    c_len = np.zeros(nch, dtype=np.int64)
+    c_first[ch.chain[first_idx]] = first_idx
+    c_len[ch.chain[first_idx]] = np.diff(np.r_[first_idx, n])
+    pos = np.arange(n) - c_first[ch.chain]
+    start_m = ch.c_start[ch.chain]
+    emax_rel = _segmented_cummax(e0 - start_m, ch.chain)
+    del e0
+    before = np.empty(n, dtype=np.int64)  # latest completion before each member, else start
+    if n:
+        before[0] = 0
+        before[1:] = emax_rel[:-1]
+    before[pos == 0] = 0
+    before += start_m
+    del start_m
+    overlapped = (pos > 0) & (before > a0)
+    prev_issue = np.empty(n, dtype=np.int64)
+    if n:
+        prev_issue[0] = 0
+        prev_issue[1:] = a0[:-1]
+    gap = a0 - np.where(overlapped, prev_issue, before)
+    del before, prev_issue
+    has = c_len > 0
+    last = np.maximum(c_first + c_len - 1, 0)
+    c_emax = np.where(has, emax_rel[last] + ch.c_start, ch.c_start) if n else ch.c_start
+    c_alast = np.where(has, a0[last], ch.c_start) if n else ch.c_start
+    after_all = ch.c_end >= c_emax
+    tail = ch.c_end - np.where(after_all, c_emax, c_alast)
+    return Recorded(
+        a0, coll, const, waits, after_ns, pos, overlapped, gap, c_first, c_len, after_all, tail
+    )
+
+
+def _collectives(
+    table: EventTable, match: CollectiveMatch, off: np.ndarray, rows: np.ndarray, a0: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each member's collective code, and per collective the latest arrival of its members that
+    are not replayed (int64 min when none) and its recorded release (the latest arrival of all
+    its members)."""
+    nc, npairs = len(match), len(match.p2p_send_row)
+    coll_of_row = np.full(len(table), -1, dtype=np.int64)
+    coll_of_row[match.member_row] = match.member_coll
+    coll_of_row[match.p2p_send_row] = nc + np.arange(npairs)
+    coll_of_row[match.p2p_recv_row] = nc + np.arange(npairs)
+    coll = coll_of_row[rows]
+    alone = np.flatnonzero(coll < 0)
+    coll[alone] = nc + npairs + np.arange(len(alone))
+    total = nc + npairs + len(alone)
+
+    def aligned(rr: np.ndarray) -> np.ndarray:
+        return table.start_ns[rr] + off[table.rank[rr]]
+
+    release0 = np.empty(total, dtype=np.int64)
+    release0[:nc] = match.last_arrival_ns
+    release0[nc : nc + npairs] = np.maximum(
+        aligned(match.p2p_send_row), aligned(match.p2p_recv_row)
+    )
+    release0[nc + npairs :] = a0[alone]
+    # members outside the replayed steps keep their recorded arrival (rare: collectives that
+    # straddle a step boundary, or a step some rank did not record)
+    const = np.full(total, I64_MIN, dtype=np.int64)
+    size = np.r_[match.present, np.full(npairs, 2)].astype(np.int64)
+    seen = np.bincount(coll, minlength=total)[: nc + npairs]
+    short = np.flatnonzero((seen > 0) & (seen < size))
+    if len(short):
+        kept = np.zeros(len(table), dtype=bool)
+        kept[rows] = True
+        mc, pc = short[short < nc], short[short >= nc] - nc
+        mstart = np.r_[0, np.cumsum(match.present)]
+        lens = match.present[mc].astype(np.int64)
+        within = np.arange(int(lens.sum())) - np.repeat(np.cumsum(lens) - lens, lens)
+        cand = np.r_[
+            match.member_row[np.repeat(mstart[mc], lens) + within].astype(np.int64),
+            match.p2p_send_row[pc],
+            match.p2p_recv_row[pc],
+        ]
+        cand = cand[~kept[cand]]
+        np.maximum.at(const, coll_of_row[cand], aligned(cand))
+    return coll, const, release0
+
+
+def _segmented_cummax(v: np.ndarray, seg: np.ndarray) -> np.ndarray:
+    """Running maximum of ``v`` (≥ 0) restarting at each new value of ``seg`` (nondecreasing)."""
+    if not len(v):
+        return v.copy()
+    m = int(v.max()) + 1
+    if (int(seg.max()) + 1) * m < 1 << 62:
+        key = seg * m + v
+        np.maximum.accumulate(key, out=key)
+        key -= seg * m
+        return key
+    out = v.copy()
+    starts = np.flatnonzero(np.r_[True, seg[1:] != seg[:-1]])
+    for lo, hi in zip(starts.tolist(), [*starts[1:].tolist(), len(v)], strict=True):
+        out[lo:hi] = np.maximum.accumulate(v[lo:hi])
+    return out
+
+
+def levels(rec: Recorded) -> tuple[np.ndarray, np.ndarray] | None:
+    """The members in replay order (by level, then collective) and the level boundaries in
+    it; None on a dependency cycle (collectives matched in inconsistent orders)."""
+    coll, pos = rec.coll, rec.pos
+    ncoll = len(rec.const)
+    lvl = np.zeros(ncoll, dtype=np.int64)
+    porder = stable_argsort(pos * ncoll + coll)  # by position, then collective
+    pb = np.searchsorted(pos[porder], np.arange(int(pos.max(initial=0)) + 2))
+    for _ in range(_MAX_SWEEPS):
+        changed = False
+        for p in range(1, len(pb) - 1):
+            idx = porder[pb[p] : pb[p + 1]]
+            c = coll[idx]
+            starts = np.flatnonzero(np.r_[True, c[1:] != c[:-1]])
+            want = np.maximum.reduceat(lvl[coll[idx - 1]], starts) + 1
+            cu = c[starts]
+            up = want > lvl[cu]
+            if up.any():
+                lvl[cu[up]] = want[up]
+                changed = True
+        if not changed:
+            break
+    else:
+        return None
+    ml = lvl[coll]
+    order = stable_argsort(ml * ncoll + coll)
+    return order, np.searchsorted(ml[order], np.arange(int(ml.max(initial=0)) + 2))
+
+
+def replay(
+    rec: Recorded,
+    ch: Chains,
+    order_bounds: tuple[np.ndarray, np.ndarray],
+    k: int,
+    gap_rows: Sequence[np.ndarray],
+    new_gap: np.ndarray,
+    tail_row: np.ndarray,
+    new_tail: np.ndarray,
+) -> np.ndarray:
+    """Each chain's step end in each of ``k`` scenarios (int64 [scenario, chain]); scenario 0
+    replays the recorded gaps.
+
+    ``gap_rows``: arrays over members, each giving the scenario (1..k-1; 0: none) in which the
+    member's gap becomes ``new_gap``; ``tail_row`` over chains likewise for ``new_tail``."""
+    order, bounds = order_bounds
+    rows = [r[order] for r in gap_rows]
+    chain, c = ch.chain[order], rec.coll[order]
+    g, g_new = rec.gap[order], new_gap[order]
+    ovl, waits, after = rec.overlapped[order], rec.waits[order], rec.after_ns[order]
+    a_last = np.repeat(ch.c_start[None, :], k, axis=0)
+    e_max = a_last.copy()
+    for lvl in range(len(bounds) - 1):
+        lo, hi = int(bounds[lvl]), int(bounds[lvl + 1])
+        if hi == lo:
+            continue
+        chn = chain[lo:hi]
+        gap = np.repeat(g[None, lo:hi], k, axis=0)
+        for r in rows:
+            hit = np.flatnonzero(r[lo:hi])
+            gap[r[lo + hit], hit] = g_new[lo + hit]
+        arr = e_max[:, chn]
+        o = ovl[lo:hi]
+        if o.any():
+            arr = np.where(o[None, :], a_last[:, chn], arr)
+        arr += gap
+        cl = c[lo:hi]
+        seg = np.empty(hi - lo, dtype=bool)
+        seg[0] = True
+        np.not_equal(cl[1:], cl[:-1], out=seg[1:])
+        starts = np.flatnonzero(seg)
+        rel = np.maximum.reduceat(arr, starts, axis=1)
+        np.maximum(rel, rec.const[cl[starts]][None, :], out=rel)
+        done = rel[:, np.cumsum(seg) - 1]
+        done += after[lo:hi][None, :]
+        w = waits[lo:hi]
+        if not w.all():  # (after_ns is the duration of a member that does not wait)
+            done = np.where(w[None, :], done, arr + after[lo:hi][None, :])
+        a_last[:, chn] = arr
+        e_max[:, chn] = np.maximum(e_max[:, chn], done)
+    tails = np.repeat(rec.tail[None, :], k, axis=0)
+    hit = np.flatnonzero(tail_row)
+    tails[tail_row[hit], hit] = new_tail[hit]
+    return np.where(rec.after_all[None, :], e_max, a_last) + tails
