@@ -23,6 +23,7 @@ COMMANDS: tuple[str, ...] = (
     "run",
     "hang",
     "report",
+    "top",
     "export",
     "query",
     "bench",

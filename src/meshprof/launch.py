@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from meshprof.errors import MeshprofError
+from meshprof.live.alerts import AlertConfig
 from meshprof.run_record import (
     EXIT_HANG,
     finish_manifest,
@@ -86,6 +87,8 @@ class RunOptions:
     else each outermost module forward call), "optimizer", "forward" or "off"."""
     live_interval_s: float = 1.0
     """Seconds between two live-state records of each rank (``RUN_DIR/live/``); 0: none."""
+    alerts: AlertConfig = field(default_factory=AlertConfig)
+    """Live alert rules the launcher evaluates while the job runs (needs the live state)."""
     max_events: int | None = None
     """Ring-buffer capacity of each rank's recorder (None: the recorder's default)."""
     command: list[str] = field(default_factory=list)
@@ -307,6 +310,7 @@ def launch(opts: RunOptions) -> LaunchResult:
     old = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
     hang: dict[str, Any] | None = None
     watch = opts.hang_timeout_s > 0 and _watchdog_available()
+    alerts = _start_alerts(opts, run_dir)
     try:
         while True:
             try:
@@ -321,6 +325,8 @@ def launch(opts: RunOptions) -> LaunchResult:
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+        if alerts is not None:
+            alerts.stop()
     if watch and hang is None and _hang_dumps(run_dir):
         hang = {
             "first_dump": _hang_dumps(run_dir)[0].name,
@@ -330,6 +336,16 @@ def launch(opts: RunOptions) -> LaunchResult:
         }
     code = finish_manifest(manifest, node, run_dir, rc, hang)
     return LaunchResult(run_dir=run_dir, exit_code=code, torchrun_exit_code=rc, hang=hang)
+
+
+def _start_alerts(opts: RunOptions, run_dir: Path) -> Any:
+    """The alert watcher (:mod:`meshprof.live.watch`), or None: alerts off, no live state, or
+    not node 0 (one launcher watches the whole job's shared live state)."""
+    if not (opts.alerts.enabled and opts.live_interval_s > 0 and opts.node_rank == 0):
+        return None
+    from meshprof.live.watch import AlertWatcher
+
+    return AlertWatcher(run_dir, opts.alerts).start()
 
 
 def _watchdog_available() -> bool:
