@@ -276,7 +276,7 @@ def test_real_job_slow_rank_raises_alerts_and_top_shows_it(cli, tmp_path: Path) 
         "--live-interval",
         "0.5",
         "--alert-straggler-looks",
-        "2",
+        "3",
         "--alert-cmd",
         f"cat >> {cmd_out}",
         "--no-summary",
@@ -329,3 +329,16 @@ def test_real_job_slow_rank_raises_alerts_and_top_shows_it(cli, tmp_path: Path) 
     assert d["ended"] and d["stale"] == [] and all(x["status"] == "ended" for x in d["ranks"])
     r = cli("top", out, "--once")
     assert r.returncode == 0 and "ENDED" in r.stdout and "ended normal" in r.stdout
+
+
+def test_a_reused_run_dir_starts_without_the_last_runs_live_state(tmp_path: Path) -> None:
+    from meshprof.live.state import clear_live, read_rank_lives
+
+    for r in range(3):
+        write_rank_live(tmp_path, RankLive(rank=r, updated_ns=T0, interval_s=1.0))
+    (tmp_path / "live" / "notes.txt").write_text("kept")
+    w = AlertWatcher(tmp_path, AlertConfig(), stream=io.StringIO())
+    w.emit(Alert("stale", "old", T0, [2]))
+    assert clear_live(tmp_path) == 4
+    assert read_rank_lives(tmp_path) == {} and read_alerts(tmp_path) == []
+    assert (tmp_path / "live" / "notes.txt").read_text() == "kept"

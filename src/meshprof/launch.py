@@ -301,6 +301,10 @@ def launch(opts: RunOptions) -> LaunchResult:
     node = node_record(opts, cmd, manifest.start_ns or time.time_ns())
     write_node_record(run_dir, node_id(), node)
     write_merged_manifest(run_dir, manifest)
+    if opts.node_rank == 0:  # a run directory used again: the last run's live state is not ours
+        from meshprof.live.state import clear_live
+
+        clear_live(run_dir)
     proc = subprocess.Popen(cmd, env=worker_env(opts, run_dir))
 
     def forward(signum: int, _frame: Any) -> None:
