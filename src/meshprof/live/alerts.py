@@ -215,8 +215,8 @@ class AlertRules:
                 cfg.straggler_looks > 0
                 and cfg.straggler_pct > 0
                 and self._observe("straggler", r, s is not None, cfg.straggler_looks)
+                and s is not None
             ):
-                assert s is not None
                 trips["straggler"].append(
                     _Trip(
                         r,
