@@ -1,107 +1,123 @@
-"""What the live-state publisher (``--live-interval``) costs a training process.
+"""Cost of live monitoring.
 
-    python benchmarks/live_cost.py [--steps 400] [--collectives 20] [--rounds 4]
+1. Rank side: one gloo rank runs steps of COLLS all_reduces under a RecordingSession publishing
+   its live state every INTERVAL s; prints the publisher's thread CPU time per record and the
+   record's size.
+2. Reader side, at RANKS synthetic ranks (records written with write_rank_live): one
+   read_snapshot, one look of the alert rules, and one ``meshprof top`` frame (table + render),
+   each the median of REPEAT runs.
 
-One process on PyTorch's fake backend (no communication: the figure is meshprof's own cost). A
-"step" is ``--collectives`` all_reduces plus ~1 ms of busy compute inside ``StepMonitor.step()``.
-Two modes alternate round by round in the same process so drift hits both alike:
-
-  session   RecordingSession(run_dir, live_interval_s=0): recorder, step monitor, rank writer
-  live      the same with live_interval_s=0.05 (20 records a second: 20x the default rate, so
-            the cost per default 1 s interval is measurable)
-
-Printed: the median step time of each mode and their difference, and the publisher's own
-thread CPU per record (``LivePublisher.cost_ns``), per second at the default 1 s interval.
-Nothing here is a test.
+    PYTHONPATH=src python benchmarks/live_cost.py [--ranks 1024] [--seconds 5]
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import platform
+import io
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
+import torch
+import torch.distributed as dist
+from rich.console import Console
 
-def _busy(seconds: float) -> None:
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        pass
+from meshprof.live.alerts import AlertRules
+from meshprof.live.state import InflightLive, OpSeries, RankLive, read_snapshot, write_rank_live
+from meshprof.live.table import build_top_table
+from meshprof.render.live_top import render_top
+from meshprof.session import RecordingSession, SessionConfig
+from meshprof.spawn import free_port
 
 
-def _round(mode: str, steps: int, collectives: int, base: Path) -> tuple[list[int], int, int]:
-    import torch
-    import torch.distributed as dist
-
-    import meshprof
-    from meshprof.session import RecordingSession, SessionConfig
-
-    meshprof.reset()
-    run_dir = Path(tempfile.mkdtemp(dir=base))
-    cfg = SessionConfig(
-        run_dir=run_dir,
-        flush_interval_s=0,
-        live_interval_s=0.05 if mode == "live" else 0.0,
-        clock_sync=False,
+def rank_side(seconds: float, interval: float, colls: int) -> None:
+    run = Path(tempfile.mkdtemp())
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1
     )
-    session = RecordingSession(cfg).start()
-    assert session.monitor is not None
-    t = torch.ones(4)
-    times = []
-    for _ in range(steps):
-        t0 = time.perf_counter_ns()
+    session = RecordingSession(
+        SessionConfig(run_dir=run, live_interval_s=interval, clock_sync=False)
+    ).start()
+    assert session.live is not None and session.monitor is not None
+    t = torch.ones(256)
+    end = time.monotonic() + seconds
+    steps = 0
+    while time.monotonic() < end:
         with session.monitor.step(tokens=1024):
-            for _ in range(collectives):
+            for _ in range(colls):
                 dist.all_reduce(t)
-            _busy(0.001)
-        times.append(time.perf_counter_ns() - t0)
+        steps += 1
     live = session.live
-    cost, records = (live.cost_ns, live.publishes) if live is not None else (0, 0)
-    session.stop(final_write=False)
-    meshprof.reset()
-    return times, cost, records
+    n, cost = live.publishes, live.cost_ns
+    size = (run / "live" / "rank00000.json").stat().st_size
+    session.stop()
+    dist.destroy_process_group()
+    print(
+        f"rank side: {steps} steps x {colls} all_reduce in {seconds:g} s, {n} records "
+        f"(every {interval:g} s): {cost / max(n, 1) / 1e3:.0f} µs thread CPU per record, "
+        f"record {size} B"
+    )
+
+
+def reader_side(ranks: int, repeat: int) -> None:
+    run = Path(tempfile.mkdtemp())
+    now = time.time_ns()
+    for r in range(ranks):
+        write_rank_live(
+            run,
+            RankLive(
+                rank=r,
+                updated_ns=now,
+                interval_s=1.0,
+                world_size=ranks,
+                step=100,
+                steps_done=100,
+                recent_step_ns=[100_000_000 + (r % 7) * 1_000_000] * 32,
+                step_ns=100_000_000 + (r % 7) * 1_000_000,
+                compute_ns=80_000_000 + (20_000_000 if r == 3 else 0),
+                steps_per_s=9.5,
+                tokens_per_s=9500.0,
+                comm_share=0.2,
+                exposed_share=0.05,
+                memory_bytes=2**33,
+                memory_capacity_bytes=2**36,
+                inflight=InflightLive("all_reduce", "mesh_dp", "dp", 9, 1_000_000),
+                series=[OpSeries(op, "dp", 1000, 10**9) for op in ("all_reduce", "all_gather")],
+            ),
+        )
+    rules = AlertRules()
+    snap_s, rules_s, frame_s = [], [], []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        snap = read_snapshot(run)
+        t1 = time.perf_counter()
+        rules.evaluate(snap)
+        t2 = time.perf_counter()
+        console = Console(width=160, height=50, file=io.StringIO())
+        console.print(render_top(build_top_table(snap, "step", 37), str(run)))
+        t3 = time.perf_counter()
+        snap_s.append(t1 - t0)
+        rules_s.append(t2 - t1)
+        frame_s.append(t3 - t2)
+    med = statistics.median
+    print(
+        f"reader side, {ranks} ranks: read_snapshot {med(snap_s) * 1e3:.0f} ms, alert rules "
+        f"{med(rules_s) * 1e3:.1f} ms, top frame (37 rows) {med(frame_s) * 1e3:.0f} ms "
+        f"(median of {repeat})"
+    )
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=400)
-    ap.add_argument("--collectives", type=int, default=20)
-    ap.add_argument("--rounds", type=int, default=4)
-    args = ap.parse_args()
-
-    import torch
-    import torch.distributed as dist
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    torch.set_num_threads(1)
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
-    samples: dict[str, list[int]] = {"session": [], "live": []}
-    cost = records = 0
-    with tempfile.TemporaryDirectory() as tmp:
-        _round("live", 50, args.collectives, Path(tmp))  # warm-up
-        for r in range(args.rounds):
-            for mode in ("session", "live") if r % 2 == 0 else ("live", "session"):
-                times, c, n = _round(mode, args.steps, args.collectives, Path(tmp))
-                samples[mode] += times
-                cost, records = cost + c, records + n
-    dist.destroy_process_group()
-    med = {m: statistics.median(v) / 1e3 for m, v in samples.items()}
-    per_record = cost / max(records, 1) / 1e3
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}")
-    print(
-        f"steps: {args.steps} x {args.rounds} rounds per mode, {args.collectives} all_reduces each"
-    )
-    print("| mode | median step (µs) | vs session (µs) |")
-    print("|---|---:|---:|")
-    print(f"| session (no live state) | {med['session']:.1f} | |")
-    print(f"| live, 20 records/s | {med['live']:.1f} | {med['live'] - med['session']:+.1f} |")
-    print(
-        f"publisher thread CPU: {per_record:.0f} µs per record over {records} records = "
-        f"{per_record / 1e4:.3f}% of one core at the default 1 s interval"
-    )
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ranks", type=int, default=1024)
+    ap.add_argument("--seconds", type=float, default=5.0)
+    ap.add_argument("--interval", type=float, default=1.0)
+    ap.add_argument("--colls", type=int, default=20)
+    ap.add_argument("--repeat", type=int, default=5)
+    a = ap.parse_args()
+    rank_side(a.seconds, a.interval, a.colls)
+    reader_side(a.ranks, a.repeat)
 
 
 if __name__ == "__main__":

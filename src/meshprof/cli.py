@@ -24,6 +24,7 @@ COMMANDS: tuple[str, ...] = (
     "hang",
     "report",
     "diff",
+    "top",
     "export",
     "query",
     "bench",

@@ -26,6 +26,7 @@ from typing import Any
 
 from meshprof._torchrun import ENV_WORKER_EXITS
 from meshprof.errors import MeshprofError
+from meshprof.live.alerts import AlertConfig
 from meshprof.run_record import (
     EXIT_HANG,
     finish_manifest,
@@ -89,6 +90,8 @@ class RunOptions:
     else each outermost module forward call), "optimizer", "forward" or "off"."""
     live_interval_s: float = 1.0
     """Seconds between two live-state records of each rank (``RUN_DIR/live/``); 0: none."""
+    alerts: AlertConfig = field(default_factory=AlertConfig)
+    """Live alert rules the launcher evaluates while the job runs (needs the live state)."""
     max_events: int | None = None
     """Ring-buffer capacity of each rank's recorder (None: the recorder's default)."""
     command: list[str] = field(default_factory=list)
@@ -303,6 +306,10 @@ def launch(opts: RunOptions) -> LaunchResult:
     node = node_record(opts, cmd, manifest.start_ns or time.time_ns())
     write_node_record(run_dir, node_id(), node)
     write_merged_manifest(run_dir, manifest)
+    if opts.node_rank == 0:  # a run directory used again: the last run's live state is not ours
+        from meshprof.live.state import clear_live
+
+        clear_live(run_dir)
     proc = subprocess.Popen(cmd, env=worker_env(opts, run_dir))
 
     def forward(signum: int, _frame: Any) -> None:
@@ -312,6 +319,7 @@ def launch(opts: RunOptions) -> LaunchResult:
     old = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
     hang: dict[str, Any] | None = None
     watch = opts.hang_timeout_s > 0 and _watchdog_available()
+    alerts = _start_alerts(opts, run_dir)
     try:
         while True:
             try:
@@ -326,6 +334,8 @@ def launch(opts: RunOptions) -> LaunchResult:
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+        if alerts is not None:
+            alerts.stop()
     if watch and hang is None and _hang_dumps(run_dir):
         hang = {
             "first_dump": _hang_dumps(run_dir)[0].name,
@@ -339,6 +349,16 @@ def launch(opts: RunOptions) -> LaunchResult:
         exits_file.unlink()
     code = finish_manifest(manifest, node, run_dir, rc, hang, exits)
     return LaunchResult(run_dir=run_dir, exit_code=code, torchrun_exit_code=rc, hang=hang)
+
+
+def _start_alerts(opts: RunOptions, run_dir: Path) -> Any:
+    """The alert watcher (:mod:`meshprof.live.watch`), or None: alerts off, no live state, or
+    not node 0 (one launcher watches the whole job's shared live state)."""
+    if not (opts.alerts.enabled and opts.live_interval_s > 0 and opts.node_rank == 0):
+        return None
+    from meshprof.live.watch import AlertWatcher
+
+    return AlertWatcher(run_dir, opts.alerts).start()
 
 
 def _watchdog_available() -> bool:

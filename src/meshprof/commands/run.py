@@ -11,6 +11,7 @@ from typing import Any
 
 from meshprof.errors import MeshprofError
 from meshprof.launch import LaunchResult, RunOptions, launch
+from meshprof.live.alerts import AlertConfig
 
 #: torchrun options passed through as they are (name without the leading dashes).
 PASSTHROUGH = (
@@ -79,6 +80,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="seconds between two live-state records of each rank, read by meshprof top/serve "
         "and the metrics exporter (default 1; 0: off)",
     )
+    add_alert_options(p)
     p.add_argument(
         "--hang-timeout",
         default="300",
@@ -138,6 +140,82 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def add_alert_options(p: argparse.ArgumentParser) -> None:
+    """The live alert options (rules in :mod:`meshprof.live.alerts`)."""
+    g = p.add_argument_group(
+        "live alerts",
+        "rules the launcher evaluates every second on the live state (a threshold of 0 turns "
+        "its rule off); each alert is a line on stderr, a line in DIR/live/alerts.jsonl and, "
+        "with --alert-cmd, a command",
+    )
+    g.add_argument(
+        "--alert-cmd",
+        default=None,
+        metavar="CMD",
+        help="shell command run for an alert, with the alert as JSON on stdin",
+    )
+    g.add_argument(
+        "--alert-interval",
+        default="60",
+        metavar="SECONDS",
+        help="at most one --alert-cmd per rule per this many seconds (default 60)",
+    )
+    g.add_argument(
+        "--alert-step-regression",
+        default="20",
+        metavar="PCT",
+        help="a rank's recent step time above its own early steps' by more than PCT %% "
+        "(default 20)",
+    )
+    g.add_argument(
+        "--alert-throughput-drop",
+        default="30",
+        metavar="PCT",
+        help="tokens/s (or steps/s) below the rank's early rate by more than PCT %% (default 30)",
+    )
+    g.add_argument(
+        "--alert-memory",
+        default="90",
+        metavar="PCT",
+        help="memory above PCT %% of the device's (or host's) capacity (default 90)",
+    )
+    g.add_argument(
+        "--alert-inflight",
+        default="60",
+        metavar="SECONDS",
+        help="a collective in flight longer than this (default 60)",
+    )
+    g.add_argument(
+        "--alert-straggler",
+        default="20",
+        metavar="PCT",
+        help="a rank computes more than PCT %% longer per step than the others' median "
+        "(default 20)",
+    )
+    g.add_argument(
+        "--alert-straggler-looks",
+        default="3",
+        metavar="N",
+        help="a rank is a live straggler in N consecutive records (default 3)",
+    )
+    g.add_argument("--no-alerts", action="store_true", help="no live alerts")
+
+
+def alert_config_from_args(args: argparse.Namespace) -> AlertConfig:
+    """The :class:`AlertConfig` of ``meshprof run``'s alert options."""
+    return AlertConfig(
+        enabled=not args.no_alerts,
+        command=args.alert_cmd or None,
+        command_interval_s=_number(args.alert_interval, "--alert-interval"),
+        step_regression_pct=_number(args.alert_step_regression, "--alert-step-regression"),
+        throughput_drop_pct=_number(args.alert_throughput_drop, "--alert-throughput-drop"),
+        memory_pct=_number(args.alert_memory, "--alert-memory"),
+        inflight_s=_number(args.alert_inflight, "--alert-inflight"),
+        straggler_pct=_number(args.alert_straggler, "--alert-straggler"),
+        straggler_looks=_number(args.alert_straggler_looks, "--alert-straggler-looks", int),
+    )
+
+
 def _number(value: str, option: str, kind: type = float) -> Any:
     try:
         return kind(value)
@@ -180,6 +258,7 @@ def options_from_args(args: argparse.Namespace, argv: list[str] | None = None) -
         flush_interval_s=_number(args.flush_interval, "--flush-interval"),
         hang_timeout_s=_number(args.hang_timeout, "--hang-timeout"),
         live_interval_s=_number(args.live_interval, "--live-interval"),
+        alerts=alert_config_from_args(args),
         hang_action=args.hang_action,
         step_detect=args.step_detect,
         max_events=_number(args.max_events, "--max-events", int)

@@ -254,6 +254,21 @@ def read_rank_lives(run_dir: str | os.PathLike[str]) -> dict[int, RankLive]:
     return dict(sorted(out.items()))
 
 
+def clear_live(run_dir: str | os.PathLike[str]) -> int:
+    """Remove a previous run's live records and alerts from ``run_dir`` (a run directory used
+    again); the number of files removed. The launcher calls it before the workers start."""
+    d = live_dir(run_dir)
+    removed = 0
+    if not d.is_dir():
+        return 0
+    for p in d.iterdir():
+        if LIVE_FILE_RE.match(p.name) or p.name == ALERTS_FILE:
+            with contextlib.suppress(OSError):
+                p.unlink()
+                removed += 1
+    return removed
+
+
 # -- alerts ------------------------------------------------------------------------------------
 @dataclass(slots=True)
 class Alert:
@@ -432,6 +447,7 @@ __all__ = [
     "OpSeries",
     "RankLive",
     "append_alert",
+    "clear_live",
     "find_stragglers",
     "live_dir",
     "live_file",

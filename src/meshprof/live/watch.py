@@ -1,0 +1,172 @@
+"""The launcher's alert watcher: a daemon thread that reads the run's live snapshot every
+``poll_s`` seconds, evaluates the rules (:class:`~meshprof.live.alerts.AlertRules`) and, for each
+alert, prints one line on stderr, appends it to ``RUN_DIR/live/alerts.jsonl`` (``meshprof top``
+and ``serve`` show it) and runs the user's ``--alert-cmd`` with the alert as JSON on stdin.
+
+The command runs in a shell on its own thread (never blocking the watcher or the launcher), at
+most once per rule per ``command_interval_s`` seconds, and is killed after
+``command_timeout_s``; a failure is one warning on stderr. The watcher never raises: a look that
+fails is counted and reported once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import TextIO
+
+from meshprof.live.alerts import AlertConfig, AlertRules
+from meshprof.live.state import Alert, append_alert, read_snapshot
+
+#: Seconds :meth:`AlertWatcher.stop` waits for commands still running.
+STOP_WAIT_S = 5.0
+
+
+class AlertWatcher:
+    """Watches ``run_dir``'s live state and raises alerts (see the module docstring)."""
+
+    def __init__(
+        self,
+        run_dir: str | os.PathLike[str],
+        config: AlertConfig | None = None,
+        stream: TextIO | None = None,
+    ) -> None:
+        self.run_dir = Path(run_dir)
+        self.config = config if config is not None else AlertConfig()
+        self.rules = AlertRules(self.config)
+        self.stream = stream
+        """Where alert lines and warnings go (None: the current ``sys.stderr``)."""
+        self.raised: list[Alert] = []
+        self.commands_run = 0
+        self.commands_skipped = 0
+        """Commands not run because their rule ran one less than ``command_interval_s`` ago."""
+        self.command_failures = 0
+        self.look_failures = 0
+        self._last_command: dict[str, float] = {}
+        self._commands: list[threading.Thread] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> AlertWatcher:
+        self._thread = threading.Thread(target=self._run, name="meshprof-alerts", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop looking; wait (up to :data:`STOP_WAIT_S`) for the commands still running."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self.config.poll_s + 5.0)
+        deadline = time.monotonic() + STOP_WAIT_S
+        for t in list(self._commands):
+            t.join(timeout=max(deadline - time.monotonic(), 0.0))
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.config.poll_s):
+            self.look()
+
+    def look(self, now_ns: int | None = None) -> list[Alert]:
+        """One look: read the snapshot, evaluate the rules, emit the new alerts (returned)."""
+        try:
+            live = self.run_dir / "live"
+            if not live.is_dir():
+                return []
+            alerts = self.rules.evaluate(read_snapshot(self.run_dir, now_ns))
+            for a in alerts:
+                self.emit(a)
+            return alerts
+        except Exception as e:
+            self.look_failures += 1
+            if self.look_failures == 1:
+                self._say(f"meshprof run: warning: alert watcher: {type(e).__name__}: {e}")
+            return []
+
+    def emit(self, alert: Alert) -> None:
+        """Print, append to alerts.jsonl, run the command (rate-limited)."""
+        self.raised.append(alert)
+        self._say(f"meshprof alert: {alert.message}")
+        try:
+            append_alert(self.run_dir, alert)
+        except OSError as e:
+            self._say(f"meshprof run: warning: cannot append to the alerts file: {e}")
+        cmd = self.config.command
+        if not cmd:
+            return
+        now = time.monotonic()
+        last = self._last_command.get(alert.kind)
+        if last is not None and now - last < self.config.command_interval_s:
+            self.commands_skipped += 1
+            return
+        self._last_command[alert.kind] = now
+        self.commands_run += 1
+        t = threading.Thread(
+            target=self._run_command, args=(cmd, alert), name="meshprof-alert-cmd", daemon=True
+        )
+        self._commands = [c for c in self._commands if c.is_alive()] + [t]
+        t.start()
+
+    def _run_command(self, cmd: str, alert: Alert) -> None:
+        payload = {**alert.to_dict(), "run_dir": str(self.run_dir)}
+        env = {
+            **os.environ,
+            "MESHPROF_ALERT_KIND": alert.kind,
+            "MESHPROF_ALERT_MESSAGE": alert.message,
+            "MESHPROF_RUN_DIR": str(self.run_dir),
+        }
+        try:
+            proc = subprocess.Popen(
+                cmd,
+                shell=True,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                env=env,
+                start_new_session=True,  # the launcher's Ctrl-C is not the command's
+            )
+        except OSError as e:
+            self._fail(alert, f"cannot start it: {e}")
+            return
+        try:
+            _, err = proc.communicate(
+                (json.dumps(payload) + "\n").encode(), timeout=self.config.command_timeout_s
+            )
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            proc.communicate()
+            self._fail(alert, f"still running after {self.config.command_timeout_s:g} s, killed")
+            return
+        except OSError as e:
+            _kill_group(proc)
+            proc.wait()
+            self._fail(alert, str(e))
+            return
+        if proc.returncode != 0:
+            tail = err.decode("utf-8", "replace").strip().splitlines()[-1:] if err else []
+            self._fail(alert, f"exit code {proc.returncode}" + (f": {tail[0]}" if tail else ""))
+
+    def _fail(self, alert: Alert, why: str) -> None:
+        self.command_failures += 1
+        self._say(f"meshprof run: warning: --alert-cmd for the {alert.kind} alert failed ({why})")
+
+    def _say(self, line: str) -> None:
+        stream = self.stream if self.stream is not None else sys.stderr
+        with contextlib.suppress(OSError, ValueError):
+            print(line, file=stream, flush=True)
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """Kill the command and whatever its shell started (its own session)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except OSError:
+        proc.kill()
+
+
+__all__ = ["AlertWatcher"]

@@ -1,0 +1,50 @@
+"""A 2-rank training loop for the live-alert tests: every step does a busy compute of BASE_S
+seconds, then one all_reduce; from step SLOW_FROM on, rank SLOW_RANK computes EXTRA_S more per
+step and writes the wall-clock time (ns) it became slow into STOP_FILE.slow. argv: steps base_s
+extra_s slow_rank slow_from stop_file (the loop runs until the file exists or `steps` steps are
+done)."""
+
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+steps, base_s, extra_s, slow, slow_from = (
+    int(sys.argv[1]),
+    float(sys.argv[2]),
+    float(sys.argv[3]),
+    int(sys.argv[4]),
+    int(sys.argv[5]),
+)
+stop_file = sys.argv[6]
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+model = torch.nn.Linear(8, 8)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+
+def busy(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    x = 0
+    while time.perf_counter() < end:
+        x += 1
+
+
+for i in range(steps):
+    if os.path.exists(stop_file):
+        break
+    slow_now = rank == slow and i >= slow_from
+    if slow_now and i == slow_from:
+        with open(stop_file + ".slow", "w") as f:
+            f.write(str(time.time_ns()))
+    loss = model(torch.randn(4, 8)).sum()
+    loss.backward()
+    busy(base_s + (extra_s if slow_now else 0.0))
+    t = torch.ones(1024)
+    dist.all_reduce(t)
+    opt.step()
+    opt.zero_grad()
+dist.barrier()
+dist.destroy_process_group()

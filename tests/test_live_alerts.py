@@ -1,0 +1,344 @@
+"""Live alert rules on synthetic live state with known truth (records written with
+write_rank_live, one look per snapshot), the watcher's outputs (stderr line, alerts.jsonl, the
+user's command), and a real 2-rank job under ``meshprof run`` where one rank becomes slow mid-run
+(also read by ``meshprof top --once`` / ``--json`` while it runs and after it ended)."""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from meshprof.errors import MeshprofError
+from meshprof.live.alerts import AlertConfig, AlertRules
+from meshprof.live.state import (
+    Alert,
+    InflightLive,
+    RankLive,
+    read_alerts,
+    read_snapshot,
+    write_rank_live,
+)
+from meshprof.live.watch import AlertWatcher
+
+SCRIPTS = Path(__file__).parent / "scripts"
+MS = 1_000_000
+T0 = 1_700_000_000_000_000_000
+
+
+def look(rules: AlertRules, run: Path, t_s: float, recs: list[RankLive]) -> list[Alert]:
+    """Write ``recs`` as published at T0 + t_s and evaluate one look at that time."""
+    now = T0 + int(t_s * 1e9)
+    for r in recs:
+        if r.updated_ns == 0:
+            r.updated_ns = now
+        write_rank_live(run, r)
+    return rules.evaluate(read_snapshot(run, now_ns=now))
+
+
+def rec(rank: int, **kw: object) -> RankLive:
+    return RankLive(rank=rank, updated_ns=0, interval_s=1.0, **kw)  # type: ignore[arg-type]
+
+
+def test_straggler_after_n_fresh_looks_once_per_episode(tmp_path: Path) -> None:
+    rules = AlertRules(AlertConfig(straggler_looks=3, clear_looks=2))
+
+    def at(t: float, slow_ns: int, published: float | None = None) -> list[Alert]:
+        recs = [
+            rec(0, compute_ns=100 * MS),
+            rec(1, compute_ns=101 * MS),
+            rec(2, compute_ns=slow_ns),
+        ]
+        for r in recs:
+            r.updated_ns = T0 + int((t if published is None else published) * 1e9)
+        return look(rules, tmp_path, t, recs)
+
+    quiet = AlertRules(AlertConfig(straggler_looks=1))  # +14 %: in the list, under the 20 %
+    recs = [rec(0, compute_ns=100 * MS), rec(1, compute_ns=101 * MS), rec(2, compute_ns=115 * MS)]
+    assert look(quiet, tmp_path, 0, recs) == []
+    assert [s.rank for s in read_snapshot(tmp_path, now_ns=T0).stragglers] == [2]
+    assert at(1, 150 * MS) == [] and at(2, 150 * MS) == []
+    assert at(2.5, 150 * MS, published=2) == []  # the same records again: not a new look
+    (a,) = at(3, 150 * MS)
+    assert a.kind == "straggler" and a.ranks == [2] and a.severity == "warning"
+    # the others' median is 100.5 ms: +49.5 ms (+49%)
+    assert a.value == pytest.approx(49.5)
+    assert a.message == "rank 2 is a straggler: +50 ms compute per step (+49%)"
+    assert at(4, 150 * MS) == [] and at(5, 150 * MS) == []  # the same episode
+    assert at(6, 100 * MS) == []  # one look without: not over yet (clear_looks 2)
+    assert at(7, 150 * MS) == [] and at(8, 150 * MS) == [] and at(9, 150 * MS) == []
+    assert at(10, 100 * MS) == [] and at(11, 100 * MS) == []  # over
+    assert at(12, 150 * MS) == [] and at(13, 150 * MS) == []
+    assert [x.kind for x in at(14, 150 * MS)] == ["straggler"]  # a new episode
+
+
+def _steps(steps_done: int, durs: list[int]) -> RankLive:
+    return rec(0, steps_done=steps_done, step=steps_done, recent_step_ns=durs)
+
+
+def test_step_regression_against_the_ranks_own_early_steps(tmp_path: Path) -> None:
+    rules = AlertRules(AlertConfig(warmup_steps=5, baseline_steps=10, recent_steps=8))
+    warm = [300 * MS] * 5  # steps 0-4: warm-up, ignored
+    base = [100 * MS, 98 * MS, 102 * MS] * 3 + [100 * MS]  # steps 5-14: median 100 ms
+    assert look(rules, tmp_path, 1, [_steps(12, warm + base[:7])]) == []
+    assert rules.baselines[0].step_ns is None  # steps 5..14 not all done yet
+    assert look(rules, tmp_path, 2, [_steps(15, warm + base)]) == []
+    assert rules.baselines[0].step_ns == 100 * MS
+    # +15 %: below the 20 % threshold
+    assert look(rules, tmp_path, 3, [_steps(23, warm + base + [115 * MS] * 8)]) == []
+    (a,) = look(rules, tmp_path, 4, [_steps(31, warm + base + [115 * MS] * 8 + [125 * MS] * 8)])
+    assert a.kind == "step_regression" and a.ranks == [0]
+    assert a.value == pytest.approx(25.0) and a.threshold == 20.0
+    assert (
+        a.message == "step time regressed on rank 0: 125 ms per step vs 100 ms at the start (+25%)"
+    )
+    assert look(rules, tmp_path, 5, [_steps(39, [125 * MS] * 32)]) == []  # same episode
+
+
+def test_step_baseline_when_the_watcher_looked_late(tmp_path: Path) -> None:
+    rules = AlertRules(AlertConfig(warmup_steps=5, baseline_steps=4))
+    # first look at step 40: the window holds steps 8..39; the baseline is steps 8..11
+    durs = [80 * MS, 82 * MS, 84 * MS, 86 * MS] + [90 * MS] * 28
+    look(rules, tmp_path, 1, [_steps(40, durs)])
+    assert rules.baselines[0].step_ns == 83 * MS
+
+
+def test_throughput_drop_tokens_and_steps(tmp_path: Path) -> None:
+    rules = AlertRules(AlertConfig(warmup_steps=5, baseline_looks=3, throughput_drop_pct=30))
+
+    def at(t: float, done: int, tps: float, sps: float = 10.0) -> list[Alert]:
+        r = rec(
+            0, steps_done=done, recent_step_ns=[100 * MS] * 8, tokens_per_s=tps, steps_per_s=sps
+        )
+        s = rec(1, steps_done=done, recent_step_ns=[100 * MS] * 8, steps_per_s=sps)
+        return look(rules, tmp_path, t, [r, s])
+
+    at(1, 12, 5000.0)  # the window (steps 4..11) still holds a warm-up step: no sample
+    assert rules.baselines[0].rate_samples == []
+    for t, tps in ((2, 1000.0), (3, 1200.0), (4, 1100.0)):
+        assert at(t, 10 + 3 * t, tps) == []
+    assert rules.baselines[0].rate == 1100.0 and rules.baselines[0].rate_unit == "tokens/s"
+    assert rules.baselines[1].rate == 10.0 and rules.baselines[1].rate_unit == "steps/s"
+    assert at(5, 30, 800.0) == []  # -27 %
+    (a,) = at(6, 33, 700.0, sps=6.0)  # rank 0: -36 % tokens/s; rank 1: -40 % steps/s
+    assert a.kind == "throughput_drop" and a.ranks == [0, 1]
+    assert a.value == pytest.approx(40.0)  # the worst first
+    assert a.message.startswith(
+        "throughput dropped on 2 ranks (0, 1): worst rank 1: 6 steps/s vs 10 at the start (-40%)"
+    )
+
+
+def test_memory_inflight_and_grouping(tmp_path: Path) -> None:
+    rules = AlertRules(AlertConfig(memory_pct=90, inflight_s=60))
+    gib = 2**30
+    stuck = InflightLive("all_reduce", "mesh_dp", "dp", 1234, 55 * 10**9)
+    recs = [
+        rec(0, memory_bytes=int(9.5 * gib), memory_capacity_bytes=10 * gib),
+        rec(1, memory_bytes=int(9.2 * gib), memory_capacity_bytes=10 * gib),
+        rec(2, memory_bytes=int(8.9 * gib), memory_capacity_bytes=10 * gib, inflight=stuck),
+        rec(3, memory_bytes=-1, memory_capacity_bytes=-1),
+    ]
+    alerts = look(rules, tmp_path, 1, recs)
+    assert [a.kind for a in alerts] == ["memory"]  # 55 s in flight: not yet
+    (m,) = alerts
+    assert m.ranks == [0, 1] and m.value == pytest.approx(95.0)
+    assert m.message == ("memory above 90% on 2 ranks (0, 1): worst rank 0: 9.5 of 10.0 GiB (95%)")
+    # the record is 3 s old at the look and the collective was 58 s old then: 61 s
+    stuck.age_ns = 58 * 10**9
+    recs[2].updated_ns = T0 + 2 * 10**9
+    for r in recs[:2] + recs[3:]:
+        r.updated_ns = 0
+    (a,) = look(rules, tmp_path, 5, recs)
+    assert a.kind == "inflight" and a.ranks == [2] and a.severity == "critical"
+    assert a.value == pytest.approx(61.0)
+    assert (
+        a.message
+        == "collective stuck on rank 2: all_reduce on mesh_dp (seq 1234) in flight for 61 s"
+    )
+
+
+def test_stale_rank_and_ended_ranks(tmp_path: Path) -> None:
+    rules = AlertRules(AlertConfig(clear_looks=1))
+    r0, r1 = rec(0), rec(1)
+    assert look(rules, tmp_path, 1, [r0, r1]) == []
+    r1.updated_ns = T0 + 10**9  # rank 1 stops publishing at t = 1 s
+    for t in (2, 3, 4, 5, 6):
+        r0.updated_ns = 0
+        assert (
+            look(rules, tmp_path, t, [r0, r1]) == []
+        )  # 1 × 3 + 2 s grace: stale when over 5 s old
+    r0.updated_ns = 0
+    (a,) = look(rules, tmp_path, 7, [r0, r1])
+    assert a.kind == "stale" and a.ranks == [1] and a.severity == "critical"
+    assert a.message == "rank 1 stopped publishing live state: last record 6 s ago"
+    r0.updated_ns = 0
+    assert look(rules, tmp_path, 8, [r0, r1]) == []
+    # ended ranks raise nothing, whatever their numbers
+    done = rec(0, status="ended", memory_bytes=99, memory_capacity_bytes=100)
+    assert look(rules, tmp_path, 10, [done, rec(1, status="ended")]) == []
+
+
+def test_alert_config_and_run_options_validate(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(MeshprofError):
+        AlertConfig(memory_pct=-1)
+    with pytest.raises(MeshprofError):
+        AlertConfig(throughput_drop_pct=100)
+    script = tmp_path / "s.py"
+    script.write_text("")
+    r = cli("run", "--alert-memory", "lots", script)
+    assert r.returncode == 2 and r.stderr.strip().endswith(
+        "--alert-memory 'lots': expected a number"
+    )
+    r = cli("run", "--alert-inflight", "-3", script)
+    assert r.returncode == 2 and "--alert-inflight -3.0: must be >= 0" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_watcher_prints_appends_and_runs_the_command_rate_limited(tmp_path: Path) -> None:
+    out = tmp_path / "cmd.jsonl"
+    err = io.StringIO()
+    cfg = AlertConfig(command=f"cat >> {out}", command_interval_s=60, clear_looks=1)
+    w = AlertWatcher(tmp_path, cfg, stream=err)
+    gib = 2**30
+
+    def at(t: float, used: float) -> list[Alert]:
+        write_rank_live(
+            tmp_path,
+            RankLive(
+                rank=0,
+                updated_ns=T0 + int(t * 1e9),
+                interval_s=1.0,
+                memory_bytes=int(used * gib),
+                memory_capacity_bytes=10 * gib,
+            ),
+        )
+        return w.look(now_ns=T0 + int(t * 1e9))
+
+    assert [a.kind for a in at(1, 9.5)] == ["memory"]
+    assert at(2, 5.0) == []  # over
+    assert [a.kind for a in at(3, 9.8)] == ["memory"]  # a new episode: no second command
+    w.stop()
+    assert w.commands_run == 1 and w.commands_skipped == 1
+    assert err.getvalue().splitlines() == [
+        "meshprof alert: memory above 90% on rank 0: 9.5 of 10.0 GiB (95%)",
+        "meshprof alert: memory above 90% on rank 0: 9.8 of 10.0 GiB (98%)",
+    ]
+    assert [a.value for a in read_alerts(tmp_path)] == [pytest.approx(95.0), pytest.approx(98.0)]
+    (sent,) = [json.loads(x) for x in out.read_text().splitlines()]
+    assert sent["kind"] == "memory" and sent["ranks"] == [0] and sent["run_dir"] == str(tmp_path)
+
+
+def test_failing_or_slow_command_is_one_warning(tmp_path: Path) -> None:
+    err = io.StringIO()
+    w = AlertWatcher(
+        tmp_path, AlertConfig(command="echo nope >&2; exit 3", command_interval_s=0), stream=err
+    )
+    w.emit(Alert("memory", "m", T0, [0]))
+    w.config.command = "sleep 5"
+    w.config.command_timeout_s = 0.3
+    t0 = time.monotonic()
+    w.emit(Alert("stale", "s", T0, [1]))  # never blocks the caller
+    assert time.monotonic() - t0 < 0.2
+    w.stop()
+    lines = err.getvalue().splitlines()
+    assert (
+        "meshprof run: warning: --alert-cmd for the memory alert failed (exit code 3: nope)"
+        in lines
+    )
+    assert (
+        "meshprof run: warning: --alert-cmd for the stale alert failed "
+        "(still running after 0.3 s, killed)" in lines
+    )
+    assert w.command_failures == 2
+
+
+def _wait(pred, timeout: float = 120.0):  # type: ignore[no-untyped-def]
+    end = time.time() + timeout
+    while time.time() < end:
+        v = pred()
+        if v:
+            return v
+        time.sleep(0.25)
+    raise AssertionError("timed out")
+
+
+def test_real_job_slow_rank_raises_alerts_and_top_shows_it(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    out, stop, cmd_out = tmp_path / "run", tmp_path / "stop", tmp_path / "alerts_cmd.jsonl"
+    proc = cli.start(
+        "run",
+        "--nproc-per-node",
+        "2",
+        "-o",
+        out,
+        "--live-interval",
+        "0.5",
+        "--alert-straggler-looks",
+        "3",
+        "--alert-cmd",
+        f"cat >> {cmd_out}",
+        "--no-summary",
+        SCRIPTS / "live_slowdown_job.py",
+        "2000",
+        "0.03",
+        "0.06",
+        "1",
+        "20",
+        stop,
+    )
+    try:
+
+        def straggler_alert() -> Alert | None:
+            return next((a for a in read_alerts(out) if a.kind == "straggler"), None)
+
+        a = _wait(straggler_alert)
+        slow_ns = int(Path(f"{stop}.slow").read_text())
+        # raised for the rank made slow, after it became slow, with about the injected excess
+        assert a.ranks == [1] and a.t_ns > slow_ns
+        assert a.value == pytest.approx(60.0, abs=25.0)  # ms of compute per step
+        reg = _wait(
+            lambda: next((x for x in read_alerts(out) if x.kind == "step_regression"), None)
+        )
+        assert reg.t_ns > slow_ns and 0 in reg.ranks  # rank 0 waits for rank 1: it slows too
+        # steps went from ~30 ms to ~90 ms (+200 %; more on a loaded machine's slower start)
+        assert 50.0 <= reg.value <= 300.0
+        # top while it runs
+        r = cli("top", out, "--json")
+        assert r.returncode == 0, r.stderr
+        d = json.loads(r.stdout)
+        assert [x["rank"] for x in d["ranks"]] == [0, 1] and not d["ended"]
+        assert all(x["step"] > 20 and x["updated_ns"] > slow_ns for x in d["ranks"])
+        assert any(x["kind"] == "straggler" for x in d["alerts"])
+        assert [s["rank"] for s in d["stragglers"]] == [1]
+        r = cli("top", out, "--once")
+        assert r.returncode == 0 and "running" in r.stdout and "ENDED" not in r.stdout
+        assert "rank 1 is a straggler" in r.stdout and "straggler: rank 1 +" in r.stdout
+    finally:
+        stop.write_text("")
+        outs = proc.communicate(timeout=120)
+    assert proc.returncode == 0, outs[1][-2000:]
+    assert "meshprof alert: rank 1 is a straggler: +" in outs[1]
+    sent = [json.loads(x) for x in cmd_out.read_text().splitlines()]
+    assert {"straggler", "step_regression"} <= {x["kind"] for x in sent}
+    assert next(x for x in sent if x["kind"] == "straggler")["ranks"] == [1]
+    # the finished job
+    r = cli("top", out, "--json")
+    d = json.loads(r.stdout)
+    assert d["ended"] and d["stale"] == [] and all(x["status"] == "ended" for x in d["ranks"])
+    r = cli("top", out, "--once")
+    assert r.returncode == 0 and "ENDED" in r.stdout and "ended normal" in r.stdout
+
+
+def test_a_reused_run_dir_starts_without_the_last_runs_live_state(tmp_path: Path) -> None:
+    from meshprof.live.state import clear_live, read_rank_lives
+
+    for r in range(3):
+        write_rank_live(tmp_path, RankLive(rank=r, updated_ns=T0, interval_s=1.0))
+    (tmp_path / "live" / "notes.txt").write_text("kept")
+    w = AlertWatcher(tmp_path, AlertConfig(), stream=io.StringIO())
+    w.emit(Alert("stale", "old", T0, [2]))
+    assert clear_live(tmp_path) == 4
+    assert read_rank_lives(tmp_path) == {} and read_alerts(tmp_path) == []
+    assert (tmp_path / "live" / "notes.txt").read_text() == "kept"
