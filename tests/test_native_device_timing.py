@@ -132,3 +132,52 @@ def test_native_device_timers_resolve_without_waiting() -> None:
         assert 0 < dur <= r["abandon_window_ns"]
         ((dur, meta),) = r["after"]
         assert meta == {} and dur > 0
+
+
+def _cuda_worker(rank: int, ws: int) -> dict[str, Any]:
+    import torch
+    import torch.distributed as dist
+
+    import meshprof
+
+    torch.cuda.set_device(rank)
+    prof = meshprof.enable(meshprof.ProfilerConfig(native=True))
+    t = torch.ones(1 << 22, device="cuda")  # 16 MiB
+    dist.all_reduce(t)  # warm up NCCL outside the checked region
+    torch.cuda.synchronize()
+    prof.settle(2.0)
+    start = prof.log.total
+    torch.cuda.set_sync_debug_mode("error")  # any host synchronization raises
+    try:
+        for _ in range(5):
+            dist.all_reduce(t)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    prof.settle(5.0)
+    evs = prof.events(start)
+    return {
+        "backend": prof.backend_name,
+        "internal_errors": prof.internal_errors,
+        "durs": [e.duration_ns for e in evs],
+        "host": [e.metadata.get("host_duration_ns", -1) for e in evs],
+    }
+
+
+@pytest.mark.gpu
+def test_native_cuda_timing_never_synchronizes_the_host() -> None:
+    """On a GPU (and a CUDA toolkit for the build): NCCL all_reduces timed on the device by the
+    native kernel, with the host-sync checker on. Numbers against torch.profiler's kernel times:
+    ``benchmarks/gpu_native_check.py``."""
+    torch = pytest.importorskip("torch")
+    from meshprof.comm import native
+
+    if not torch.cuda.is_available() or not native._build_with_cuda():
+        pytest.skip("needs CUDA and the CUDA toolkit (CUDA_HOME)")
+    native.load()
+    (r0,) = run_ranks(_cuda_worker, 1, backend="nccl", timeout=300, env={"MESHPROF_NATIVE": "1"})
+    assert r0["backend"] == "native"
+    assert r0["internal_errors"] == 0
+    assert len(r0["durs"]) == 5
+    assert all(d > 0 for d in r0["durs"])
+    assert all(h > 0 for h in r0["host"])  # device-timed: the host time kept beside it

@@ -397,7 +397,7 @@ void kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::S
     r.t0 = now_ns();
     std::lock_guard<std::mutex> g(mu);
     inflight.emplace(r.token, r);
-    if (script.on || meshprof_device::device_timing.load(std::memory_order_relaxed)) {
+    if (script.on || (meshprof_device::kWithCuda && meshprof_device::device_timing.load())) {
       try {  // a device start is marked last, right before the op is issued
         const size_t base = stack->size() - op.schema().arguments().size();
         auto timer = meshprof_device::make_timer((*stack)[base + spec->tensor_arg], r.group);
