@@ -54,6 +54,8 @@ class PendingOp:
     """The op's c10d Work while completion is awaited through it."""
     start_event: Any = None
     end_event: Any = None
+    host_end: int = 0
+    """CUDA-timed: when the host saw the work complete, ``perf_counter_ns``."""
     thread: int = field(default_factory=threading.get_ident)
     t0: int = 0
     """Issue time, ``perf_counter_ns``."""
@@ -321,6 +323,7 @@ class Completion:
             if rec.start_event is not None and err is None:
                 rec.end_event = torch.cuda.Event(enable_timing=True)
                 rec.end_event.record()  # on the stream the future synchronized with the work
+                rec.host_end = end
                 self._device_pending.append(rec)
                 return
             self._sink.complete(rec, end, err)
@@ -336,7 +339,7 @@ class Completion:
             try:
                 if rec.end_event.query():
                     dur = int(rec.start_event.elapsed_time(rec.end_event) * 1e6)
-                    self._sink.complete(rec, 0, None, dur=dur)
+                    self._sink.complete(rec, rec.host_end, None, dur=dur)
                 else:
                     pending.append(rec)
             except Exception as e:

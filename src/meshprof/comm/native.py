@@ -11,8 +11,15 @@ or, for works without one (gloo's send/recv; each Work class is asked for its fu
 to 20 ms) as the safety net for works nobody waits on. Python drains finished records into the
 event log at every flush. Its table of op argument layouts comes from :mod:`meshprof.comm.ops`.
 
-CUDA tensors are not timed natively (their futures complete at enqueue): with CUDA present the
-Python path with CUDA-event timing is used instead.
+On CUDA (an extension built with CUDA: ``torch.cuda.is_available()`` and ``CUDA_HOME``) an op
+on CUDA tensors is timed on the device without ever synchronizing the host: by the work's own
+start/end events when its backend keeps them (ProcessGroupNCCL with
+``TORCH_NCCL_ENABLE_TIMING=1``: ``Work::getDuration()``), else by CUDA events the kernel records
+on the issuing stream and on the stream the work's future completes on. A record waits, after its
+host completion, until its end event has been reached (queried at every drain); its
+``duration_ns`` is then the device time and ``metadata.host_duration_ns`` the host's issue to
+completion, as the Python kernel reports them. Without a CUDA build, CUDA present means the
+Python kernel (:func:`native_allowed`).
 """
 
 from __future__ import annotations
@@ -32,7 +39,15 @@ from meshprof.comm.ops import available_specs
 from meshprof.comm.patching import Patches
 from meshprof.config import ProfilerConfig
 from meshprof.errors import MeshprofError
-from meshprof.events import FLAG_DROPPED, FLAG_UNSAMPLED, OP_CODES, P2P_OPS, GroupInfo
+from meshprof.events import (
+    FLAG_ASYNC,
+    FLAG_DEVICE_TIMING,
+    FLAG_DROPPED,
+    FLAG_UNSAMPLED,
+    OP_CODES,
+    P2P_OPS,
+    GroupInfo,
+)
 
 if TYPE_CHECKING:
     from meshprof.comm.recorder import CommProfiler
@@ -40,7 +55,7 @@ if TYPE_CHECKING:
 #: Seconds uninstall() waits for native ops still in flight to complete before the last drain.
 SETTLE_ON_UNINSTALL_S = 0.5
 
-#: Mirror of ``struct Rec`` in native_kernel.cpp (packed, 68 bytes).
+#: Mirror of ``struct Rec`` in native_kernel.cpp (packed, 76 bytes).
 NATIVE_DTYPE = np.dtype(
     [
         ("op", np.uint8),
@@ -57,8 +72,17 @@ NATIVE_DTYPE = np.dtype(
         ("dur", np.int64),
         ("step", np.int64),
         ("token", np.int64),
+        ("host_dur", np.int64),
     ]
 )
+
+#: Rec.flags bits of the C++ kernel beyond the event log's own (FLAG_ASYNC, FLAG_DEVICE_TIMING)
+_DEVICE_ABANDONED = 0x40
+_LOG_FLAGS = FLAG_ASYNC | FLAG_DEVICE_TIMING
+
+#: Seconds after its host completion that a record waits for its device end before it keeps
+#: its host duration (``metadata.device_timing_abandoned``).
+DEVICE_TIMEOUT_S = 300.0
 
 #: c10::ScalarType codes -> dtype names
 _SCALAR_TYPES = {
@@ -81,10 +105,12 @@ def load() -> Any:
             from torch.utils.cpp_extension import load as load_ext
 
             src = Path(__file__).with_name("native_kernel.cpp")
+            cuda = _build_with_cuda()
             _module = load_ext(
-                name="meshprof_native_recorder",
+                name="meshprof_native_recorder_cuda" if cuda else "meshprof_native_recorder",
                 sources=[str(src)],
-                extra_cflags=["-O2"],
+                extra_cflags=["-O2"] + (["-DMESHPROF_WITH_CUDA"] if cuda else []),
+                with_cuda=cuda,
                 verbose=bool(os.environ.get("MESHPROF_NATIVE_VERBOSE")),
             )
         except Exception as e:
@@ -95,14 +121,24 @@ def load() -> Any:
         return _module
 
 
+def _build_with_cuda() -> bool:
+    """Build the CUDA timing in: CUDA is usable here and the CUDA toolkit's headers are found."""
+    import torch
+    from torch.utils.cpp_extension import CUDA_HOME
+
+    return bool(torch.cuda.is_available() and CUDA_HOME)
+
+
 def native_allowed(config: ProfilerConfig) -> bool:
-    """The native kernel times on the host only: with CUDA present keep the Python one (warns)."""
+    """With CUDA present the native kernel needs its CUDA build (device timing); without one,
+    keep the Python kernel and its CUDA-event timing (warns)."""
     import torch
 
-    if torch.cuda.is_available() and config.device_timing:
+    if torch.cuda.is_available() and config.device_timing and not _build_with_cuda():
         warnings.warn(
-            "meshprof: native=True ignored: CUDA is present and the native recorder cannot time "
-            "on the device; using the Python recorder with CUDA-event timing",
+            "meshprof: native=True ignored: CUDA is present but the CUDA toolkit (CUDA_HOME) is "
+            "not, so the native recorder cannot time on the device; using the Python recorder "
+            "with CUDA-event timing",
             RuntimeWarning,
             stacklevel=5,
         )
@@ -134,6 +170,8 @@ class NativeKernel:
                 mask |= 1 << code
         self.mod.configure(table, int(cfg.sample_rate * 2**32), mask)
         self.mod.set_enabled(bool(cfg.enabled))
+        self.mod.set_device_timing(bool(cfg.device_timing))
+        self.mod.set_device_timeout(int(DEVICE_TIMEOUT_S * 1e9))
         self.names = [str(t[0]) for t in table]
 
     def install(self) -> None:
@@ -220,25 +258,39 @@ class NativeKernel:
         offset = prof.wall_offset_ns
         min_ns = prof.min_duration_ns
         for r in recs.tolist():
-            op, status, dtype, flags, sampled, g, peer, seq, in_b, out_b, t0, dur, step, token = r
+            op, status, dtype, flags, sampled, g, peer, seq, in_b, out_b, t0, dur, step, tok, hd = r
             gidx = self._group(g, names)
-            f = flags if sampled else (flags | FLAG_DROPPED | FLAG_UNSAMPLED)
+            f = flags & _LOG_FLAGS
+            if not sampled:
+                f |= FLAG_DROPPED | FLAG_UNSAMPLED
             if sampled and status == 0 and dur < min_ns:
                 f |= FLAG_DROPPED
+            meta = None
+            if flags & FLAG_DEVICE_TIMING:
+                meta = {"host_duration_ns": hd}
+            elif flags & _DEVICE_ABANDONED:
+                meta = {"device_timing_abandoned": True}
             prof.log.append(
                 (op, status, self._dtype(dtype), f, gidx, self._peer(gidx, peer), seq, in_b, out_b,
                  t0 + offset if sampled else 0, dur if sampled else -1, step,
-                 err.get(token) if status else None, None)
+                 err.get(tok) if status else None, meta)
             )  # fmt: skip
 
     def settle(self, timeout_s: float) -> None:
         """Wait up to ``timeout_s`` for the native ops in flight to complete (their completion
         runs in C++: future callbacks, the poller)."""
         deadline = time.monotonic() + max(timeout_s, 0.0)
-        while self.mod.inflight_records():
+        while self.mod.inflight_records() or self._device_pending():
             if time.monotonic() >= deadline:
                 return
             time.sleep(0.001)
+
+    def _device_pending(self) -> bool:
+        """Whether records wait for their device end (resolved at the next drain)."""
+        try:
+            return bool(self.mod.device_pending_count())
+        except AttributeError:  # a build from before device timing
+            return False
 
     def sweep(self) -> None:
         """One pass of the C++ poller's check on this thread (GIL released): polled works that
@@ -254,7 +306,7 @@ class NativeKernel:
         now = self.mod.now()
         out = []
         for r in sorted(np.frombuffer(raw, dtype=NATIVE_DTYPE).tolist(), key=lambda r: r[10]):
-            op, _st, dtype, _f, _s, g, peer, seq, in_b, out_b, t0, _d, _step, _tok = r
+            op, _st, dtype, _f, _s, g, peer, seq, in_b, out_b, t0, _d, _step, _tok, _hd = r
             gidx = self._group(g, names)
             info = self.prof.log.groups[gidx]
             out.append(

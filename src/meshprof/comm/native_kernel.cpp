@@ -3,6 +3,9 @@
 // (group, seq, bytes, dtype, sampling, start time, completion from the Work's future or a polling
 // thread), without touching Python or the GIL on the collective's path. Python drains finished records
 // (packed, see Rec) with drain(); meshprof/comm/native.py translates them into the event log.
+// Device timing (CUDA tensors): an op gets a DeviceTimer at issue; once the host saw it complete
+// its record waits in device_pending until the timer says, never blocking, that the device
+// reached the end (native_device.h). CPU builds test that with a scripted stand-in timer.
 #include <torch/extension.h>
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -10,11 +13,15 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include "native_args.h"
+#include "native_device.h"
+
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -29,37 +36,15 @@
 
 namespace {
 
-struct Spec {
-  int op_code;     // meshprof OP_CODES value
-  int pg_arg;      // argument index of the ProcessGroup
-  int in_arg;      // argument holding the input tensors (-1: none)
-  int out_arg;     // argument holding the output tensors (-1: none)
-  int tensor_arg;  // argument whose first tensor gives the dtype
-  int async_arg;   // argument index of async_op (-1: none, always asynchronous)
-  int peer_arg;    // argument index of the peer's group rank (-1: none)
-  int p2p;         // 0 collective, 1 send, 2 recv
-  int wait_thread; // the backend's work has no future and never reports completion: wait on it
-};
-
-// One record; drained as raw bytes, mirrored by NATIVE_DTYPE in meshprof/comm/native.py.
-#pragma pack(push, 1)
-struct Rec {
-  uint8_t op;
-  uint8_t status;  // 0 ok, 1 error
-  int16_t dtype;   // c10::ScalarType, -1 none
-  uint8_t flags;   // 1 async
-  uint8_t sampled; // 0: counted only
-  uint16_t group;  // native group id
-  int32_t peer;    // peer's group rank, -1
-  int64_t seq;
-  int64_t in_bytes;
-  int64_t out_bytes;
-  int64_t t0;      // steady clock (CLOCK_MONOTONIC) ns at issue
-  int64_t dur;     // ns, -1 not timed
-  int64_t step;
-  int64_t token;
-};
-#pragma pack(pop)
+using meshprof_args::bytes_of;
+using meshprof_args::crc32;
+using meshprof_args::dtype_of;
+using meshprof_args::Spec;
+using meshprof_device::DeviceTimer;
+using meshprof_device::kAsync;
+using meshprof_device::Pending;
+using meshprof_device::Rec;
+using meshprof_device::script;
 
 std::mutex mu;
 std::unordered_map<std::string, Spec> specs;
@@ -71,6 +56,9 @@ std::unordered_map<int, int64_t> seqs;
 std::map<std::tuple<int, int, int>, int64_t> p2p_seqs;
 std::vector<Rec> done;
 std::unordered_map<int64_t, Rec> inflight;
+std::unordered_map<int64_t, std::unique_ptr<DeviceTimer>> timers;  // by token, ops in flight
+std::deque<Pending> device_pending;  // host-complete, waiting for their device end
+int64_t device_timeout_ns = 300'000'000'000;  // then a record keeps its host duration
 std::vector<std::pair<int64_t, std::string>> errors;
 std::atomic<int64_t> step_now{-1};
 std::atomic<int64_t> next_token{1};
@@ -100,47 +88,7 @@ inline int64_t now_ns() {
       .count();
 }
 
-uint32_t crc32(const std::string& s) {  // zlib's CRC-32, as Python's zlib.crc32
-  uint32_t c = 0xFFFFFFFFu;
-  for (unsigned char ch : s) {
-    c ^= ch;
-    for (int k = 0; k < 8; ++k) c = (c >> 1) ^ (0xEDB88320u & (0u - (c & 1u)));
-  }
-  return c ^ 0xFFFFFFFFu;
-}
-
-int64_t bytes_of(const c10::IValue& v) {
-  if (v.isTensor()) {
-    const auto& t = v.toTensor();
-    return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0;
-  }
-  if (v.isTensorList()) {
-    int64_t n = 0;
-    for (const at::Tensor& t : v.toTensorList().vec()) n += t.numel() * static_cast<int64_t>(t.element_size());
-    return n;
-  }
-  if (v.isList()) {
-    int64_t n = 0;
-    for (const c10::IValue& e : v.toListRef()) n += bytes_of(e);
-    return n;
-  }
-  return 0;
-}
-
-int16_t dtype_of(const c10::IValue& v) {
-  if (v.isTensor()) return static_cast<int16_t>(v.toTensor().scalar_type());
-  if (v.isTensorList()) {
-    auto l = v.toTensorList();
-    return l.size() ? static_cast<int16_t>(l.get(0).scalar_type()) : -1;
-  }
-  if (v.isList()) {
-    for (const c10::IValue& e : v.toListRef()) {
-      int16_t d = dtype_of(e);
-      if (d >= 0) return d;
-    }
-  }
-  return -1;
-}
+void resolve_device() { meshprof_device::resolve(device_pending, done, now_ns(), device_timeout_ns); }
 
 int recv_any_op = -1;  // op code of recv_any_source_ (set by configure)
 
@@ -158,7 +106,10 @@ void resolve_any_source(Rec& r, c10d::Work* work) {  // mu held
   r.seq = p2p_seqs[std::make_tuple(static_cast<int>(r.group), src, 2)]++;
 }
 
-void complete(int64_t token, int64_t end, const std::string* err, c10d::Work* work = nullptr) {
+// The host saw the op end at `end` (err: its error). on_work_stream: the current stream is
+// ordered after the work (see DeviceTimer::host_done). A device-timed op waits in device_pending.
+void complete(int64_t token, int64_t end, const std::string* err, c10d::Work* work = nullptr,
+              bool on_work_stream = false) {
   std::lock_guard<std::mutex> g(mu);
   auto it = inflight.find(token);
   if (it == inflight.end()) return;
@@ -166,6 +117,23 @@ void complete(int64_t token, int64_t end, const std::string* err, c10d::Work* wo
   inflight.erase(it);
   if (work != nullptr && err == nullptr && r.peer < 0 && r.op == recv_any_op) {
     resolve_any_source(r, work);
+  }
+  if (!timers.empty()) {
+    auto tt = timers.find(token);
+    if (tt != timers.end()) {
+      std::unique_ptr<DeviceTimer> timer = std::move(tt->second);
+      timers.erase(tt);
+      bool waits = false;
+      try {
+        waits = err == nullptr && timer->host_done(on_work_stream);
+      } catch (...) {
+      }
+      if (waits) {
+        r.host_dur = end - r.t0;
+        device_pending.push_back(Pending{r, std::move(timer), end});
+        return;
+      }
+    }
   }
   r.dur = end - r.t0;
   if (err != nullptr) {
@@ -245,8 +213,11 @@ void poll_loop() {
 // Futures whose completion callback has not run yet, by token. A future is marked complete
 // (waking whoever waits on it, e.g. DDP's reducer) before its callbacks run, so a reader's sweep
 // completes such ops itself (complete() is idempotent per token: the later callback is a no-op).
+// A device-timed op is left to its callback: the callback runs on a stream ordered after the
+// work, where its device end is marked (a reader's thread is not).
 std::mutex fut_mu;
 std::unordered_map<int64_t, c10::intrusive_ptr<c10::ivalue::Future>> futures_by_token;
+std::unordered_set<int64_t> device_tokens;  // guarded by fut_mu
 
 // A reader's pass (CommProfiler.flush): without waiting, on the caller's thread.
 void sweep() {
@@ -255,7 +226,7 @@ void sweep() {
   {
     std::lock_guard<std::mutex> g(fut_mu);
     for (auto it = futures_by_token.begin(); it != futures_by_token.end();) {
-      if (it->second->completed()) {
+      if (it->second->completed() && device_tokens.count(it->first) == 0) {
         const bool err = it->second->hasError();
         finished.emplace_back(it->first, err ? it->second->tryRetrieveErrorMessage() : "");
         any_error = any_error || err;
@@ -282,7 +253,7 @@ void sweep() {
 std::mutex no_future_mu;
 std::unordered_set<std::type_index> no_future_types;
 
-void watch(const c10::intrusive_ptr<c10d::Work>& work, int64_t token, bool wait_thread) {
+void watch(const c10::intrusive_ptr<c10d::Work>& work, int64_t token, bool wait_thread, bool device) {
   c10::intrusive_ptr<c10::ivalue::Future> fut;
   const std::type_index kind(typeid(*work));
   bool ask;
@@ -303,18 +274,21 @@ void watch(const c10::intrusive_ptr<c10d::Work>& work, int64_t token, bool wait_
     {
       std::lock_guard<std::mutex> g(fut_mu);
       futures_by_token[token] = fut;
+      if (device) device_tokens.insert(token);
     }
-    fut->addCallback([token](c10::ivalue::Future& f) {
+    // a CUDA future runs its callbacks with current streams that wait for the work
+    fut->addCallback([token, device](c10::ivalue::Future& f) {
       int64_t end = now_ns();
       if (f.hasError()) {
         std::string msg = f.tryRetrieveErrorMessage();
         complete(token, end, &msg);
       } else {
-        complete(token, end, nullptr);
+        complete(token, end, nullptr, nullptr, true);
       }
       // only now: until the record is complete a reader's sweep must still find the future
       std::lock_guard<std::mutex> g(fut_mu);
       futures_by_token.erase(token);
+      if (device) device_tokens.erase(token);
     });
     return;
   }
@@ -399,9 +373,10 @@ void kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::S
         r.in_bytes = in_b;
         r.out_bytes = out_b;
         r.dtype = dtype_of(arg(spec->tensor_arg));
-        r.flags = (spec->async_arg < 0 || arg(spec->async_arg).toBool()) ? 1 : 0;
+        r.flags = (spec->async_arg < 0 || arg(spec->async_arg).toBool()) ? kAsync : 0;
         r.step = step_now.load(std::memory_order_relaxed);
         r.dur = -1;
+        r.host_dur = -1;
         bool timed = ((op_mask >> spec->op_code) & 1ull) != 0;
         uint64_t h = ((static_cast<uint64_t>(seq) * 2654435761ull) ^ group_crc[gid]) & 0xFFFFFFFFull;
         if (timed && h < threshold) {
@@ -417,10 +392,19 @@ void kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::S
   } catch (...) {
     record = false;  // never break training: run the op unrecorded
   }
+  bool device = false;
   if (record) {
     r.t0 = now_ns();
     std::lock_guard<std::mutex> g(mu);
     inflight.emplace(r.token, r);
+    if (script.on || (meshprof_device::kWithCuda && meshprof_device::device_timing.load())) {
+      try {  // a device start is marked last, right before the op is issued
+        const size_t base = stack->size() - op.schema().arguments().size();
+        auto timer = meshprof_device::make_timer((*stack)[base + spec->tensor_arg], r.group);
+        if (timer) device = timers.emplace(r.token, std::move(timer)).second;
+      } catch (...) {
+      }
+    }
   }
   try {
     op.redispatchBoxed(below, stack);
@@ -435,7 +419,13 @@ void kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::S
   try {
     const c10::IValue* w = stack->empty() ? nullptr : &stack->back();
     if (w != nullptr && w->isCustomClass()) {
-      watch(w->toCustomClass<c10d::Work>(), r.token, spec->wait_thread != 0);
+      auto work = w->toCustomClass<c10d::Work>();
+      if (device) {
+        std::lock_guard<std::mutex> g(mu);
+        auto tt = timers.find(r.token);
+        if (tt != timers.end()) tt->second->attach(work);
+      }
+      watch(work, r.token, spec->wait_thread != 0, device);
     } else {
       complete(r.token, now_ns(), nullptr);  // synchronous op (monitored_barrier)
     }
@@ -479,6 +469,7 @@ std::tuple<py::bytes, std::vector<std::string>, std::vector<std::pair<int64_t, s
   std::vector<std::string> names;
   {
     std::lock_guard<std::mutex> g(mu);
+    resolve_device();
     out.swap(done);
     errs.swap(errors);
     names = group_names;
@@ -518,7 +509,7 @@ bool work_waited(py::handle work, const std::string& err) {
     token = it->second;
     polled_token.erase(it);
   }
-  complete(token, end, err.empty() ? nullptr : &err, ptr);
+  complete(token, end, err.empty() ? nullptr : &err, ptr, true);  // the caller's stream waited
   return true;
 }
 
@@ -533,6 +524,31 @@ int64_t polled_count() {
 }
 
 int64_t record_size() { return static_cast<int64_t>(sizeof(Rec)); }
+
+// -- device timing ----------------------------------------------------------------------------
+// Records complete on the host whose device end has not been reached yet.
+int64_t device_pending_count() {
+  std::lock_guard<std::mutex> g(mu);
+  resolve_device();  // non-blocking queries; the resolved wait in `done` for drain()
+  return static_cast<int64_t>(device_pending.size());
+}
+
+// Test hook: on, ops issued from now on take the next scripted (device ns, ready at) entry as
+// their stand-in device timer (off: none, and the counters restart).
+void test_device_script(bool on, const std::vector<std::pair<int64_t, int64_t>>& entries) {
+  std::lock_guard<std::mutex> g(mu);
+  script.on = on;
+  script.entries.assign(entries.begin(), entries.end());
+  if (!on) script = meshprof_device::Script{};
+}
+
+// Test hook: set the stand-in device's clock (an entry is reached once clock >= its "ready
+// at"); returns (timers created, ends marked, ready queries, elapsed asked before ready).
+std::tuple<int64_t, int64_t, int64_t, int64_t> test_device_clock(int64_t t) {
+  std::lock_guard<std::mutex> g(mu);
+  if (t >= 0) script.clock = t;
+  return {script.created, script.ends, script.queries, script.early};
+}
 
 int64_t now() { return now_ns(); }
 
@@ -572,4 +588,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("composite_enter", &composite_enter);
   m.def("composite_exit", &composite_exit);
   m.def("next_seq", &next_seq);
+  m.def("has_cuda", [] { return meshprof_device::kWithCuda; });
+  m.def("set_device_timing", [](bool on) { meshprof_device::device_timing.store(on); });
+  m.def("set_device_timeout", [](int64_t ns) {
+    std::lock_guard<std::mutex> g(mu);
+    device_timeout_ns = ns;
+  });
+  m.def("device_pending_count", &device_pending_count);
+  m.def("test_device_script", &test_device_script);
+  m.def("test_device_clock", &test_device_clock);
 }

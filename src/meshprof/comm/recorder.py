@@ -406,16 +406,21 @@ class CommProfiler(RecordQueries):
     def complete(
         self, rec: PendingOp, end: int, err: BaseException | None, dur: int | None = None
     ) -> None:
-        """The op ended at ``end`` (perf_counter_ns; or lasted ``dur`` ns): append its event.
-        The first completion wins (Work.wait or the poller, whichever noticed it first)."""
+        """The op ended at ``end`` (perf_counter_ns): append its event. With ``dur`` (the device
+        time of a CUDA-timed op) ``end`` is when the host saw it complete, kept as
+        ``metadata.host_duration_ns``. The first completion wins (Work.wait or the poller,
+        whichever noticed it first)."""
         if self._inflight.pop(rec.token, None) is None:
             return
         work = rec.work
         rec.work = None
         if rec.peer < 0 and rec.op_name == "recv" and err is None and work is not None:
             self._resolve_any_source(rec, work)
+        meta = rec.meta
         if dur is None:
             dur = end - rec.t0
+        elif end:
+            meta = {**(meta or {}), "host_duration_ns": end - rec.t0}
         flags = rec.flags
         status = _OK
         error = None
@@ -426,7 +431,7 @@ class CommProfiler(RecordQueries):
             flags |= FLAG_DROPPED
         self.log.append(
             (rec.op, status, rec.dtype, flags, rec.group, rec.peer, rec.seq, rec.in_bytes,
-             rec.out_bytes, rec.start_ns, dur, rec.step, error, rec.meta)
+             rec.out_bytes, rec.start_ns, dur, rec.step, error, meta)
         )  # fmt: skip
 
     def _resolve_any_source(self, rec: PendingOp, work: Any) -> None:
