@@ -47,12 +47,11 @@ def _sampling(rank: int, ws: int) -> dict[str, Any]:
 
 @pytest.mark.parametrize("native", [False, True], ids=["python", "native"])
 def test_sampling_same_collectives_on_every_rank(native: bool) -> None:
-    env = {}
+    env = {"MESHPROF_NATIVE": "1" if native else "0"}
     if native:
         import meshprof.comm.native
 
         meshprof.comm.native.load()
-        env["MESHPROF_NATIVE"] = "1"
     r0, r1 = run_ranks(_sampling, 2, timeout=90, env=env)
     assert r0["retained"] == r1["retained"]
     n = len(r0["retained"])
@@ -220,7 +219,9 @@ def _behaviour(rank: int, ws: int) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def behaviour() -> list[dict[str, Any]]:
-    return run_ranks(_behaviour, 2, timeout=120, pg_timeout_s=30)
+    # the Python kernel, asked for: its sequence numbers start again with every new recorder
+    env = {"MESHPROF_NATIVE": "0"}
+    return run_ranks(_behaviour, 2, timeout=120, pg_timeout_s=30, env=env)
 
 
 def test_min_duration_counts_but_does_not_retain(behaviour: list[dict[str, Any]]) -> None:
@@ -465,12 +466,11 @@ def _any_source(rank: int, ws: int) -> dict[str, Any]:
 def test_recv_from_any_source_pairs_with_its_send(native: bool) -> None:
     """``dist.recv(t)`` with no source: the recorded recv carries the sender torch returned and
     the seq of that (sender → receiver) direction, so each one pairs with exactly one send."""
-    env = {}
+    env = {"MESHPROF_NATIVE": "1" if native else "0"}
     if native:
         import meshprof.comm.native
 
         meshprof.comm.native.load()
-        env["MESHPROF_NATIVE"] = "1"
     res = run_ranks(_any_source, 3, timeout=90, env=env)
     assert all(r["native"] == native for r in res)
     recvs = [(p, s) for op, p, s in res[0]["events"] if op == "recv"]
