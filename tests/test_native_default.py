@@ -19,16 +19,7 @@ import pytest
 
 from meshprof.errors import MeshprofError
 from meshprof.spawn import run_ranks
-
-
-def _built_or_skip() -> None:
-    """The real extension, built in this test's cache (CI builds it before the tests)."""
-    from meshprof.comm import native_build
-
-    try:
-        native_build.load()
-    except MeshprofError as e:  # no compiler here: the fallback tests still run
-        pytest.skip(f"the native recorder cannot be built here: {e}")
+from native_helpers import require_native
 
 
 # -- selection ---------------------------------------------------------------------------------
@@ -51,7 +42,7 @@ def _default_worker(rank: int, ws: int) -> dict[str, Any]:
 
 
 def test_default_records_with_native_when_built(cli: Any) -> None:
-    _built_or_skip()
+    require_native()
     env = {"MESHPROF_NATIVE": ""}
     for r in run_ranks(_default_worker, 2, timeout=120, env=env):
         assert r["backend"] == "native"
@@ -76,6 +67,19 @@ def test_opt_out_records_with_python(cli: Any) -> None:
         del os.environ["MESHPROF_NATIVE"]
     assert out["recorder"]["kernel"] == "python"
     assert "MESHPROF_NATIVE=0" in out["recorder"]["reason"]
+
+
+def test_cuda_keeps_the_python_recorder(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With CUDA present the native kernel (host timing) is not chosen: one predicate says so."""
+    import torch
+
+    from meshprof.comm import selection
+
+    assert selection.native_supports_device() is (not torch.cuda.is_available())
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert selection.native_supports_device() is False
+    planned = selection.planned_recorder(native=None)
+    assert planned["kernel"] == "python" and "CUDA" in planned["reason"]
 
 
 # -- a failed build ----------------------------------------------------------------------------
@@ -293,7 +297,7 @@ def _handover_worker(
 
 
 def test_handover_mid_run_loses_nothing_and_counts_nothing_twice() -> None:
-    _built_or_skip()
+    require_native()
     iters = 60
     env = {"TORCH_FR_BUFFER_SIZE": "20000", "MESHPROF_NATIVE": ""}
     # rank 0's build ends at iteration 10, rank 1's at 35: their numbers must stay aligned

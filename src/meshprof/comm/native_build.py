@@ -11,7 +11,10 @@ ninja: :func:`cached`, :func:`load`).
 One build per host: the build runs under an exclusive lock on ``<root>/<name>.lock``
 (``fcntl.flock``), so ranks that start together build once and the others wait for it, then
 import it. When the build fails, the processes that were waiting for that attempt do not retry
-(the failure is stamped with its time); a process started later tries again.
+(the failure is stamped with its time); a background build in a process started within
+:data:`RETRY_FAILED_AFTER_S` of a failure does not retry either (every test or rank process of a
+machine without a compiler would otherwise try), while an explicit build (``meshprof
+build-native``, ``meshprof run``, ``native=True``) always does.
 
 :class:`BackgroundBuild` runs the build on a daemon thread (``meshprof.enable()`` without a
 cached build records with the Python kernel meanwhile and hands over when it finishes);
@@ -37,6 +40,9 @@ from meshprof.errors import MeshprofError
 SOURCE = Path(__file__).with_name("native_kernel.cpp")
 _STAMP = "built"
 _FAILED = "failed"
+
+#: Seconds after a failed build during which background builds do not try again.
+RETRY_FAILED_AFTER_S = 3600.0
 
 _lock = threading.Lock()
 _module: Any = None
@@ -122,10 +128,11 @@ def _host_lock(path: Path) -> Iterator[bool]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def ensure_built(compile_fn: Callable[[], None] | None = None) -> Path:
+def ensure_built(compile_fn: Callable[[], None] | None = None, retry_failed: bool = True) -> Path:
     """Build this torch build's extension once per host (under the lock) unless it is cached;
     returns its directory. MeshprofError says why it could not be built. ``compile_fn``
-    replaces the compiler (tests)."""
+    replaces the compiler (tests); ``retry_failed=False`` (background builds) gives up when a
+    build failed less than :data:`RETRY_FAILED_AFTER_S` ago."""
     d = build_dir()
     if cached():
         return d
@@ -134,8 +141,12 @@ def ensure_built(compile_fn: Callable[[], None] | None = None) -> Path:
         if cached():  # another process built it while we waited
             return d
         failed = d / _FAILED
-        if waited and failed.is_file() and failed.stat().st_mtime >= started:
-            raise MeshprofError(failed.read_text(errors="replace").strip())
+        if failed.is_file():
+            age = failed.stat().st_mtime
+            recent = not retry_failed and age >= started - RETRY_FAILED_AFTER_S
+            if (waited and age >= started) or recent:
+                msg = failed.read_text(errors="replace").strip()
+                raise MeshprofError(msg + ("" if waited else " (meshprof build-native retries)"))
         try:
             (compile_fn or _compile)()
         except Exception as e:
@@ -163,14 +174,15 @@ def _import() -> Any:
     return mod
 
 
-def load() -> Any:
+def load(retry_failed: bool = True) -> Any:
     """The extension module: imported from the cache, built first (under the host lock) when
-    it is not there. MeshprofError says why it cannot be had."""
+    it is not there. MeshprofError says why it cannot be had (``retry_failed``: see
+    :func:`ensure_built`)."""
     global _module
     with _lock:
         if _module is not None:
             return _module
-        ensure_built()
+        ensure_built(retry_failed=retry_failed)
         try:
             _module = _import()
         except Exception as e:
@@ -197,7 +209,7 @@ class BackgroundBuild:
 
     def _run(self) -> None:
         try:
-            load()
+            load(retry_failed=False)
         except MeshprofError as e:
             self.error = e
         except Exception as e:  # never let the thread die with a traceback
