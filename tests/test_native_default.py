@@ -97,11 +97,13 @@ def _failed_build_worker(rank: int, ws: int) -> dict[str, Any]:
         t = torch.ones(8)
         n = 0
         bg = native_build._background
-        while bg is not None and not bg.done.is_set():  # record while the build fails
-            dist.all_reduce(t)
+        while True:  # record while the build fails, until it has ended on both ranks
+            done = torch.tensor([1.0 if bg is None or bg.done.is_set() else 0.0])
+            dist.all_reduce(done, op=dist.ReduceOp.MIN)
             n += 1
+            if done.item() == 1.0:
+                break
             time.sleep(0.01)
-        dist.barrier()
         for _ in range(20):  # and after it failed
             dist.all_reduce(t)
             n += 1
