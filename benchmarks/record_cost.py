@@ -11,7 +11,9 @@ Modes, alternated round by round in one process so drift hits all of them alike:
                build it first with `meshprof build-native`, or this measures the Python kernel)
   sampled      meshprof.enable(sample_rate=0.1), default kernel
 
-Besides the time per call (median, p99, on the calling thread), each mode reports the CPU time
+Besides the time per call (median, p99, on the calling thread) and the time of the read after
+the calls (`prof.flush()`, per call: where the native kernel's records are moved into the event
+log), each mode reports the CPU time
 of every other thread of the process during its calls (/proc/self/task/*/schedstat, ns):
 per call and per second of wall time. Minus the ``disabled`` row (the backend's own threads)
 it is what the recorder's threads (pollers) and its callbacks on backend threads cost.
@@ -100,12 +102,17 @@ def _compute(ns: int) -> None:
 
 
 def _time_calls(
-    n: int, barrier: Any = None, op: str = "all_reduce", cpu: list[tuple[int, int]] | None = None
+    n: int,
+    barrier: Any = None,
+    op: str = "all_reduce",
+    cpu: list[tuple[int, int]] | None = None,
+    drain: list[int] | None = None,
 ) -> np.ndarray:
     """Per-call times (ns): ``all_reduce`` of 4 float32, ``p2p``: one send and one recv of
-    4 float32 with the other rank through ``batch_isend_irecv``, both waited (the pattern of
-    torch.distributed.pipelining), or ``overlap``: an async all_reduce, ~1 ms of compute, its
-    wait (the compute is not in the time). Appends (other threads' CPU ns, wall ns) to ``cpu``."""
+        4 float32 with the other rank through ``batch_isend_irecv``, both waited (the pattern of
+        torch.distributed.pipelining), or ``overlap``: an async all_reduce, ~1 ms of compute, its
+        wait (the compute is not in the time). Appends (other threads' CPU ns, wall ns) to ``cpu``
+    and the time of the read (``prof.flush()``) after the calls to ``drain``."""
     import torch
     import torch.distributed as dist
 
@@ -135,6 +142,14 @@ def _time_calls(
         out[i] = clock() - t0
     if cpu is not None:
         cpu.append((_other_threads_cpu_ns() - cpu0, clock() - wall0))
+    if drain is not None:
+        import meshprof
+
+        prof = meshprof.get_profiler()
+        t0 = clock()
+        if prof is not None:
+            prof.flush()  # the read side's share: native records move into the event log here
+        drain.append(clock() - t0)
     return out
 
 
@@ -143,6 +158,7 @@ def measure(calls: int, rounds: int, barrier: Any = None, op: str = "all_reduce"
     state: dict[str, Any] = {}
     samples: dict[str, list[np.ndarray]] = {m: [] for m in MODES}
     cpu: dict[str, list[tuple[int, int]]] = {m: [] for m in MODES}
+    drain: dict[str, list[int]] = {m: [] for m in MODES}
     for m in MODES:  # warm-up round, discarded
         _set_mode(m, state)
         _time_calls(min(calls, 200), barrier, op)
@@ -150,7 +166,7 @@ def measure(calls: int, rounds: int, barrier: Any = None, op: str = "all_reduce"
         order = MODES if r % 2 == 0 else tuple(reversed(MODES))
         for m in order:
             _set_mode(m, state)
-            samples[m].append(_time_calls(calls, barrier, op, cpu[m]))
+            samples[m].append(_time_calls(calls, barrier, op, cpu[m], drain[m]))
     _set_mode("disabled", state)
     out: dict[str, Any] = {m: np.concatenate(v) for m, v in samples.items()}
     out["cpu"] = {
@@ -160,6 +176,7 @@ def measure(calls: int, rounds: int, barrier: Any = None, op: str = "all_reduce"
         )
         for m, v in cpu.items()
     }
+    out["drain"] = {m: sum(v) / (calls * rounds) for m, v in drain.items()}
     out["kernel"] = state.get("kernel", "")
     return out
 
@@ -213,14 +230,16 @@ def _table(title: str, res: dict[str, Any], what: str = "all_reduce of 4 float32
         f"### {title}",
         "",
         "| mode         | median µs | p99 µs | added median µs | added p99 µs "
-        "| other threads' CPU µs/call | ms/s |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| other threads' CPU µs/call | ms/s | read (flush) µs/call |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     base = np.asarray(res["disabled"])
     for m in MODES:
         row = _row(m, np.asarray(res[m]), None if m == "disabled" else base)
         per_call, per_s = res["cpu"][m]
-        lines.append(f"{row} {per_call / 1e3:8.2f} | {per_s / 1e6:8.2f} |")
+        lines.append(
+            f"{row} {per_call / 1e3:8.2f} | {per_s / 1e6:8.2f} | {res['drain'][m] / 1e3:8.2f} |"
+        )
     lines.append("")
     lines.append(
         f"{len(base)} calls per mode; {what}; the default configuration recorded with the "
