@@ -182,7 +182,15 @@ def load(retry_failed: bool = True) -> Any:
     with _lock:
         if _module is not None:
             return _module
-        ensure_built(retry_failed=retry_failed)
+        try:
+            ensure_built(retry_failed=retry_failed)
+        except MeshprofError:
+            raise
+        except Exception as e:  # an unwritable cache directory, a lock that fails
+            raise MeshprofError(
+                f"the native recorder could not be built in {build_dir()} "
+                f"({type(e).__name__}: {str(e)[:300]})"
+            ) from None
         try:
             _module = _import()
         except Exception as e:

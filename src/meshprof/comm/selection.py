@@ -70,7 +70,12 @@ def choose_backend(prof: CommProfiler) -> KernelBackend:
                 "device; using the Python recorder with CUDA-event timing"
             )
         return PythonKernel(prof)
-    if mode or native_build.loaded() or native_build.cached():
+    try:
+        ready = native_build.loaded() or native_build.cached()
+    except Exception as e:  # no source file, an unreadable cache: never break enable()
+        _warn(f"the native recorder cannot be used ({type(e).__name__}: {e})")
+        return PythonKernel(prof)
+    if mode or ready:
         from meshprof.comm.native import NativeKernel
 
         try:
