@@ -25,6 +25,7 @@ from torch.distributed import all_reduce as imported_all_reduce
 from torch.distributed import broadcast as imported_broadcast
 
 from meshprof.spawn import run_ranks
+from native_helpers import require_native
 
 WS = 2
 F32 = 4
@@ -292,11 +293,9 @@ def _worker(rank: int, ws: int, names: list[str]) -> dict[str, Any]:
 def runs(request: pytest.FixtureRequest) -> list[dict[str, Any]]:
     """Every scenario on every rank, with the Python recorder and with the native (C++) one
     (``MESHPROF_NATIVE=1`` makes every ``enable()`` in the workers native)."""
-    env = {"TORCH_FR_BUFFER_SIZE": "2000"}
+    env = {"TORCH_FR_BUFFER_SIZE": "2000", "MESHPROF_NATIVE": "0"}
     if request.param == "native":
-        import meshprof.comm.native
-
-        meshprof.comm.native.load()  # build once here, before the ranks start
+        require_native()  # built once here, before the ranks start
         env["MESHPROF_NATIVE"] = "1"
     res = run_ranks(
         _worker,

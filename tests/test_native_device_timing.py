@@ -170,9 +170,9 @@ def test_native_cuda_timing_never_synchronizes_the_host() -> None:
     native kernel, with the host-sync checker on. Numbers against torch.profiler's kernel times:
     ``benchmarks/gpu_native_check.py``."""
     torch = pytest.importorskip("torch")
-    from meshprof.comm import native
+    from meshprof.comm import native, native_build
 
-    if not torch.cuda.is_available() or not native._build_with_cuda():
+    if not torch.cuda.is_available() or not native_build.build_with_cuda():
         pytest.skip("needs CUDA and the CUDA toolkit (CUDA_HOME)")
     native.load()
     (r0,) = run_ranks(_cuda_worker, 1, backend="nccl", timeout=300, env={"MESHPROF_NATIVE": "1"})

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from meshprof.spawn import run_ranks
+from native_helpers import require_native
 
 WS = 4
 ITERS = 25
@@ -60,9 +61,7 @@ def _worker(rank: int, ws: int, iters: int) -> dict[str, Any]:
 def test_read_after_ddp_backward_has_every_bucket(mode: str) -> None:
     env = {"TORCH_FR_BUFFER_SIZE": "20000"}
     if mode == "native":
-        import meshprof.comm.native
-
-        meshprof.comm.native.load()  # build once here, before the ranks start
+        require_native()  # built once here, before the ranks start
         env["MESHPROF_NATIVE"] = "1"
     else:
         env["MESHPROF_NATIVE"] = "0"

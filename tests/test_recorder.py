@@ -13,6 +13,7 @@ import pytest
 
 from meshprof.events import CommEvent
 from meshprof.spawn import run_ranks
+from native_helpers import require_native
 
 N_SAMPLED = 300
 
@@ -47,12 +48,9 @@ def _sampling(rank: int, ws: int) -> dict[str, Any]:
 
 @pytest.mark.parametrize("native", [False, True], ids=["python", "native"])
 def test_sampling_same_collectives_on_every_rank(native: bool) -> None:
-    env = {}
+    env = {"MESHPROF_NATIVE": "1" if native else "0"}
     if native:
-        import meshprof.comm.native
-
-        meshprof.comm.native.load()
-        env["MESHPROF_NATIVE"] = "1"
+        require_native()  # built once here, before the ranks start
     r0, r1 = run_ranks(_sampling, 2, timeout=90, env=env)
     assert r0["retained"] == r1["retained"]
     n = len(r0["retained"])
@@ -220,7 +218,9 @@ def _behaviour(rank: int, ws: int) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def behaviour() -> list[dict[str, Any]]:
-    return run_ranks(_behaviour, 2, timeout=120, pg_timeout_s=30)
+    # the Python kernel, asked for: its sequence numbers start again with every new recorder
+    env = {"MESHPROF_NATIVE": "0"}
+    return run_ranks(_behaviour, 2, timeout=120, pg_timeout_s=30, env=env)
 
 
 def test_min_duration_counts_but_does_not_retain(behaviour: list[dict[str, Any]]) -> None:
@@ -425,9 +425,7 @@ def test_native_p2p_ends_at_the_python_wait() -> None:
     ends when its wait returns, not when the (slow, ≤ 20 ms) safety-net poller next looks. The
     recv's recorded duration is the ~30 ms the receiver waited, and no longer than the test's own
     timing around the call and its wait (a poll after the wait would make it longer)."""
-    import meshprof.comm.native
-
-    meshprof.comm.native.load()  # build once here (cached), before the ranks start
+    require_native()  # built once here, before the ranks start
     res = run_ranks(_native_p2p, 2, timeout=120)
     for r in res:
         assert r["polled"] == 0
@@ -465,12 +463,9 @@ def _any_source(rank: int, ws: int) -> dict[str, Any]:
 def test_recv_from_any_source_pairs_with_its_send(native: bool) -> None:
     """``dist.recv(t)`` with no source: the recorded recv carries the sender torch returned and
     the seq of that (sender → receiver) direction, so each one pairs with exactly one send."""
-    env = {}
+    env = {"MESHPROF_NATIVE": "1" if native else "0"}
     if native:
-        import meshprof.comm.native
-
-        meshprof.comm.native.load()
-        env["MESHPROF_NATIVE"] = "1"
+        require_native()  # built once here, before the ranks start
     res = run_ranks(_any_source, 3, timeout=90, env=env)
     assert all(r["native"] == native for r in res)
     recvs = [(p, s) for op, p, s in res[0]["events"] if op == "recv"]
@@ -505,9 +500,7 @@ def test_native_disable_keeps_ops_in_flight() -> None:
     """Native recorder: an op still in flight when disable() is called completes in C++ after
     the kernel is gone; disable waits for it (up to 0.5 s) before the last drain, so it is kept,
     with its real duration (~200 ms: the other rank came late)."""
-    import meshprof.comm.native
-
-    meshprof.comm.native.load()
+    require_native()  # built once here, before the ranks start
     r0, r1 = run_ranks(_native_disable_in_flight, 2, timeout=90)
     assert len(r0["events"]) == 1 and len(r1["events"]) == 1
     assert r0["events"][0][1] >= 150e6

@@ -19,6 +19,7 @@ from meshprof.errors import MeshprofError
 
 COMMANDS: tuple[str, ...] = (
     "version",
+    "build_native",
     "summary",
     "run",
     "hang",

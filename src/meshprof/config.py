@@ -47,11 +47,13 @@ class ProfilerConfig:
     """On CUDA, time collectives with CUDA events on the device (never synchronizing the host).
     When False, or on CPU, collectives are timed on the host from issue to completion."""
 
-    native: bool = field(default_factory=lambda: os.environ.get("MESHPROF_NATIVE", "") == "1")
-    """Record with the native (C++) dispatcher kernel instead of the Python one: well under a
-    microsecond per collective instead of ~10 µs. Compiled with ``torch.utils.cpp_extension`` at
-    the first use (~30 s, cached; needs a C++ compiler). Host timing only: with CUDA present the
-    Python recorder (CUDA-event timing) is used. Default: ``MESHPROF_NATIVE=1`` in the environment."""
+    native: bool | None = field(default_factory=lambda: native_from_env())
+    """Which dispatcher kernel records: None (the default) the native (C++) one wherever it can
+    run (no CUDA, see :func:`meshprof.comm.selection.native_supports_device`) and be built —
+    well under a microsecond per collective instead of ~10 µs; until a first build is cached
+    the Python kernel records and hands over when a background build finishes. True: native,
+    building it now if needed; False: always the Python kernel. Default from
+    ``MESHPROF_NATIVE`` (``1``: True, ``0``: False, unset: None)."""
 
     sketch_relative_error: float = 0.01
     """Relative error of the latency sketch used for percentiles once the buffer has wrapped."""
@@ -90,3 +92,14 @@ class ProfilerConfig:
 
 
 KNOWN_OPS = frozenset(OP_NAMES)
+
+
+def native_from_env() -> bool | None:
+    """``MESHPROF_NATIVE``: ``1``/``true`` → True, ``0``/``false`` → False, unset or empty → None
+    (native wherever it can run)."""
+    v = os.environ.get("MESHPROF_NATIVE", "").strip().lower()
+    if v in ("1", "true", "yes", "on"):
+        return True
+    if v in ("0", "false", "no", "off"):
+        return False
+    return None

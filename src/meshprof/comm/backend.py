@@ -3,18 +3,15 @@
 Two kernels implement :class:`KernelBackend`: :class:`meshprof.comm.python_kernel.PythonKernel`
 (a Python function per c10d op, calling back into the recorder's hot path) and
 :class:`meshprof.comm.native.NativeKernel` (C++, records drained into the event log at a flush).
-:class:`meshprof.comm.recorder.CommProfiler` talks to whichever runs through this protocol only.
+:class:`meshprof.comm.recorder.CommProfiler` talks to whichever runs through this protocol only;
+:mod:`meshprof.comm.selection` chooses it (and hands over from one to the other).
 """
 
 from __future__ import annotations
 
-import warnings
-from typing import TYPE_CHECKING, NamedTuple, Protocol
+from typing import NamedTuple, Protocol
 
 from meshprof.comm.completion import InflightOp
-
-if TYPE_CHECKING:
-    from meshprof.comm.recorder import CommProfiler
 
 
 class GroupRef(NamedTuple):
@@ -33,8 +30,9 @@ class GroupRef(NamedTuple):
 class KernelBackend(Protocol):
     """A dispatcher kernel installed for every ``c10d::`` op, as the recorder sees it."""
 
-    name: str
-    """``"python"`` or ``"native"`` (reported by ``CommProfiler.backend_name``)."""
+    @property
+    def name(self) -> str:
+        """``"python"`` or ``"native"``: the kernel recording now (``CommProfiler.backend_name``)."""
 
     def install(self) -> None:
         """Register the kernel (and its ``Work.wait`` hook) in PyTorch."""
@@ -72,20 +70,3 @@ class KernelBackend(Protocol):
 
     def composite_exit(self) -> tuple[int, int, int]:
         """The composite op ends: (input bytes, output bytes, c10d ops) the kernel counted."""
-
-
-def choose_backend(prof: CommProfiler) -> KernelBackend:
-    """The native kernel when ``prof.config.native`` (``MESHPROF_NATIVE=1``) and it can run here;
-    otherwise, or when it cannot be built (a warning says why), the Python kernel."""
-    if prof.config.native:
-        from meshprof.comm.native import NativeKernel, native_allowed
-        from meshprof.errors import MeshprofError
-
-        if native_allowed(prof.config):
-            try:
-                return NativeKernel(prof)
-            except MeshprofError as e:  # no compiler, no headers: record with Python instead
-                warnings.warn(f"meshprof: {e}", RuntimeWarning, stacklevel=4)
-    from meshprof.comm.python_kernel import PythonKernel
-
-    return PythonKernel(prof)

@@ -1,9 +1,9 @@
 """The dispatcher kernel in C++ (one :class:`~meshprof.comm.backend.KernelBackend`), built and
 cached: the same records as the Python kernel, at well under a microsecond per collective.
 
-Opt-in with ``ProfilerConfig(native=True)`` (or ``MESHPROF_NATIVE=1``): the first use compiles
-``native_kernel.cpp`` against the installed torch with ``torch.utils.cpp_extension`` (about 30 s,
-cached per torch version under ``TORCH_EXTENSIONS_DIR``); it needs a C++ compiler. The C++ kernel
+The default kernel wherever it can run (:mod:`meshprof.comm.selection`); built once per host and
+torch build by :mod:`meshprof.comm.native_build` (``torch.utils.cpp_extension``, about 30 s;
+needs a C++ compiler). The C++ kernel
 runs at the same ``BackendSelect`` key for every ``c10d::`` op, assigns seq with the same rules,
 samples with the same hash and takes completion from the Work's future (a C++ callback, no GIL)
 or, for works without one (gloo's send/recv; each Work class is asked for its future once), from
@@ -18,26 +18,23 @@ start/end events when its backend keeps them (ProcessGroupNCCL with
 on the issuing stream and on the stream the work's future completes on. A record waits, after its
 host completion, until its end event has been reached (queried at every drain); its
 ``duration_ns`` is then the device time and ``metadata.host_duration_ns`` the host's issue to
-completion, as the Python kernel reports them. Without a CUDA build, CUDA present means the
-Python kernel (:func:`native_allowed`).
+completion, as the Python kernel reports them. With CUDA present the native kernel is opt-in
+(``native=True``) until that path is verified on a GPU
+(:func:`meshprof.comm.selection.native_supports_device`).
 """
 
 from __future__ import annotations
 
-import os
-import threading
 import time
-import warnings
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from meshprof.comm.backend import GroupRef
 from meshprof.comm.completion import InflightOp, patch_work_wait, wrap_wait_native
+from meshprof.comm.native_build import load
 from meshprof.comm.ops import available_specs
 from meshprof.comm.patching import Patches
-from meshprof.config import ProfilerConfig
 from meshprof.errors import MeshprofError
 from meshprof.events import (
     FLAG_ASYNC,
@@ -90,60 +87,6 @@ _SCALAR_TYPES = {
     7: "float64", 8: "complex32", 9: "complex64", 10: "complex128", 11: "bool", 15: "bfloat16",
     23: "float8_e5m2", 24: "float8_e4m3fn",
 }  # fmt: skip
-
-_lock = threading.Lock()
-_module: Any = None
-
-
-def load() -> Any:
-    """Compile (first time) and import the extension; MeshprofError says why it cannot."""
-    global _module
-    with _lock:
-        if _module is not None:
-            return _module
-        try:
-            from torch.utils.cpp_extension import load as load_ext
-
-            src = Path(__file__).with_name("native_kernel.cpp")
-            cuda = _build_with_cuda()
-            _module = load_ext(
-                name="meshprof_native_recorder_cuda" if cuda else "meshprof_native_recorder",
-                sources=[str(src)],
-                extra_cflags=["-O2"] + (["-DMESHPROF_WITH_CUDA"] if cuda else []),
-                with_cuda=cuda,
-                verbose=bool(os.environ.get("MESHPROF_NATIVE_VERBOSE")),
-            )
-        except Exception as e:
-            raise MeshprofError(
-                f"the native recorder could not be built ({type(e).__name__}: {str(e)[:300]}); "
-                "it needs a C++ compiler and torch's headers — use the default Python recorder"
-            ) from None
-        return _module
-
-
-def _build_with_cuda() -> bool:
-    """Build the CUDA timing in: CUDA is usable here and the CUDA toolkit's headers are found."""
-    import torch
-    from torch.utils.cpp_extension import CUDA_HOME
-
-    return bool(torch.cuda.is_available() and CUDA_HOME)
-
-
-def native_allowed(config: ProfilerConfig) -> bool:
-    """With CUDA present the native kernel needs its CUDA build (device timing); without one,
-    keep the Python kernel and its CUDA-event timing (warns)."""
-    import torch
-
-    if torch.cuda.is_available() and config.device_timing and not _build_with_cuda():
-        warnings.warn(
-            "meshprof: native=True ignored: CUDA is present but the CUDA toolkit (CUDA_HOME) is "
-            "not, so the native recorder cannot time on the device; using the Python recorder "
-            "with CUDA-event timing",
-            RuntimeWarning,
-            stacklevel=5,
-        )
-        return False
-    return True
 
 
 class NativeKernel:
@@ -200,9 +143,25 @@ class NativeKernel:
         self.mod.set_step(int(step))
 
     def next_seq(self, group: GroupRef, op: str, peer: int) -> int:
-        """The C++ counters number every op of a group: composite ops take theirs from them."""
-        p2p = (3 if op.startswith("send") else 4) if op in P2P_OPS else 0
-        return int(self.mod.next_seq(group.name, peer if p2p else -1, p2p))
+        """The C++ counters number every op of a group: composite ops take theirs from them.
+        Point-to-point ones (``send_object_list``) share the counter of the c10d sends to that
+        peer, as in the Python kernel (:class:`~meshprof.comm.recorder.SeqCounters`), so both
+        kernels number a job alike (a handover keeps ranks aligned)."""
+        if op in P2P_OPS:
+            local = group.ranks.index(peer) if peer in group.ranks else peer
+            return int(self.mod.next_seq(group.name, local, 1 if op.startswith("send") else 2))
+        return int(self.mod.next_seq(group.name, -1, 0))
+
+    def continue_seqs(self, counts: dict[tuple[str, int, int], int]) -> None:
+        """Go on from another kernel's counters: ``counts`` maps (group name, group-local peer
+        or -1, 0 collective / 1 send / 2 recv) to the next number. The extension has no setter:
+        its counters are advanced one by one (about 0.3 µs each, once per handover)."""
+        for (name, peer, p2p), n in counts.items():
+            if n <= 0:
+                continue
+            s = int(self.mod.next_seq(name, peer, p2p))
+            while s < n - 1:
+                s = int(self.mod.next_seq(name, peer, p2p))
 
     def composite_enter(self) -> None:
         self.mod.composite_enter()

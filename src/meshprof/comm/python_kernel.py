@@ -59,6 +59,9 @@ class PythonKernel:
         self.prof = prof
         self._lib: Any = None
         self._patches = Patches()
+        self.after_op: Callable[[], None] | None = None
+        """Called at the end of every kernel call while set, on the issuing thread (the handover
+        to the native kernel, :class:`~meshprof.comm.selection.HandoverKernel`)."""
 
     def install(self) -> None:
         lib = torch.library.Library("c10d", "IMPL")
@@ -68,12 +71,30 @@ class PythonKernel:
                 op = getattr(torch.ops.c10d, spec.schema_name).default
                 lib.impl(
                     spec.schema_name,
-                    _make_kernel(self.prof, spec, _KernelTable(op)),
+                    _make_kernel(self, spec, _KernelTable(op)),
                     "BackendSelect",
                     with_keyset=True,
                 )
         self._lib = lib
         patch_work_wait(self._patches, self.prof.completion.wrap_wait)
+
+    def register_copy_of_one_kernel(self) -> None:
+        """Register this kernel a second time for one op, over the first, and remove it again
+        (it raises PyTorch's once-per-process warning about overriding a kernel as a Python
+        warning, suppressed here, instead of on stderr when the native kernel is registered
+        over this one)."""
+        spec = available_specs()[0]
+        op = getattr(torch.ops.c10d, spec.schema_name).default
+        lib = torch.library.Library("c10d", "IMPL")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            lib.impl(
+                spec.schema_name,
+                _make_kernel(self, spec, _KernelTable(op)),
+                "BackendSelect",
+                with_keyset=True,
+            )
+        lib._destroy()
 
     def uninstall(self) -> None:
         self._patches.undo()
@@ -110,7 +131,8 @@ class PythonKernel:
         return (0, 0, 0)
 
 
-def _make_kernel(prof: CommProfiler, spec: OpSpec, table: _KernelTable) -> Callable[..., Any]:
+def _make_kernel(owner: PythonKernel, spec: OpSpec, table: _KernelTable) -> Callable[..., Any]:
+    prof = owner.prof
     begin = prof.begin
     fail = prof.fail
     watch = prof.completion.watch  # called from here: it looks up the op's caller by depth
@@ -125,13 +147,19 @@ def _make_kernel(prof: CommProfiler, spec: OpSpec, table: _KernelTable) -> Calla
         except Exception as e:  # never break training
             internal_error(e)
         if rec is None:
-            return call(keyset, args)
-        try:
             out = call(keyset, args)
-        except BaseException as e:
-            fail(rec, e)
-            raise
-        watch(rec, out, wait_in_thread)
+        else:
+            try:
+                out = call(keyset, args)
+            except BaseException as e:
+                fail(rec, e)
+                raise
+            watch(rec, out, wait_in_thread)
+        if owner.after_op is not None:
+            try:
+                owner.after_op()
+            except Exception as e:
+                internal_error(e)
         return out
 
     kernel.__name__ = f"meshprof_{spec.schema_name}"

@@ -45,6 +45,9 @@ class RecordQueries:
     def flush(self) -> None:
         raise NotImplementedError
 
+    def recorder_info(self) -> dict[str, Any]:
+        raise NotImplementedError
+
     def ensure_rank(self) -> int:
         raise NotImplementedError
 
@@ -101,6 +104,7 @@ class RecordQueries:
             "retained_events": len(self.log),
             "evicted_events": self.log.evicted,
             "dropped_events": self.acc.dropped,
+            "recorder": self.recorder_info(),
             "internal_errors": self.internal_errors,
             "first_internal_error": self.first_internal_error,
             "groups": [

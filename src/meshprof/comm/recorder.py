@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from meshprof.comm.backend import GroupRef, KernelBackend, choose_backend
+from meshprof.comm.backend import GroupRef, KernelBackend
 from meshprof.comm.completion import Completion, InflightOp, PendingOp
 from meshprof.comm.composite import composite_op, patch_object_collectives
 from meshprof.comm.ops import OpSpec, first_tensor
@@ -75,6 +75,20 @@ class SeqCounters:
         self._group[gidx] = seq + 1
         return seq
 
+    def counts(self, groups: list[GroupInfo]) -> dict[tuple[str, int, int], int]:
+        """The next number of every counter, keyed as the native kernel keys them: (group name,
+        group-local peer or -1, 0 collective / 1 send / 2 recv); ``groups`` is the log's table."""
+        out: dict[tuple[str, int, int], int] = {}
+        for gidx, n in list(self._group.items()):
+            out[(groups[gidx].name, -1, 0)] = n
+        with self._lock:
+            p2p = list(self._p2p.items())
+        for (gidx, peer, direction), n in p2p:
+            ranks = groups[gidx].ranks
+            local = ranks.index(peer) if peer in ranks else peer
+            out[(groups[gidx].name, local, 1 + direction)] = n
+        return out
+
 
 class CommProfiler(RecordQueries):
     """Records every collective and point-to-point op of this process.
@@ -98,12 +112,17 @@ class CommProfiler(RecordQueries):
         self.completion = Completion(self)
         """Completion of the ops recorded in Python (Work.wait hook, poller, CUDA events)."""
         self._backend: KernelBackend | None = None
+        self._last_backend: KernelBackend | None = None
         self._patches = Patches()
         self._groups: dict[Any, GroupRef] = {}
         self._dtype_codes: dict[Any, int] = {}  # torch.dtype -> the log's dtype code
         self._inflight: dict[int, PendingOp] = {}
         self._tokens = itertools.count(1)  # next() is atomic under the GIL
         self._tls = threading.local()
+        self.open_composites = 0
+        """Composite ops (object collectives, labels) open on any thread: a kernel handover
+        waits until none is (their inner ops must stay inside them)."""
+        self._composite_lock = threading.Lock()
         self._threshold = int(self.config.sample_rate * 2**32)
         self._min_ns = int(self.config.min_duration_us * 1000)
         self._wall_offset = time.time_ns() - time.perf_counter_ns()
@@ -125,14 +144,29 @@ class CommProfiler(RecordQueries):
 
     @property
     def backend_name(self) -> str:
-        """``"python"`` or ``"native"``: which kernel is installed ("" when none)."""
+        """``"python"`` or ``"native"``: which kernel records now ("" when none is installed)."""
         return self._backend.name if self._backend is not None else ""
+
+    def recorder_info(self) -> dict[str, Any]:
+        """Which kernel recorded (``kernel``: python or native, the last one installed) and,
+        when the Python kernel handed over to the native one during the run, ``handover``:
+        {from, to, at_ns} (or the build ``error`` that kept Python)."""
+        backend = self._backend or self._last_backend
+        if backend is None:
+            return {"kernel": ""}
+        out: dict[str, Any] = {"kernel": backend.name}
+        describe = getattr(backend, "describe", None)
+        if describe is not None:
+            out["handover"] = describe()
+        return out
 
     def install(self) -> None:
         """Register a kernel for every c10d op (:func:`~meshprof.comm.backend.choose_backend`)
         and wrap the object collectives."""
         if self._backend is not None:
             return
+        from meshprof.comm.selection import choose_backend
+
         backend = choose_backend(self)
         self._backend = backend
         backend.install()
@@ -146,6 +180,7 @@ class CommProfiler(RecordQueries):
         self.flush()
         backend.uninstall()
         self.flush()  # what the kernel's last ops in flight recorded
+        self._last_backend = backend
         self._backend = None
         self._patches.undo()
 
@@ -471,6 +506,8 @@ class CommProfiler(RecordQueries):
         meta = dict(metadata or {})
         meta["c10d_ops"] = 0
         rec = self._start(label, g.log_index, peer, seq, dtype, 0, 0, 0, meta, True)
+        with self._composite_lock:
+            self.open_composites += 1
         if backend is not None:
             backend.composite_enter()
         rec.t0 = time.perf_counter_ns()
@@ -490,6 +527,8 @@ class CommProfiler(RecordQueries):
         stack = self._stack()
         if stack and stack[-1] is rec:
             stack.pop()
+        with self._composite_lock:
+            self.open_composites -= 1
         if self._backend is not None:
             in_b, out_b, n = self._backend.composite_exit()
             rec.in_bytes += in_b

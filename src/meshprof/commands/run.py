@@ -120,8 +120,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--native",
         action="store_true",
-        help="record with the native (C++) recorder: < 1 µs per collective; built once (~30 s) "
-        "with torch's C++ extension tools before the workers start",
+        help="require the native (C++) recorder (the default wherever it can be built: "
+        "a failed build is then an error instead of a fallback to the Python recorder)",
     )
     p.add_argument("--no-summary", action="store_true", help="do not print the summary at the end")
     p.add_argument(
@@ -268,12 +268,30 @@ def options_from_args(args: argparse.Namespace, argv: list[str] | None = None) -
     )
 
 
-def run(args: argparse.Namespace) -> int:
-    if args.native:
-        import meshprof.comm.native
+def prepare_native(force: bool) -> None:
+    """Build the native recorder here, once, before the workers start (they then load it from
+    the cache): by default wherever it can run (a failed build is one line on stderr and the
+    workers record with Python, ``MESHPROF_NATIVE=0``); with ``--native`` a failed build is an
+    error."""
+    from meshprof.comm.selection import native_supports_device
+    from meshprof.commands.build_native import build_with_progress
+    from meshprof.config import native_from_env
 
-        meshprof.comm.native.load()  # build here once; the workers then load the cached module
+    if force:
+        import meshprof.comm.native_build
+
+        meshprof.comm.native_build.load()  # MeshprofError: one line, exit code 2
         os.environ["MESHPROF_NATIVE"] = "1"
+        return
+    if native_from_env() is False or not native_supports_device():
+        return
+    if build_with_progress("meshprof run"):
+        print("meshprof run: recording with the Python kernel", file=sys.stderr)
+        os.environ["MESHPROF_NATIVE"] = "0"
+
+
+def run(args: argparse.Namespace) -> int:
+    prepare_native(args.native)
     if args.layout:
         from meshprof.launch import ENV_LAYOUT
         from meshprof.layout import parse_layout

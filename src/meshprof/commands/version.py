@@ -1,4 +1,4 @@
-"""``meshprof version``: versions of meshprof, torch and the distributed backends."""
+"""``meshprof version``: versions of meshprof, torch and the distributed backends, and which\ncollective recorder (native or Python kernel) ``meshprof.enable()`` would use here."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ def versions() -> dict[str, Any]:
     import torch.distributed as dist
 
     from meshprof import __version__
+    from meshprof.comm.selection import planned_recorder
 
     nccl = ""
     try:
@@ -28,6 +29,7 @@ def versions() -> dict[str, Any]:
         "nccl": nccl,
         "gloo": bool(dist.is_available() and dist.is_gloo_available()),
         "nccl_available": bool(dist.is_available() and dist.is_nccl_available()),
+        "recorder": planned_recorder(),
     }
 
 
@@ -47,4 +49,7 @@ def run(args: argparse.Namespace) -> int:
             + (f", cuda {v['cuda']}, nccl {v['nccl']}" if v["cuda"] else "")
             + ")"
         )
+        r = v["recorder"]
+        print(f"recorder: {r['kernel']} ({r['reason']})")
+        print(f"native recorder cache: {r['native_cache']}")
     return 0

@@ -180,6 +180,9 @@ class RankMeta(JsonRecord):
     retained_events: int | None = None
     evicted_events: int | None = None
     dropped_events: int | None = None
+    recorder: dict[str, Any] | None = None
+    """Which dispatcher kernel recorded: {kernel: "python" | "native", handover: {from, to,
+    at_ns} when the Python kernel handed over to the native one during the run}."""
     internal_errors: int | None = None
     first_internal_error: str | None = None
     groups: list[dict[str, Any]] | None = None

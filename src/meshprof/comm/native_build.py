@@ -1,0 +1,277 @@
+"""Where and when the native (C++) recorder is built, and loading it.
+
+The extension is compiled from ``native_kernel.cpp`` with ``torch.utils.cpp_extension`` into
+``<root>/<name>/`` where ``root`` is ``TORCH_EXTENSIONS_DIR`` (else torch's default cache) and
+``name`` encodes what the binary depends on: the Python version, the torch version, its C++ ABI
+and a hash of the source (:func:`extension_name`), so two torch builds, or two meshprof
+versions, never share (and keep rebuilding) one build. A successful build leaves a ``built``
+stamp next to the library; a later process imports the library directly (no compiler, no
+ninja: :func:`cached`, :func:`load`).
+
+One build per host: the build runs under an exclusive lock on ``<root>/<name>.lock``
+(``fcntl.flock``), so ranks that start together build once and the others wait for it, then
+import it. When the build fails, the processes that were waiting for that attempt do not retry
+(the failure is stamped with its time); a background build in a process started within
+:data:`RETRY_FAILED_AFTER_S` of a failure does not retry either (every test or rank process of a
+machine without a compiler would otherwise try), while an explicit build (``meshprof
+build-native``, ``meshprof run``, ``native=True``) always does.
+
+:class:`BackgroundBuild` runs the build on a daemon thread (``meshprof.enable()`` without a
+cached build records with the Python kernel meanwhile and hands over when it finishes);
+``meshprof build-native`` and ``meshprof run`` build in the foreground.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.machinery
+import importlib.util
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from meshprof.errors import MeshprofError
+
+SOURCE = Path(__file__).with_name("native_kernel.cpp")
+HEADERS = ("native_device.h", "native_args.h")
+"""Headers ``native_kernel.cpp`` includes (their bytes are in the cache name's hash too)."""
+_STAMP = "built"
+_FAILED = "failed"
+
+#: Seconds after a failed build during which background builds do not try again.
+RETRY_FAILED_AFTER_S = 3600.0
+
+_lock = threading.Lock()
+_module: Any = None
+
+
+def extension_name() -> str:
+    """The module name of this torch build's extension, e.g.
+    ``meshprof_native_py311_torch2_13_0_cpu_abi1_3f2a9c1d`` (a valid identifier)."""
+    import torch
+
+    tv = "".join(c if c.isalnum() else "_" for c in torch.__version__)
+    abi = int(bool(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", False)))
+    h = hashlib.sha256(SOURCE.read_bytes())
+    for name in HEADERS:
+        h.update(SOURCE.with_name(name).read_bytes())
+    cuda = "_cuda" if build_with_cuda() else ""
+    py = f"py{sys.version_info[0]}{sys.version_info[1]}"
+    return f"meshprof_native_{py}_torch{tv}_abi{abi}{cuda}_{h.hexdigest()[:8]}"
+
+
+def build_with_cuda() -> bool:
+    """Build the CUDA device timing in: CUDA is usable here and the CUDA toolkit's headers are
+    found (``CUDA_HOME``)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return False
+    from torch.utils.cpp_extension import CUDA_HOME
+
+    return bool(CUDA_HOME)
+
+
+def build_root() -> Path:
+    """``TORCH_EXTENSIONS_DIR``, else torch's default extension cache."""
+    env = os.environ.get("TORCH_EXTENSIONS_DIR")
+    if env:
+        return Path(env)
+    from torch.utils.cpp_extension import get_default_build_root
+
+    return Path(get_default_build_root())
+
+
+def build_dir() -> Path:
+    """Where this torch build's extension is (or will be) built."""
+    return build_root() / extension_name()
+
+
+def library_path() -> Path:
+    """The compiled module inside :func:`build_dir`."""
+    suffix = importlib.machinery.EXTENSION_SUFFIXES[-1]  # ".so" (cpp_extension's naming)
+    return build_dir() / f"{extension_name()}{suffix}"
+
+
+def cached() -> bool:
+    """Whether a finished build of this torch build's extension is in the cache."""
+    return (build_dir() / _STAMP).is_file() and library_path().is_file()
+
+
+def loaded() -> bool:
+    """Whether this process has imported the extension already."""
+    return _module is not None
+
+
+def _compile() -> None:
+    """Compile (or let ninja bring up to date) the extension into :func:`build_dir`."""
+    from torch.utils.cpp_extension import load as load_ext
+
+    d = build_dir()
+    d.mkdir(parents=True, exist_ok=True)
+    cuda = build_with_cuda()
+    load_ext(
+        name=extension_name(),
+        sources=[str(SOURCE)],
+        extra_cflags=["-O2"] + (["-DMESHPROF_WITH_CUDA"] if cuda else []),
+        with_cuda=cuda,
+        build_directory=str(d),
+        verbose=bool(os.environ.get("MESHPROF_NATIVE_VERBOSE")),
+    )
+
+
+@contextlib.contextmanager
+def _host_lock(path: Path) -> Iterator[bool]:
+    """Exclusive lock on ``path`` across processes; yields whether another holder made us
+    wait. Without ``fcntl`` (not POSIX) it does not lock."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows
+        yield False
+        return
+    with open(path, "a") as f:
+        waited = False
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            waited = True
+            fcntl.flock(f, fcntl.LOCK_EX)  # releases the GIL while it waits
+        try:
+            yield waited
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def ensure_built(compile_fn: Callable[[], None] | None = None, retry_failed: bool = True) -> Path:
+    """Build this torch build's extension once per host (under the lock) unless it is cached;
+    returns its directory. MeshprofError says why it could not be built. ``compile_fn``
+    replaces the compiler (tests); ``retry_failed=False`` (background builds) gives up when a
+    build failed less than :data:`RETRY_FAILED_AFTER_S` ago."""
+    d = build_dir()
+    if cached():
+        return d
+    started = time.time()
+    with _host_lock(build_root() / f"{extension_name()}.lock") as waited:
+        if cached():  # another process built it while we waited
+            return d
+        failed = d / _FAILED
+        if failed.is_file():
+            age = failed.stat().st_mtime
+            recent = not retry_failed and age >= started - RETRY_FAILED_AFTER_S
+            if (waited and age >= started) or recent:
+                msg = failed.read_text(errors="replace").strip()
+                raise MeshprofError(msg + ("" if waited else " (meshprof build-native retries)"))
+        try:
+            (compile_fn or _compile)()
+        except Exception as e:
+            msg = (
+                f"the native recorder could not be built ({type(e).__name__}: {str(e)[:300]}); "
+                "it needs a C++ compiler and torch's headers"
+            )
+            with contextlib.suppress(OSError):
+                d.mkdir(parents=True, exist_ok=True)
+                failed.write_text(msg)
+            raise MeshprofError(msg) from None
+        (d / _STAMP).write_text(f"{time.time():.3f}\n")
+        with contextlib.suppress(OSError):
+            failed.unlink()
+    return d
+
+
+def _import() -> Any:
+    name = extension_name()
+    spec = importlib.util.spec_from_file_location(name, library_path())
+    if spec is None or spec.loader is None:
+        raise ImportError(f"no module at {library_path()}")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def load(retry_failed: bool = True) -> Any:
+    """The extension module: imported from the cache, built first (under the host lock) when
+    it is not there. MeshprofError says why it cannot be had (``retry_failed``: see
+    :func:`ensure_built`)."""
+    global _module
+    with _lock:
+        if _module is not None:
+            return _module
+        try:
+            ensure_built(retry_failed=retry_failed)
+        except MeshprofError:
+            raise
+        except Exception as e:  # an unwritable cache directory, a lock that fails
+            raise MeshprofError(
+                f"the native recorder could not be built in {build_dir()} "
+                f"({type(e).__name__}: {str(e)[:300]})"
+            ) from None
+        try:
+            _module = _import()
+        except Exception as e:
+            raise MeshprofError(
+                f"the native recorder built in {build_dir()} could not be loaded "
+                f"({type(e).__name__}: {str(e)[:300]})"
+            ) from None
+        return _module
+
+
+class BackgroundBuild:
+    """Builds and loads the extension on a daemon thread, then calls ``on_done(error)``
+    (``None`` on success, else the MeshprofError) from that thread."""
+
+    def __init__(self, on_done: Callable[[MeshprofError | None], None]) -> None:
+        self._on_done = on_done
+        self.thread = threading.Thread(target=self._run, name="meshprof-native-build", daemon=True)
+        self.done = threading.Event()
+        self.error: MeshprofError | None = None
+
+    def start(self) -> BackgroundBuild:
+        self.thread.start()
+        return self
+
+    def _run(self) -> None:
+        try:
+            load(retry_failed=False)
+        except MeshprofError as e:
+            self.error = e
+        except Exception as e:  # never let the thread die with a traceback
+            self.error = MeshprofError(f"the native recorder could not be built: {e}")
+        self.done.set()
+        with contextlib.suppress(Exception):
+            self._on_done(self.error)
+
+
+_background: BackgroundBuild | None = None
+
+
+def build_in_background(on_done: Callable[[MeshprofError | None], None]) -> BackgroundBuild:
+    """Start (once per process) the background build; a later caller's ``on_done`` is called
+    when that same build ends (at once if it has ended)."""
+    global _background
+    with _lock:
+        bg = _background
+        if bg is None:
+            bg = _background = BackgroundBuild(on_done).start()
+            return bg
+    callbacks_on_done(bg, on_done)
+    return bg
+
+
+def callbacks_on_done(bg: BackgroundBuild, on_done: Callable[[MeshprofError | None], None]) -> None:
+    """Call ``on_done`` when ``bg`` ends, from a small waiting thread (at once if ended)."""
+    if bg.done.is_set():
+        on_done(bg.error)
+        return
+
+    def wait() -> None:
+        bg.done.wait()
+        with contextlib.suppress(Exception):
+            on_done(bg.error)
+
+    threading.Thread(target=wait, name="meshprof-native-wait", daemon=True).start()
