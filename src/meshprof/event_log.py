@@ -101,26 +101,51 @@ class EventLog:
     def flush(self) -> None:
         """Move every staged tuple into the ring (thread-safe)."""
         with self._lock:
-            staged = self._staged
-            n = len(staged)
-            if n == 0:
-                return
-            rows = [staged.popleft() for _ in range(n)]
-            chunk = np.array([r[:N_FIELDS] for r in rows], dtype=EVENT_DTYPE)
-            for listener in self.listeners:
-                listener(chunk)
-            keep = (chunk["flags"] & FLAG_DROPPED) == 0
-            if not keep.all():
-                rows = [r for r, k in zip(rows, keep.tolist(), strict=True) if k]
-                chunk = chunk[keep]
-            first_id = self.total
-            for i, r in enumerate(rows):
-                if r[N_FIELDS] is not None:
-                    self.errors[first_id + i] = r[N_FIELDS]
-                if r[N_FIELDS + 1] is not None:
-                    self.metadata[first_id + i] = r[N_FIELDS + 1]
-            if len(chunk):
-                self._write(chunk, first_id)
+            self._flush_staged()
+
+    def append_chunk(
+        self,
+        chunk: np.ndarray,
+        errors: dict[int, str] | None = None,
+        metadata: dict[int, dict[str, Any]] | None = None,
+    ) -> None:
+        """Add a whole EVENT_DTYPE array at once (after the staged tuples, in order): the native
+        kernel's drain. ``errors`` / ``metadata``: index in ``chunk`` -> error text / metadata."""
+        with self._lock:
+            self._flush_staged()
+            self._ingest(chunk, errors or {}, metadata or {})
+
+    def _flush_staged(self) -> None:
+        staged = self._staged
+        n = len(staged)
+        if n == 0:
+            return
+        rows = [staged.popleft() for _ in range(n)]
+        chunk = np.array([r[:N_FIELDS] for r in rows], dtype=EVENT_DTYPE)
+        errors = {i: r[N_FIELDS] for i, r in enumerate(rows) if r[N_FIELDS] is not None}
+        meta = {i: r[N_FIELDS + 1] for i, r in enumerate(rows) if r[N_FIELDS + 1] is not None}
+        self._ingest(chunk, errors, meta)
+
+    def _ingest(
+        self, chunk: np.ndarray, errors: dict[int, str], metadata: dict[int, dict[str, Any]]
+    ) -> None:
+        """Feed the listeners every event, then keep the retained ones (lock held)."""
+        for listener in self.listeners:
+            listener(chunk)
+        keep = (chunk["flags"] & FLAG_DROPPED) == 0
+        if not keep.all():
+            if errors or metadata:
+                new_index = np.cumsum(keep) - 1
+                errors = {int(new_index[i]): v for i, v in errors.items() if keep[i]}
+                metadata = {int(new_index[i]): v for i, v in metadata.items() if keep[i]}
+            chunk = chunk[keep]
+        first_id = self.total
+        for i, e in errors.items():
+            self.errors[first_id + i] = e
+        for i, m in metadata.items():
+            self.metadata[first_id + i] = m
+        if len(chunk):
+            self._write(chunk, first_id)
 
     def _write(self, chunk: np.ndarray, first_id: int) -> None:
         n = len(chunk)
