@@ -106,7 +106,7 @@ def analyze_run_parts(
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="meshprof-rank-analyses") as pool:
         done_with = _releaser(run) if release_events else None
         analyses_future = pool.submit(rank_analyses, run, done_with)
-        table = build_event_table(run, after_rank=done_with)
+        table = build_event_table(run, after_rank=done_with, sample_fraction=run.sample_fraction)
         clock = align_clocks(run, table)
         if release_events:
             analyses_future.result()

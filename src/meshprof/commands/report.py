@@ -128,7 +128,8 @@ def run(args: argparse.Namespace) -> int:
     if args.trace_max_events is not None and args.trace_max_events < 0:
         raise MeshprofError(f"--trace-max-events must be >= 0, got {args.trace_max_events}")
     try:
-        loaded = load_run(Path(args.dir))
+        # the report reads only the completed events' columns: loaded lean
+        loaded = load_run(Path(args.dir), lean=True)
     except MeshprofError as e:
         if "no usable rank file" not in str(e):
             raise
