@@ -139,6 +139,15 @@ def analyze_run_parts(
         extra=bottlenecks,
     )
     kineto = run_kineto(run, hta_rounding=hta_rounding)
+    by_size = with_recorded(size_rows(table), recorded_by_size(run))
+    sampling = None
+    if run.sample_fraction < 1:
+        from meshprof.analyze.sampling import sampling_info
+
+        recorded = sum(max(rd.file_events, len(rd.events)) for rd in run.ranks.values())
+        sampling = sampling_info(
+            table, stragglers, by_size, summary.collectives, recorded, run.sample_reason
+        )
     report = RunReport(
         path=str(run.path),
         world_size=run.world_size,
@@ -161,7 +170,7 @@ def analyze_run_parts(
         dimensions=dims,
         comm_share_by_dim=share,
         comm_share_total=tuple(float(v) for v in share.sum(axis=1)),
-        by_size=with_recorded(size_rows(table), recorded_by_size(run)),
+        by_size=by_size,
         timeline=timeline,
         timeline_ns=timeline_ns,
         findings=findings,
@@ -169,6 +178,7 @@ def analyze_run_parts(
         rank_analyses=tuple(a for _, a in sorted(analyses.items())),
         pipeline=pipeline,
         kineto=kineto,
+        sampling=sampling,
     )
     return RunAnalysis(report, table, clock, match)
 

@@ -22,6 +22,7 @@ from meshprof.analyze.table import GroupRef
 if TYPE_CHECKING:
     from meshprof.analyze.kineto import KinetoReport
     from meshprof.analyze.pipeline import PipelineBubble
+    from meshprof.analyze.sampling import SamplingInfo
     from meshprof.analyze.steps.types import StepAnalysis
 
 
@@ -229,6 +230,9 @@ class RunReport:
     """The torch.profiler traces found in the run directory: per rank HTA's GPU breakdown (or
     the host split on CPU-only traces), the files not read, the kernel-level straggler; None
     when there are none."""
+    sampling: SamplingInfo | None = None
+    """How the run was sampled and the resulting error of the main figures; None when every
+    collective was loaded."""
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (numpy arrays become nested lists, NaN becomes None)."""
@@ -238,8 +242,12 @@ class RunReport:
             if self.kineto is not None
             else {"ranks": [], "problems": [], "notes": [], "stragglers": None}
         )
+        extra: dict[str, Any] = (
+            {"sampling": dataclasses.asdict(self.sampling)} if self.sampling is not None else {}
+        )
         return json_ready(
-            {
+            extra
+            | {
                 "summary": {
                     "path": self.path,
                     "world_size": self.world_size,

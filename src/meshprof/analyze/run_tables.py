@@ -81,24 +81,12 @@ def size_rows(table: EventTable) -> tuple[SizeRow, ...]:
     if not len(table):
         return ()
     code_of = np.asarray([OP_CODES.get(o, OP_CODES["custom"]) for o in table.ops], dtype=np.int64)
-    # one small key per row, op · 128 + (exponent of the size bucket + 1, 0 for empty
-    # messages), computed in chunks (4 B per row in all, no full-length sort); then the rows of
-    # each (op, bucket), in row order, by one comparison per distinct key
-    n = len(table)
-    key = np.empty(n, dtype=np.int32)
-    for c0 in range(0, n, _BW_CHUNK):
-        c1 = min(c0 + _BW_CHUNK, n)
-        bucket = size_bucket_array(table.size_bytes[c0:c1])
-        exp = np.zeros(c1 - c0, dtype=np.int64)
-        pos = bucket > 0
-        exp[pos] = np.log2(bucket[pos]).astype(np.int64) + 1
-        exp += table.op[c0:c1].astype(np.int64) * 128
-        key[c0:c1] = exp
+    key = size_keys(table)
     rows = []
+    sizes = table.group_sizes()
     for k in np.flatnonzero(np.bincount(key)).tolist():
         idx = np.flatnonzero(key == k)
-        o, e = divmod(k, 128)
-        b = 0 if e == 0 else 1 << (e - 1)
+        o, b = split_size_key(k)
         d = table.duration_ns[idx]
         alg = np.empty(len(idx))
         bus = np.empty(len(idx))
@@ -106,7 +94,7 @@ def size_rows(table: EventTable) -> tuple[SizeRow, ...]:
             ci = idx[c0 : c0 + _BW_CHUNK]
             sz = table.size_bytes[ci]
             alg[c0 : c0 + len(ci)], bus[c0 : c0 + len(ci)] = bandwidth_arrays(
-                np.full(len(ci), code_of[o]), sz, sz, d[c0 : c0 + len(ci)], table.group_size[ci]
+                np.full(len(ci), code_of[o]), sz, sz, d[c0 : c0 + len(ci)], sizes[table.gid[ci]]
             )
         del idx
         # sorted in place: the percentiles below copy nothing (numpy's median and percentile
@@ -119,17 +107,40 @@ def size_rows(table: EventTable) -> tuple[SizeRow, ...]:
                 table.ops[o],
                 b,
                 len(d),
-                _sorted_pct(d, 50),
-                _sorted_pct(d, 95),
-                _sorted_pct(alg, 50),
-                _sorted_pct(bus, 50),
+                sorted_pct(d, 50),
+                sorted_pct(d, 95),
+                sorted_pct(alg, 50),
+                sorted_pct(bus, 50),
             )
         )
         del d, alg, bus
     return tuple(sorted(rows, key=lambda r: (r.op, r.size_bucket)))
 
 
-def _sorted_pct(v: np.ndarray, q: float) -> float:
+def size_keys(table: EventTable) -> np.ndarray:
+    """int32 per row: op · 128 + (exponent of the power-of-two size bucket + 1; 0 for empty
+    messages), computed in chunks (4 B per row in all, no full-length sort). The rows of one
+    (op, bucket) are then those equal to one key (:func:`split_size_key`)."""
+    n = len(table)
+    key = np.empty(n, dtype=np.int32)
+    for c0 in range(0, n, _BW_CHUNK):
+        c1 = min(c0 + _BW_CHUNK, n)
+        bucket = size_bucket_array(table.size_bytes[c0:c1])
+        exp = np.zeros(c1 - c0, dtype=np.int64)
+        pos = bucket > 0
+        exp[pos] = np.log2(bucket[pos]).astype(np.int64) + 1
+        exp += table.op[c0:c1].astype(np.int64) * 128
+        key[c0:c1] = exp
+    return key
+
+
+def split_size_key(key: int) -> tuple[int, int]:
+    """(op code, size bucket in bytes) of a :func:`size_keys` value."""
+    o, e = divmod(key, 128)
+    return o, 0 if e == 0 else 1 << (e - 1)
+
+
+def sorted_pct(v: np.ndarray, q: float) -> float:
     """``np.percentile(v, q)`` (linear interpolation) of an already sorted array."""
     pos = (len(v) - 1) * (q / 100)
     i = int(np.floor(pos))
@@ -207,7 +218,10 @@ def comm_share_by_dimension(
         for j in range(len(dims)):
             sel = mine[gd == j]
             us, ue = intervals.union(start_all[sel], end_all[sel])
-            out[i, j] = float(intervals.covered(us, ue, a, b).sum()) / total if total > 0 else 0.0
+            cov = intervals.covered(us, ue, a, b)
+            if table.sample_fraction < 1:  # a sample: scaled as in find_stragglers
+                cov = np.minimum(cov / table.sample_fraction, b - a)
+            out[i, j] = float(cov.sum()) / total if total > 0 else 0.0
     return dims, out
 
 

@@ -38,6 +38,8 @@ class LoadedRun:
     sample_fraction: float = 1.0
     """Fraction of the collectives loaded (a consistent (group, seq) sample below 1,
     :mod:`meshprof.rundir.sampling`)."""
+    sample_reason: str = ""
+    """Why the run was sampled, in words ("" when it was not)."""
 
     def layout_of(self, rank: int) -> Layout | None:
         """The dp/tp/pp layout rank ``rank`` ran with (:func:`resolve_layout`)."""
@@ -93,7 +95,9 @@ def _load_all(
         return list(pool.map(lambda p: _load_or_reason(p, shared, lean, sample_limit), paths))
 
 
-def load_run(run_dir: str | Path, *, lean: bool = False, sample: float = 1.0) -> LoadedRun:
+def load_run(
+    run_dir: str | Path, *, lean: bool = False, sample: float = 1.0, sample_reason: str = ""
+) -> LoadedRun:
     """Load every rank file of a run directory. Missing or damaged ranks are listed in
     ``problems``; the rest still load. No usable rank at all raises :class:`MeshprofError`.
 
@@ -157,6 +161,7 @@ def load_run(run_dir: str | Path, *, lean: bool = False, sample: float = 1.0) ->
         manifest_problem=manifest_problem,
         lean=lean,
         sample_fraction=float(sample),
+        sample_reason=sample_reason if sample < 1.0 else "",
     )
 
 
