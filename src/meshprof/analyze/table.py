@@ -127,7 +127,9 @@ def build_event_table(
     oindex: dict[str, int] = {}
     # first pass: group and op tables, the rows kept per rank and each column's value range;
     # second: fill preallocated columns of the narrowest dtypes that hold those ranges
-    kept: list[tuple[int, np.ndarray, np.ndarray | None, np.ndarray, np.ndarray, np.ndarray]] = []
+    kept: list[
+        tuple[int, np.ndarray, np.ndarray | None, np.ndarray, np.ndarray, np.ndarray, int]
+    ] = []
     big = np.iinfo(np.int64).max
     seq_lo, seq_hi, peer_lo, peer_hi, dur_hi, size_hi = big, -big, -1, -1, 0, 0
     for r in sorted(run.ranks):
@@ -170,8 +172,9 @@ def build_event_table(
             if np.isin(size_code[op_raw], _SIZE_TIMES_N).any():  # S = in · n or out · n
                 s_hi *= max((len(g.get("ranks", ())) for g in rd.groups), default=1)
             size_hi = max(size_hi, s_hi)
-        kept.append((r, ev, idx, omap[op_raw], gm, size_code[op_raw]))
-    n = sum(len(k[3]) for k in kept)
+        # (the op maps, not the mapped columns: 12 B per row for the whole run otherwise)
+        kept.append((r, ev, idx, omap, gm, size_code, len(op_raw)))
+    n = sum(k[6] for k in kept)
     all_rows = all(k[2] is None for k in kept)
     i16, i32, i64 = np.int16, np.int32, np.int64
     out: dict[str, np.ndarray] = {
@@ -190,27 +193,28 @@ def build_event_table(
     fields = (("seq", "seq"), ("peer", "peer"), ("start", "start_ns"), ("dur", "duration_ns"))
     lo = 0
     while kept:
-        r, ev, idx, op, gm, code = kept.pop()
-        hi = lo + len(op)
-        plain = not np.isin(code, _SIZE_TIMES_N).any()
+        r, ev, idx, omap, gm, size_code, rows = kept.pop()
+        hi = lo + rows
+        # (codes of ops absent on this rank are 0, all_reduce's)
+        plain = not np.isin(size_code, _SIZE_TIMES_N).any()
         out["rank"][lo:hi] = r
-        out["op"][lo:hi] = op
         if index is not None:
-            index[lo:hi] = np.arange(len(op)) if idx is None else idx
+            index[lo:hi] = np.arange(rows) if idx is None else idx
         # rows in blocks that stay in cache while every column is copied out of them
-        for b0 in range(0, len(op), _BLOCK):
-            b1 = min(b0 + _BLOCK, len(op))
+        for b0 in range(0, rows, _BLOCK):
+            b1 = min(b0 + _BLOCK, rows)
             blk = ev[b0:b1] if idx is None else ev[idx[b0:b1]]
             o0, o1 = lo + b0, lo + b1
             for dst, src in fields:
                 out[dst][o0:o1] = blk[src]
+            out["op"][o0:o1] = omap[blk["op"]]
             gid = gm[blk["group"]]
             out["gid"][o0:o1] = gid
             if plain:  # no gather/scatter-like op on this rank: S = max(in, out)
                 out["size"][o0:o1] = np.maximum(blk["in_bytes"], blk["out_bytes"])
             else:
                 out["size"][o0:o1] = nccl_tests_size_array(
-                    code[b0:b1], blk["in_bytes"], blk["out_bytes"], sizes[gid]
+                    size_code[blk["op"]], blk["in_bytes"], blk["out_bytes"], sizes[gid]
                 )
         lo = hi
         del ev, idx
