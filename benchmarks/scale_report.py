@@ -47,7 +47,9 @@ def layout_of(n: int) -> tuple[int, int, int]:
     return rest // tp, tp, pp
 
 
-def run_report(run_dir: Path, src: Path, timeout: float = 0) -> tuple[float, float, int, dict]:
+def run_report(
+    run_dir: Path, src: Path, timeout: float = 0, extra: tuple[str, ...] = ()
+) -> tuple[float, float, int, dict]:
     """Wall seconds, CPU seconds (user + system), peak RSS (bytes) and the JSON of
     ``meshprof report DIR --json``."""
     env = dict(os.environ, PYTHONPATH=str(src))
@@ -55,7 +57,9 @@ def run_report(run_dir: Path, src: Path, timeout: float = 0) -> tuple[float, flo
     with tempfile.TemporaryFile() as out:
         t0 = time.perf_counter()
         p = subprocess.Popen(
-            [sys.executable, "-c", code, "report", str(run_dir), "--json"], stdout=out, env=env
+            [sys.executable, "-c", code, "report", str(run_dir), "--json", *extra],
+            stdout=out,
+            env=env,
         )
         timer = threading.Timer(timeout, p.kill) if timeout > 0 else None
         if timer is not None:
@@ -81,12 +85,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tmp", type=Path, default=Path(tempfile.gettempdir()))
     p.add_argument("--out", type=Path, default=None, help="append one JSON line per case")
     p.add_argument("--timeout", type=float, default=0, help="stop a report after this many s")
+    p.add_argument(
+        "--report-args", default="", help="more arguments for meshprof report, e.g. '--sample 0.1'"
+    )
     a = p.parse_args(argv)
     print(
         "| ranks | layout | events | report time | CPU time | peak RSS | B/event | slow rank named "
-        "| max clock error |"
+        "| max clock error | load average |"
     )
-    print("|---:|---|---:|---:|---:|---:|---:|---|---:|")
+    print("|---:|---|---:|---:|---:|---:|---:|---|---:|---:|")
     for case in a.cases.split(","):
         n, total = (int(x) for x in case.split(":"))
         per_rank = total // n
@@ -107,7 +114,9 @@ def main(argv: list[str] | None = None) -> int:
         )
         events = info["events_per_rank"] * n
         try:
-            wall, cpu, rss, rep = run_report(d, a.src, a.timeout)
+            load0 = os.getloadavg()[0]
+            wall, cpu, rss, rep = run_report(d, a.src, a.timeout, tuple(a.report_args.split()))
+            load = max(load0, os.getloadavg()[0])
         except RuntimeError as e:
             print(
                 f"| {n:,} | {'x'.join(map(str, layout))} | {events:,} | {e} | | | | |", flush=True
@@ -129,12 +138,14 @@ def main(argv: list[str] | None = None) -> int:
             "slow_rank": info["slow_rank"],
             "named": named,
             "max_clock_error_us": round(err / 1e3, 1),
+            "load_average": round(load, 1),
+            "sampling": rep.get("sampling", {}).get("fraction"),
         }
         print(
             f"| {n:,} | {row['layout']} | {events:,} | {wall:.1f} s | {cpu:.1f} s "
             f"| {rss / 2**20:,.0f} MiB | "
             f"{rss / events:.0f} | {'yes' if info['slow_rank'] in named else 'NO'} {named[:3]} | "
-            f"{err / 1e3:.1f} µs |",
+            f"{err / 1e3:.1f} µs | {load:.1f} |",
             flush=True,
         )
         if a.out:

@@ -84,7 +84,7 @@ def test_ten_percent_sample_keeps_the_truth(synth):
         assert abs(a.comm_share - b.comm_share) <= 3 * sm.comm_share_error, (a.rank, a, b)
 
 
-def test_cli_sample_and_memory_budget(synth, cli):
+def test_cli_sample_and_memory_budget(synth, cli, tmp_path):
     d, _ = synth
     plain = json.loads(cli("report", d, "--json").stdout)
     assert "sampling" not in plain
@@ -94,8 +94,10 @@ def test_cli_sample_and_memory_budget(synth, cli):
     assert s["fraction"] == 0.1 and s["reason"] == "--sample 0.1"
     assert s["events_loaded"] < 0.13 * s["events_recorded"]
     assert {"collectives", "latency_p50_rel_error", "comm_share_error", "latency"} <= set(s)
-    text = cli("report", d, "--sample", "0.1").stdout
+    text = cli("report", d, "--sample", "0.1", "--html", tmp_path / "r.html").stdout
     assert "sampled: 10.0% of the collectives" in text
+    html = (tmp_path / "r.html").read_text()
+    assert 'id="sampling">sampled: 10.0% of the collectives (--sample 0.1)' in html
     # a budget the whole run does not fit in (150 MiB of base + 120 B per event estimated)
     p = cli("report", d, "--json", "--max-memory", "151M")
     assert p.returncode == 0, p.stderr
