@@ -4,7 +4,7 @@ with the event count at 8 ranks.
 For each case, writes a synthetic dp × tp × pp run (:mod:`synth_run`: clocks off by up to
 ±30 ms, one rank 30 % slower in every phase), then runs ``meshprof report DIR --json`` in a
 child process and prints
-its wall time, CPU time and peak RSS (``os.wait4``), bytes per event, whether the slow rank was named, and the
+its wall time, CPU time (``os.wait4``) and peak RSS (the child's ``VmHWM``), bytes per event, whether the slow rank was named, and the
 largest clock-offset error against the truth. ``--src`` runs another checkout's code (e.g. a
 snapshot of main: ``git archive main src | tar -x -C /tmp/base``) for a before/after table.
 
@@ -64,7 +64,11 @@ def run_report(
         timer = threading.Timer(timeout, p.kill) if timeout > 0 else None
         if timer is not None:
             timer.start()
+        hwm = [0]
+        watcher = threading.Thread(target=_watch_hwm, args=(p, hwm), daemon=True)
+        watcher.start()
         _, status, ru = os.wait4(p.pid, 0)
+        watcher.join()
         wall = time.perf_counter() - t0
         if timer is not None:
             timer.cancel()
@@ -74,7 +78,28 @@ def run_report(
         data = out.read()
     if status != 0:
         raise RuntimeError(f"report failed ({status}) on {run_dir}")
-    return wall, ru.ru_utime + ru.ru_stime, ru.ru_maxrss * 1024, json.loads(data)
+    # ru_maxrss carries the parent's high-water mark across fork + exec (Linux keeps the larger
+    # of the old and new address spaces'): this process, after writing the run, reads hundreds
+    # of MiB. The child's own VmHWM, read while it runs, is the figure (ru_maxrss elsewhere).
+    rss = hwm[0] if hwm[0] > 0 else ru.ru_maxrss * 1024
+    return wall, ru.ru_utime + ru.ru_stime, rss, json.loads(data)
+
+
+def _watch_hwm(p: subprocess.Popen, out: list[int]) -> None:
+    """The child's peak resident set (``VmHWM`` of /proc/PID/status, bytes) until it exits;
+    it only grows, so the last value read is the peak up to a few ms before the end."""
+    status = Path(f"/proc/{p.pid}/status")
+    while True:
+        try:
+            text = status.read_text()
+        except OSError:
+            return
+        for line in text.splitlines():
+            if line.startswith("VmHWM:"):
+                out[0] = max(out[0], int(line.split()[1]) * 1024)
+        if "State:\tZ" in text:  # exited, not yet reaped
+            return
+        time.sleep(0.01)
 
 
 def main(argv: list[str] | None = None) -> int:
