@@ -59,24 +59,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _return_freed_memory() -> None:
-    """glibc only: serve every allocation of 256 KiB or more (the report's columns and their
-    temporaries) with its own mapping, returned to the system when freed. By default glibc raises
-    that threshold up to 32 MiB after the first large free, and the freed blocks of the
-    per-rank and per-group arrays then stay in the heap: 8 ranks × 500k events peaked at 438 MiB
-    instead of 374 MiB. Nothing happens elsewhere."""
-    import ctypes
-    import sys
-
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt(-3, 256 * 1024)  # M_MMAP_THRESHOLD
-    except (OSError, AttributeError):
-        pass
-
-
 def _sample_fraction(args: argparse.Namespace) -> tuple[float, str]:
     """(fraction, reason) from ``--sample`` or, without it, from the memory budget."""
     from meshprof.render.format import fmt_bytes
@@ -190,7 +172,6 @@ def run(args: argparse.Namespace) -> int:
     if args.trace_max_events is not None and args.trace_max_events < 0:
         raise MeshprofError(f"--trace-max-events must be >= 0, got {args.trace_max_events}")
     fraction, reason = _sample_fraction(args)
-    _return_freed_memory()
     try:
         # the report reads only the completed events' columns: loaded lean
         loaded = load_run(Path(args.dir), lean=True, sample=fraction, sample_reason=reason)
