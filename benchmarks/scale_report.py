@@ -4,7 +4,7 @@ with the event count at 8 ranks.
 For each case, writes a synthetic dp × tp × pp run (:mod:`synth_run`: clocks off by up to
 ±30 ms, one rank 30 % slower in every phase), then runs ``meshprof report DIR --json`` in a
 child process and prints
-its wall time, CPU time and peak RSS (``os.wait4``), bytes per event, whether the slow rank was named, and the
+its wall time, CPU time (``os.wait4``) and peak RSS (the child's ``VmHWM``), bytes per event, whether the slow rank was named, and the
 largest clock-offset error against the truth. ``--src`` runs another checkout's code (e.g. a
 snapshot of main: ``git archive main src | tar -x -C /tmp/base``) for a before/after table.
 
@@ -47,7 +47,9 @@ def layout_of(n: int) -> tuple[int, int, int]:
     return rest // tp, tp, pp
 
 
-def run_report(run_dir: Path, src: Path, timeout: float = 0) -> tuple[float, float, int, dict]:
+def run_report(
+    run_dir: Path, src: Path, timeout: float = 0, extra: tuple[str, ...] = ()
+) -> tuple[float, float, int, dict]:
     """Wall seconds, CPU seconds (user + system), peak RSS (bytes) and the JSON of
     ``meshprof report DIR --json``."""
     env = dict(os.environ, PYTHONPATH=str(src))
@@ -55,12 +57,18 @@ def run_report(run_dir: Path, src: Path, timeout: float = 0) -> tuple[float, flo
     with tempfile.TemporaryFile() as out:
         t0 = time.perf_counter()
         p = subprocess.Popen(
-            [sys.executable, "-c", code, "report", str(run_dir), "--json"], stdout=out, env=env
+            [sys.executable, "-c", code, "report", str(run_dir), "--json", *extra],
+            stdout=out,
+            env=env,
         )
         timer = threading.Timer(timeout, p.kill) if timeout > 0 else None
         if timer is not None:
             timer.start()
+        hwm = [0]
+        watcher = threading.Thread(target=_watch_hwm, args=(p, hwm), daemon=True)
+        watcher.start()
         _, status, ru = os.wait4(p.pid, 0)
+        watcher.join()
         wall = time.perf_counter() - t0
         if timer is not None:
             timer.cancel()
@@ -70,7 +78,28 @@ def run_report(run_dir: Path, src: Path, timeout: float = 0) -> tuple[float, flo
         data = out.read()
     if status != 0:
         raise RuntimeError(f"report failed ({status}) on {run_dir}")
-    return wall, ru.ru_utime + ru.ru_stime, ru.ru_maxrss * 1024, json.loads(data)
+    # ru_maxrss carries the parent's high-water mark across fork + exec (Linux keeps the larger
+    # of the old and new address spaces'): this process, after writing the run, reads hundreds
+    # of MiB. The child's own VmHWM, read while it runs, is the figure (ru_maxrss elsewhere).
+    rss = hwm[0] if hwm[0] > 0 else ru.ru_maxrss * 1024
+    return wall, ru.ru_utime + ru.ru_stime, rss, json.loads(data)
+
+
+def _watch_hwm(p: subprocess.Popen, out: list[int]) -> None:
+    """The child's peak resident set (``VmHWM`` of /proc/PID/status, bytes) until it exits;
+    it only grows, so the last value read is the peak up to a few ms before the end."""
+    status = Path(f"/proc/{p.pid}/status")
+    while True:
+        try:
+            text = status.read_text()
+        except OSError:
+            return
+        for line in text.splitlines():
+            if line.startswith("VmHWM:"):
+                out[0] = max(out[0], int(line.split()[1]) * 1024)
+        if "State:\tZ" in text:  # exited, not yet reaped
+            return
+        time.sleep(0.01)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -81,12 +110,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tmp", type=Path, default=Path(tempfile.gettempdir()))
     p.add_argument("--out", type=Path, default=None, help="append one JSON line per case")
     p.add_argument("--timeout", type=float, default=0, help="stop a report after this many s")
+    p.add_argument(
+        "--report-args", default="", help="more arguments for meshprof report, e.g. '--sample 0.1'"
+    )
     a = p.parse_args(argv)
     print(
         "| ranks | layout | events | report time | CPU time | peak RSS | B/event | slow rank named "
-        "| max clock error |"
+        "| max clock error | load average |"
     )
-    print("|---:|---|---:|---:|---:|---:|---:|---|---:|")
+    print("|---:|---|---:|---:|---:|---:|---:|---|---:|---:|")
     for case in a.cases.split(","):
         n, total = (int(x) for x in case.split(":"))
         per_rank = total // n
@@ -107,7 +139,9 @@ def main(argv: list[str] | None = None) -> int:
         )
         events = info["events_per_rank"] * n
         try:
-            wall, cpu, rss, rep = run_report(d, a.src, a.timeout)
+            load0 = os.getloadavg()[0]
+            wall, cpu, rss, rep = run_report(d, a.src, a.timeout, tuple(a.report_args.split()))
+            load = max(load0, os.getloadavg()[0])
         except RuntimeError as e:
             print(
                 f"| {n:,} | {'x'.join(map(str, layout))} | {events:,} | {e} | | | | |", flush=True
@@ -129,12 +163,14 @@ def main(argv: list[str] | None = None) -> int:
             "slow_rank": info["slow_rank"],
             "named": named,
             "max_clock_error_us": round(err / 1e3, 1),
+            "load_average": round(load, 1),
+            "sampling": rep.get("sampling", {}).get("fraction"),
         }
         print(
             f"| {n:,} | {row['layout']} | {events:,} | {wall:.1f} s | {cpu:.1f} s "
             f"| {rss / 2**20:,.0f} MiB | "
             f"{rss / events:.0f} | {'yes' if info['slow_rank'] in named else 'NO'} {named[:3]} | "
-            f"{err / 1e3:.1f} µs |",
+            f"{err / 1e3:.1f} µs | {load:.1f} |",
             flush=True,
         )
         if a.out:

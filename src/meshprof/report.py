@@ -111,7 +111,7 @@ def analyze_run_parts(
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="meshprof-rank-analyses") as pool:
         done_with = _releaser(run) if release_events else None
         analyses_future = pool.submit(rank_analyses, run, done_with)
-        table = build_event_table(run, after_rank=done_with)
+        table = build_event_table(run, after_rank=done_with, sample_fraction=run.sample_fraction)
         clock = align_clocks(run, table)
         failures = find_failures(run, clock)
         if release_events:
@@ -146,6 +146,15 @@ def analyze_run_parts(
         extra=bottlenecks,
     )
     kineto = run_kineto(run, hta_rounding=hta_rounding)
+    by_size = with_recorded(size_rows(table), recorded_by_size(run))
+    sampling = None
+    if run.sample_fraction < 1:
+        from meshprof.analyze.sampling import sampling_info
+
+        recorded = sum(max(rd.file_events, len(rd.events)) for rd in run.ranks.values())
+        sampling = sampling_info(
+            table, stragglers, by_size, summary.collectives, recorded, run.sample_reason
+        )
     report = RunReport(
         path=str(run.path),
         world_size=run.world_size,
@@ -168,7 +177,7 @@ def analyze_run_parts(
         dimensions=dims,
         comm_share_by_dim=share,
         comm_share_total=tuple(float(v) for v in share.sum(axis=1)),
-        by_size=with_recorded(size_rows(table), recorded_by_size(run)),
+        by_size=by_size,
         timeline=timeline,
         timeline_ns=timeline_ns,
         findings=findings,
@@ -178,6 +187,7 @@ def analyze_run_parts(
         kineto=kineto,
         failures=failures,
         what_if=what,
+        sampling=sampling,
     )
     return RunAnalysis(report, table, clock, match)
 

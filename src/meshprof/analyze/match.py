@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from meshprof.analyze.clock import ClockAlignment
-from meshprof.analyze.sorting import group_seq_key, lexsort2, unique_inverse
+from meshprof.analyze.sorting import group_seq_key, stable_argsort, unique_inverse
 from meshprof.analyze.table import EventTable
 
 
@@ -110,23 +110,38 @@ def match_collectives(table: EventTable, clock: ClockAlignment) -> CollectiveMat
         [offsets.get(int(r), 0) for r in range(int(table.rank.max()) + 1)] if len(table) else [0],
         dtype=np.int64,
     )
-    coll = np.flatnonzero(table.peer < 0)
-    arrival = table.start_ns[coll] + off[table.rank[coll]] if len(coll) else table.start_ns[:0]
-    key = group_seq_key(table.gid[coll], table.seq[coll])
-    # sort by key then arrival: each collective's members are contiguous, the last one arrived last
-    order = lexsort2(arrival, key)
-    k = key[order]
+    idx_t = np.int32 if len(table) < 2**31 else np.int64  # 4 B per member, not 8
+    p2p = table.peer >= 0
+    coll: np.ndarray | None = np.flatnonzero(~p2p).astype(idx_t) if p2p.any() else None
+    del p2p
+    if coll is None:  # only collectives (the usual case): no row list, no gathered copies
+        arrival = off[table.rank]
+        arrival += table.start_ns
+        key = group_seq_key(table.gid, table.seq)
+    else:
+        arrival = off[table.rank[coll]]
+        arrival += table.start_ns[coll]
+        key = group_seq_key(table.gid[coll], table.seq[coll])
+    # sort by key then arrival (np.lexsort((arrival, key)), each temporary let go as soon as
+    # it is used): each collective's members are contiguous, the last one arrived last
+    o1 = stable_argsort(arrival)
+    kk = key[o1]
     del key
-    rows = coll[order]
+    o2 = stable_argsort(kk)
+    k = kk[o2]
+    del kk
+    order = o1[o2].astype(idx_t, copy=False)
+    del o1, o2
+    rows = order if coll is None else coll[order]
     arr = arrival[order]
     del coll, arrival, order
     starts = np.nonzero(np.r_[True, k[1:] != k[:-1]])[0] if len(k) else np.zeros(0, dtype=np.int64)
     del k
     ends = np.r_[starts[1:], len(rows)].astype(np.int64)
     member_coll = (
-        np.repeat(np.arange(len(starts)), ends - starts)
+        np.repeat(np.arange(len(starts), dtype=idx_t), ends - starts)
         if len(starts)
-        else np.zeros(0, dtype=np.int64)
+        else np.zeros(0, dtype=idx_t)
     )
     first = arr[starts] if len(starts) else arr[:0]
     last = arr[ends - 1] if len(starts) else arr[:0]
@@ -142,15 +157,14 @@ def match_collectives(table: EventTable, clock: ClockAlignment) -> CollectiveMat
         if len(starts)
         else np.zeros(0, dtype=np.int64)
     )
-    gid = table.gid[rows[starts]] if len(starts) else np.zeros(0, dtype=np.int32)
+    gid = (table.gid[rows[starts]] if len(starts) else table.gid[:0]).astype(np.int32)
     sizes = np.asarray([len(g.ranks) for g in table.groups] or [0], dtype=np.int32)
     expected = sizes[gid] if len(gid) else np.zeros(0, dtype=np.int32)
     send_row, recv_row, unmatched = _match_p2p(table)
-    idx_t = np.int32 if len(table) < 2**31 else np.int64  # 4 B per member, not 8
     return CollectiveMatch(
         gid=gid,
-        seq=table.seq[rows[starts]] if len(starts) else np.zeros(0, dtype=np.int64),
-        op=table.op[rows[starts]] if len(starts) else np.zeros(0, dtype=np.int32),
+        seq=(table.seq[rows[starts]] if len(starts) else table.seq[:0]).astype(np.int64),
+        op=(table.op[rows[starts]] if len(starts) else table.op[:0]).astype(np.int32),
         present=(ends - starts).astype(np.int32, copy=False),
         expected=expected,
         first_arrival_ns=first.astype(np.int64, copy=False),
@@ -252,11 +266,14 @@ def arrived_last_share(m: CollectiveMatch) -> dict[int, tuple[int, int]]:
     least 2 members present (an incomplete collective compares the members that recorded it, so a
     missing rank file does not hide a straggler among the others)."""
     multi = m.present >= 2
-    part = multi[m.member_coll]
-    ranks, counts = np.unique(m.member_rank[part], return_counts=True)
-    lr, lc = np.unique(m.last_rank[multi], return_counts=True)
-    last = dict(zip(lr.tolist(), lc.tolist(), strict=True))
-    return {
-        int(r): (int(last.get(int(r), 0)), int(c))
-        for r, c in zip(ranks.tolist(), counts.tolist(), strict=True)
-    }
+    if not len(m.member_rank):
+        return {}
+    # counted in chunks of members (ranks are small integers: bincounts, no sort of the members)
+    top = int(m.member_rank.max()) + 1
+    counts = np.zeros(top, dtype=np.int64)
+    step = 1 << 20
+    for c0 in range(0, len(m.member_rank), step):
+        part = multi[m.member_coll[c0 : c0 + step]]
+        counts += np.bincount(m.member_rank[c0 : c0 + step][part], minlength=top)
+    lc = np.bincount(m.last_rank[multi], minlength=top)
+    return {int(r): (int(lc[r]), int(counts[r])) for r in np.flatnonzero(counts).tolist()}

@@ -23,6 +23,7 @@ from meshprof.analyze.table import GroupRef
 if TYPE_CHECKING:
     from meshprof.analyze.kineto import KinetoReport
     from meshprof.analyze.pipeline import PipelineBubble
+    from meshprof.analyze.sampling import SamplingInfo
     from meshprof.analyze.steps.types import StepAnalysis
     from meshprof.analyze.what_if import WhatIf
 
@@ -237,6 +238,9 @@ class RunReport:
     what_if: WhatIf | None = None
     """What each slow rank, group and dimension costs every step, from a replay of the matched
     collectives (:mod:`meshprof.analyze.what_if`); None when not computed."""
+    sampling: SamplingInfo | None = None
+    """How the run was sampled and the resulting error of the main figures; None when every
+    collective was loaded."""
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (numpy arrays become nested lists, NaN becomes None)."""
@@ -246,8 +250,12 @@ class RunReport:
             if self.kineto is not None
             else {"ranks": [], "problems": [], "notes": [], "stragglers": None}
         )
+        extra: dict[str, Any] = (
+            {"sampling": dataclasses.asdict(self.sampling)} if self.sampling is not None else {}
+        )
         return json_ready(
-            {
+            extra
+            | {
                 "summary": {
                     "path": self.path,
                     "world_size": self.world_size,

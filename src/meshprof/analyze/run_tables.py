@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -81,9 +82,65 @@ def size_rows(table: EventTable) -> tuple[SizeRow, ...]:
     if not len(table):
         return ()
     code_of = np.asarray([OP_CODES.get(o, OP_CODES["custom"]) for o in table.ops], dtype=np.int64)
-    # one small key per row, op · 128 + (exponent of the size bucket + 1, 0 for empty
-    # messages), computed in chunks (4 B per row in all, no full-length sort); then the rows of
-    # each (op, bucket), in row order, by one comparison per distinct key
+    key = size_keys(table)
+    rows = []
+    sizes = table.group_sizes()
+    counts = np.bincount(key)
+    for k in np.flatnonzero(counts).tolist():
+        o, b = split_size_key(k)
+        # the key's durations, then its algbw, then its busbw (one column at a time, gathered
+        # chunk by chunk: no row list of the key is held), each sorted in place: the
+        # percentiles copy nothing (numpy's median and percentile would each copy the column)
+        d = np.empty(int(counts[k]), dtype=table.duration_ns.dtype)
+        for pos, ci in _rows_of_key(key, k):
+            d[pos : pos + len(ci)] = table.duration_ns[ci]
+        bw_p50 = []
+        for which in (0, 1):
+            bw = np.empty(len(d))
+            for pos, ci in _rows_of_key(key, k):
+                sz = table.size_bytes[ci]
+                bw[pos : pos + len(ci)] = bandwidth_arrays(
+                    np.full(len(ci), code_of[o]),
+                    sz,
+                    sz,
+                    d[pos : pos + len(ci)],
+                    sizes[table.gid[ci]],
+                )[which]
+            bw.sort()
+            bw_p50.append(sorted_pct(bw, 50))
+            del bw
+        d.sort()
+        rows.append(
+            SizeRow(
+                table.ops[o],
+                b,
+                len(d),
+                sorted_pct(d, 50),
+                sorted_pct(d, 95),
+                bw_p50[0],
+                bw_p50[1],
+            )
+        )
+        del d
+    return tuple(sorted(rows, key=lambda r: (r.op, r.size_bucket)))
+
+
+def _rows_of_key(key: np.ndarray, k: int) -> Iterator[tuple[int, np.ndarray]]:
+    """(position among the key's rows, rows) of the rows whose key is ``k``, in row order, a
+    chunk of the table at a time."""
+    pos = 0
+    for c0 in range(0, len(key), _BW_CHUNK * 4):
+        ci = np.flatnonzero(key[c0 : c0 + _BW_CHUNK * 4] == k)
+        if len(ci):
+            ci += c0
+            yield pos, ci
+            pos += len(ci)
+
+
+def size_keys(table: EventTable) -> np.ndarray:
+    """int32 per row: op · 128 + (exponent of the power-of-two size bucket + 1; 0 for empty
+    messages), computed in chunks (4 B per row in all, no full-length sort). The rows of one
+    (op, bucket) are then those equal to one key (:func:`split_size_key`)."""
     n = len(table)
     key = np.empty(n, dtype=np.int32)
     for c0 in range(0, n, _BW_CHUNK):
@@ -94,42 +151,16 @@ def size_rows(table: EventTable) -> tuple[SizeRow, ...]:
         exp[pos] = np.log2(bucket[pos]).astype(np.int64) + 1
         exp += table.op[c0:c1].astype(np.int64) * 128
         key[c0:c1] = exp
-    rows = []
-    for k in np.flatnonzero(np.bincount(key)).tolist():
-        idx = np.flatnonzero(key == k)
-        o, e = divmod(k, 128)
-        b = 0 if e == 0 else 1 << (e - 1)
-        d = table.duration_ns[idx]
-        alg = np.empty(len(idx))
-        bus = np.empty(len(idx))
-        for c0 in range(0, len(idx), _BW_CHUNK):
-            ci = idx[c0 : c0 + _BW_CHUNK]
-            sz = table.size_bytes[ci]
-            alg[c0 : c0 + len(ci)], bus[c0 : c0 + len(ci)] = bandwidth_arrays(
-                np.full(len(ci), code_of[o]), sz, sz, d[c0 : c0 + len(ci)], table.group_size[ci]
-            )
-        del idx
-        # sorted in place: the percentiles below copy nothing (numpy's median and percentile
-        # would each copy the column)
-        d.sort()
-        alg.sort()
-        bus.sort()
-        rows.append(
-            SizeRow(
-                table.ops[o],
-                b,
-                len(d),
-                _sorted_pct(d, 50),
-                _sorted_pct(d, 95),
-                _sorted_pct(alg, 50),
-                _sorted_pct(bus, 50),
-            )
-        )
-        del d, alg, bus
-    return tuple(sorted(rows, key=lambda r: (r.op, r.size_bucket)))
+    return key
 
 
-def _sorted_pct(v: np.ndarray, q: float) -> float:
+def split_size_key(key: int) -> tuple[int, int]:
+    """(op code, size bucket in bytes) of a :func:`size_keys` value."""
+    o, e = divmod(key, 128)
+    return o, 0 if e == 0 else 1 << (e - 1)
+
+
+def sorted_pct(v: np.ndarray, q: float) -> float:
     """``np.percentile(v, q)`` (linear interpolation) of an already sorted array."""
     pos = (len(v) - 1) * (q / 100)
     i = int(np.floor(pos))
@@ -144,11 +175,14 @@ def group_rows(table: EventTable, m: CollectiveMatch) -> tuple[GroupRow, ...]:
     """Matching statistics per process group (groups with at least one collective)."""
     rows = []
     skew = m.skew_ns
-    wait_by_coll = (
-        np.bincount(m.member_coll, weights=m.member_wait_ns, minlength=len(m))
-        if len(m)
-        else np.zeros(0)
-    )
+    # summed in chunks of members (bincount's float and int64 copies stay a few MB; the waits
+    # are whole ns, so the float sums are exact in any order)
+    wait_by_coll = np.zeros(len(m))
+    for c0 in range(0, len(m.member_coll), _BW_CHUNK * 16):
+        c1 = c0 + _BW_CHUNK * 16
+        wait_by_coll += np.bincount(
+            m.member_coll[c0:c1], weights=m.member_wait_ns[c0:c1], minlength=len(m)
+        )
     by_group = RowsByKey(m.gid)  # one sort, not one pass over every collective per group
     complete = m.complete
     multi = m.present >= 2
@@ -186,12 +220,13 @@ def comm_share_by_dimension(
         )
     )
     out = np.zeros((len(s.ranks), len(dims)))
-    gdim = np.asarray([dims.index(g.dimension) for g in table.groups] or [0], dtype=np.int64)
+    gdim = np.asarray([dims.index(g.dimension) for g in table.groups] or [0], dtype=np.int8)
     gdim_row = gdim[table.gid]
-    start_all, end_all = table.start_ns, table.end_ns
+    start_all, dur_all = table.start_ns, table.duration_ns
     by_rank = RowsByKey(table.rank)
     for i, r in enumerate(s.ranks):
         mine = by_rank.rows(r)
+        end_mine = start_all[mine] + dur_all[mine]  # one rank's ends, not the whole column
         st = run.ranks[r].spans
         st = st[st["kind"] == 0]
         if len(st):
@@ -199,15 +234,18 @@ def comm_share_by_dimension(
             b = a + st["duration_ns"].astype(np.int64)
         elif len(mine):
             a = np.asarray([start_all[mine].min()])
-            b = np.asarray([end_all[mine].max()])
+            b = np.asarray([end_mine.max()])
         else:
             continue
         total = float((b - a).sum())
         gd = gdim_row[mine]
         for j in range(len(dims)):
-            sel = mine[gd == j]
-            us, ue = intervals.union(start_all[sel], end_all[sel])
-            out[i, j] = float(intervals.covered(us, ue, a, b).sum()) / total if total > 0 else 0.0
+            pick = gd == j
+            us, ue = intervals.union(start_all[mine[pick]], end_mine[pick])
+            cov = intervals.covered(us, ue, a, b)
+            if table.sample_fraction < 1:  # a sample: scaled as in find_stragglers
+                cov = np.minimum(cov / table.sample_fraction, b - a)
+            out[i, j] = float(cov.sum()) / total if total > 0 else 0.0
     return dims, out
 
 

@@ -42,56 +42,96 @@ class EventTable:
     """Every completed (status ok, duration known) event of every loaded rank, as columns.
 
     Times are each rank's own wall clock in ns (not aligned). ``gid`` indexes :attr:`groups`,
-    ``op`` indexes :attr:`ops`."""
+    ``op`` indexes :attr:`ops`. Integer columns use the narrowest of the dtypes named that holds
+    this run's values (27 B per row for most runs, 56 B at most): read them as integers, not as
+    a fixed dtype."""
 
     groups: tuple[GroupRef, ...]
     """Run-wide group table."""
     ops: tuple[str, ...]
     """Op-name table."""
     rank: np.ndarray
-    """int32: the rank that recorded the row."""
+    """int16 or int32: the rank that recorded the row (ascending)."""
     gid: np.ndarray
-    """int32: run-wide group code."""
+    """int16 or int32: run-wide group code."""
     op: np.ndarray
-    """int32: index into :attr:`ops`."""
+    """uint8 or int32: index into :attr:`ops`."""
     seq: np.ndarray
-    """int64: sequence number in the group (per (pair, direction) for send/recv)."""
+    """int32 or int64: sequence number in the group (per (pair, direction) for send/recv)."""
     peer: np.ndarray
-    """int32: global peer rank for send/recv, -1 for collectives."""
+    """int16 or int32: global peer rank for send/recv, -1 for collectives."""
     start_ns: np.ndarray
     """int64: issue time, the rank's wall clock."""
     duration_ns: np.ndarray
-    """int64: issue → completion."""
+    """int32 or int64: issue → completion."""
     size_bytes: np.ndarray
-    """int64: nccl-tests buffer size S."""
-    group_size: np.ndarray
-    """int32: members of the group."""
-    index: np.ndarray
-    """int32: row in the rank's own events array."""
+    """int32 or int64: nccl-tests buffer size S."""
+    kept_index: np.ndarray | None = None
+    """int32: row in the rank's own events array; None when every rank's rows were all kept
+    (:attr:`index` then derives it)."""
+    sample_fraction: float = 1.0
+    """Fraction of the collectives the table holds (1.0: all; below 1 when the run was loaded
+    with a consistent (group, seq) sample, :mod:`meshprof.rundir.sampling`)."""
 
     @property
     def end_ns(self) -> np.ndarray:
         return self.start_ns + self.duration_ns
 
+    @property
+    def group_size(self) -> np.ndarray:
+        """int32: members of each row's group (computed from :attr:`groups` on each call)."""
+        return self.group_sizes()[self.gid]
+
+    def group_sizes(self) -> np.ndarray:
+        """int32 per group code: its members."""
+        return np.asarray([len(g.ranks) for g in self.groups] or [0], dtype=np.int32)
+
+    @property
+    def index(self) -> np.ndarray:
+        """int32: row in the rank's own events array."""
+        if self.kept_index is not None:
+            return self.kept_index
+        first = np.searchsorted(self.rank, self.rank, side="left")
+        return (np.arange(len(self.rank), dtype=np.int64) - first).astype(np.int32)
+
     def __len__(self) -> int:
         return len(self.rank)
 
 
+def _narrow(lo: int, hi: int, *dtypes: type[np.integer]) -> np.dtype:
+    """The first of ``dtypes`` that holds every value in [lo, hi] (the last one otherwise)."""
+    for dt in dtypes:
+        info = np.iinfo(dt)
+        if info.min <= lo and hi <= info.max:
+            return np.dtype(dt)
+    return np.dtype(dtypes[-1])
+
+
 def build_event_table(
-    run: LoadedRun, *, after_rank: Callable[[int], None] | None = None
+    run: LoadedRun,
+    *,
+    after_rank: Callable[[int], None] | None = None,
+    sample_fraction: float = 1.0,
 ) -> EventTable:
     """Flatten the loaded ranks' events into one :class:`EventTable` (pending and failed events
     are left out: they have no completion time).
 
     ``after_rank(r)`` is called once rank r's rows are copied and no longer referenced here:
     a caller that needs nothing else from the raw rows (54 B each) can let them go then, so
-    they and the table (56 B per row) are never both held for the whole run."""
+    they and the table (27–56 B per row) are never both held for the whole run.
+    ``sample_fraction``: the fraction of collectives the loaded run holds (see
+    :attr:`EventTable.sample_fraction`)."""
     groups: list[GroupRef] = []
     gindex: dict[str, int] = {}
     ops: list[str] = []
     oindex: dict[str, int] = {}
-    # first pass: group and op tables, the rows kept per rank; second: fill preallocated columns
-    kept: list[tuple[int, np.ndarray, np.ndarray | None, np.ndarray, np.ndarray, np.ndarray]] = []
+    # first pass: group and op tables, the rows kept per rank and each column's value range;
+    # second: fill preallocated columns of the narrowest dtypes that hold those ranges
+    kept: list[
+        tuple[int, np.ndarray, np.ndarray | None, np.ndarray, np.ndarray, np.ndarray, int]
+    ] = []
+    big = np.iinfo(np.int64).max
+    seq_lo, seq_hi, peer_lo, peer_hi, dur_hi, size_hi = big, -big, -1, -1, 0, 0
     for r in sorted(run.ranks):
         rd = run.ranks[r]
         layout = resolve_layout(rd.meta, run.manifest)
@@ -123,47 +163,58 @@ def build_event_table(
             omap[c] = oindex[name]
             size_code[c] = _op_code(name)
         gm = np.asarray(gmap or [0], dtype=np.int32)
-        kept.append((r, ev, idx, omap[op_raw], gm, size_code[op_raw]))
-    n = sum(len(k[3]) for k in kept)
-    kept.reverse()  # popped in rank order below, so each rank's raw rows can be let go
+        if len(op_raw):
+            lo_hi = {k: _range(ev[k], idx) for k in ("seq", "peer", "duration_ns")}
+            seq_lo, seq_hi = min(seq_lo, lo_hi["seq"][0]), max(seq_hi, lo_hi["seq"][1])
+            peer_lo, peer_hi = min(peer_lo, lo_hi["peer"][0]), max(peer_hi, lo_hi["peer"][1])
+            dur_hi = max(dur_hi, lo_hi["duration_ns"][1])
+            s_hi = max(_range(ev["in_bytes"], idx)[1], _range(ev["out_bytes"], idx)[1])
+            if np.isin(size_code[op_raw], _SIZE_TIMES_N).any():  # S = in · n or out · n
+                s_hi *= max((len(g.get("ranks", ())) for g in rd.groups), default=1)
+            size_hi = max(size_hi, s_hi)
+        # (the op maps, not the mapped columns: 12 B per row for the whole run otherwise)
+        kept.append((r, ev, idx, omap, gm, size_code, len(op_raw)))
+    n = sum(k[6] for k in kept)
+    all_rows = all(k[2] is None for k in kept)
+    i16, i32, i64 = np.int16, np.int32, np.int64
     out: dict[str, np.ndarray] = {
-        "rank": np.empty(n, dtype=np.int32),
-        "gid": np.empty(n, dtype=np.int32),
-        "op": np.empty(n, dtype=np.int32),
-        "seq": np.empty(n, dtype=np.int64),
-        "peer": np.empty(n, dtype=np.int32),
+        "rank": np.empty(n, dtype=_narrow(0, max(run.ranks, default=0), i16, i32)),
+        "gid": np.empty(n, dtype=_narrow(0, len(groups), i16, i32)),
+        "op": np.empty(n, dtype=_narrow(0, len(ops), np.uint8, i32)),
+        "seq": np.empty(n, dtype=_narrow(seq_lo if n else 0, seq_hi if n else 0, i32, i64)),
+        "peer": np.empty(n, dtype=_narrow(peer_lo, peer_hi, i16, i32)),
         "start": np.empty(n, dtype=np.int64),
-        "dur": np.empty(n, dtype=np.int64),
-        "size": np.empty(n, dtype=np.int64),
-        "gsize": np.empty(n, dtype=np.int32),
-        "index": np.empty(n, dtype=np.int32),
+        "dur": np.empty(n, dtype=_narrow(0, dur_hi, i32, i64)),
+        "size": np.empty(n, dtype=_narrow(0, size_hi, i32, i64)),
     }
+    index = None if all_rows else np.empty(n, dtype=np.int32)
+    kept.reverse()  # popped in rank order below, so each rank's raw rows can be let go
     sizes = np.asarray([len(g.ranks) for g in groups] or [0], dtype=np.int32)
     fields = (("seq", "seq"), ("peer", "peer"), ("start", "start_ns"), ("dur", "duration_ns"))
     lo = 0
     while kept:
-        r, ev, idx, op, gm, code = kept.pop()
-        hi = lo + len(op)
-        plain = not np.isin(code, _SIZE_TIMES_N).any()
+        r, ev, idx, omap, gm, size_code, rows = kept.pop()
+        hi = lo + rows
+        # (codes of ops absent on this rank are 0, all_reduce's)
+        plain = not np.isin(size_code, _SIZE_TIMES_N).any()
         out["rank"][lo:hi] = r
-        out["op"][lo:hi] = op
-        out["index"][lo:hi] = np.arange(len(op)) if idx is None else idx
+        if index is not None:
+            index[lo:hi] = np.arange(rows) if idx is None else idx
         # rows in blocks that stay in cache while every column is copied out of them
-        for b0 in range(0, len(op), _BLOCK):
-            b1 = min(b0 + _BLOCK, len(op))
+        for b0 in range(0, rows, _BLOCK):
+            b1 = min(b0 + _BLOCK, rows)
             blk = ev[b0:b1] if idx is None else ev[idx[b0:b1]]
             o0, o1 = lo + b0, lo + b1
             for dst, src in fields:
                 out[dst][o0:o1] = blk[src]
+            out["op"][o0:o1] = omap[blk["op"]]
             gid = gm[blk["group"]]
             out["gid"][o0:o1] = gid
-            gsize = sizes[gid]
-            out["gsize"][o0:o1] = gsize
             if plain:  # no gather/scatter-like op on this rank: S = max(in, out)
-                np.maximum(blk["in_bytes"], blk["out_bytes"], out=out["size"][o0:o1])
+                out["size"][o0:o1] = np.maximum(blk["in_bytes"], blk["out_bytes"])
             else:
                 out["size"][o0:o1] = nccl_tests_size_array(
-                    code[b0:b1], blk["in_bytes"], blk["out_bytes"], gsize
+                    size_code[blk["op"]], blk["in_bytes"], blk["out_bytes"], sizes[gid]
                 )
         lo = hi
         del ev, idx
@@ -180,9 +231,20 @@ def build_event_table(
         start_ns=out["start"],
         duration_ns=out["dur"],
         size_bytes=out["size"],
-        group_size=out["gsize"],
-        index=out["index"],
+        kept_index=index,
+        sample_fraction=float(sample_fraction),
     )
+
+
+def _range(col: np.ndarray, idx: np.ndarray | None) -> tuple[int, int]:
+    """(min, max) of a raw column over the kept rows (all rows when ``idx`` is None), read in
+    blocks (no full-length copy of a strided column)."""
+    n = len(col) if idx is None else len(idx)
+    lo, hi = np.iinfo(np.int64).max, np.iinfo(np.int64).min
+    for b0 in range(0, n, _BLOCK * 4):
+        v = col[b0 : b0 + _BLOCK * 4] if idx is None else col[idx[b0 : b0 + _BLOCK * 4]]
+        lo, hi = min(lo, int(v.min())), max(hi, int(v.max()))
+    return lo, hi
 
 
 def _op_code(name: str) -> int:

@@ -43,7 +43,51 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="torch.profiler traces: round sub-µs times to whole µs as Holistic Trace Analysis "
         "0.5 does, to reproduce its figures exactly (default: exact ns)",
     )
+    p.add_argument(
+        "--sample",
+        metavar="F",
+        help="analyse a consistent sample of this fraction of the collectives (0 < F <= 1), "
+        "chosen by the recorder's (group, seq) hash so every member's copy is kept; the report "
+        "states the error of its main figures",
+    )
+    p.add_argument(
+        "--max-memory",
+        metavar="SIZE",
+        help="memory budget (e.g. 4G, 512M): a run whose report would need more is sampled to "
+        "fit (default: half of the available memory; --sample overrides)",
+    )
     p.set_defaults(func=run)
+
+
+def _sample_fraction(args: argparse.Namespace) -> tuple[float, str]:
+    """(fraction, reason) from ``--sample`` or, without it, from the memory budget."""
+    from meshprof.render.format import fmt_bytes
+    from meshprof.rundir.sampling import (
+        choose_fraction,
+        default_budget,
+        estimate_report_bytes,
+        events_on_disk,
+        parse_bytes,
+        parse_fraction,
+    )
+
+    budget = parse_bytes(args.max_memory) if args.max_memory else None
+    if budget is not None and budget <= 0:
+        raise MeshprofError(f"--max-memory must be positive, got {args.max_memory!r}")
+    if args.sample is not None:
+        return parse_fraction(args.sample), f"--sample {args.sample}"
+    if not Path(args.dir).is_dir():
+        return 1.0, ""
+    events = events_on_disk(args.dir)
+    limit = budget if budget is not None else default_budget()
+    f = choose_fraction(events, limit)
+    if f >= 1:
+        return 1.0, ""
+    named = "--max-memory" if budget is not None else "half of the available memory"
+    return f, (
+        f"about {events:,} events would need about {fmt_bytes(estimate_report_bytes(events))}, "
+        f"over {fmt_bytes(limit)} ({named})"
+    )
 
 
 def _merge_kineto(trace: dict[str, Any], loaded: Any, clock: Any) -> None:
@@ -127,8 +171,10 @@ def run(args: argparse.Namespace) -> int:
             raise MeshprofError(f"--{opt} {target}: is a directory (give a file name)")
     if args.trace_max_events is not None and args.trace_max_events < 0:
         raise MeshprofError(f"--trace-max-events must be >= 0, got {args.trace_max_events}")
+    fraction, reason = _sample_fraction(args)
     try:
-        loaded = load_run(Path(args.dir))
+        # the report reads only the completed events' columns: loaded lean
+        loaded = load_run(Path(args.dir), lean=True, sample=fraction, sample_reason=reason)
     except MeshprofError as e:
         if "no usable rank file" not in str(e):
             raise

@@ -26,7 +26,7 @@ from meshprof.render.format import (
     ratio_color,
     sort_value,
 )
-from meshprof.render.report_text import RANK_COLUMNS, rank_cells
+from meshprof.render.report_text import RANK_COLUMNS, rank_cells, sampling_line
 from meshprof.render.what_if import what_if_html
 from meshprof.rundir.atomic import atomic_write_text
 
@@ -134,8 +134,14 @@ def _summary(rep: RunReport) -> str:
         for k, v in rep.metadata.items()
     )
     probs = "".join(f'<li class="warn">rank {r}: {_E(why)}</li>' for r, why in rep.problems)
+    sampled = (
+        f'<p class="warn" id="sampling">{_E(sampling_line(rep.sampling))}</p>'
+        if rep.sampling is not None
+        else ""
+    )
     return (
-        f'<div class="cards" id="summary">{body}</div>'
+        sampled
+        + f'<div class="cards" id="summary">{body}</div>'
         + (f'<h3>Missing or damaged ranks</h3><ul id="problems">{probs}</ul>' if probs else "")
         + (f"<details><summary>run metadata</summary><ul>{meta}</ul></details>" if meta else "")
     )

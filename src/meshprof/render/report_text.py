@@ -4,9 +4,13 @@ HTML report, formatted from the typed :class:`~meshprof.analyze.report_types.Run
 from __future__ import annotations
 
 import io
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
+
+if TYPE_CHECKING:
+    from meshprof.analyze.sampling import SamplingInfo
 
 from meshprof.analyze.report_types import RankRow, RunReport
 from meshprof.render.failures import FAILURE_COLUMNS, failure_cells, failure_headline
@@ -65,6 +69,17 @@ def _table(title: str, columns: tuple[str, ...] | list[str], left: tuple[str, ..
     return t
 
 
+def sampling_line(sm: SamplingInfo) -> str:
+    """One line: the sample a report was computed on and the error of its main figures."""
+    why = f" ({sm.reason})" if sm.reason else ""
+    return (
+        f"sampled: {fmt_pct(sm.fraction)} of the collectives{why}: {sm.events_loaded:,} of "
+        f"{sm.events_recorded:,} events, {sm.collectives:,} collectives; p50 latency within "
+        f"±{fmt_pct(sm.latency_p50_rel_error)} ({sm.confidence:.0%} interval), communication "
+        f"share ±{sm.comm_share_error * 100:.2f} points (standard error)"
+    )
+
+
 def print_report(rep: RunReport, console: Console) -> None:
     """Failures, summary, what the costliest ranks cost every step, findings and bottlenecks,
     per-rank table, stragglers, groups and clocks."""
@@ -84,6 +99,8 @@ def print_report(rep: RunReport, console: Console) -> None:
         markup=True,
         highlight=False,
     )
+    if rep.sampling is not None:
+        console.print(sampling_line(rep.sampling), highlight=False, markup=False)
     md = rep.metadata
     if md.get("status"):
         nodes = md.get("nodes") or []

@@ -36,6 +36,9 @@ class RankData:
     spans: np.ndarray
     memory: np.ndarray
     meta: RankMeta = field(default_factory=RankMeta)
+    file_events: int = -1
+    """Event rows in the rank file (-1: not loaded from a file). ``events`` may hold fewer:
+    a lean or sampled load (:func:`load_rank_file`) keeps only some."""
 
     @property
     def world_size(self) -> int:
@@ -94,37 +97,47 @@ def _npy_header(text: str) -> tuple[np.dtype, tuple[int, ...]] | None:
     return dt, tuple(int(x) for x in d["shape"])
 
 
+def _member_header(f: Any, name: str) -> tuple[np.dtype, tuple[int, ...]] | None:
+    """Read a .npy member's header from ``f``: (dtype, shape), None for one this reader does
+    not handle (Fortran order, object dtype)."""
+    import struct
+
+    magic = f.read(8)
+    if len(magic) != 8 or magic[:6] != b"\x93NUMPY" or magic[6] not in (1, 2, 3):
+        raise ValueError(f"{name}: not a .npy member")
+    if magic[6] == 1:
+        (hlen,) = struct.unpack("<H", f.read(2))
+    else:
+        (hlen,) = struct.unpack("<I", f.read(4))
+    return _npy_header(f.read(hlen).decode("utf-8" if magic[6] == 3 else "latin1"))
+
+
+def _read_into(f: Any, arr: np.ndarray, name: str) -> None:
+    """Fill ``arr`` (C-contiguous) with the next ``arr.nbytes`` bytes of ``f``."""
+    view = memoryview(arr.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
+    got = 0
+    while got < len(view):
+        # in 256 KiB pieces, as np.load reads (ZipExtFile.readinto reads into a
+        # temporary bytes first; larger pieces left glibc arenas holding more)
+        k = f.readinto(view[got : got + (1 << 18)])
+        if not k:
+            raise EOFError(f"{name}: truncated ({got} of {len(view)} bytes)")
+        got += k
+
+
 def _read_npz(path: Path, names: tuple[str, ...]) -> dict[str, np.ndarray]:
     """The named arrays of an uncompressed or compressed .npz (as ``np.load`` reads them, never
     unpickling); falls back to ``np.load`` for a member this reader does not handle."""
-    import struct
-
     out: dict[str, np.ndarray] = {}
     with zipfile.ZipFile(path) as zf:
         for name in names:
             with zf.open(f"{name}.npy") as f:
-                magic = f.read(8)
-                if len(magic) != 8 or magic[:6] != b"\x93NUMPY" or magic[6] not in (1, 2, 3):
-                    raise ValueError(f"{name}: not a .npy member")
-                if magic[6] == 1:
-                    (hlen,) = struct.unpack("<H", f.read(2))
-                else:
-                    (hlen,) = struct.unpack("<I", f.read(4))
-                header = f.read(hlen).decode("utf-8" if magic[6] == 3 else "latin1")
-                parsed = _npy_header(header)
+                parsed = _member_header(f, name)
                 if parsed is None:
                     break
                 dt, shape = parsed
                 arr = np.empty(shape, dtype=dt)
-                view = memoryview(arr.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
-                got = 0
-                while got < len(view):
-                    # in 256 KiB pieces, as np.load reads (ZipExtFile.readinto reads into a
-                    # temporary bytes first; larger pieces left glibc arenas holding more)
-                    k = f.readinto(view[got : got + (1 << 18)])  # type: ignore[attr-defined]
-                    if not k:
-                        raise EOFError(f"{name}: truncated ({got} of {len(view)} bytes)")
-                    got += k
+                _read_into(f, arr, name)
                 out[name] = arr
         else:
             return out
@@ -132,24 +145,138 @@ def _read_npz(path: Path, names: tuple[str, ...]) -> dict[str, np.ndarray]:
         return {name: z[name] for name in names}
 
 
-def load_rank_file(path: str | Path) -> RankData:
-    """Load one rank file; a damaged or foreign file raises :class:`MeshprofError`."""
+LEAN_FIELDS = (
+    "op",
+    "status",
+    "group",
+    "peer",
+    "seq",
+    "in_bytes",
+    "out_bytes",
+    "start_ns",
+    "duration_ns",
+)
+"""The event columns the run report reads (:func:`load_rank_file` with ``lean=True``)."""
+_LEAN_CHUNK = 1 << 16  # rows read at a time (3.5 MB of EVENT_DTYPE)
+_WIDE = ("peer", "seq", "in_bytes", "out_bytes", "duration_ns")  # narrowed when they fit
+
+
+def _lean_dtype(hi: dict[str, int], lo: dict[str, int]) -> np.dtype:
+    """Packed dtype of the :data:`LEAN_FIELDS`, each integer column in the narrowest of
+    (int16 for peer) int32 / int64 that holds its range."""
+    fields: list[tuple[str, Any]] = []
+    for name in LEAN_FIELDS:
+        dt = EVENT_DTYPE[name]
+        if name in _WIDE:
+            small = np.int16 if name == "peer" else np.int32
+            info = np.iinfo(small)
+            if info.min <= lo[name] and hi[name] <= info.max:
+                dt = np.dtype(small)
+        fields.append((name, dt))
+    return np.dtype(fields)
+
+
+def _read_events_lean(
+    zf: zipfile.ZipFile, groups: list[Any], sample_limit: int | None
+) -> tuple[np.ndarray, int] | None:
+    """The completed events (duration ≥ 0) of a rank file, only the :data:`LEAN_FIELDS`, each
+    column as narrow as its values allow; with ``sample_limit``, only the collectives whose
+    (group, seq) hash is below it (:mod:`meshprof.rundir.sampling`). Two passes over the member
+    in chunks (sizes, then copy): the full EVENT_DTYPE array is never held. Returns (events,
+    rows in the file); None when the member is not a plain EVENT_DTYPE array."""
+    from meshprof.rundir.sampling import group_crcs, sampled
+
+    crcs = group_crcs(groups)
+    ngroups = len(groups)
+
+    def chunks() -> Any:
+        with zf.open("events.npy") as f:
+            parsed = _member_header(f, "events")
+            if parsed is None or parsed[0] != EVENT_DTYPE or len(parsed[1]) != 1:
+                yield None
+                return
+            n = parsed[1][0]
+            buf = np.empty(min(n, _LEAN_CHUNK), dtype=EVENT_DTYPE)
+            for b0 in range(0, n, _LEAN_CHUNK):
+                c = buf[: min(_LEAN_CHUNK, n - b0)]
+                _read_into(f, c, "events")
+                keep = c["duration_ns"] >= 0
+                if sample_limit is not None:
+                    g = c["group"]
+                    known = g < ngroups
+                    keep &= known
+                    keep &= sampled(c["seq"], crcs[np.where(known, g, 0)], sample_limit)
+                yield n, (c if keep.all() else c[keep])
+
+    big = np.iinfo(np.int64).max
+    lo = dict.fromkeys(_WIDE, big)
+    hi = dict.fromkeys(_WIDE, -big)
+    count, total = 0, 0
+    for item in chunks():
+        if item is None:
+            return None
+        total, c = item
+        count += len(c)
+        if len(c):
+            for name in _WIDE:
+                lo[name] = min(lo[name], int(c[name].min()))
+                hi[name] = max(hi[name], int(c[name].max()))
+    out = np.empty(count, dtype=_lean_dtype(hi, lo))
+    pos = 0
+    for item in chunks():
+        assert item is not None
+        c = item[1]
+        for name in LEAN_FIELDS:
+            out[name][pos : pos + len(c)] = c[name]
+        pos += len(c)
+    if pos != count:
+        raise ValueError("events: changed while read")
+    return out, total
+
+
+def load_rank_file(
+    path: str | Path, *, lean: bool = False, sample_limit: int | None = None
+) -> RankData:
+    """Load one rank file; a damaged or foreign file raises :class:`MeshprofError`.
+
+    ``lean``: ``events`` holds only the completed events (duration ≥ 0) and only the
+    :data:`LEAN_FIELDS`, in narrow dtypes (about 30 B per event instead of 54: what the run
+    report reads); ``sample_limit`` (with ``lean``) keeps a consistent (group, seq) sample of
+    the collectives (:mod:`meshprof.rundir.sampling`)."""
     m = RANK_FILE_RE.match(Path(path).name)
+    file_events = -1
     try:
-        arrays = _read_npz(Path(path), ("events", "spans", "memory", "meta"))
-        events, spans, memory = arrays["events"], arrays["spans"], arrays["memory"]
+        names = ("spans", "memory", "meta") if lean else ("events", "spans", "memory", "meta")
+        arrays = _read_npz(Path(path), names)
+        spans, memory = arrays["spans"], arrays["memory"]
         raw = json.loads(bytes(arrays["meta"]).decode("utf-8"))
+        if lean and isinstance(raw, dict):
+            groups = raw.get("groups") if isinstance(raw.get("groups"), list) else []
+            with zipfile.ZipFile(path) as zf:
+                got = _read_events_lean(zf, groups or [], sample_limit)
+            if got is None:
+                raise MeshprofError(
+                    f"{path}: rank file of another meshprof format (column layout differs)"
+                )
+            events, file_events = got
+        else:
+            events = arrays["events"] if "events" in arrays else np.zeros(0, EVENT_DTYPE)
     except FileNotFoundError:
         raise MeshprofError(f"{path}: no such file") from None
     except (zipfile.BadZipFile, ValueError, KeyError, OSError, EOFError, UnicodeDecodeError) as e:
         raise MeshprofError(f"{path}: damaged rank file ({type(e).__name__}: {e})") from None
-    if events.dtype != EVENT_DTYPE or spans.dtype != SPAN_DTYPE or memory.dtype != MEMORY_DTYPE:
+    ev_ok = lean or events.dtype == EVENT_DTYPE
+    if not ev_ok or spans.dtype != SPAN_DTYPE or memory.dtype != MEMORY_DTYPE:
         raise MeshprofError(f"{path}: rank file of another meshprof format (column layout differs)")
     if not isinstance(raw, dict):
         raise MeshprofError(f"{path}: damaged rank file (meta is not a JSON object)")
     meta = RankMeta.from_dict(raw)
     rank = int(meta.rank if meta.rank is not None else (int(m.group(1)) if m else -1))
-    return RankData(rank=rank, events=events, spans=spans, memory=memory, meta=meta)
+    if file_events < 0:
+        file_events = len(events)
+    return RankData(
+        rank=rank, events=events, spans=spans, memory=memory, meta=meta, file_events=file_events
+    )
 
 
-__all__ = ["RankData", "load_rank_file", "write_rank_file"]
+__all__ = ["LEAN_FIELDS", "RankData", "load_rank_file", "write_rank_file"]
