@@ -29,6 +29,7 @@ COMMANDS: tuple[str, ...] = (
     "doctor",
     "plan",
     "demo",
+    "serve",
 )
 
 
