@@ -12,13 +12,13 @@ from typing import Any
 
 import pytest
 
+from live_helpers import phase_counts, settled, wait_for
 from meshprof.live.metrics import LiveCollector, metrics_text
 from meshprof.live.state import (
     HIST_BOUNDS_S,
     InflightLive,
     OpSeries,
     RankLive,
-    read_rank_lives,
     write_rank_live,
 )
 from meshprof.spawn import free_port
@@ -51,16 +51,6 @@ def _by_rank(samples: dict[str, list[Any]], name: str, **labels: str) -> dict[in
             r = int(s.labels["rank"])
             out[r] = out.get(r, 0.0) + s.value
     return out
-
-
-def _wait(pred, timeout: float = 120.0):  # type: ignore[no-untyped-def]
-    end = time.time() + timeout
-    while time.time() < end:
-        v = pred()
-        if v:
-            return v
-        time.sleep(0.1)
-    raise AssertionError("timed out")
 
 
 def test_collector_labels_buckets_node_filter_and_inflight_age(tmp_path: Path) -> None:
@@ -104,26 +94,6 @@ def test_collector_labels_buckets_node_filter_and_inflight_age(tmp_path: Path) -
     assert set(_by_rank(everyone, "meshprof_rank_up")) == {0, 1, 2}
 
 
-def _phase_counts(ctl: Path, phase: int) -> dict[int, int] | None:
-    files = [ctl / f"phase{phase}.rank{r}" for r in (0, 1)]
-    if not all(f.exists() and f.read_text() for f in files):
-        return None
-    return {r: int(f.read_text()) for r, f in enumerate(files)}
-
-
-def _settled(out: Path, ctl: Path, phase: int) -> dict[int, int] | None:
-    """Both ranks paused after ``phase`` and published a record written after the pause began
-    (so it counts every collective the rank issued)."""
-    counts = _phase_counts(ctl, phase)
-    if counts is None:
-        return None
-    began = max((ctl / f"phase{phase}.rank{r}").stat().st_mtime_ns for r in (0, 1))
-    recs = read_rank_lives(out)
-    if len(recs) == 2 and all(x.updated_ns > began + 50_000_000 for x in recs.values()):
-        return counts
-    return None
-
-
 def test_metrics_of_a_running_job(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     out, ctl = tmp_path / "run", tmp_path / "ctl"
     ctl.mkdir()
@@ -147,11 +117,11 @@ def test_metrics_of_a_running_job(cli, tmp_path: Path) -> None:  # type: ignore[
         ctl,
     )
     try:
-        issued1 = _wait(lambda: _settled(out, ctl, 0))
+        issued1 = wait_for(lambda: settled(out, ctl, 0))
         first = _scrape(port)
         (ctl / "go0").write_text("")
         during = _scrape(port)  # phase 2 running
-        issued2 = _wait(lambda: _settled(out, ctl, 1))
+        issued2 = wait_for(lambda: settled(out, ctl, 1))
         second = _scrape(port)
     finally:
         for p in range(2):
@@ -209,7 +179,7 @@ def test_busy_metrics_port_is_one_warning_and_the_job_runs(cli, tmp_path: Path) 
     assert p.returncode == 0, p.stderr[-2000:]
     warn = [ln for ln in p.stderr.splitlines() if "metrics" in ln]
     assert len(warn) == 1 and f"127.0.0.1:{port}" in warn[0] and "warning" in warn[0], warn
-    assert _phase_counts(ctl, 0) == {0: 2, 1: 2}
+    assert phase_counts(ctl, 0) == {0: 2, 1: 2}
 
 
 @pytest.mark.parametrize(
