@@ -10,16 +10,18 @@ Routes:
   page, inline JS/CSS/SVG, nothing fetched from the network);
 * ``/api/live[?since=TICK]`` — :func:`~meshprof.live.state.snapshot_to_dict` of the latest
   snapshot plus ``run_dir``, ``tick`` (the sampler's counter), ``history_max`` and ``history``:
-  per rank (key: the rank as a string) the samples the server kept (at most
-  :data:`HISTORY_LEN`, oldest first), each ``{tick, t_ns, steps_done, step_ns, steps_per_s,
-  tokens_per_s, comm_share, exposed_share, memory_bytes, dims: {dim: comm share}}``; with
+  per rank (key: the rank as a string) the samples the server kept (at most ``history_max``:
+  :data:`HISTORY_LEN`, fewer in a large run; oldest first), each ``{tick, t_ns, steps_done,
+  step_ns, steps_per_s, tokens_per_s, comm_share, exposed_share, memory_bytes, dims: {dim: comm
+  share}}``; with
   ``since``, only the samples of later ticks;
 * ``/metrics`` — the Prometheus text of every rank (:mod:`meshprof.live.metrics`);
 * ``/report`` — ``meshprof report``'s HTML of the run, built on demand from the rank files and
   cached until they change.
 
 A sampler thread reads the run's live state every ``poll_s`` seconds (one read however many
-pages poll) and appends a sample for each rank whose record changed.
+pages poll; less often when a read takes more than half of that) and appends a sample for each
+rank whose record changed.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import math
 import os
 import socket
 import threading
+import time
 from collections import deque
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -42,6 +45,10 @@ from meshprof.live.state import LiveSnapshot, live_dir, read_snapshot, snapshot_
 
 #: Samples kept per rank (at one a second: five minutes).
 HISTORY_LEN = 300
+#: Samples kept over all ranks (a large run keeps fewer per rank: the first page load stays a
+#: few MiB), and the fewest per rank.
+HISTORY_TOTAL = 20_000
+HISTORY_MIN = 30
 
 
 def is_run_dir(path: Path) -> bool:
@@ -54,14 +61,14 @@ def is_run_dir(path: Path) -> bool:
     return any(path.glob("rank*.npz"))
 
 
-def _finite(x: float) -> float:
-    return x if math.isfinite(x) else 0.0
+def _finite(x: float, digits: int = 12) -> float:
+    return round(x, digits) if math.isfinite(x) else 0.0
 
 
 def _clean(v: Any) -> Any:
     """``v`` with NaN/inf floats replaced by 0 (JSON.parse rejects them)."""
     if isinstance(v, float):
-        return _finite(v)
+        return v if math.isfinite(v) else 0.0
     if isinstance(v, dict):
         return {k: _clean(x) for k, x in v.items()}
     if isinstance(v, list):
@@ -70,17 +77,28 @@ def _clean(v: Any) -> Any:
 
 
 class LiveHistory:
-    """The last :data:`HISTORY_LEN` samples of each rank, taken from successive snapshots."""
+    """The last samples of each rank, taken from successive snapshots: :data:`HISTORY_LEN` per
+    rank, fewer in a large run so that all ranks together keep at most :data:`HISTORY_TOTAL`
+    (but at least :data:`HISTORY_MIN` each)."""
 
     def __init__(self, maxlen: int = HISTORY_LEN) -> None:
+        self.limit = maxlen
         self.maxlen = maxlen
         self.tick = 0
         self._rows: dict[int, deque[dict[str, Any]]] = {}
         self._last: dict[int, int] = {}
 
+    def _resize(self, ranks: int) -> None:
+        n = min(self.limit, max(HISTORY_MIN, HISTORY_TOTAL // max(ranks, 1)))
+        if n != self.maxlen:
+            self.maxlen = n
+            self._rows = {r: deque(rows, maxlen=n) for r, rows in self._rows.items()}
+
     def add(self, snap: LiveSnapshot) -> None:
         """Append a sample for each rank whose record is newer than its last sample."""
         self.tick += 1
+        if len(snap.ranks) != len(self._rows):
+            self._resize(max(len(snap.ranks), len(self._rows)))
         for r, x in snap.ranks.items():
             if self._last.get(r) == x.updated_ns:
                 continue
@@ -90,12 +108,12 @@ class LiveHistory:
                 "t_ns": x.updated_ns,
                 "steps_done": x.steps_done,
                 "step_ns": x.step_ns,
-                "steps_per_s": _finite(x.steps_per_s),
-                "tokens_per_s": _finite(x.tokens_per_s),
-                "comm_share": _finite(x.comm_share),
-                "exposed_share": _finite(x.exposed_share),
+                "steps_per_s": _finite(x.steps_per_s, 3),
+                "tokens_per_s": _finite(x.tokens_per_s, 1),
+                "comm_share": _finite(x.comm_share, 4),
+                "exposed_share": _finite(x.exposed_share, 4),
                 "memory_bytes": x.memory_bytes,
-                "dims": {d.dim: _finite(d.comm_share) for d in x.dims},
+                "dims": {d.dim: _finite(d.comm_share, 4) for d in x.dims},
             }
             self._rows.setdefault(r, deque(maxlen=self.maxlen)).append(row)
 
@@ -146,8 +164,12 @@ class LiveServer:
             self._thread.join(timeout=2.0)
 
     def _run(self) -> None:
-        while not self._stop.wait(self.poll_s):
+        wait = self.poll_s
+        while not self._stop.wait(wait):
+            t0 = time.monotonic()
             self.sample()
+            # a large run's read takes a while: sample at most half the time
+            wait = max(self.poll_s, 2 * (time.monotonic() - t0))
 
     def live(self, since: int = -1) -> dict[str, Any]:
         """The ``/api/live`` object."""
@@ -294,6 +316,8 @@ def serve_until_interrupted(server: _HTTPServer) -> None:
 
 __all__ = [
     "HISTORY_LEN",
+    "HISTORY_MIN",
+    "HISTORY_TOTAL",
     "LiveHistory",
     "LiveServer",
     "is_run_dir",
