@@ -40,6 +40,12 @@ def _live(base: str) -> dict[str, Any]:
     return json.loads(body)  # type: ignore[no-any-return]
 
 
+def _fresh(base: str) -> dict[str, Any]:
+    """The first /api/live whose snapshot the server's sampler took after now."""
+    t = time.time_ns()
+    return wait_for(lambda: (lambda d: d if d["taken_ns"] > t else None)(_live(base)), 30)  # type: ignore[no-any-return]
+
+
 def _chromium() -> str | None:
     for name in ("chromium", "chromium-browser", "google-chrome", "chrome"):
         p = shutil.which(name)
@@ -134,7 +140,7 @@ def test_serve_a_running_job(cli, tmp_path: Path) -> None:  # type: ignore[no-un
         base = m.group(0)
 
         wait_for(lambda: settled(out, ctl, 0))
-        d1 = wait_for(lambda: (lambda d: d if len(d["history"]) == 2 else None)(_live(base)))
+        d1 = _fresh(base)
         assert {
             "taken_ns",
             "ended",
@@ -166,6 +172,7 @@ def test_serve_a_running_job(cli, tmp_path: Path) -> None:  # type: ignore[no-un
 
         (ctl / "go0").write_text("")
         wait_for(lambda: settled(out, ctl, 1))
+        _fresh(base)
         if exe:
             dom2, console = _look(exe, base + "/")
             assert console == []
@@ -223,6 +230,24 @@ def test_serve_bad_input(cli, tmp_path: Path) -> None:  # type: ignore[no-untype
         p = cli("serve", run, "--port", str(s.getsockname()[1]))
     assert p.returncode == 2 and "cannot listen on 127.0.0.1:" in p.stderr
     assert len(p.stderr.splitlines()) == 1
+
+
+def test_history_is_capped_over_all_ranks() -> None:
+    from meshprof.live.server import HISTORY_LEN, HISTORY_MIN, HISTORY_TOTAL, LiveHistory
+    from meshprof.live.state import LiveSnapshot
+
+    def snap(n: int, t: int) -> LiveSnapshot:
+        ranks = {r: RankLive(rank=r, updated_ns=t, interval_s=1.0) for r in range(n)}
+        return LiveSnapshot(t, ranks, [], [], [], False, n)
+
+    h = LiveHistory()
+    for t in range(HISTORY_LEN + 5):
+        h.add(snap(8, t + 1))
+    assert h.maxlen == HISTORY_LEN and len(h.to_dict()["7"]) == HISTORY_LEN
+    h.add(snap(200, 10**6))  # more ranks appear: every rank keeps fewer
+    assert h.maxlen == HISTORY_TOTAL // 200 and len(h.to_dict()["0"]) == HISTORY_TOTAL // 200
+    h.add(snap(10**5, 10**7))
+    assert h.maxlen == HISTORY_MIN
 
 
 @pytest.mark.parametrize("path", ["/nope", "/api/live?since=x"])
