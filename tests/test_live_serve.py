@@ -250,6 +250,29 @@ def test_history_is_capped_over_all_ranks() -> None:
     assert h.maxlen == HISTORY_MIN
 
 
+def test_finished_run_without_live_records(tmp_path: Path) -> None:
+    import threading
+
+    from meshprof.live.server import make_server
+
+    (tmp_path / "manifest.json").write_text(json.dumps({"status": "ok"}))
+    srv = make_server(LiveServer(tmp_path, poll_s=60), "127.0.0.1", 0)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{srv.server_address[1]}"
+    try:
+        d = _live(base)
+        assert d["run_status"] == "ok" and d["ranks"] == [] and not d["ended"]
+        status, _, _ = _get(base + "/report")
+        assert status == 404  # no rank files: a page that says so
+        exe = _chromium()
+        if exe:
+            dom, console = _look(exe, base + "/")
+            assert console == [] and "left no live records" in dom
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
 @pytest.mark.parametrize("path", ["/nope", "/api/live?since=x"])
 def test_unknown_paths_and_bad_queries(tmp_path: Path, path: str) -> None:
     import threading

@@ -9,7 +9,8 @@ Routes:
 * ``/`` — the dashboard (:func:`meshprof.render.live_page.render_live_page`: one self-contained
   page, inline JS/CSS/SVG, nothing fetched from the network);
 * ``/api/live[?since=TICK]`` — :func:`~meshprof.live.state.snapshot_to_dict` of the latest
-  snapshot plus ``run_dir``, ``tick`` (the sampler's counter), ``history_max`` and ``history``:
+  snapshot plus ``run_dir``, ``run_status`` (the manifest's: running, ok, failed, hang; ""
+  without one), ``tick`` (the sampler's counter), ``history_max`` and ``history``:
   per rank (key: the rank as a string) the samples the server kept (at most ``history_max``:
   :data:`HISTORY_LEN`, fewer in a large run; oldest first), each ``{tick, t_ns, steps_done,
   step_ns, steps_per_s, tokens_per_s, comm_share, exposed_share, memory_bytes, dims: {dim: comm
@@ -147,6 +148,7 @@ class LiveServer:
         except Exception:
             return
         d = _clean(snapshot_to_dict(snap))
+        d["run_status"] = _run_status(self.run_dir)
         with self._lock:
             self.history.add(snap)
             d["tick"] = self.history.tick
@@ -210,6 +212,15 @@ class LiveServer:
                 return 500, _message_page("The report failed", f"{type(e).__name__}: {e}"), False
             self._report = (key, doc)
             return 200, doc, False
+
+
+def _run_status(run_dir: Path) -> str:
+    """The manifest's status (running, ok, failed, hang; "" without one)."""
+    with contextlib.suppress(OSError, ValueError):
+        m = json.loads((run_dir / "manifest.json").read_text("utf-8"))
+        if isinstance(m, dict):
+            return str(m.get("status") or "")
+    return ""
 
 
 def _message_page(title: str, text: str) -> str:

@@ -137,7 +137,9 @@ function render(d){
   stepNs.sort(function(a, b){ return a - b; });
   var n = ranks.length || 1;
   var banner = $('banner');
-  if (!ranks.length){ banner.className = 'banner'; banner.textContent = 'waiting for the ranks\u2019 first live records…'; }
+  var over = ['ok', 'failed', 'hang'].indexOf(d.run_status) >= 0;
+  if (!ranks.length && over){ banner.className = 'banner ended'; banner.textContent = 'the run has ended (' + d.run_status + ') and left no live records (--live-interval 0?): see the full report'; }
+  else if (!ranks.length){ banner.className = 'banner'; banner.textContent = 'waiting for the ranks\u2019 first live records…'; }
   else if (d.ended){ banner.className = 'banner ended'; banner.textContent = 'the run has ended'; }
   else if (d.stale && d.stale.length){ banner.className = 'banner warn'; banner.textContent = d.stale.length + ' rank(s) stopped publishing (stale): ' + d.stale.join(', '); }
   else { banner.className = 'banner'; banner.textContent = 'running: ' + running + ' of ' + ranks.length + ' ranks publishing'; }
@@ -147,7 +149,7 @@ function render(d){
   $('rate').textContent = tokens > 0 ? fmtNum(tokens) + ' tok/s' : fmtNum(sps) + ' steps/s';
   $('comm').textContent = fmtPct(comm / n) + ' / ' + fmtPct(exposed / n);
   $('memory').textContent = fmtBytes(mem);
-  $('report').innerHTML = d.ended ? '<a href="/report">full report of the finished run</a>' : '<a href="/report">report from the rank files written so far</a> <span class="muted">(complete once the run ends)</span>';
+  $('report').innerHTML = (d.ended || over) ? '<a href="/report">full report of the finished run</a>' : '<a href="/report">report from the rank files written so far</a> <span class="muted">(complete once the run ends)</span>';
 
   chart('chart-step', rankSeries(nowTs, 'step_ns'), fmtNs);
   var useTokens = ranks.some(function(x){ return x.tokens_per_s > 0; });
