@@ -32,6 +32,7 @@ COMMANDS: tuple[str, ...] = (
     "doctor",
     "plan",
     "demo",
+    "serve",
 )
 
 

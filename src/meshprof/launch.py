@@ -94,6 +94,10 @@ class RunOptions:
     """Live alert rules the launcher evaluates while the job runs (needs the live state)."""
     max_events: int | None = None
     """Ring-buffer capacity of each rank's recorder (None: the recorder's default)."""
+    metrics_port: int | None = None
+    """Serve Prometheus ``/metrics`` for this node's ranks on this port (None: off)."""
+    metrics_addr: str = "127.0.0.1"
+    """Address the metrics endpoint binds."""
     command: list[str] = field(default_factory=list)
     """The command line as typed (for the manifest)."""
 
@@ -135,6 +139,10 @@ class RunOptions:
             )
         if self.max_events is not None and self.max_events < 1:
             raise MeshprofError(f"--max-events {self.max_events}: must be >= 1")
+        if self.metrics_port is not None:
+            from meshprof.live.metrics import check_metrics_options
+
+            check_metrics_options(self.metrics_port, self.live_interval_s)
 
     @property
     def world_size(self) -> int | None:
@@ -310,6 +318,11 @@ def launch(opts: RunOptions) -> LaunchResult:
         from meshprof.live.state import clear_live
 
         clear_live(run_dir)
+    exporter = None
+    if opts.metrics_port is not None:
+        from meshprof.live.metrics import start_exporter
+
+        exporter = start_exporter(run_dir, opts.metrics_port, opts.metrics_addr, node_id())
     proc = subprocess.Popen(cmd, env=worker_env(opts, run_dir))
 
     def forward(signum: int, _frame: Any) -> None:
@@ -336,6 +349,8 @@ def launch(opts: RunOptions) -> LaunchResult:
             signal.signal(s, h)
         if alerts is not None:
             alerts.stop()
+        if exporter is not None:
+            exporter.stop()
     if watch and hang is None and _hang_dumps(run_dir):
         hang = {
             "first_dump": _hang_dumps(run_dir)[0].name,

@@ -1,7 +1,7 @@
 """A 2-rank training loop for the live-state tests: every step does a busy compute of
 BASE_S seconds (rank SLOW_RANK: BASE_S + EXTRA_S), then one all_reduce; optimizer steps make
 the steps. argv: steps base_s extra_s slow_rank stop_file (the loop runs until the file exists
-or `steps` steps are done)."""
+or `steps` steps are done; every rank stops after the same step)."""
 
 import os
 import sys
@@ -31,14 +31,17 @@ def busy(seconds: float) -> None:
 
 
 for _ in range(steps):
-    if os.path.exists(stop_file):
-        break
     loss = model(torch.randn(4, 8)).sum()
     loss.backward()
     busy(base_s + (extra_s if rank == slow else 0.0))
     t = torch.ones(1024)
+    # the stop file rides in the step's all_reduce: every rank stops after the same step (a rank
+    # that stopped on its own would leave the others in an all_reduce against its barrier)
+    t[0] += float(os.path.exists(stop_file))
     dist.all_reduce(t)
     opt.step()
     opt.zero_grad()
+    if t[0].item() > dist.get_world_size():
+        break
 dist.barrier()
 dist.destroy_process_group()

@@ -82,6 +82,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     add_alert_options(p)
     p.add_argument(
+        "--metrics-port",
+        default=None,
+        metavar="PORT",
+        help="serve Prometheus /metrics for this node's ranks on PORT (needs prometheus-client)",
+    )
+    p.add_argument(
+        "--metrics-addr",
+        default="127.0.0.1",
+        metavar="ADDR",
+        help="address the metrics endpoint binds (default 127.0.0.1; 0.0.0.0: every interface)",
+    )
+    p.add_argument(
         "--hang-timeout",
         default="300",
         metavar="SECONDS",
@@ -264,6 +276,10 @@ def options_from_args(args: argparse.Namespace, argv: list[str] | None = None) -
         max_events=_number(args.max_events, "--max-events", int)
         if args.max_events is not None
         else None,
+        metrics_port=_number(args.metrics_port, "--metrics-port", int)
+        if args.metrics_port is not None
+        else None,
+        metrics_addr=args.metrics_addr,
         command=["meshprof", *(argv if argv is not None else sys.argv[1:])],
     )
 

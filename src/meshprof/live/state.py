@@ -19,6 +19,7 @@ import json
 import os
 import re
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -237,16 +238,19 @@ def _read_record(p: Path, tries: int = 3) -> RankLive | None:
     return None
 
 
-def read_rank_lives(run_dir: str | os.PathLike[str]) -> dict[int, RankLive]:
+def read_rank_lives(
+    run_dir: str | os.PathLike[str], only: Callable[[int], bool] | None = None
+) -> dict[int, RankLive]:
     """Every rank's latest record (files that cannot be read are skipped: a reader may race a
-    rank's first write)."""
+    rank's first write). ``only``: read just the ranks it accepts (by rank number, before the
+    file is opened)."""
     out: dict[int, RankLive] = {}
     d = live_dir(run_dir)
     if not d.is_dir():
         return out
     for p in d.iterdir():
         m = LIVE_FILE_RE.match(p.name)
-        if not m:
+        if not m or (only is not None and not only(int(m.group(1)))):
             continue
         rec = _read_record(p)
         if rec is not None:
@@ -404,6 +408,11 @@ def read_snapshot(run_dir: str | os.PathLike[str], now_ns: int | None = None) ->
     )
 
 
+def manifest_done(run: str | os.PathLike[str]) -> bool:
+    """The launcher wrote a final status (ok, failed, hang) into the run's manifest."""
+    return _manifest_done(Path(run))
+
+
 def _manifest_done(run: Path) -> bool:
     """The launcher wrote a final status (ok, failed, hang) into the manifest."""
     with contextlib.suppress(OSError, ValueError):
@@ -451,6 +460,7 @@ __all__ = [
     "find_stragglers",
     "live_dir",
     "live_file",
+    "manifest_done",
     "read_alerts",
     "read_rank_lives",
     "read_snapshot",

@@ -1,0 +1,241 @@
+"""Prometheus metrics of a running job, read from its live state at scrape time.
+
+:class:`LiveCollector` is a ``prometheus_client`` custom collector: each scrape reads the rank
+records in ``RUN_DIR/live/`` (:mod:`meshprof.live.state`) and turns them into metric families.
+Nothing runs in the training processes for it: the ranks publish their records anyway, and a
+process that is not scraped does no work.
+
+``meshprof run --metrics-port PORT`` serves ``/metrics`` from each node's launcher for the ranks
+of that node (:func:`start_exporter`); ``meshprof serve`` serves it for the whole run.
+
+Metrics (labels ``rank``, ``node`` — the rank's host name — and where they apply ``op``,
+``dim``); times in seconds, memory in bytes:
+
+* ``meshprof_rank_up`` — 1 while the rank publishes fresh records, 0 once stale or ended;
+* ``meshprof_step_seconds`` — median of the recent steps' durations (absent before a step);
+* ``meshprof_steps_total``, ``meshprof_steps_per_second``, ``meshprof_tokens_per_second``;
+* ``meshprof_collectives_total{op,dim}`` and the latency histogram
+  ``meshprof_collective_seconds{op,dim}`` (``_bucket{le}``, ``_sum``, ``_count``; bounds
+  :data:`~meshprof.live.state.HIST_BOUNDS_S`);
+* ``meshprof_comm_ratio{dim}``, ``meshprof_comm_exposed_ratio{dim}`` — communication and its
+  exposed part over the recent steps' time;
+* ``meshprof_memory_bytes`` (``_peak_bytes``, ``_capacity_bytes``): device memory allocated
+  (CUDA) or the process RSS (CPU) at the last step end;
+* ``meshprof_inflight_seconds`` — age of the oldest collective in flight now (the record's age
+  plus its age when written; 0 when none): the hang alarm.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from meshprof.errors import MeshprofError
+from meshprof.live.state import HIST_BOUNDS_S, RankLive, manifest_done, read_rank_lives
+
+
+def _le(bound: float) -> str:
+    return repr(float(bound))
+
+
+class LiveCollector:
+    """A ``prometheus_client`` collector over a run directory's live state.
+
+    ``node_id``: only the ranks whose records carry this node id (records without a node id
+    are always included); None: every rank."""
+
+    def __init__(self, run_dir: str | os.PathLike[str], node_id: str | None = None) -> None:
+        self.run_dir = Path(run_dir)
+        self.node_id = node_id
+        self._foreign: set[int] = set()
+        """Ranks seen on other nodes: their files are not read again (ranks keep their node)."""
+
+    def records(self) -> tuple[dict[int, RankLive], set[int], int]:
+        """This collector's rank records, the stale ones among them and the time read (ns)."""
+        recs = read_rank_lives(self.run_dir, only=lambda r: r not in self._foreign)
+        if self.node_id is not None:
+            for r, x in list(recs.items()):
+                if x.node_id and x.node_id != self.node_id:
+                    self._foreign.add(r)
+                    del recs[r]
+        now = time.time_ns()
+        done = manifest_done(self.run_dir)
+        stale = set() if done else {r for r, x in recs.items() if x.is_stale(now)}
+        return recs, stale, now
+
+    def describe(self) -> list[Any]:
+        """No description up front (the families depend on the run): scraped on demand."""
+        return []
+
+    def collect(self) -> Iterator[Any]:
+        """The metric families now (called by ``prometheus_client`` at each scrape)."""
+        from prometheus_client.core import (
+            CounterMetricFamily,
+            GaugeMetricFamily,
+            HistogramMetricFamily,
+        )
+
+        recs, stale, now = self.records()
+        rl = ["rank", "node"]
+        up = GaugeMetricFamily("meshprof_rank_up", "1: the rank publishes fresh records", labels=rl)
+        step = GaugeMetricFamily(
+            "meshprof_step_seconds", "median duration of the recent steps", labels=rl
+        )
+        steps = CounterMetricFamily("meshprof_steps", "steps completed", labels=rl)
+        sps = GaugeMetricFamily(
+            "meshprof_steps_per_second", "steps per second over the recent steps", labels=rl
+        )
+        tps = GaugeMetricFamily(
+            "meshprof_tokens_per_second", "tokens per second over the recent steps", labels=rl
+        )
+        coll = CounterMetricFamily(
+            "meshprof_collectives", "collectives completed", labels=[*rl, "op", "dim"]
+        )
+        hist = HistogramMetricFamily(
+            "meshprof_collective_seconds",
+            "collective duration, issue to completion",
+            labels=[*rl, "op", "dim"],
+        )
+        comm = GaugeMetricFamily(
+            "meshprof_comm_ratio",
+            "communication time / step time over the recent steps",
+            labels=[*rl, "dim"],
+        )
+        exposed = GaugeMetricFamily(
+            "meshprof_comm_exposed_ratio",
+            "exposed (not overlapped) communication / step time over the recent steps",
+            labels=[*rl, "dim"],
+        )
+        mem = GaugeMetricFamily(
+            "meshprof_memory_bytes",
+            "device memory allocated (CUDA) or process RSS (CPU) at the last step end",
+            labels=rl,
+        )
+        peak = GaugeMetricFamily("meshprof_memory_peak_bytes", "peak memory", labels=rl)
+        cap = GaugeMetricFamily("meshprof_memory_capacity_bytes", "memory in total", labels=rl)
+        inflight = GaugeMetricFamily(
+            "meshprof_inflight_seconds",
+            "age of the oldest collective in flight (0: none)",
+            labels=rl,
+        )
+        for r, x in recs.items():
+            lab = [str(r), x.hostname or x.node_id]
+            running = x.status == "running"
+            up.add_metric(lab, 1.0 if running and r not in stale else 0.0)
+            if x.step_ns > 0:
+                step.add_metric(lab, x.step_ns / 1e9)
+            steps.add_metric(lab, float(x.steps_done))
+            sps.add_metric(lab, float(x.steps_per_s))
+            tps.add_metric(lab, float(x.tokens_per_s))
+            for s in x.series:
+                ol = [*lab, s.op, s.dim]
+                coll.add_metric(ol, float(s.count))
+                hist.add_metric(ol, _buckets(s.buckets), sum_value=s.sum_ns / 1e9)
+            for d in x.dims:
+                comm.add_metric([*lab, d.dim], float(d.comm_share))
+                exposed.add_metric([*lab, d.dim], float(d.exposed_share))
+            for fam, v in ((mem, x.memory_bytes), (peak, x.memory_peak_bytes)):
+                if v >= 0:
+                    fam.add_metric(lab, float(v))
+            if x.memory_capacity_bytes > 0:
+                cap.add_metric(lab, float(x.memory_capacity_bytes))
+            age = 0.0
+            if x.inflight is not None and running:
+                age = (x.inflight.age_ns + max(now - x.updated_ns, 0)) / 1e9
+            inflight.add_metric(lab, age)
+        yield from (up, step, steps, sps, tps, coll, hist, comm, exposed, mem, peak, cap, inflight)
+
+
+def _buckets(counts: list[int]) -> list[tuple[str, float]]:
+    """Cumulative ``le`` buckets from the record's per-bucket counts (the last is +Inf)."""
+    out = []
+    acc = 0
+    for bound, c in zip((*HIST_BOUNDS_S, float("inf")), counts, strict=False):
+        acc += int(c)
+        out.append(("+Inf" if bound == float("inf") else _le(bound), float(acc)))
+    if len(out) < len(HIST_BOUNDS_S) + 1:  # a shorter record (another bounds version)
+        out.append(("+Inf", float(acc)))
+    return out
+
+
+def metrics_text(collector: LiveCollector) -> tuple[bytes, str]:
+    """One scrape as the Prometheus text format: (body, content type)."""
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    return generate_latest(registry), CONTENT_TYPE_LATEST
+
+
+def metrics_available() -> bool:
+    """``prometheus_client`` is installed (the ``metrics`` extra)."""
+    import importlib.util
+
+    return importlib.util.find_spec("prometheus_client") is not None
+
+
+def check_metrics_options(port: int, live_interval_s: float) -> None:
+    """``meshprof run --metrics-port``'s checks (:class:`MeshprofError` on bad input)."""
+    if not 0 < port < 65536:
+        raise MeshprofError(f"--metrics-port {port}: expected a TCP port (1-65535)")
+    if not live_interval_s > 0:
+        raise MeshprofError("--metrics-port needs the live state (a --live-interval above 0)")
+    if not metrics_available():
+        raise MeshprofError(
+            "--metrics-port needs prometheus-client (pip install 'meshprof[metrics]')"
+        )
+
+
+@dataclass(slots=True)
+class Exporter:
+    """A running ``/metrics`` endpoint (``prometheus_client``'s HTTP server in a daemon thread)."""
+
+    server: Any
+    thread: Any
+    port: int
+
+    def stop(self) -> None:
+        """Stop serving and close the socket."""
+        try:
+            self.server.shutdown()
+            self.server.server_close()
+        except Exception:
+            pass
+
+
+def start_exporter(
+    run_dir: str | os.PathLike[str], port: int, addr: str = "127.0.0.1", node_id: str | None = None
+) -> Exporter | None:
+    """Serve ``/metrics`` for ``run_dir``'s ranks on ``node_id`` at ``addr:port``. A port that
+    cannot be bound is one warning line on stderr and None: the job runs without metrics."""
+    try:
+        from prometheus_client import CollectorRegistry, start_http_server
+
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(LiveCollector(run_dir, node_id))
+        server, thread = start_http_server(port, addr=addr, registry=registry)
+    except Exception as e:
+        why = getattr(e, "strerror", None) or str(e) or type(e).__name__
+        print(
+            f"meshprof run: warning: cannot serve metrics on {addr}:{port} ({why}); "
+            "the job runs without them",
+            file=sys.stderr,
+        )
+        return None
+    return Exporter(server, thread, int(server.server_address[1]))
+
+
+__all__ = [
+    "Exporter",
+    "LiveCollector",
+    "check_metrics_options",
+    "metrics_available",
+    "metrics_text",
+    "start_exporter",
+]
