@@ -311,7 +311,7 @@ def test_real_job_slow_rank_raises_alerts_and_top_shows_it(cli, tmp_path: Path) 
         assert [x["rank"] for x in d["ranks"]] == [0, 1] and not d["ended"]
         assert all(x["step"] > 20 and x["updated_ns"] > slow_ns for x in d["ranks"])
         assert any(x["kind"] == "straggler" for x in d["alerts"])
-        assert [s["rank"] for s in d["stragglers"]] == [1]
+        assert d["stragglers"] and d["stragglers"][0]["rank"] == 1
         r = cli("top", out, "--once")
         assert r.returncode == 0 and "running" in r.stdout and "ENDED" not in r.stdout
         assert "rank 1 is a straggler" in r.stdout and "straggler: rank 1 +" in r.stdout
