@@ -42,8 +42,9 @@ def test_phase_with_known_time_is_measured_within_5_percent():
     a = mon.analysis()
     a.check()
     by = {p.name: p.time.mean_ns for p in a.phases}
-    assert by["forward"] == pytest.approx(50e6, rel=0.05)
-    assert by["backward"] == pytest.approx(30e6, rel=0.05)
+    # within 5% (or 2 ms: a sleep may wake that late on a busy 2-core machine)
+    assert by["forward"] == pytest.approx(50e6, rel=0.05, abs=2e6)
+    assert by["backward"] == pytest.approx(30e6, rel=0.05, abs=2e6)
     assert a.steps == 3
     assert a.tokens_per_s == pytest.approx(512 / (a.step_time.mean_ns / 1e9), rel=0.01)
     assert a.memory is not None and a.memory.peak_bytes > 0 and a.memory.capacity_bytes > 0

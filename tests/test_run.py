@@ -386,8 +386,11 @@ def test_run_sigkilled_rank_is_recovered_and_named_first(tmp_path: Path, cli) ->
     assert mine["seq"].tolist() == list(range(len(mine)))
     for peer in (0, 2):
         ev = run.ranks[peer].events
-        theirs = ev[ev["op"] == ar]
-        assert set(theirs["seq"].tolist()) >= set(mine["seq"].tolist())
+        theirs = set(ev[ev["op"] == ar]["seq"].tolist())
+        # (a survivor that torchrun killed before its last write is itself recovered up to its
+        # own last tick, which may come before rank 1's: compare what both have)
+        common = [q for q in mine["seq"].tolist() if q <= max(theirs)]
+        assert set(common) <= theirs and len(common) >= old
         assert run.ranks[peer].meta.exit is not None
     rep = cli("report", str(out), "--json")
     assert rep.returncode == 0, rep.stderr

@@ -206,10 +206,14 @@ def finish_manifest(
             rank_codes[r] = w.exit_code
             name = w.signal
             got = run.ranks.get(r)
-            if name:  # killed before torchrun ended anyone: a cause, at its last sign of life
+            if name:
                 signals[r] = name
-                seen = _last_seen_ns(got) if got is not None else 0
-                causes.append((seen or w.time_ns, r, 128 - w.exit_code))
+                # a signal other than the SIGTERM torchrun sends the others after the first
+                # failure: a cause, at its last sign of life (a SIGTERMed rank's last sign of life
+                # may well precede the root cause's, so it must not compete with it)
+                if name != "SIGTERM":
+                    seen = _last_seen_ns(got) if got is not None else 0
+                    causes.append((seen or w.time_ns, r, 128 - w.exit_code))
             elif w.exit_code != 0 and all(c[1] != r for c in causes):
                 causes.append((w.time_ns, r, w.exit_code))
         rec["ranks"] = sorted(set(local) | set(exits))

@@ -343,8 +343,6 @@ class RecordingSession:
                 rank=self.config.rank,
                 layout=layout,
                 extra=self.meta,
-                # the writer's crash-safe tick flushes the recorder every 0.5 s already
-                flush_recorder=getattr(self.writer, "crashsafe", None) is None,
             ).start()
             atexit.register(self._live_at_exit)
         except Exception as e:

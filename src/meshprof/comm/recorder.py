@@ -519,6 +519,10 @@ class CommProfiler(RecordQueries):
         try:
             end = time.perf_counter_ns()
             self._pop_composite(rec)
+            if self._backend is not None:
+                # ops that finished before this one (the native kernel keeps them until a
+                # drain) enter the log first: the log stays in completion order
+                self._backend.drain()
             self.complete(rec, end, None)
         except Exception as e:
             self.report_internal_error(e)

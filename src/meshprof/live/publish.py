@@ -150,13 +150,8 @@ class LivePublisher:
         rank: int | None = None,
         layout: object = None,
         extra: dict[str, Any] | None = None,
-        flush_recorder: bool = True,
     ) -> None:
         self.run_dir = Path(run_dir)
-        self.flush_recorder = flush_recorder
-        """Flush the recorder before each record (staged events and finished native records
-        into the log, so the counters see them). False when something else already flushes it
-        at least as often (the rank writer's crash-safe tick, every 0.5 s)."""
         self.prof = prof
         self.monitor = monitor
         self.interval_s = float(interval_s)
@@ -212,9 +207,8 @@ class LivePublisher:
         t0 = time.thread_time_ns()
         try:
             with self._lock:
-                if self.flush_recorder:
-                    with contextlib.suppress(Exception):
-                        self.prof.flush()
+                with contextlib.suppress(Exception):
+                    self.prof.flush()
                 self.counters.fold()
                 rec = self.build()
                 if self._writer is None or self._writer.path != live_file(self.run_dir, rec.rank):
