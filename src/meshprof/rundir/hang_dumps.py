@@ -44,9 +44,21 @@ _FR_ELEM = {
     "bool": 1,
 }
 # Frames of these packages are the machinery, not where the user's code is.
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_OWN = f"{os.sep}meshprof{os.sep}"
+
+
+def _is_meshprof(path: str) -> bool:
+    """A frame of meshprof's own code: the part after the last ``/meshprof/`` is a file of this
+    package (a user's checkout or project folder named "meshprof" is user code)."""
+    i = path.rfind(_OWN)
+    if i < 0:
+        return False
+    return os.path.isfile(os.path.join(_PACKAGE_DIR, path[i + len(_OWN) :]))
+
+
 _INTERNAL = (
     f"{os.sep}torch{os.sep}",
-    f"{os.sep}meshprof{os.sep}",
     f"{os.sep}threading.py",
     f"{os.sep}multiprocessing{os.sep}",
     f"{os.sep}runpy.py",
@@ -130,7 +142,7 @@ class RankState:
     def location(self) -> Frame | None:
         """The innermost frame of user code (outside torch and meshprof) of :attr:`where`."""
         for f in reversed(self.where):
-            if not any(p in f.file for p in _INTERNAL):
+            if not any(p in f.file for p in _INTERNAL) and not _is_meshprof(f.file):
                 return f
         return self.where[-1] if self.where else None
 
