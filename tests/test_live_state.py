@@ -174,3 +174,26 @@ def test_live_state_of_a_running_job(cli, tmp_path: Path) -> None:  # type: igno
     assert proc.returncode == 0, outs[1][-2000:]
     done = read_snapshot(out)
     assert done.ended and all(x.status == "ended" for x in done.ranks.values())
+
+
+def test_live_stragglers_are_looked_for_within_a_pipeline_stage(tmp_path: Path) -> None:
+    """dp=2 × pp=2: the last stage (ranks 1, 3) computes the loss and takes longer than the
+    first; that is no straggler. Rank 3 slower than rank 1, its own stage's peer, is one."""
+    from meshprof.live.publish import LivePublisher
+
+    pub = LivePublisher(tmp_path, prof=None, layout={"dp": 2, "tp": 1, "pp": 2})
+    assert [pub._stage(r) for r in range(4)] == [0, 1, 0, 1]
+    now = time.time_ns()
+
+    def ranks(c3: int) -> dict[int, RankLive]:
+        compute = {0: 67_000_000, 1: 110_000_000, 2: 68_000_000, 3: c3}
+        return {
+            r: RankLive(rank=r, updated_ns=now, interval_s=1.0, compute_ns=c, stage=r % 2)
+            for r, c in compute.items()
+        }
+
+    from meshprof.live.state import find_stragglers
+
+    assert find_stragglers(ranks(111_000_000), []) == []
+    (s,) = find_stragglers(ranks(150_000_000), [])
+    assert s.rank == 3 and s.median_compute_ns == 110_000_000 and s.excess_ns == 40_000_000

@@ -234,6 +234,7 @@ class LivePublisher:
             pid=os.getpid(),
             hostname=socket.gethostname(),
             node_id=str(self.extra.get("node_id", "") or ""),
+            stage=self._stage(rank),
             started_ns=self.started_ns,
             status=self._status,
             exit_how=self.exit_how if self._status != "running" else "",
@@ -259,6 +260,18 @@ class LivePublisher:
             return max(int(self.prof.ensure_rank()), 0)
         except Exception:
             return 0
+
+    def _stage(self, rank: int) -> int:
+        """The rank's pipeline stage from the layout (-1 without one)."""
+        try:
+            from meshprof.layout import Layout
+
+            lay = Layout.from_any(self.counters.layout)
+        except Exception:
+            return -1
+        if lay is None or rank >= lay.world_size:
+            return -1
+        return lay.coords(rank)[2]
 
     def _fill_steps(self, rec: RankLive, steps: list[tuple[Any, ...]]) -> None:
         if not steps:

@@ -119,6 +119,9 @@ class RankLive:
     pid: int = -1
     hostname: str = ""
     node_id: str = ""
+    stage: int = -1
+    """Pipeline stage (the pp coordinate of the layout); live stragglers are looked for among
+    the ranks of one stage. -1: no layout known (all ranks compared together)."""
     started_ns: int = 0
     status: str = "running"
     """"running", or "ended" once the rank wrote its last record (see ``exit_how``)."""
@@ -360,11 +363,25 @@ def find_stragglers(
     ranks: dict[int, RankLive], stale: list[int], min_ratio: float = 0.10, min_ns: int = 100_000
 ) -> list[LiveStraggler]:
     """Ranks whose recent compute time (step − exposed communication) exceeds the median of the
-    *other* fresh ranks by more than ``min_ratio`` and ``min_ns``; largest excess first. (Against
-    the others, not all ranks: with two ranks the median of both would halve the excess.)"""
-    fresh = sorted(
-        ((x.compute_ns, r) for r, x in ranks.items() if r not in stale and x.compute_ns > 0)
-    )
+    *other* fresh ranks of the same pipeline stage (:attr:`RankLive.stage`: stages do different
+    work, so the last stage's loss is no straggler) by more than ``min_ratio`` and ``min_ns``;
+    largest excess first. (Against the others, not all ranks: with two ranks the median of both
+    would halve the excess.)"""
+    by_stage: dict[int, list[tuple[int, int]]] = {}
+    for r, x in ranks.items():
+        if r not in stale and x.compute_ns > 0:
+            by_stage.setdefault(x.stage, []).append((x.compute_ns, r))
+    out: list[LiveStraggler] = []
+    for fresh in by_stage.values():
+        out += _stragglers_among(sorted(fresh), min_ratio, min_ns)
+    return sorted(out, key=lambda s: -s.excess_ns)
+
+
+def _stragglers_among(
+    fresh: list[tuple[int, int]], min_ratio: float, min_ns: int
+) -> list[LiveStraggler]:
+    """:func:`find_stragglers` within one set of comparable ranks, ``fresh`` = sorted
+    (compute_ns, rank) pairs."""
     n = len(fresh)
     if n < 2:
         return []
@@ -380,7 +397,7 @@ def find_stragglers(
         excess = c - med
         if med > 0 and excess > min_ns and excess / med > min_ratio:
             out.append(LiveStraggler(r, c, med, excess, excess / med))
-    return sorted(out, key=lambda s: -s.excess_ns)
+    return out
 
 
 def read_snapshot(run_dir: str | os.PathLike[str], now_ns: int | None = None) -> LiveSnapshot:
