@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from live_helpers import wait_for
 from meshprof.errors import MeshprofError
 from meshprof.live.alerts import AlertConfig, AlertRules
 from meshprof.live.state import (
@@ -255,16 +256,6 @@ def test_failing_or_slow_command_is_one_warning(tmp_path: Path) -> None:
     assert w.command_failures == 2
 
 
-def _wait(pred, timeout: float = 120.0):  # type: ignore[no-untyped-def]
-    end = time.time() + timeout
-    while time.time() < end:
-        v = pred()
-        if v:
-            return v
-        time.sleep(0.25)
-    raise AssertionError("timed out")
-
-
 def test_real_job_slow_rank_raises_alerts_and_top_shows_it(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     out, stop, cmd_out = tmp_path / "run", tmp_path / "stop", tmp_path / "alerts_cmd.jsonl"
     proc = cli.start(
@@ -293,12 +284,12 @@ def test_real_job_slow_rank_raises_alerts_and_top_shows_it(cli, tmp_path: Path) 
         def straggler_alert() -> Alert | None:
             return next((a for a in read_alerts(out) if a.kind == "straggler"), None)
 
-        a = _wait(straggler_alert)
+        a = wait_for(straggler_alert)
         slow_ns = int(Path(f"{stop}.slow").read_text())
         # raised for the rank made slow, after it became slow, with about the injected excess
         assert a.ranks == [1] and a.t_ns > slow_ns
         assert a.value == pytest.approx(60.0, abs=25.0)  # ms of compute per step
-        reg = _wait(
+        reg = wait_for(
             lambda: next((x for x in read_alerts(out) if x.kind == "step_regression"), None)
         )
         assert reg.t_ns > slow_ns and 0 in reg.ranks  # rank 0 waits for rank 1: it slows too

@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from live_helpers import wait_for
 from meshprof.live.state import (
     HIST_BOUNDS_S,
     Alert,
@@ -107,16 +108,6 @@ def test_snapshot_marks_stale_ranks_and_reads_alerts(tmp_path: Path) -> None:
         read_snapshot(tmp_path / "missing")
 
 
-def _wait(pred, timeout: float = 90.0):  # type: ignore[no-untyped-def]
-    end = time.time() + timeout
-    while time.time() < end:
-        v = pred()
-        if v:
-            return v
-        time.sleep(0.2)
-    raise AssertionError("timed out")
-
-
 def test_live_state_of_a_running_job(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     out, stop = tmp_path / "run", tmp_path / "stop"
     proc = cli.start(
@@ -145,14 +136,14 @@ def test_live_state_of_a_running_job(cli, tmp_path: Path) -> None:  # type: igno
                 else None
             )
 
-        first = _wait(ready)
+        first = wait_for(ready)
         seen = max(x.steps_done for x in first.ranks.values())
 
         def later():  # type: ignore[no-untyped-def]
             s = read_snapshot(out)
             return s if min(x.steps_done for x in s.ranks.values()) > seen + 2 else None
 
-        second = _wait(later)
+        second = wait_for(later)
         assert all(second.ranks[r].updated_ns > first.ranks[r].updated_ns for r in (0, 1))
         r0, r1 = second.ranks[0], second.ranks[1]
         # both ranks step together: ~base + extra per step (busy compute, CPU time counts)

@@ -5,10 +5,10 @@ or `steps` steps are done; every rank stops after the same step)."""
 
 import os
 import sys
-import time
 
 import torch
 import torch.distributed as dist
+from live_common import busy, setup
 
 steps, base_s, extra_s, slow = (
     int(sys.argv[1]),
@@ -17,17 +17,7 @@ steps, base_s, extra_s, slow = (
     int(sys.argv[4]),
 )
 stop_file = sys.argv[5]
-dist.init_process_group("gloo")
-rank = dist.get_rank()
-model = torch.nn.Linear(8, 8)
-opt = torch.optim.SGD(model.parameters(), lr=0.01)
-
-
-def busy(seconds: float) -> None:
-    end = time.perf_counter() + seconds
-    x = 0
-    while time.perf_counter() < end:
-        x += 1
+rank, model, opt = setup()
 
 
 for _ in range(steps):

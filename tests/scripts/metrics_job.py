@@ -10,6 +10,7 @@ import time
 
 import torch
 import torch.distributed as dist
+from live_common import busy, setup
 
 steps, phases, base_s, extra_s = (
     int(sys.argv[1]),
@@ -18,17 +19,7 @@ steps, phases, base_s, extra_s = (
     float(sys.argv[4]),
 )
 folder = sys.argv[5]
-dist.init_process_group("gloo")
-rank = dist.get_rank()
-model = torch.nn.Linear(8, 8)
-opt = torch.optim.SGD(model.parameters(), lr=0.01)
-
-
-def busy(seconds: float) -> None:
-    end = time.perf_counter() + seconds
-    x = 0
-    while time.perf_counter() < end:
-        x += 1
+rank, model, opt = setup()
 
 
 issued = 0

@@ -121,7 +121,7 @@ class LiveCounters:
 def recent_steps(monitor: Any, n: int = WINDOW_STEPS, scan: int = 20_000) -> list[tuple[Any, ...]]:
     """The last ``n`` closed step spans of ``monitor`` (SPAN rows), oldest first; at most
     ``scan`` span rows are looked at (phases sit between steps)."""
-    spans = getattr(monitor, "_spans", None)
+    spans = getattr(monitor, "span_rows", None)
     if spans is None:
         return []
     for _ in range(3):  # the training thread may append while we read: retry
@@ -318,7 +318,7 @@ class LivePublisher:
 
     @staticmethod
     def _fill_memory(rec: RankLive, mon: Any) -> None:
-        mem = getattr(mon, "_memory", None)
+        mem = getattr(mon, "memory_rows", None)
         if not mem:
             return
         with contextlib.suppress(IndexError, RuntimeError):
