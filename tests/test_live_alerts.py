@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import time
 from pathlib import Path
 
@@ -161,6 +162,74 @@ def test_memory_inflight_and_grouping(tmp_path: Path) -> None:
     )
 
 
+def test_stall_fresh_records_whose_step_does_not_advance(tmp_path: Path) -> None:
+    rules = AlertRules(AlertConfig(stall_factor=10, stall_floor_s=2, clear_looks=2))
+    s = 10**9
+    waits = InflightLive("all_reduce", "mesh_dp", "dp", 7, 0)
+    run = tmp_path / "a"
+
+    def at(
+        t: float, ranks: dict[int, tuple[int, float, int]], published: float | None = None
+    ) -> list[Alert]:
+        """ranks: rank -> (median step ns, when its last step ended (s), its step); the records
+        written at ``published`` (default: the look), rank 1 waiting in an all_reduce issued
+        when its last step ended."""
+        pub = t if published is None else published
+        recs = []
+        for r, (med, end, step) in ranks.items():
+            x = rec(r, step=step, step_ns=med, last_step_end_ns=T0 + int(end * s))
+            x.updated_ns = T0 + int(pub * s)
+            if r == 1:
+                waits.age_ns = int((pub - end) * s)
+                x.inflight = waits
+            recs.append(x)
+        return look(rules, run, t, recs)
+
+    # rank 0: 100 ms steps, limit max(10 × 0.1 s, 2 s) = 2 s; rank 1: 500 ms steps, limit 5 s
+    both = {0: (100 * MS, 10.0, 42), 1: (500 * MS, 10.0, 42)}
+    assert at(11.9, both) == []  # 1.9 s in step 42
+    # the record was written at 12.3 s (2.3 s after the step ended) and is 0.2 s old
+    (a,) = at(12.5, both, published=12.3)
+    assert a.kind == "stall" and a.ranks == [0] and a.severity == "warning"
+    assert a.value == pytest.approx(2.5) and a.threshold == pytest.approx(2.0)
+    assert a.message == (
+        "step stalled on rank 0: stuck at step 42 for 2.5 s (limit 2.0 s), no collective in flight"
+    )
+    assert at(14, both) == []  # the same episode
+    (b,) = at(15.5, both)  # rank 1 over its 5 s
+    assert b.ranks == [1] and b.threshold == pytest.approx(5.0)
+    assert b.message == (
+        "step stalled on rank 1: stuck at step 42 for 5.5 s (limit 5.0 s), "
+        "all_reduce on mesh_dp (seq 7) in flight for 5.5 s"
+    )
+    # both advance (2 looks: over), then stall together: one alert, the rank with no collective
+    # in flight first although rank 1 has been stuck longer
+    moving = {0: (100 * MS, 16.0, 43), 1: (500 * MS, 16.0, 43)}
+    assert at(16.5, moving) == [] and at(17.0, moving) == []
+    (c,) = at(30, {0: (100 * MS, 26.0, 44), 1: (500 * MS, 20.0, 44)})
+    assert c.kind == "stall" and c.ranks == [0, 1] and c.value == pytest.approx(4.0)
+    assert c.message == (
+        "step stalled on 2 ranks (0, 1): rank 0 stuck at step 44 for 4.0 s (limit 2.0 s), "
+        "no collective in flight; rank 1 stuck at step 44 for 10 s (limit 5.0 s), "
+        "all_reduce on mesh_dp (seq 7) in flight for 10 s"
+    )
+    # the same records again (the publisher stopped): not fresh, no stall; stale in time
+    assert at(33, {0: (100 * MS, 26.0, 44)}, published=30) == []
+    assert [x.kind for x in at(40, {0: (100 * MS, 26.0, 44)}, published=30)] == ["stale"]
+    # before the first completed step (no median, no end): nothing, however long
+    run = tmp_path / "b"
+    fresh = AlertRules(AlertConfig(stall_factor=10, stall_floor_s=2))
+    assert look(fresh, run, 1, [rec(0, step=0)]) == []
+    assert look(fresh, run, 500, [rec(0, step=0)]) == []
+    # 10 × a 1 s median = 10 s beats the 2 s floor; K = 0 turns the rule off
+    slow = {0: (1000 * MS, 100.0, 9)}
+    rules = AlertRules(AlertConfig(stall_factor=10, stall_floor_s=2))
+    assert at(109, slow) == []
+    assert [x.kind for x in at(111, slow)] == ["stall"]
+    rules = AlertRules(AlertConfig(stall_factor=0, stall_floor_s=2))
+    assert at(200, slow) == []
+
+
 def test_stale_rank_and_ended_ranks(tmp_path: Path) -> None:
     rules = AlertRules(AlertConfig(clear_looks=1))
     r0, r1 = rec(0), rec(1)
@@ -196,6 +265,12 @@ def test_alert_config_and_run_options_validate(cli, tmp_path: Path) -> None:  # 
     r = cli("run", "--alert-inflight", "-3", script)
     assert r.returncode == 2 and "--alert-inflight -3.0: must be >= 0" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+    r = cli("run", "--alert-stall-floor", "-1", script)
+    assert r.returncode == 2 and r.stderr.strip().endswith(
+        "--alert-stall-floor -1.0: must be >= 0 (0 turns it off)"
+    )
+    r = cli("run", "--alert-stall", "often", script)
+    assert r.returncode == 2 and "--alert-stall 'often': expected a number" in r.stderr
 
 
 def test_watcher_prints_appends_and_runs_the_command_rate_limited(tmp_path: Path) -> None:
@@ -320,6 +395,48 @@ def test_real_job_slow_rank_raises_alerts_and_top_shows_it(cli, tmp_path: Path) 
     assert d["ended"] and d["stale"] == [] and all(x["status"] == "ended" for x in d["ranks"])
     r = cli("top", out, "--once")
     assert r.returncode == 0 and "ENDED" in r.stdout and "ended normal" in r.stdout
+
+
+def test_real_job_a_rank_stalled_outside_collectives_raises_a_stall_alert(
+    cli, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    out, mark = tmp_path / "run", tmp_path / "stalled"
+    r = cli.process(
+        "run",
+        "--nproc-per-node",
+        "2",
+        "-o",
+        out,
+        "--live-interval",
+        "0.5",
+        "--alert-stall",
+        "10",
+        "--alert-stall-floor",
+        "2",
+        "--no-summary",
+        SCRIPTS / "live_stall_job.py",
+        "40",
+        "0.02",
+        "1",
+        "15",
+        "5",
+        mark,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    stalled_ns = int(mark.read_text())
+    stalls = [a for a in read_alerts(out) if a.kind == "stall"]
+    assert stalls and all(a.t_ns > stalled_ns for a in stalls)
+    text = " ".join(a.message for a in stalls)
+    # rank 1 sleeps in step 15 with no collective in flight; rank 0 waits for it in all_reduce
+    assert 1 in {x for a in stalls for x in a.ranks}
+    assert re.search(
+        r"rank 1:? stuck at step 15 for [\d.]+ s \(limit 2\.0 s\), no collective", text
+    )
+    assert "rank 0" not in text or re.search(r"rank 0:? stuck at step 15 .*all_reduce on", text)
+    # raised once the 2 s floor passed (a look per second, a record per 0.5 s), within the sleep
+    first = min(a.t_ns for a in stalls)
+    assert 2.0 <= (first - stalled_ns) / 1e9 <= 5.0
+    assert "meshprof alert: step stalled on" in r.stderr
 
 
 def test_a_reused_run_dir_starts_without_the_last_runs_live_state(tmp_path: Path) -> None:

@@ -198,6 +198,19 @@ def add_alert_options(p: argparse.ArgumentParser) -> None:
         help="a collective in flight longer than this (default 60)",
     )
     g.add_argument(
+        "--alert-stall",
+        default="10",
+        metavar="K",
+        help="a rank's step has not advanced for more than K times its median step time and "
+        "more than --alert-stall-floor, with or without a collective in flight (default 10)",
+    )
+    g.add_argument(
+        "--alert-stall-floor",
+        default="120",
+        metavar="SECONDS",
+        help="... and for more than this many seconds (default 120)",
+    )
+    g.add_argument(
         "--alert-straggler",
         default="20",
         metavar="PCT",
@@ -223,6 +236,8 @@ def alert_config_from_args(args: argparse.Namespace) -> AlertConfig:
         throughput_drop_pct=_number(args.alert_throughput_drop, "--alert-throughput-drop"),
         memory_pct=_number(args.alert_memory, "--alert-memory"),
         inflight_s=_number(args.alert_inflight, "--alert-inflight"),
+        stall_factor=_number(args.alert_stall, "--alert-stall"),
+        stall_floor_s=_number(args.alert_stall_floor, "--alert-stall-floor"),
         straggler_pct=_number(args.alert_straggler, "--alert-straggler"),
         straggler_looks=_number(args.alert_straggler_looks, "--alert-straggler-looks", int),
     )

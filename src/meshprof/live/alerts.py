@@ -19,6 +19,11 @@ Rules (each one can be turned off in :class:`AlertConfig`):
   its capacity.
 * ``inflight`` — a rank's oldest collective has been in flight longer than ``inflight_s``
   seconds (its age in the record plus the record's age).
+* ``stall`` — a rank's record is fresh (its publisher still writes) but its step has not
+  advanced for more than max(``stall_factor`` × its median step time, ``stall_floor_s``): stuck in
+  compute, the data loader or a deadlock that releases the GIL, with or without a collective in
+  flight (the alert says which; ranks with none come first, the others usually wait for them).
+  Counted from the end of the rank's last completed step, so not before its first step.
 * ``stale`` — a running rank stopped publishing (see :meth:`RankLive.is_stale`).
 
 An alert is raised once per episode: a (rule, rank) condition raises when it becomes true
@@ -42,6 +47,7 @@ RULES: tuple[str, ...] = (
     "throughput_drop",
     "memory",
     "inflight",
+    "stall",
     "stale",
 )
 """Every rule's name (the :attr:`Alert.kind` it raises)."""
@@ -70,6 +76,11 @@ class AlertConfig:
     """Memory above this percentage of the rank's capacity."""
     inflight_s: float = 60.0
     """A collective in flight longer than this many seconds."""
+    stall_factor: float = 10.0
+    """A step that has lasted more than this many times the rank's median step time (and more
+    than ``stall_floor_s``) is stalled."""
+    stall_floor_s: float = 120.0
+    """... and more than this many seconds."""
     stale: bool = True
     """Alert when a running rank stops publishing its live state."""
     warmup_steps: int = 5
@@ -98,6 +109,8 @@ class AlertConfig:
             ("throughput_drop_pct", "--alert-throughput-drop"),
             ("memory_pct", "--alert-memory"),
             ("inflight_s", "--alert-inflight"),
+            ("stall_factor", "--alert-stall"),
+            ("stall_floor_s", "--alert-stall-floor"),
             ("command_interval_s", "--alert-interval"),
         ):
             v = getattr(self, name)
@@ -162,6 +175,9 @@ class _Trip:
     """Its part of the message."""
     value: float
     threshold: float | None
+    first: int = 0
+    """Sort group, lower first (the stall rule puts the ranks with no collective in flight,
+    the likely cause, before the ranks waiting in one)."""
 
 
 def rank_rate(rec: RankLive) -> tuple[float, str]:
@@ -178,6 +194,19 @@ def inflight_age_ns(rec: RankLive, now_ns: int) -> int:
     if rec.inflight is None:
         return 0
     return rec.inflight.age_ns + max(now_ns - rec.updated_ns, 0)
+
+
+def stall_ns(rec: RankLive, now_ns: int) -> int:
+    """How long the rank has been in its current step at ``now_ns`` (0 before its first
+    completed step): since its last step ended, by its own clock when the record was written,
+    plus the record's age."""
+    if rec.last_step_end_ns <= 0:
+        return 0
+    return max(rec.updated_ns - rec.last_step_end_ns, 0) + max(now_ns - rec.updated_ns, 0)
+
+
+def _secs(ns: float) -> str:
+    return f"{ns / 1e9:.0f} s" if abs(ns) >= 10e9 else f"{ns / 1e9:.1f} s"
 
 
 def _ms(ns: float) -> str:
@@ -229,6 +258,7 @@ class AlertRules:
             self._rule_rate(r, x, trips)
             self._rule_memory(r, x, trips)
             self._rule_inflight(r, x, snap.taken_ns, trips)
+            self._rule_stall(r, x, snap.taken_ns, trips)
         if cfg.stale:
             for r, x in snap.ranks.items():
                 cond = r in snap.stale
@@ -323,6 +353,32 @@ class AlertRules:
                 )
             )
 
+    def _rule_stall(self, r: int, x: RankLive, now_ns: int, trips: dict[str, list[_Trip]]) -> None:
+        cfg = self.config
+        if cfg.stall_factor <= 0 or x.step_ns <= 0 or x.last_step_end_ns <= 0:
+            return
+        limit_ns = max(cfg.stall_factor * x.step_ns, cfg.stall_floor_s * 1e9)
+        stuck_ns = stall_ns(x, now_ns)
+        cond = stuck_ns > limit_ns
+        if self._observe("stall", r, cond) and cond:
+            f = x.inflight
+            where = (
+                "no collective in flight"
+                if f is None
+                else f"{f.op} on {f.group} (seq {f.seq}) in flight for "
+                f"{_secs(inflight_age_ns(x, now_ns))}"
+            )
+            trips["stall"].append(
+                _Trip(
+                    r,
+                    f"stuck at step {x.step} for {_secs(stuck_ns)} (limit {_secs(limit_ns)}), "
+                    + where,
+                    stuck_ns / 1e9,
+                    limit_ns / 1e9,
+                    first=0 if f is None else 1,
+                )
+            )
+
     # -- baselines ---------------------------------------------------------------------------
     def _update_baseline(self, r: int, x: RankLive) -> None:
         cfg = self.config
@@ -348,7 +404,7 @@ class AlertRules:
     def _alert(self, rule: str, trips: list[_Trip], snap: LiveSnapshot) -> Alert | None:
         if not trips:
             return None
-        trips = sorted(trips, key=lambda t: (-t.value, t.rank))
+        trips = sorted(trips, key=lambda t: (t.first, -t.value, t.rank))
         worst = trips[0]
         if len(trips) == 1:
             subject, detail = f"rank {worst.rank}", worst.text
@@ -358,12 +414,18 @@ class AlertRules:
             subject = f"{len(trips)} ranks ({named}{more})"
             detail = f"worst rank {worst.rank}: {worst.text}"
         verb = "is a straggler" if len(trips) == 1 else "are stragglers"
+        if (
+            rule == "stall" and len(trips) > 1
+        ):  # each rank's clause: which ones wait in a collective
+            more = "; …" if len(trips) > _MAX_NAMED else ""
+            detail = "; ".join(f"rank {t.rank} {t.text}" for t in trips[:_MAX_NAMED]) + more
         message = {
             "straggler": f"{subject} {verb}: {detail}",
             "step_regression": f"step time regressed on {subject}: {detail}",
             "throughput_drop": f"throughput dropped on {subject}: {detail}",
             "memory": f"memory above {self.config.memory_pct:g}% on {subject}: {detail}",
             "inflight": f"collective stuck on {subject}: {detail}",
+            "stall": f"step stalled on {subject}: {detail}",
             "stale": f"{subject} stopped publishing live state: {detail}",
         }[rule]
         return Alert(
@@ -377,4 +439,12 @@ class AlertRules:
         )
 
 
-__all__ = ["RULES", "AlertConfig", "AlertRules", "RankBaseline", "inflight_age_ns", "rank_rate"]
+__all__ = [
+    "RULES",
+    "AlertConfig",
+    "AlertRules",
+    "RankBaseline",
+    "inflight_age_ns",
+    "rank_rate",
+    "stall_ns",
+]

@@ -281,6 +281,7 @@ class LivePublisher:
         durs = [int(s[6]) for s in steps]
         rec.recent_step_ns = durs
         rec.step_ns = int(statistics.median(durs))
+        rec.last_step_end_ns = int(steps[-1][5] + steps[-1][6])
         span_ns = int(steps[-1][5] + steps[-1][6] - steps[0][5])
         if span_ns > 0:
             rec.steps_per_s = len(steps) * 1e9 / span_ns

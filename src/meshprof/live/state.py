@@ -135,6 +135,9 @@ class RankLive:
     """Durations of the most recent steps, oldest first (at most 32)."""
     step_ns: int = 0
     """Median of ``recent_step_ns`` (0 before the first step)."""
+    last_step_end_ns: int = 0
+    """When the last completed step ended (wall clock of the rank's host; 0 before the first
+    step): the record's ``updated_ns`` minus this is how long the rank has been in its step."""
     compute_ns: int = 0
     """Median over the recent steps of step time − exposed communication."""
     steps_per_s: float = 0.0
