@@ -250,3 +250,61 @@ def test_recording_session_parts_fail_alone(tmp_path: Path) -> None:
     ok.stop()
     run = load_run(tmp_path / "ok")
     assert run.manifest.world_size == 1 and run.ranks[0].meta.exit is not None
+
+
+def test_files_a_session_writes_follow_the_umask(tmp_path: Path) -> None:
+    """With umask 0o002 (a group-writable shared run directory) every file meshprof writes in a
+    run directory is 0o664, as open() makes it: the other users of the group can read it."""
+    from meshprof.live.state import Alert, RankLive, append_alert, write_rank_live
+    from meshprof.monitor import StepMonitor
+    from meshprof.rundir.schema import Manifest
+    from meshprof.session import RecordingSession, SessionConfig
+    from meshprof.tools.watchdog import write_dump
+
+    def modes() -> dict[str, int]:
+        return {
+            str(p.relative_to(tmp_path)): p.stat().st_mode & 0o777
+            for p in tmp_path.rglob("*")
+            if p.is_file()
+        }
+
+    old = os.umask(0o002)
+    try:
+        session = RecordingSession(
+            SessionConfig(
+                run_dir=tmp_path,
+                rank=0,
+                flush_interval_s=0,
+                live_interval_s=0.05,
+                clock_sync=False,
+                manifest=Manifest(world_size=1),
+            ),
+            monitor=StepMonitor(),
+        ).start()
+        assert session.monitor is not None and session.writer is not None
+        for _ in range(3):
+            with session.monitor.step():
+                time.sleep(0.01)
+        session.writer.persist_crashsafe()
+        assert session.write() is not None
+        write_dump(session.prof, tmp_path / "hang", "signal")
+        append_alert(tmp_path, Alert("memory", "m", time.time_ns(), [0]))
+        write_rank_live(tmp_path, RankLive(rank=1, updated_ns=time.time_ns(), interval_s=1.0))
+        running = modes()
+        session.stop()
+        ended = modes()
+    finally:
+        os.umask(old)
+    names = set(running) | set(ended)
+    for expected in (
+        "manifest.json",
+        "live/rank00000.json",
+        "live/rank00001.json",
+        "live/alerts.jsonl",
+        "hang/rank0.json",
+        "crashsafe/rank00000.events.npy",
+        "crashsafe/rank00000.meta.json",
+    ):
+        assert expected in names
+    assert any(n.startswith("rank") for n in names)  # the rank file
+    assert {n: m for n, m in {**running, **ended}.items() if m != 0o664} == {}

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from meshprof.rundir.atomic import atomic_write_text
+from meshprof.rundir.atomic import FILE_MODE, atomic_write_text
 
 LIVE_FORMAT = "meshprof-live/1"
 LIVE_DIR = "live"
@@ -218,7 +218,7 @@ class LiveWriter:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, FILE_MODE)
 
     def write(self, rec: RankLive) -> Path:
         data = json.dumps(rec.to_dict()).encode("utf-8")
@@ -311,7 +311,7 @@ def append_alert(run_dir: str | os.PathLike[str], alert: Alert) -> None:
     path = live_dir(run_dir) / ALERTS_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     line = (json.dumps(alert.to_dict()) + "\n").encode("utf-8")
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, FILE_MODE)
     try:
         os.write(fd, line)
     finally:

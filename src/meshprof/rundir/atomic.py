@@ -1,14 +1,41 @@
 """Atomic file writes: a temporary file in the same folder, fsync, then a rename, so a crash
-(or a reader racing the writer) never sees half a file."""
+(or a reader racing the writer) never sees half a file.
+
+Files get the mode :func:`open` gives: 0o666 less the umask (and a directory's default ACL), so
+the other users of a group-writable shared run directory can read them (``tempfile.mkstemp``
+would create them 0o600)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
+import secrets
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
+
+FILE_MODE = 0o666
+"""Mode meshprof creates its files with (the umask applies, as for :func:`open`)."""
+_TMP_FLAGS = (
+    os.O_WRONLY
+    | os.O_CREAT
+    | os.O_EXCL
+    | getattr(os, "O_NOFOLLOW", 0)
+    | getattr(os, "O_CLOEXEC", 0)
+    | getattr(os, "O_BINARY", 0)
+)
+
+
+def _create_temp(path: Path) -> tuple[int, Path]:
+    """A new, empty temporary file next to ``path`` (a random name, created exclusively, as
+    ``mkstemp`` does, but with :data:`FILE_MODE`): (its descriptor, its path)."""
+    for _ in range(100):
+        tmp = path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp"
+        try:
+            return os.open(tmp, _TMP_FLAGS, FILE_MODE), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary name next to {path}")
 
 
 @contextlib.contextmanager
@@ -21,7 +48,7 @@ def atomic_open(
     loss may lose it (for files rewritten every second, such as the live state)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = _create_temp(path)
     try:
         with os.fdopen(fd, mode, **kwargs) as f:
             yield f
@@ -47,4 +74,4 @@ def atomic_write_text(path: str | os.PathLike[str], text: str, *, fsync: bool = 
     return atomic_write_bytes(path, text.encode("utf-8"), fsync=fsync)
 
 
-__all__ = ["atomic_open", "atomic_write_bytes", "atomic_write_text"]
+__all__ = ["FILE_MODE", "atomic_open", "atomic_write_bytes", "atomic_write_text"]
