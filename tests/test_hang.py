@@ -237,6 +237,19 @@ def test_bad_directory(tmp_path, cli):
     assert cli("hang", tmp_path).returncode == 2
 
 
+def test_dump_names_one_rule(tmp_path):
+    """What the watchdog names its dumps is what the launcher and the loader count as dumps."""
+    from meshprof.rundir.hang_dumps import dump_files, dump_path, fr_dump_path
+
+    assert dump_files(tmp_path / "hang") == []  # no folder yet
+    for r in (12, 0, 3):
+        dump_path(tmp_path, r).write_text("{}")
+        fr_dump_path(tmp_path, r).write_text("{}")
+    for other in ("trigger", ".rank1.json.0a1b2c3d.tmp", "rankX.json", "rank2.json.bak"):
+        (tmp_path / other).write_text("")
+    assert [p.name for p in dump_files(tmp_path)] == ["rank0.json", "rank12.json", "rank3.json"]
+
+
 def _signal_dump(rank: int, ws: int, dump_dir: str) -> dict:
     import os
     import signal

@@ -35,6 +35,7 @@ from meshprof.run_record import (
     start_manifest,
     write_merged_manifest,
 )
+from meshprof.rundir.hang_dumps import dump_files
 from meshprof.rundir.manifest import write_node_record
 from meshprof.rundir.schema import HANG_DIR
 from meshprof.rundir.worker_exits import read_worker_exits, worker_exits_path
@@ -234,13 +235,8 @@ def _local_workers(proc: subprocess.Popen[bytes]) -> list[Any]:
 
 
 def _hang_dumps(run_dir: Path) -> list[Path]:
-    d = run_dir / HANG_DIR
-    try:
-        return sorted(
-            p for p in d.iterdir() if p.name.startswith("rank") and p.name.endswith(".json")
-        )
-    except OSError:
-        return []
+    """The watchdog dumps in ``RUN_DIR/hang`` so far, sorted by name."""
+    return dump_files(run_dir / HANG_DIR)
 
 
 def _handle_hang(

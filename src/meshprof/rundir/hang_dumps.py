@@ -20,6 +20,7 @@ from meshprof.errors import MeshprofError
 from meshprof.rundir.schema import HANG_DIR
 
 _DUMP_RE = re.compile(r"^rank(\d+)\.json$")
+"""Name of a meshprof watchdog dump (:func:`dump_path`)."""
 _FR_RE = re.compile(r"^(?:fr_rank|nccl_trace_rank_|fr_trace_rank_?)(\d+)(?:\.json)?$")
 _FR_DTYPES = {
     "Float": "float32",
@@ -150,6 +151,25 @@ class RankState:
         """The highest seq this rank issued in ``group`` (-1 if none seen)."""
         seqs = [c.seq for c in self.collectives if c.group == group and c.peer < 0]
         return max(seqs) if seqs else -1
+
+
+def dump_path(dump_dir: str | os.PathLike[str], rank: int) -> Path:
+    """Where the watchdog of rank ``rank`` writes its dump: ``DUMP_DIR/rank{r}.json``."""
+    return Path(dump_dir) / f"rank{int(rank)}.json"
+
+
+def fr_dump_path(dump_dir: str | os.PathLike[str], rank: int) -> Path:
+    """Where it writes the Flight Recorder's JSON dump next to it: ``DUMP_DIR/fr_rank{r}.json``."""
+    return Path(dump_dir) / f"fr_rank{int(rank)}.json"
+
+
+def dump_files(dump_dir: str | os.PathLike[str]) -> list[Path]:
+    """The meshprof watchdog dumps in ``dump_dir`` (the names :func:`dump_path` gives), sorted
+    by name; [] when the folder does not exist (yet) or cannot be read."""
+    try:
+        return sorted(p for p in Path(dump_dir).iterdir() if _DUMP_RE.match(p.name))
+    except OSError:
+        return []
 
 
 def _collective(e: dict[str, Any], state: str, age_ns: int) -> Collective:
@@ -291,4 +311,12 @@ def load_dumps(directory: str | os.PathLike[str]) -> tuple[Path, dict[int, RankS
     return d, states, problems
 
 
-__all__ = ["Collective", "Frame", "RankState", "load_dumps"]
+__all__ = [
+    "Collective",
+    "Frame",
+    "RankState",
+    "dump_files",
+    "dump_path",
+    "fr_dump_path",
+    "load_dumps",
+]

@@ -27,6 +27,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from meshprof.rundir.hang_dumps import dump_path, fr_dump_path
 from meshprof.session import process_rank
 
 DUMP_FORMAT = "meshprof-hang/1"
@@ -34,10 +35,6 @@ DUMP_FORMAT = "meshprof-hang/1"
 #: Environment read by :func:`start_watchdog_from_env` (set by ``meshprof run`` for its workers).
 ENV_DIR = "MESHPROF_HANG_DIR"
 ENV_TIMEOUT = "MESHPROF_HANG_TIMEOUT"
-
-
-def dump_path(dump_dir: str | os.PathLike[str], rank: int) -> Path:
-    return Path(dump_dir) / f"rank{rank}.json"
 
 
 def trigger_path(dump_dir: str | os.PathLike[str]) -> Path:
@@ -153,7 +150,7 @@ def write_dump(
     rank = data["rank"]
     fr = _flight_recorder_json()
     if fr is not None:
-        atomic_write_text(Path(dump_dir) / f"fr_rank{rank}.json", fr)
+        atomic_write_text(fr_dump_path(dump_dir, rank), fr)
     return atomic_write_text(dump_path(dump_dir, rank), json.dumps(data))
 
 
