@@ -183,6 +183,14 @@ def test_report_on_a_folder_of_traces(tmp_path: Path, cli, wide: None) -> None:
         assert 0 < k["compute_pct"] < 100 and k["comm_comp_overlap_pct"] is not None
     assert any("broken.json" in p for p in out["kineto"]["problems"])
     assert out["kineto"]["stragglers"]["straggler"] == 1
+    assert out["summary"]["rank_files"] is None  # no rank file there: nothing to say
+    # a damaged rank file beside the traces: still the traces' report, the damage said
+    (d / "rank00000.npz").write_bytes(b"not a zip")
+    res = cli("report", str(d), "--json")
+    assert res.returncode == 0, res.stderr
+    said = json.loads(res.stdout)["summary"]["rank_files"]
+    assert "no usable rank file" in said and "rank00000.npz" in said
+    (d / "rank00000.npz").unlink()
     html = tmp_path / "r.html"
     res = cli("report", str(d), "--html", str(html))
     assert res.returncode == 0, res.stderr

@@ -5,7 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from data.meshprof_synth import MS, synthetic_run
+from meshprof.errors import NoUsableRankFileError
+from meshprof.rundir import load_run
 
 
 def test_json_report_with_missing_and_damaged_ranks(tmp_path, cli):
@@ -53,6 +57,9 @@ def test_bad_input_exit_2(tmp_path, cli):
     assert p.returncode == 2 and p.stderr.count("\n") == 1 and "no such directory" in p.stderr
     p = cli.process("report", str(tmp_path))
     assert p.returncode == 2 and "no usable rank file" in p.stderr
+    with pytest.raises(NoUsableRankFileError) as no_rank:
+        load_run(tmp_path)
+    assert no_rank.value.problems == {} and no_rank.value.run_dir == tmp_path
     synthetic_run(tmp_path, 2, [0, 0])
     p = cli.process("report", str(tmp_path), "--threshold", "-1")
     assert p.returncode == 2 and "--threshold" in p.stderr

@@ -1,6 +1,9 @@
-"""The project's one exception type for errors a user can cause."""
+"""The project's exception type for errors a user can cause, and the subclasses a caller tells
+apart by type (never by message text)."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 
 class MeshprofError(Exception):
@@ -9,3 +12,15 @@ class MeshprofError(Exception):
     The message names the thing that is wrong and how to fix it. The CLI prints it as one line
     on stderr and exits with code 2.
     """
+
+
+class NoUsableRankFileError(MeshprofError):
+    """A directory without one usable meshprof rank file (none there, or every one damaged):
+    ``load_run`` raises it; ``meshprof report`` then looks for torch.profiler traces there."""
+
+    def __init__(self, run_dir: Path, problems: dict[int, str]) -> None:
+        self.run_dir = run_dir
+        self.problems = dict(problems)
+        """Rank → what is wrong with its file (missing, damaged); empty: no rank files at all."""
+        detail = "; ".join(problems.values()) if problems else "no rank files (rank*.npz)"
+        super().__init__(f"{run_dir}: no usable rank file ({detail})")

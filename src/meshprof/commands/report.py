@@ -10,7 +10,7 @@ from typing import Any
 from rich.console import Console
 
 from meshprof.analyze.stragglers import DEFAULT_THRESHOLD
-from meshprof.errors import MeshprofError
+from meshprof.errors import MeshprofError, NoUsableRankFileError
 from meshprof.report import analyze_run_parts
 from meshprof.rundir import load_run
 
@@ -111,7 +111,7 @@ def _merge_kineto(trace: dict[str, Any], loaded: Any, clock: Any) -> None:
     trace.setdefault("metadata", {})["kineto_traces_merged"] = merged
 
 
-def _traces_only(args: argparse.Namespace, why: MeshprofError) -> int:
+def _traces_only(args: argparse.Namespace, why: NoUsableRankFileError) -> int:
     """``report DIR`` on a folder of torch.profiler traces without meshprof rank files."""
     from meshprof.analyze.kineto import find_traces, kineto_report
 
@@ -131,7 +131,7 @@ def _traces_only(args: argparse.Namespace, why: MeshprofError) -> int:
         detail = "; ".join(k.problems) if k.problems else "no file there holds a traceEvents list"
         raise MeshprofError(f"{folder}: no readable torch.profiler trace ({detail})") from None
     # damaged rank files beside the traces are said, not hidden
-    rank_files = "" if "no rank files" in str(why) else str(why)
+    rank_files = str(why) if why.problems else ""
     written = []
     if args.html:
         from meshprof.render.html import write_kineto_html
@@ -175,9 +175,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         # the report reads only the completed events' columns: loaded lean
         loaded = load_run(Path(args.dir), lean=True, sample=fraction, sample_reason=reason)
-    except MeshprofError as e:
-        if "no usable rank file" not in str(e):
-            raise
+    except NoUsableRankFileError as e:
         return _traces_only(args, e)
     # nothing below reads the raw event rows: the analysis lets them go once tabled
     parts = analyze_run_parts(

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from meshprof.errors import MeshprofError
+from meshprof.errors import MeshprofError, NoUsableRankFileError
 from meshprof.layout import Layout
 from meshprof.rundir.crashsafe import crashsafe_ranks, is_newer_than, recover_rank
 from meshprof.rundir.manifest import merge_node_records, read_manifest, read_node_records
@@ -102,7 +102,8 @@ def load_run(
     run_dir: str | Path, *, lean: bool = False, sample: float = 1.0, sample_reason: str = ""
 ) -> LoadedRun:
     """Load every rank file of a run directory. Missing or damaged ranks are listed in
-    ``problems``; the rest still load. No usable rank at all raises :class:`MeshprofError`.
+    ``problems``; the rest still load. No usable rank at all raises
+    :class:`~meshprof.errors.NoUsableRankFileError`.
 
     ``lean``: each rank's ``events`` keeps only its completed events and the columns the run
     report reads, in narrow dtypes (:func:`~meshprof.rundir.rankfile.load_rank_file`);
@@ -157,8 +158,7 @@ def load_run(
         if r not in ranks and r not in problems:
             problems[r] = f"{rank_file(run_dir, r).name}: missing"
     if not ranks:
-        detail = "; ".join(problems.values()) if problems else "no rank files (rank*.npz)"
-        raise MeshprofError(f"{run_dir}: no usable rank file ({detail})")
+        raise NoUsableRankFileError(run_dir, problems)
     return LoadedRun(
         path=run_dir,
         manifest=manifest,
