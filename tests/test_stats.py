@@ -141,16 +141,20 @@ def test_sketch_relative_error_bound() -> None:
 def test_ring_buffer_eviction_is_constant_time() -> None:
     """Appending to a full ring moves no data: the write position just wraps (O(1) per event)."""
     log = EventLog(8)
+    ring = log.ring  # a view taken before any event: it sees the writes only if made in place
     row = np.zeros(1, dtype=EVENT_DTYPE)
     for i in range(20):
         row["seq"] = i
-        log._write(row.copy(), i)
+        log.append_chunk(row.copy())
     arr, ids = log.snapshot()
     assert arr["seq"].tolist() == list(range(12, 20))
     assert ids.tolist() == list(range(12, 20))
     # the slot of event i is i % capacity: event 19 overwrote slot 3 in place
-    assert log._ring["seq"][19 % 8] == 19
-    assert log.evicted == 12
+    assert ring["seq"][19 % 8] == 19
+    assert ring["seq"].tolist() == [16, 17, 18, 19, 12, 13, 14, 15]
+    assert not ring.flags.writeable and log.evicted == 12
+    rows, first = log.rows_since(15)
+    assert first == 15 and rows["seq"].tolist() == [15, 16, 17, 18, 19]
 
 
 def test_errors_and_groups_per_dimension() -> None:

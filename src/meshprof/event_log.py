@@ -224,6 +224,15 @@ class EventLog:
                 return self._ring[start:end].copy(), a
             return np.concatenate([self._ring[start:], self._ring[: end - self.capacity]]), a
 
+    @property
+    def ring(self) -> np.ndarray:
+        """The ring buffer itself as a read-only view (no copy; staged tuples are not flushed):
+        the event of id ``i`` is in slot ``i % capacity`` while it is retained. For inspection;
+        :meth:`snapshot` gives the events in order."""
+        view = self._ring.view()
+        view.flags.writeable = False
+        return view
+
     def clear(self) -> None:
         with self._lock:
             self._staged.clear()
