@@ -351,6 +351,14 @@ int group_of(const c10d::ProcessGroup* pg) {  // mu held
   return id;
 }
 
+// The C++ object a custom-class argument holds (the schema fixes its class: a ProcessGroup
+// argument, a Work return), without IValue::toCustomClass's type check, which copies the
+// class type's shared_ptr (two atomic ops) on every call.
+template <typename T>
+const T* held(const c10::IValue& v) {
+  return static_cast<const T*>(v.toObjectRef().getSlot(0).toCapsule().get());
+}
+
 void kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
   const auto below = ks.remove(c10::DispatchKey::BackendSelect);
   if (!enabled.load(std::memory_order_relaxed)) {
@@ -374,9 +382,9 @@ void kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::S
         comp_out += out_b;
         comp_n += 1;
       } else {
-        auto pg = arg(spec->pg_arg).toCustomClass<c10d::ProcessGroup>();
+        const c10d::ProcessGroup* pg = held<c10d::ProcessGroup>(arg(spec->pg_arg));
         std::lock_guard<std::mutex> g(mu);
-        int gid = group_of(pg.get());
+        int gid = group_of(pg);
         int peer = spec->peer_arg >= 0 ? static_cast<int>(arg(spec->peer_arg).toInt()) : -1;
         int64_t seq;
         if (spec->p2p) {
@@ -436,7 +444,7 @@ void kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::S
   try {
     const c10::IValue* w = stack->empty() ? nullptr : &stack->back();
     if (w != nullptr && w->isCustomClass()) {
-      auto work = w->toCustomClass<c10d::Work>();
+      auto work = c10::static_intrusive_pointer_cast<c10d::Work>(w->toObjectRef().getSlot(0).toCapsule());
       if (device) {
         std::lock_guard<std::mutex> g(mu);
         auto tt = timers.find(r.token);
