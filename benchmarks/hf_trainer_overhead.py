@@ -9,8 +9,9 @@ two ways in every round, in rotated order: ``torchrun`` (plain) and ``meshprof r
 recorder with its default configuration, the step monitor and the rank writer). The figure
 is ``Trainer``'s own ``train_runtime`` (the training loop only, not the launch), as the ratio
 meshprof / plain per round; the summary gives the median ratio and its spread (min–max).
-Build the native recorder first (``meshprof build-native``), or the first rounds measure the
-build. Prints a table; nothing here is a test.
+Also prints the CPU that meshprof's own threads used on rank 0 (``recorder_cpu()``) per step
+and per collective. Build the native recorder first (``meshprof build-native``), or the first
+rounds measure the build. Prints a table; nothing here is a test.
 """
 
 from __future__ import annotations
@@ -63,14 +64,17 @@ def train(steps: int, out: str) -> None:
         )
         result = Trainer(model=model, args=args, train_dataset=Tokens(steps * 8 * 2)).train()
     if int(os.environ.get("RANK", "0")) == 0:
-        kernel = ""
+        kernel, cpu = "", {}
         if "meshprof" in sys.modules:
             import meshprof
 
             prof = meshprof.get_profiler()
             kernel = prof.backend_name if prof is not None else ""
+            cpu = prof.recorder_cpu() if prof is not None else {}
         Path(out).write_text(
-            json.dumps({"train_runtime": result.metrics["train_runtime"], "kernel": kernel})
+            json.dumps(
+                {"train_runtime": result.metrics["train_runtime"], "kernel": kernel, "cpu": cpu}
+            )
         )
 
 
@@ -109,7 +113,7 @@ def main() -> None:
         f"{platform.python_version()}, torch {torch.__version__}, transformers "
         f"{transformers.__version__}; load average {os.getloadavg()[0]:.1f}"
     )
-    ratios, plain, prof, kernels = [], [], [], set()
+    ratios, plain, prof, kernels, cpu_step, cpu_coll, cpu_s = [], [], [], set(), [], [], []
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         for i in range(args.rounds):
@@ -118,6 +122,11 @@ def main() -> None:
             plain.append(res["plain"]["train_runtime"])
             prof.append(res["meshprof"]["train_runtime"])
             kernels.add(res["meshprof"]["kernel"])
+            cpu = res["meshprof"].get("cpu") or {}
+            if cpu.get("total_ns") is not None:
+                cpu_step.append(cpu["total_ns"] / 1e6 / args.steps)
+                cpu_coll.append((cpu.get("per_collective_ns") or 0.0) / 1e3)
+                cpu_s.append(cpu.get("per_second_ms") or 0.0)
             ratios.append(prof[-1] / plain[-1])
             print(f"round {i}: plain {plain[-1]:.2f} s, meshprof {prof[-1]:.2f} s, "
                   f"ratio {ratios[-1]:.3f}", flush=True)  # fmt: skip
@@ -130,6 +139,13 @@ def main() -> None:
         f"{statistics.median(ratios):.3f} | {min(ratios):.3f}–{max(ratios):.3f} |"
     )
     print(f"\nrecorder kernel under meshprof run: {', '.join(sorted(kernels))}")
+    if cpu_step:
+        print(
+            "meshprof's threads on rank 0 (recorder_cpu(): writer, live publisher, pollers), "
+            f"median over rounds: {statistics.median(cpu_step):.2f} ms CPU per step, "
+            f"{statistics.median(cpu_coll):.1f} µs per collective, "
+            f"{statistics.median(cpu_s):.2f} ms per second of the process (setup included)"
+        )
 
 
 if __name__ == "__main__":

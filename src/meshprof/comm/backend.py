@@ -70,3 +70,7 @@ class KernelBackend(Protocol):
 
     def composite_exit(self) -> tuple[int, int, int]:
         """The composite op ends: (input bytes, output bytes, c10d ops) the kernel counted."""
+
+    def thread_cpu_ns(self) -> dict[str, int]:
+        """CPU ns so far of the kernel's threads that Python does not see (the C++ poller), by
+        name; the ``meshprof-*`` Python threads are read by :mod:`meshprof.comm.thread_cpu`."""

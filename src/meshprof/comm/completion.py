@@ -418,8 +418,18 @@ def _work_classes() -> list[type]:
     return out
 
 
-def patch_work_wait(patches: Patches, wrap: Callable[[Any], Callable[..., Any]]) -> None:
-    """Replace ``Work.wait`` (and the subclasses' own) by ``wrap(original)``."""
+def is_bound_in_cpp(method: Any) -> bool:
+    """Whether ``method`` (a class attribute) is a pybind11 method: an ``instancemethod``
+    around a builtin function, i.e. C++ that calls the work's virtual ``wait``."""
+    import types
+
+    return type(method).__name__ == "instancemethod" and isinstance(
+        getattr(method, "__func__", None), types.BuiltinFunctionType
+    )
+
+
+def patch_work_wait(patches: Patches, wrap: Callable[[type, Any], Any]) -> None:
+    """Replace ``Work.wait`` (and the subclasses' own) by ``wrap(cls, original)``."""
     for cls in _work_classes():
         original = cls.__dict__["wait"]
-        patches.replace(cls, "wait", wrap(original), original)
+        patches.replace(cls, "wait", wrap(cls, original), original)

@@ -25,13 +25,19 @@ completion, as the Python kernel reports them. With CUDA present the native kern
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from meshprof.comm.backend import GroupRef
-from meshprof.comm.completion import InflightOp, patch_work_wait, wrap_wait_native
+from meshprof.comm.completion import (
+    InflightOp,
+    is_bound_in_cpp,
+    patch_work_wait,
+    wrap_wait_native,
+)
 from meshprof.comm.native_build import load
 from meshprof.comm.ops import available_specs
 from meshprof.comm.patching import Patches
@@ -101,9 +107,13 @@ class NativeKernel:
         self._group_map: dict[int, int] = {}  # native group id -> the log's group index
         self._dtype_codes: dict[int, int] = {}
         self._patches = Patches()
+        self._drain_lock = threading.RLock()
         self.names: list[str] = []
         if self.mod.record_size() != NATIVE_DTYPE.itemsize:
             raise MeshprofError("the native recorder was built from another meshprof version")
+        reset_seqs = getattr(self.mod, "reset_seqs", None)
+        if reset_seqs is not None:  # a new profiler numbers from 0, as the Python kernel does
+            reset_seqs()
 
     def configure(self) -> None:
         cfg = self.prof.config
@@ -132,7 +142,14 @@ class NativeKernel:
             waited = self.mod.work_waited
         except AttributeError:  # a build from before this hook: keep its fast poller
             return
-        patch_work_wait(self._patches, lambda original: wrap_wait_native(waited, original))
+        method = getattr(self.mod, "wait_method", None)
+
+        def wrap(cls: type, original: Any) -> Any:
+            if method is not None and is_bound_in_cpp(original):
+                return method(cls, getattr(original, "__doc__", None))  # no Python frame
+            return wrap_wait_native(waited, original)  # a wait written in Python
+
+        patch_work_wait(self._patches, wrap)
         self.mod.set_poll_interval(1000, 20000)
 
     def uninstall(self) -> None:
@@ -166,6 +183,11 @@ class NativeKernel:
 
     def composite_enter(self) -> None:
         self.mod.composite_enter()
+
+    def thread_cpu_ns(self) -> dict[str, int]:
+        reader = getattr(self.mod, "poller_cpu_ns", None)  # absent from older builds
+        ns = int(reader()) if reader is not None else 0
+        return {"meshprof-native-poller": ns} if ns > 0 else {}
 
     def composite_exit(self) -> tuple[int, int, int]:
         in_b, out_b, n = self.mod.composite_exit()
@@ -210,10 +232,19 @@ class NativeKernel:
     def drain(self) -> None:
         """Move finished native records into the event log (called by ``CommProfiler.flush``),
         as one array: the records are converted column by column (numpy), so a drain costs a
-        few µs plus well under a µs per record, not a Python tuple per record."""
-        raw, names, errors = self.mod.drain()
-        if not raw:
-            return
+        few µs plus well under a µs per record, not a Python tuple per record.
+
+        One drain at a time, start to end: a reader whose drain comes while another thread's
+        (the rank writer's tick) holds records taken from C++ but not yet in the log waits for
+        it, so it never reads the log without them. Re-entrant: a signal handler's final write
+        on a thread that was draining goes on (without the records that drain holds)."""
+        with self._drain_lock:
+            raw, names, errors = self.mod.drain()
+            if raw:
+                self._append(raw, names, errors)
+
+    def _append(self, raw: bytes, names: list[str], errors: list[tuple[int, str]]) -> None:
+        """Translate packed native records into one chunk of the event log."""
         recs = np.frombuffer(raw, dtype=NATIVE_DTYPE)
         prof = self.prof
         n = len(recs)

@@ -36,12 +36,7 @@ inline int64_t bytes_of(const c10::IValue& v) {
     const auto& t = v.toTensor();
     return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0;
   }
-  if (v.isTensorList()) {
-    int64_t n = 0;
-    for (const at::Tensor& t : v.toTensorList().vec()) n += t.numel() * static_cast<int64_t>(t.element_size());
-    return n;
-  }
-  if (v.isList()) {
+  if (v.isList()) {  // tensor lists too: read in place (toTensorList().vec() copied each one)
     int64_t n = 0;
     for (const c10::IValue& e : v.toListRef()) n += bytes_of(e);
     return n;
@@ -51,10 +46,6 @@ inline int64_t bytes_of(const c10::IValue& v) {
 
 inline int16_t dtype_of(const c10::IValue& v) {
   if (v.isTensor()) return static_cast<int16_t>(v.toTensor().scalar_type());
-  if (v.isTensorList()) {
-    auto l = v.toTensorList();
-    return l.size() ? static_cast<int16_t>(l.get(0).scalar_type()) : -1;
-  }
   if (v.isList()) {
     for (const c10::IValue& e : v.toListRef()) {
       int16_t d = dtype_of(e);

@@ -8,6 +8,8 @@
 // reached the end (native_device.h). CPU builds test that with a scripted stand-in timer.
 #include <torch/extension.h>
 
+#include <pybind11/chrono.h>
+
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/ivalue.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
@@ -18,6 +20,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <pthread.h>
+#include <time.h>
 #include <condition_variable>
 #include <cstdint>
 #include <cstring>
@@ -73,6 +77,7 @@ std::condition_variable poll_cv;
 std::vector<std::pair<c10::intrusive_ptr<c10d::Work>, int64_t>> polled;
 std::unordered_map<const c10d::Work*, int64_t> polled_token;  // works still polled -> token
 bool poller_started = false;
+pthread_t poller_thread{};  // valid once poller_started (for its CPU clock)
 // Poll period (µs): from min after progress, doubling to max while nothing completes. With the
 // Python Work.wait hook on (set_poll_interval), works waited on from Python end when their wait
 // returns and the poller is only a safety net for works nobody waits on.
@@ -255,20 +260,32 @@ std::unordered_set<std::type_index> no_future_types;
 
 void watch(const c10::intrusive_ptr<c10d::Work>& work, int64_t token, bool wait_thread, bool device) {
   c10::intrusive_ptr<c10::ivalue::Future> fut;
-  const std::type_index kind(typeid(*work));
-  bool ask;
-  {
+  const std::type_info& kind = typeid(*work);
+  // the last Work class seen with a future, per thread: asked without the lock
+  thread_local const std::type_info* with_future = nullptr;
+  bool ask = with_future != nullptr && *with_future == kind;
+  if (!ask) {
     std::lock_guard<std::mutex> g(no_future_mu);
-    ask = no_future_types.count(kind) == 0;
+    ask = no_future_types.count(std::type_index(kind)) == 0;
   }
   if (ask) {
     try {
       fut = work->getFuture();
+      if (fut) with_future = &kind;
     } catch (...) {
       fut.reset();
       std::lock_guard<std::mutex> g(no_future_mu);
-      no_future_types.insert(kind);
+      no_future_types.insert(std::type_index(kind));
     }
+  }
+  if (fut && !device && fut->completed()) {  // done at issue (fake backend, sync ops): end now
+    if (fut->hasError()) {
+      std::string msg = fut->tryRetrieveErrorMessage();
+      complete(token, now_ns(), &msg);
+    } else {
+      complete(token, now_ns(), nullptr, nullptr, true);
+    }
+    return;
   }
   if (fut) {
     {
@@ -309,7 +326,9 @@ void watch(const c10::intrusive_ptr<c10d::Work>& work, int64_t token, bool wait_
   polled.emplace_back(work, token);
   if (!poller_started) {
     poller_started = true;
-    std::thread(poll_loop).detach();
+    std::thread t(poll_loop);
+    poller_thread = t.native_handle();
+    t.detach();
   }
   poll_cv.notify_one();
 }
@@ -330,6 +349,14 @@ int group_of(const c10d::ProcessGroup* pg) {  // mu held
   int id = group_by_name(pg->getGroupName());
   group_ids.emplace(pg, id);
   return id;
+}
+
+// The C++ object a custom-class argument holds (the schema fixes its class: a ProcessGroup
+// argument, a Work return), without IValue::toCustomClass's type check, which copies the
+// class type's shared_ptr (two atomic ops) on every call.
+template <typename T>
+const T* held(const c10::IValue& v) {
+  return static_cast<const T*>(v.toObjectRef().getSlot(0).toCapsule().get());
 }
 
 void kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
@@ -355,9 +382,9 @@ void kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::S
         comp_out += out_b;
         comp_n += 1;
       } else {
-        auto pg = arg(spec->pg_arg).toCustomClass<c10d::ProcessGroup>();
+        const c10d::ProcessGroup* pg = held<c10d::ProcessGroup>(arg(spec->pg_arg));
         std::lock_guard<std::mutex> g(mu);
-        int gid = group_of(pg.get());
+        int gid = group_of(pg);
         int peer = spec->peer_arg >= 0 ? static_cast<int>(arg(spec->peer_arg).toInt()) : -1;
         int64_t seq;
         if (spec->p2p) {
@@ -382,6 +409,8 @@ void kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::S
         if (timed && h < threshold) {
           r.sampled = 1;
           r.token = next_token.fetch_add(1);
+          r.t0 = now_ns();  // in the same lock as the seq: one lock per op on this path
+          inflight.emplace(r.token, r);
           record = true;
         } else if (timed) {
           r.sampled = 0;  // counted only
@@ -393,17 +422,13 @@ void kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::S
     record = false;  // never break training: run the op unrecorded
   }
   bool device = false;
-  if (record) {
-    r.t0 = now_ns();
+  if (record && (script.on || (meshprof_device::kWithCuda && meshprof_device::device_timing.load()))) {
     std::lock_guard<std::mutex> g(mu);
-    inflight.emplace(r.token, r);
-    if (script.on || (meshprof_device::kWithCuda && meshprof_device::device_timing.load())) {
-      try {  // a device start is marked last, right before the op is issued
-        const size_t base = stack->size() - op.schema().arguments().size();
-        auto timer = meshprof_device::make_timer((*stack)[base + spec->tensor_arg], r.group);
-        if (timer) device = timers.emplace(r.token, std::move(timer)).second;
-      } catch (...) {
-      }
+    try {  // a device start is marked last, right before the op is issued
+      const size_t base = stack->size() - op.schema().arguments().size();
+      auto timer = meshprof_device::make_timer((*stack)[base + spec->tensor_arg], r.group);
+      if (timer) device = timers.emplace(r.token, std::move(timer)).second;
+    } catch (...) {
     }
   }
   try {
@@ -419,7 +444,7 @@ void kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::S
   try {
     const c10::IValue* w = stack->empty() ? nullptr : &stack->back();
     if (w != nullptr && w->isCustomClass()) {
-      auto work = w->toCustomClass<c10d::Work>();
+      auto work = c10::static_intrusive_pointer_cast<c10d::Work>(w->toObjectRef().getSlot(0).toCapsule());
       if (device) {
         std::lock_guard<std::mutex> g(mu);
         auto tt = timers.find(r.token);
@@ -493,14 +518,7 @@ std::vector<std::string> names_of_groups() {
 
 // Python's Work.wait() on this work returned (err: what it raised, "" if nothing): a polled
 // op ends now, as its caller saw it. Returns whether the work was one the poller was watching.
-bool work_waited(py::handle work, const std::string& err) {
-  const int64_t end = now_ns();
-  c10d::Work* ptr = nullptr;
-  try {
-    ptr = py::cast<c10d::Work*>(work);
-  } catch (...) {
-    return false;
-  }
+bool waited_ptr(c10d::Work* ptr, int64_t end, const std::string& err) {
   int64_t token = -1;
   {
     std::lock_guard<std::mutex> g(poll_mu);
@@ -511,6 +529,68 @@ bool work_waited(py::handle work, const std::string& err) {
   }
   complete(token, end, err.empty() ? nullptr : &err, ptr, true);  // the caller's stream waited
   return true;
+}
+
+bool work_waited(py::handle work, const std::string& err) {
+  const int64_t end = now_ns();
+  c10d::Work* ptr = nullptr;
+  try {
+    ptr = py::cast<c10d::Work*>(work);
+  } catch (...) {
+    return false;
+  }
+  return waited_ptr(ptr, end, err);
+}
+
+// Work.wait as meshprof installs it on the pybind classes (Work, FakeWork, ...): the work's own
+// (virtual) wait, without the GIL as torch binds it, then work_waited — in C++, so a wait costs
+// no Python frame. An exception is recorded on the op and raised on unchanged.
+bool hooked_wait(c10d::Work& work, std::chrono::milliseconds timeout) {
+  bool out = false;
+  try {
+    py::gil_scoped_release nogil;
+    out = work.wait(timeout);
+  } catch (const std::exception& e) {
+    try {
+      waited_ptr(&work, now_ns(), std::string(e.what()));
+    } catch (...) {
+    }
+    throw;
+  }
+  try {
+    waited_ptr(&work, now_ns(), std::string());
+  } catch (...) {
+  }
+  return out;
+}
+
+// The hooked wait as a method of `cls` (set it with setattr; the original stays with Python).
+py::object wait_method(py::object cls, py::object doc) {
+  return py::cpp_function(&hooked_wait, py::name("wait"), py::is_method(cls),
+                          py::arg("timeout") = std::chrono::milliseconds(0),
+                          py::doc(doc.is_none() ? "" : py::str(doc).cast<std::string>().c_str()));
+}
+
+// CPU time (ns) of the C++ poller thread so far; 0 before it starts.
+int64_t poller_cpu_ns() {
+  pthread_t th;
+  {
+    std::lock_guard<std::mutex> g(poll_mu);
+    if (!poller_started) return 0;
+    th = poller_thread;
+  }
+  clockid_t cid;
+  if (pthread_getcpuclockid(th, &cid) != 0) return -1;
+  timespec ts{};
+  if (clock_gettime(cid, &ts) != 0) return -1;
+  return static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
+
+// A new profiler numbers from 0, as the Python kernel's counters do (group ids stay).
+void reset_seqs() {
+  std::lock_guard<std::mutex> g(mu);
+  seqs.clear();
+  p2p_seqs.clear();
 }
 
 void set_poll_interval(int64_t min_us, int64_t max_us) {
@@ -581,6 +661,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("inflight_records", &inflight_records);
   m.def("record_size", &record_size);
   m.def("work_waited", &work_waited);
+  m.def("wait_method", &wait_method);
+  m.def("poller_cpu_ns", &poller_cpu_ns);
+  m.def("reset_seqs", &reset_seqs);
   m.def("set_poll_interval", &set_poll_interval);
   m.def("polled_count", &polled_count);
   m.def("group_names", &names_of_groups);

@@ -76,7 +76,9 @@ class PythonKernel:
                     with_keyset=True,
                 )
         self._lib = lib
-        patch_work_wait(self._patches, self.prof.completion.wrap_wait)
+        patch_work_wait(
+            self._patches, lambda _cls, original: self.prof.completion.wrap_wait(original)
+        )
 
     def register_copy_of_one_kernel(self) -> None:
         """Register this kernel a second time for one op, over the first, and remove it again
@@ -126,6 +128,9 @@ class PythonKernel:
 
     def composite_enter(self) -> None:
         """Nothing to do: the recorder's stack of composite ops counts the c10d ops inside."""
+
+    def thread_cpu_ns(self) -> dict[str, int]:
+        return {}  # its poller is a Python thread (meshprof-poller)
 
     def composite_exit(self) -> tuple[int, int, int]:
         return (0, 0, 0)

@@ -48,6 +48,9 @@ class RecordQueries:
     def recorder_info(self) -> dict[str, Any]:
         raise NotImplementedError
 
+    def recorder_cpu(self) -> dict[str, Any]:
+        raise NotImplementedError
+
     def ensure_rank(self) -> int:
         raise NotImplementedError
 
@@ -105,6 +108,7 @@ class RecordQueries:
             "evicted_events": self.log.evicted,
             "dropped_events": self.acc.dropped,
             "recorder": self.recorder_info(),
+            "recorder_cpu": self.recorder_cpu(),
             "internal_errors": self.internal_errors,
             "first_internal_error": self.first_internal_error,
             "groups": [

@@ -30,6 +30,7 @@ from meshprof.comm.composite import composite_op, patch_object_collectives
 from meshprof.comm.ops import OpSpec, first_tensor
 from meshprof.comm.patching import Patches
 from meshprof.comm.query import RecordQueries
+from meshprof.comm.thread_cpu import recorder_cpu
 from meshprof.config import ProfilerConfig
 from meshprof.event_log import EventLog
 from meshprof.events import (
@@ -146,6 +147,18 @@ class CommProfiler(RecordQueries):
     def backend_name(self) -> str:
         """``"python"`` or ``"native"``: which kernel records now ("" when none is installed)."""
         return self._backend.name if self._backend is not None else ""
+
+    def recorder_cpu(self) -> dict[str, Any]:
+        """CPU used so far by meshprof's own threads in this process (pollers, writer, live
+        publisher...): per thread name, in all, per collective recorded and per second of wall
+        time since recording began (:func:`meshprof.comm.thread_cpu.recorder_cpu`)."""
+        self.flush()  # the collectives finished so far count
+        backend = self._backend or self._last_backend
+        return recorder_cpu(
+            backend.thread_cpu_ns if backend is not None else None,
+            int(self.log.total),
+            self.created_ns,
+        )
 
     def recorder_info(self) -> dict[str, Any]:
         """Which kernel recorded (``kernel``: python or native, the last one installed) and,

@@ -203,6 +203,9 @@ class HandoverKernel:
     def composite_exit(self) -> tuple[int, int, int]:
         return self.active.composite_exit()
 
+    def thread_cpu_ns(self) -> dict[str, int]:
+        return self.native.thread_cpu_ns() if self.native is not None else {}
+
     def describe(self) -> dict[str, Any]:
         """For the rank file's meta: the handover, if any."""
         out: dict[str, Any] = {"from": "python"}

@@ -37,6 +37,14 @@ def run(args: argparse.Namespace) -> int:
         f"{meta.get('total_events', len(export.events))} events "
         f"({meta.get('evicted_events', 0)} evicted), meshprof {meta.get('meshprof_version', '?')}"
     )
+    cpu = meta.get("recorder_cpu")
+    if isinstance(cpu, dict) and cpu.get("total_ns") is not None:
+        per = cpu.get("per_collective_ns")
+        per_txt = f", {per / 1e3:.2f} µs per collective" if per is not None else ""
+        console.print(
+            f"recorder threads: {cpu['total_ns'] / 1e6:.1f} ms CPU{per_txt}, "
+            f"{cpu.get('per_second_ms', 0.0):.2f} ms per second"
+        )
     print_stats(export.stats, console)
     if meta.get("internal_errors"):
         console.print(

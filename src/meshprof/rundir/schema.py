@@ -183,6 +183,9 @@ class RankMeta(JsonRecord):
     recorder: dict[str, Any] | None = None
     """Which dispatcher kernel recorded: {kernel: "python" | "native", handover: {from, to,
     at_ns} when the Python kernel handed over to the native one during the run}."""
+    recorder_cpu: dict[str, Any] | None = None
+    """CPU of meshprof's own threads at this write: {threads_ns: {thread name: ns}, total_ns,
+    collectives, per_collective_ns, per_second_ms} (``CommProfiler.recorder_cpu``)."""
     internal_errors: int | None = None
     first_internal_error: str | None = None
     groups: list[dict[str, Any]] | None = None
