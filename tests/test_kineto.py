@@ -17,7 +17,7 @@ from meshprof.analyze.kineto import (
     kineto_events,
     load_trace,
 )
-from meshprof.errors import MeshprofError
+from meshprof.errors import MeshprofError, NotATraceError
 from meshprof.spawn import run_ranks
 
 BASE = 1_700_000_000_000_000_000
@@ -139,8 +139,11 @@ def test_bad_files(tmp_path: Path) -> None:
         load_trace(bad)
     other = tmp_path / "other.json"
     other.write_text('{"hello": 1}')
-    with pytest.raises(MeshprofError, match="no traceEvents"):
+    with pytest.raises(NotATraceError, match="no traceEvents") as e:
         kineto_breakdown([other])
+    assert e.value.path == other
+    with pytest.raises(NotATraceError):
+        load_trace(other)
 
 
 DELAY_S = 0.15

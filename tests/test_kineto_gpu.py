@@ -150,9 +150,12 @@ def test_bad_files_named_others_analysed(tmp_path: Path) -> None:
     (tmp_path / "rank1.json").write_text(full[: len(full) // 2])  # truncated
     (tmp_path / "notes.json.gz").write_bytes(b"plain text, not gzip")
     (tmp_path / "config.json").write_text('{"lr": 0.1}')  # JSON, no trace: left out quietly
+    # damaged, with "traceEvents" in its name: named too (told apart by type, not message text)
+    (tmp_path / "traceEvents_rank2.json").write_text('{"traceEvents": [')
     rep = kineto_report(find_traces(tmp_path))
     assert [b.rank for b in rep.ranks] == [0]
-    assert len(rep.problems) == 2
+    assert len(rep.problems) == 3
+    assert any("traceEvents_rank2.json" in p for p in rep.problems)
     assert any("rank1.json" in p for p in rep.problems)
     assert any("notes.json.gz" in p for p in rep.problems)
 

@@ -128,3 +128,22 @@ def test_damaged_or_missing_manifest_is_reported_not_fatal(tmp_path, cli):
     man = [f for f in d["summary"]["findings"] if f["kind"] == "manifest"]
     assert [(f["severity"], f["evidence"]["state"]) for f in man] == [("info", "missing")]
     assert d["summary"]["loaded_ranks"] == [0, 1]
+
+
+def test_trace_merges_kineto_traces_skips_non_traces_names_damaged_ones(tmp_path, cli):
+    from gpu_traces import make_gpu_trace
+
+    synthetic_run(tmp_path, 2, [0, 0])
+    (tmp_path / "rank0.pt.trace.json").write_text(json.dumps(make_gpu_trace(0, steps=2)))
+    (tmp_path / "config.json").write_text('{"lr": 0.1}')  # JSON, no trace: skipped quietly
+    full = json.dumps(make_gpu_trace(1, steps=2))
+    # damaged, with "traceEvents" in its name: still named (a typed error, not message text)
+    (tmp_path / "traceEvents_rank1.json").write_text(full[: len(full) // 2])
+    out = tmp_path / "t.json"
+    p = cli.process("report", str(tmp_path), "--trace", str(out))
+    assert p.returncode == 0, p.stderr
+    meta = json.loads(out.read_text())["metadata"]
+    assert meta["kineto_traces_merged"] == 1
+    assert [e.split(": ")[0] for e in meta["kineto_errors"]] == [
+        str(tmp_path / "traceEvents_rank1.json")
+    ]

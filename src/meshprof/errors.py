@@ -24,3 +24,13 @@ class NoUsableRankFileError(MeshprofError):
         """Rank → what is wrong with its file (missing, damaged); empty: no rank files at all."""
         detail = "; ".join(problems.values()) if problems else "no rank files (rank*.npz)"
         super().__init__(f"{run_dir}: no usable rank file ({detail})")
+
+
+class NotATraceError(MeshprofError):
+    """A file that reads as JSON but holds no ``traceEvents`` list (a config, a comm log): no
+    torch.profiler trace. Raised where a trace is parsed (``meshprof.analyze.kineto``); callers
+    that scan a folder for traces skip such files quietly, unlike damaged traces."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        super().__init__(f"{path}: no traceEvents list (not a torch.profiler trace)")

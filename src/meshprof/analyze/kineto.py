@@ -49,7 +49,7 @@ from meshprof.analyze.gpu_breakdown import (
     kernel_stragglers,
 )
 from meshprof.analyze.kineto_load import fast_trace, trace_columns
-from meshprof.errors import MeshprofError
+from meshprof.errors import MeshprofError, NotATraceError
 
 #: Lower-case substrings that mark an event as communication.
 COMM_MARKERS: tuple[str, ...] = (
@@ -220,7 +220,7 @@ def _parse_trace(path: str | os.PathLike[str], raw: bytes) -> dict[str, Any]:
     if isinstance(data, list):
         data = {"traceEvents": data}
     if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
-        raise MeshprofError(f"{p}: no traceEvents list (not a torch.profiler trace)")
+        raise NotATraceError(p)
     return data
 
 
@@ -332,7 +332,7 @@ def _read_one_gc_off(path: str, hta_rounding: bool) -> _FileResult:
             cols = None
     except MeshprofError as e:
         return _FileResult(
-            path, -1, "", ("host", 0, 0, 0, 0, 0), None, str(e), "traceEvents" in str(e)
+            path, -1, "", ("host", 0, 0, 0, 0, 0), None, str(e), isinstance(e, NotATraceError)
         )
     del raw
     if isinstance(data.get("metadata"), dict) and data["metadata"].get("meshprof"):
@@ -455,7 +455,7 @@ def kineto_breakdown(paths: Sequence[str | os.PathLike[str]]) -> list[KinetoBrea
         raise MeshprofError(rep.problems[0])
     bad = [str(p) for p in paths if str(p) not in {q for b in rep.ranks for q in b.paths}]
     if bad:
-        raise MeshprofError(f"{bad[0]}: no traceEvents list (not a torch.profiler trace)")
+        raise NotATraceError(Path(bad[0]))
     return list(rep.ranks)
 
 

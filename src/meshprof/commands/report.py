@@ -10,7 +10,7 @@ from typing import Any
 from rich.console import Console
 
 from meshprof.analyze.stragglers import DEFAULT_THRESHOLD
-from meshprof.errors import MeshprofError, NoUsableRankFileError
+from meshprof.errors import MeshprofError, NotATraceError, NoUsableRankFileError
 from meshprof.report import analyze_run_parts
 from meshprof.rundir import load_run
 
@@ -102,9 +102,9 @@ def _merge_kineto(trace: dict[str, Any], loaded: Any, clock: Any) -> None:
             rank = trace_rank(load_trace(path), path)
             trace["traceEvents"] += kineto_events(path, rank, clock.offset(rank), origin_ns=origin)
             merged += 1
+        except NotATraceError:
+            continue  # JSON but no trace (a comm log, a config): not ours to merge
         except MeshprofError as e:
-            if "traceEvents" in str(e):
-                continue  # JSON but no trace (a comm log, a config): not ours to merge
             trace.setdefault("metadata", {}).setdefault("kineto_errors", []).append(f"{path}: {e}")
         except Exception as e:  # a damaged trace is named, never fatal
             trace.setdefault("metadata", {}).setdefault("kineto_errors", []).append(f"{path}: {e}")

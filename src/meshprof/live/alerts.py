@@ -31,6 +31,14 @@ An alert is raised once per episode: a (rule, rank) condition raises when it bec
 false for ``clear_looks`` consecutive looks. Conditions are counted on *fresh* records only (a
 rank's record whose ``updated_ns`` changed since the last look), except ``stale``, which is a
 property of the look itself. The ranks that trip the same rule in the same look make one alert.
+
+``step_regression`` and ``throughput_drop`` are job-wide symptoms (:data:`JOB_WIDE`): in a
+synchronous job every rank's step slows with the slowest one, the ranks that wait for it too
+(the ``straggler`` rule names the one that is slow). Ranks publish at their own moments, so a
+look can see one rank's record written after the slowdown and another's written before it; such
+an alert is therefore held until every other running rank has published a record after the look
+that first tripped it, and then names every rank that tripped meanwhile (one alert, not one per
+look with whichever ranks happened to have published).
 """
 
 from __future__ import annotations
@@ -51,6 +59,9 @@ RULES: tuple[str, ...] = (
     "stale",
 )
 """Every rule's name (the :attr:`Alert.kind` it raises)."""
+
+JOB_WIDE: tuple[str, ...] = ("step_regression", "throughput_drop")
+"""Rules whose alert waits for every running rank's next record (see the module docstring)."""
 
 _MAX_NAMED = 4
 """Ranks named in one alert's message (the ``ranks`` list holds them all)."""
@@ -180,6 +191,15 @@ class _Trip:
     the likely cause, before the ranks waiting in one)."""
 
 
+@dataclass(slots=True)
+class _Pending:
+    """A job-wide alert held until the other ranks have published again."""
+
+    since_ns: int
+    """Time of the look that first tripped it (the snapshot's ``taken_ns``), ns."""
+    trips: list[_Trip] = field(default_factory=list)
+
+
 def rank_rate(rec: RankLive) -> tuple[float, str]:
     """The rank's throughput over its recent window and its unit: tokens/s when its steps carry
     tokens, else steps/s."""
@@ -221,6 +241,7 @@ class AlertRules:
         self.baselines: dict[int, RankBaseline] = {}
         self._episodes: dict[tuple[str, int], _Episode] = {}
         self._seen: dict[int, int] = {}
+        self._pending: dict[str, _Pending] = {}
 
     def evaluate(self, snap: LiveSnapshot) -> list[Alert]:
         """The alerts newly raised by this look (at most one per rule)."""
@@ -269,7 +290,44 @@ class AlertRules:
             if x.status != "running":
                 for rule in RULES:
                     self._episodes.pop((rule, r), None)
-        return [a for rule in RULES if (a := self._alert(rule, trips[rule], snap)) is not None]
+        for rule in JOB_WIDE:
+            trips[rule] = self._gather(rule, trips[rule], snap)
+        return [
+            a for rule in RULES if (a := self._alert(rule, trips[rule], snap.taken_ns)) is not None
+        ]
+
+    def flush(self, now_ns: int) -> list[Alert]:
+        """The job-wide alerts still held (:meth:`_gather`), raised now at ``now_ns`` (ns): the
+        watcher's last word when the job ends before every rank published again."""
+        held, self._pending = self._pending, {}
+        return [
+            a
+            for rule in JOB_WIDE
+            if rule in held and (a := self._alert(rule, held[rule].trips, now_ns))
+        ]
+
+    def _gather(self, rule: str, new: list[_Trip], snap: LiveSnapshot) -> list[_Trip]:
+        """A job-wide rule's trips to raise now: none while a running, non-stale rank that has
+        not tripped has published nothing since the look that first tripped the rule; then
+        every rank that tripped from that look on."""
+        p = self._pending.get(rule)
+        if p is None:
+            if not new:
+                return []
+            p = self._pending[rule] = _Pending(snap.taken_ns)
+        have = {t.rank for t in p.trips}
+        p.trips += [t for t in new if t.rank not in have]
+        have |= {t.rank for t in new}
+        for r, x in snap.ranks.items():
+            if (
+                r not in have
+                and x.status == "running"
+                and r not in snap.stale
+                and x.updated_ns <= p.since_ns
+            ):
+                return []  # its record may predate the slowdown: wait for its next one
+        del self._pending[rule]
+        return p.trips
 
     # -- rules -------------------------------------------------------------------------------
     def _observe(self, rule: str, rank: int, cond: bool, need_on: int = 1) -> bool:
@@ -401,7 +459,7 @@ class AlertRules:
                     b.rate = statistics.median(b.rate_samples)
 
     # -- the alert ---------------------------------------------------------------------------
-    def _alert(self, rule: str, trips: list[_Trip], snap: LiveSnapshot) -> Alert | None:
+    def _alert(self, rule: str, trips: list[_Trip], taken_ns: int) -> Alert | None:
         if not trips:
             return None
         trips = sorted(trips, key=lambda t: (t.first, -t.value, t.rank))
@@ -431,7 +489,7 @@ class AlertRules:
         return Alert(
             kind=rule,
             message=message,
-            t_ns=snap.taken_ns,
+            t_ns=taken_ns,
             ranks=sorted(t.rank for t in trips),
             severity="critical" if rule in ("inflight", "stale") else "warning",
             value=worst.value,
@@ -440,6 +498,7 @@ class AlertRules:
 
 
 __all__ = [
+    "JOB_WIDE",
     "RULES",
     "AlertConfig",
     "AlertRules",

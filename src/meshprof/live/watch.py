@@ -60,10 +60,14 @@ class AlertWatcher:
         return self
 
     def stop(self) -> None:
-        """Stop looking; wait (up to :data:`STOP_WAIT_S`) for the commands still running."""
+        """Stop looking; raise the job-wide alerts still held (:meth:`AlertRules.flush`); wait (up
+        to :data:`STOP_WAIT_S`) for the commands still running."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=self.config.poll_s + 5.0)
+        if self._thread is None or not self._thread.is_alive():
+            for a in self.rules.flush(time.time_ns()):
+                self.emit(a)
         deadline = time.monotonic() + STOP_WAIT_S
         for t in list(self._commands):
             t.join(timeout=max(deadline - time.monotonic(), 0.0))
