@@ -20,8 +20,10 @@ send/recv pair, or itself alone (an unmatched event).
 Replaying the recorded gaps reproduces the recorded times exactly (integer arithmetic).
 
 Cost: each collective gets a *level* (1 + the largest level of its members' previous events'
-collectives, 0 for a chain's first) from Gauss–Seidel sweeps over chain positions (two when every
-collective's members sit at the same position of their chains); the replay then visits the levels
+collectives, 0 for a chain's first), taken level by level in Kahn's order (one Python iteration
+per level; sweeps over chain positions needed one sweep per hop between positions, e.g. a
+pipeline's send/recv: a step of 50,000 events per rank did not settle in 64); the replay then
+visits the levels
 in order, all steps and all scenarios at once (numpy arrays [scenario, member]), keeping per
 chain only its last issue and latest completion: work linear in events × scenarios, one Python
 iteration per level.
@@ -35,12 +37,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from meshprof.analyze.match import CollectiveMatch
-from meshprof.analyze.sorting import RowsByKey, lexsort2, stable_argsort
+from meshprof.analyze.sorting import RowsByKey, stable_argsort
 from meshprof.analyze.table import EventTable
 from meshprof.rundir import LoadedRun
 
 I64_MIN = int(np.iinfo(np.int64).min)
-_MAX_SWEEPS = 64  # level sweeps before giving up (a dependency cycle: mismatched collectives)
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +50,7 @@ class Chains:
     and the chains (one per rank and replayed step, sorted by rank, then start)."""
 
     row: np.ndarray
-    """int64 [member]: EventTable row."""
+    """int32 (int64 beyond 2³¹ rows) [member]: EventTable row."""
     chain: np.ndarray
     """int64 [member]: its chain."""
     c_rank: np.ndarray
@@ -66,7 +67,7 @@ def build_chains(
     run: LoadedRun, table: EventTable, off: np.ndarray, steps: Sequence[int]
 ) -> Chains:
     """Every (rank, replayed step) chain and the events whose issue falls in its step span
-    (``off[r]``: rank r's clock offset), by one search over (rank, time) keys."""
+    (``off[r]``: rank r's clock offset), by one search per rank over its chains' starts."""
     step_set = np.asarray(sorted(steps), dtype=np.int64)
     parts: list[tuple[int, np.ndarray, np.ndarray, np.ndarray]] = []
     for r in sorted(run.ranks):
@@ -87,36 +88,50 @@ def build_chains(
     c_step = np.searchsorted(step_set, np.concatenate([p[1] for p in parts]))
     a = np.concatenate([p[2] for p in parts])
     b = np.concatenate([p[3] for p in parts])
-    # each rank's replayed window [first start, last end): rows outside it are in no chain
-    n_r = max(int(c_rank.max()), int(table.rank.max(initial=0))) + 1
-    lo = np.full(n_r, np.iinfo(np.int64).max, dtype=np.int64)
-    hi = np.full(n_r, I64_MIN, dtype=np.int64)
-    np.minimum.at(lo, c_rank, a)
-    np.maximum.at(hi, c_rank, b)
-    t, rk = table.start_ns, table.rank
-    inside = np.flatnonzero((t >= lo[rk]) & (t < hi[rk]))
-    rk_in = rk[inside].astype(np.int64)
-    rel = t[inside] - lo[rk_in]
-    width = max(int(rel.max(initial=0)), int((b - lo[c_rank]).max())) + 1
-    if n_r * width < 1 << 62:
-        key = rk_in * width + rel
-        if len(key) > 1 and not (key[1:] >= key[:-1]).all():
-            o = stable_argsort(key)
-            inside, key = inside[o], key[o]
-        i = np.searchsorted(c_rank * width + (a - lo[c_rank]), key, side="right") - 1
-    else:  # windows too long to pack with the rank: one search per rank
-        o = lexsort2(t[inside], rk_in)
-        inside, rk_in = inside[o], rk_in[o]
-        i = np.full(len(inside), -1, dtype=np.int64)
-        by, cb = RowsByKey(rk_in), RowsByKey(c_rank)
-        for r in np.unique(c_rank).tolist():
-            mine, chains = by.rows(r), cb.rows(r)
-            i[mine] = chains[np.searchsorted(a[chains], t[inside[mine]], side="right") - 1]
-    del rel
-    j = np.maximum(i, 0)
-    ok = (i >= 0) & (c_rank[j] == rk[inside]) & (t[inside] < b[j])
+    # one rank at a time (the table's rows are grouped by rank): a row is in the last chain of
+    # its rank starting at or before its issue, if it issued before that chain's end; members
+    # by chain, then issue, then row. Temporaries are one rank's rows, not the whole table's.
+    rk = table.rank
+    by_rank = None if _ascending(rk) else RowsByKey(rk)
+    row_t = _index_dtype(len(table))
+    rows_out: list[np.ndarray] = []
+    chains_out: list[np.ndarray] = []
+    c_at = np.searchsorted(c_rank, np.unique(c_rank))
+    for c0, c1 in zip(c_at.tolist(), [*c_at[1:].tolist(), len(c_rank)], strict=True):
+        r = int(c_rank[c0])
+        if by_rank is None:
+            lo, hi = np.searchsorted(rk, [r, r + 1])
+            mine: np.ndarray | None = None
+            t = table.start_ns[lo:hi]
+        else:
+            lo, mine = 0, by_rank.rows(r)
+            t = table.start_ns[mine]
+        i = np.searchsorted(a[c0:c1], t, side="right") - 1
+        sel = np.flatnonzero((i >= 0) & (t < b[c0:c1][np.maximum(i, 0)]))
+        if not len(sel):
+            continue
+        ts = t[sel]
+        if not _ascending(ts):
+            sel = sel[stable_argsort(ts)]
+        del ts
+        rows_out.append((lo + sel if mine is None else mine[sel]).astype(row_t))
+        chains_out.append(c0 + i[sel])
     o_c = off[c_rank]
-    return Chains(inside[ok].astype(np.int64), i[ok], c_rank, c_step, a + o_c, b + o_c)
+    if not rows_out:
+        return Chains(empty, empty, c_rank, c_step, a + o_c, b + o_c)
+    return Chains(
+        np.concatenate(rows_out), np.concatenate(chains_out), c_rank, c_step, a + o_c, b + o_c
+    )
+
+
+def _index_dtype(n: int) -> type[np.signedinteger]:
+    """int32 for indices and codes below ``n`` when they fit (half the memory), else int64."""
+    return np.int32 if n < 1 << 31 else np.int64
+
+
+def _ascending(v: np.ndarray) -> bool:
+    """Whether ``v`` is nondecreasing."""
+    return len(v) < 2 or bool((v[1:] >= v[:-1]).all())
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +141,7 @@ class Recorded:
     a0: np.ndarray
     """int64 [member]: aligned arrival (issue)."""
     coll: np.ndarray
-    """int64 [member]: collective code (matched collectives, then send/recv pairs, then alone)."""
+    """int32 (int64 beyond 2³¹) [member]: collective code (matched collectives, then send/recv pairs, then alone)."""
     const: np.ndarray
     """int64 [collective]: latest arrival of its members outside the replayed steps (int64 min
     when none)."""
@@ -135,7 +150,7 @@ class Recorded:
     after_ns: np.ndarray
     """int64 [member]: completion − release when it waits, else its duration."""
     pos: np.ndarray
-    """int64 [member]: position in its chain."""
+    """int32 (int64 beyond 2³¹) [member]: position in its chain."""
     overlapped: np.ndarray
     """bool [member]: issued while an earlier event of its chain was in flight."""
     gap: np.ndarray
@@ -167,7 +182,7 @@ def record(table: EventTable, match: CollectiveMatch, off: np.ndarray, ch: Chain
     c_len = np.zeros(nch, dtype=np.int64)
     c_first[ch.chain[first_idx]] = first_idx
     c_len[ch.chain[first_idx]] = np.diff(np.r_[first_idx, n])
-    pos = np.arange(n) - c_first[ch.chain]
+    pos = (np.arange(n) - c_first[ch.chain]).astype(_index_dtype(n))
     start_m = ch.c_start[ch.chain]
     emax_rel = _segmented_cummax(e0 - start_m, ch.chain)
     del e0
@@ -203,7 +218,7 @@ def _collectives(
     are not replayed (int64 min when none) and its recorded release (the latest arrival of all
     its members)."""
     nc, npairs = len(match), len(match.p2p_send_row)
-    coll_of_row = np.full(len(table), -1, dtype=np.int64)
+    coll_of_row = np.full(len(table), -1, dtype=_index_dtype(nc + npairs + len(rows)))
     coll_of_row[match.member_row] = match.member_coll
     coll_of_row[match.p2p_send_row] = nc + np.arange(npairs)
     coll_of_row[match.p2p_recv_row] = nc + np.arange(npairs)
@@ -263,27 +278,41 @@ def _segmented_cummax(v: np.ndarray, seg: np.ndarray) -> np.ndarray:
 
 def levels(rec: Recorded) -> tuple[np.ndarray, np.ndarray] | None:
     """The members in replay order (by level, then collective) and the level boundaries in
-    it; None on a dependency cycle (collectives matched in inconsistent orders)."""
+    it; None on a dependency cycle (collectives matched in inconsistent orders).
+
+    A collective's level is the longest path to it in the graph whose edges go from each
+    member's previous event's collective to its own: taken level by level from the collectives
+    all of whose predecessors are done (Kahn's order; one Python iteration per level, each on
+    that level's edges only, whatever the chains' positions)."""
     coll, pos = rec.coll, rec.pos
     ncoll = len(rec.const)
+    m = np.flatnonzero(pos > 0)
+    src, dst = coll[m - 1], coll[m]
+    del m
+    o = stable_argsort(src)
+    out_dst = dst[o]  # edges by source (CSR)
+    out_at = np.searchsorted(src[o], np.arange(ncoll + 1))
+    del o, src
+    indeg = np.bincount(dst, minlength=ncoll)
+    del dst
     lvl = np.zeros(ncoll, dtype=np.int64)
-    porder = stable_argsort(pos * ncoll + coll)  # by position, then collective
-    pb = np.searchsorted(pos[porder], np.arange(int(pos.max(initial=0)) + 2))
-    for _ in range(_MAX_SWEEPS):
-        changed = False
-        for p in range(1, len(pb) - 1):
-            idx = porder[pb[p] : pb[p + 1]]
-            c = coll[idx]
-            starts = np.flatnonzero(np.r_[True, c[1:] != c[:-1]])
-            want = np.maximum.reduceat(lvl[coll[idx - 1]], starts) + 1
-            cu = c[starts]
-            up = want > lvl[cu]
-            if up.any():
-                lvl[cu[up]] = want[up]
-                changed = True
-        if not changed:
+    frontier = np.flatnonzero(indeg == 0)
+    placed, level = 0, 0
+    while len(frontier):
+        lvl[frontier] = level
+        placed += len(frontier)
+        lo = out_at[frontier]
+        cnt = out_at[frontier + 1] - lo
+        total = int(cnt.sum())
+        if not total:
             break
-    else:
+        # the frontier's out-edges: ranges [lo, lo + cnt) concatenated
+        idx = np.repeat(lo - (np.cumsum(cnt) - cnt), cnt) + np.arange(total)
+        hit, times = np.unique(out_dst[idx], return_counts=True)
+        indeg[hit] -= times
+        frontier = hit[indeg[hit] == 0]
+        level += 1
+    if placed < ncoll:
         return None
     ml = lvl[coll]
     order = stable_argsort(ml * ncoll + coll)
@@ -307,7 +336,8 @@ def replay(
     member's gap becomes ``new_gap``; ``tail_row`` over chains likewise for ``new_tail``."""
     order, bounds = order_bounds
     rows = [r[order] for r in gap_rows]
-    chain, c = ch.chain[order], rec.coll[order]
+    chain = ch.chain[order].astype(_index_dtype(len(ch.c_rank)), copy=False)
+    c = rec.coll[order]
     g, g_new = rec.gap[order], new_gap[order]
     ovl, waits, after = rec.overlapped[order], rec.waits[order], rec.after_ns[order]
     a_last = np.repeat(ch.c_start[None, :], k, axis=0)

@@ -200,13 +200,11 @@ def what_if(
     order = levels(rec)
     if order is None:
         return _empty("the collectives' order is inconsistent across ranks (a cycle)", steps)
-    rank = table.rank[ch.row].astype(np.int64)
-    gid = table.gid[ch.row].astype(np.int64)
-    dim_of_gid = np.asarray(
-        [dims.index(gr.dimension) for gr in table.groups] or [0], dtype=np.int64
-    )
-    dimc = dim_of_gid[gid]
-    gmed, tmed = _peer_medians(rec, ch, table.op[ch.row].astype(np.int64), dimc, len(steps))
+    rank = table.rank[ch.row]
+    gid = table.gid[ch.row]
+    dim_of_gid = np.asarray([dims.index(gr.dimension) for gr in table.groups] or [0])
+    dimc = dim_of_gid.astype(np.int16 if len(dims) < 1 << 15 else np.int64)[gid]
+    gmed, tmed = _peer_medians(rec, ch, table.op[ch.row], dimc, len(steps))
     ex, tex = rec.gap - gmed, rec.tail - tmed
 
     # candidates: the largest excess
@@ -270,7 +268,11 @@ def what_if(
 
 def _lookup(values: np.ndarray, chosen: list[int], first: int) -> np.ndarray:
     """Per value: ``first + i`` when it is ``chosen[i]``, else 0 (values are ≥ 0)."""
-    lut = np.zeros(max(int(values.max(initial=0)), max(chosen, default=0)) + 1, dtype=np.int64)
+    last = first + len(chosen)
+    lut = np.zeros(
+        max(int(values.max(initial=0)), max(chosen, default=0)) + 1,
+        dtype=np.int16 if last < 1 << 15 else np.int64,
+    )
     lut[np.asarray(chosen, dtype=np.int64)] = first + np.arange(len(chosen))
     return lut[values]
 
@@ -280,7 +282,7 @@ def _peer_medians(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Each member's gap and each chain's tail as the median over its peers: the chains of the
     same step with the same sequence of (op, dimension) (a chain without peers keeps its own)."""
-    h = _mix((op << 40) ^ (dimc << 32) ^ rec.pos)
+    h = _mix((op.astype(np.int64) << 40) ^ (dimc.astype(np.int64) << 32) ^ rec.pos)
     nch = len(ch.c_rank)
     has = np.flatnonzero(rec.c_len > 0)
     sig = np.zeros(nch, dtype=np.uint64)
