@@ -20,11 +20,10 @@ send/recv pair, or itself alone (an unmatched event).
 Replaying the recorded gaps reproduces the recorded times exactly (integer arithmetic).
 
 Cost: each collective gets a *level* (1 + the largest level of its members' previous events'
-collectives, 0 for a chain's first), taken level by level in Kahn's order (one Python iteration
-per level; sweeps over chain positions needed one sweep per hop between positions, e.g. a
-pipeline's send/recv: a step of 50,000 events per rank did not settle in 64); the replay then
-visits the levels
-in order, all steps and all scenarios at once (numpy arrays [scenario, member]), keeping per
+collectives, 0 for a chain's first): the members' largest position when that solves it, else
+level by level in Kahn's order (one Python iteration per level; sweeps over chain positions
+needed one per hop between positions and took 26 s to find a cycle at 1M events); the replay
+then visits the levels in order, all steps and all scenarios at once (numpy arrays [scenario, member]), keeping per
 chain only its last issue and latest completion: work linear in events × scenarios, one Python
 iteration per level.
 """
@@ -173,10 +172,12 @@ def record(table: EventTable, match: CollectiveMatch, off: np.ndarray, ch: Chain
     dur = table.duration_ns[rows].astype(np.int64)
     e0 = a0 + dur
     coll, const, release0 = _collectives(table, match, off, rows, a0)
-    rel_m = release0[coll]
-    waits = e0 >= rel_m
-    after_ns = np.where(waits, e0 - rel_m, dur)
-    del rel_m, release0
+    after_ns = release0[coll]  # (in place: a member array fewer at the peak)
+    del release0
+    waits = e0 >= after_ns
+    np.subtract(e0, after_ns, out=after_ns)
+    np.copyto(after_ns, dur, where=~waits)
+    del dur
     first_idx = np.flatnonzero(np.r_[True, ch.chain[1:] != ch.chain[:-1]]) if n else ch.chain
     c_first = np.full(nch, -1, dtype=np.int64)
     c_len = np.zeros(nch, dtype=np.int64)
@@ -184,22 +185,23 @@ def record(table: EventTable, match: CollectiveMatch, off: np.ndarray, ch: Chain
     c_len[ch.chain[first_idx]] = np.diff(np.r_[first_idx, n])
     pos = (np.arange(n) - c_first[ch.chain]).astype(_index_dtype(n))
     start_m = ch.c_start[ch.chain]
-    emax_rel = _segmented_cummax(e0 - start_m, ch.chain)
+    e0 -= start_m
+    emax_rel = _segmented_cummax(e0, ch.chain)
     del e0
     before = np.empty(n, dtype=np.int64)  # latest completion before each member, else start
     if n:
         before[0] = 0
         before[1:] = emax_rel[:-1]
-    before[pos == 0] = 0
+    first = pos == 0
+    before[first] = 0
     before += start_m
     del start_m
-    overlapped = (pos > 0) & (before > a0)
-    prev_issue = np.empty(n, dtype=np.int64)
-    if n:
-        prev_issue[0] = 0
-        prev_issue[1:] = a0[:-1]
-    gap = a0 - np.where(overlapped, prev_issue, before)
-    del before, prev_issue
+    overlapped = before > a0
+    overlapped[first] = False
+    del first
+    if n:  # the previous issue where overlapped
+        before[1:][overlapped[1:]] = a0[:-1][overlapped[1:]]
+    gap = np.subtract(a0, before, out=before)
     has = c_len > 0
     last = np.maximum(c_first + c_len - 1, 0)
     c_emax = np.where(has, emax_rel[last] + ch.c_start, ch.c_start) if n else ch.c_start
@@ -281,20 +283,48 @@ def levels(rec: Recorded) -> tuple[np.ndarray, np.ndarray] | None:
     it; None on a dependency cycle (collectives matched in inconsistent orders).
 
     A collective's level is the longest path to it in the graph whose edges go from each
-    member's previous event's collective to its own: taken level by level from the collectives
-    all of whose predecessors are done (Kahn's order; one Python iteration per level, each on
-    that level's edges only, whatever the chains' positions)."""
+    member's previous event's collective to its own: its members' largest chain position when
+    that solves the level equations (one vectorized check), else taken level by level from the
+    collectives all of whose predecessors are done (Kahn's order: one Python iteration per
+    level, each on that level's edges only, whatever the chains' positions)."""
     coll, pos = rec.coll, rec.pos
     ncoll = len(rec.const)
     m = np.flatnonzero(pos > 0)
     src, dst = coll[m - 1], coll[m]
     del m
+    # a collective's level is at least its members' largest position; when that already
+    # solves the level equations (every collective's members at the same position, as in most
+    # runs) it is the solution (unique on an acyclic graph; none exists on a cycle)
+    lvl = np.zeros(ncoll, dtype=np.int64)
+    np.maximum.at(lvl, coll, pos)
+    want = np.zeros(ncoll, dtype=np.int64)
+    np.maximum.at(want, dst, lvl[src] + 1)
+    if not np.array_equal(want, lvl):
+        del want
+        got = _kahn_levels(src, dst, ncoll)
+        if got is None:
+            return None
+        lvl = got
+    else:
+        del want
+    del src, dst
+    key = lvl[coll]  # by level, then collective
+    key *= ncoll
+    key += coll
+    order = stable_argsort(key)
+    del key
+    ml = lvl[coll[order]]
+    return order, np.searchsorted(ml, np.arange(int(ml.max(initial=0)) + 2))
+
+
+def _kahn_levels(src: np.ndarray, dst: np.ndarray, ncoll: int) -> np.ndarray | None:
+    """Longest-path level of each of ``ncoll`` nodes over the edges src → dst, level by level
+    from the nodes with no unplaced predecessor (Kahn's order); None on a cycle."""
     o = stable_argsort(src)
     out_dst = dst[o]  # edges by source (CSR)
     out_at = np.searchsorted(src[o], np.arange(ncoll + 1))
-    del o, src
+    del o
     indeg = np.bincount(dst, minlength=ncoll)
-    del dst
     lvl = np.zeros(ncoll, dtype=np.int64)
     frontier = np.flatnonzero(indeg == 0)
     placed, level = 0, 0
@@ -312,11 +342,7 @@ def levels(rec: Recorded) -> tuple[np.ndarray, np.ndarray] | None:
         indeg[hit] -= times
         frontier = hit[indeg[hit] == 0]
         level += 1
-    if placed < ncoll:
-        return None
-    ml = lvl[coll]
-    order = stable_argsort(ml * ncoll + coll)
-    return order, np.searchsorted(ml[order], np.arange(int(ml.max(initial=0)) + 2))
+    return lvl if placed == ncoll else None
 
 
 def replay(
@@ -335,41 +361,59 @@ def replay(
     ``gap_rows``: arrays over members, each giving the scenario (1..k-1; 0: none) in which the
     member's gap becomes ``new_gap``; ``tail_row`` over chains likewise for ``new_tail``."""
     order, bounds = order_bounds
-    rows = [r[order] for r in gap_rows]
+    nb = len(bounds) - 1
+    # per member, in replay order: its scenario in each of gap_rows, with k for none (a spare
+    # row of the gap matrix absorbs those writes: one fancy assignment per array and level)
+    rows = []
+    for r in gap_rows:
+        ro = r[order]
+        ro[ro == 0] = k
+        rows.append(ro)
     chain = ch.chain[order].astype(_index_dtype(len(ch.c_rank)), copy=False)
     c = rec.coll[order]
     g, g_new = rec.gap[order], new_gap[order]
     ovl, waits, after = rec.overlapped[order], rec.waits[order], rec.after_ns[order]
+    # the collectives' segments (each level's members are sorted by collective), found once
+    seg = np.ones(len(c), dtype=bool)
+    np.not_equal(c[1:], c[:-1], out=seg[1:])
+    seg[bounds[:-1][bounds[:-1] < len(c)]] = True
+    starts = np.flatnonzero(seg)
+    seg_const = rec.const[c[starts]]
+    seg_of = np.cumsum(seg) - 1
+    del seg, c
+    sb = np.searchsorted(starts, bounds).tolist()
+    cut = bounds.tolist()
+    idx = cut[:-1]
+    any_ovl = np.logical_or.reduceat(ovl, idx).tolist() if len(ovl) else []
+    all_wait = np.logical_and.reduceat(waits, idx).tolist() if len(waits) else []
+    cols = np.arange(max(np.diff(bounds).max(initial=0), 0))
     a_last = np.repeat(ch.c_start[None, :], k, axis=0)
     e_max = a_last.copy()
-    for lvl in range(len(bounds) - 1):
-        lo, hi = int(bounds[lvl]), int(bounds[lvl + 1])
+    for lvl in range(nb):
+        lo, hi = cut[lvl], cut[lvl + 1]
         if hi == lo:
             continue
         chn = chain[lo:hi]
-        gap = np.repeat(g[None, lo:hi], k, axis=0)
+        gap = np.empty((k + 1, hi - lo), dtype=np.int64)
+        gap[:] = g[lo:hi]
+        gn, cc = g_new[lo:hi], cols[: hi - lo]
         for r in rows:
-            hit = np.flatnonzero(r[lo:hi])
-            gap[r[lo + hit], hit] = g_new[lo + hit]
+            gap[r[lo:hi], cc] = gn
         arr = e_max[:, chn]
-        o = ovl[lo:hi]
-        if o.any():
-            arr = np.where(o[None, :], a_last[:, chn], arr)
-        arr += gap
-        cl = c[lo:hi]
-        seg = np.empty(hi - lo, dtype=bool)
-        seg[0] = True
-        np.not_equal(cl[1:], cl[:-1], out=seg[1:])
-        starts = np.flatnonzero(seg)
-        rel = np.maximum.reduceat(arr, starts, axis=1)
-        np.maximum(rel, rec.const[cl[starts]][None, :], out=rel)
-        done = rel[:, np.cumsum(seg) - 1]
-        done += after[lo:hi][None, :]
-        w = waits[lo:hi]
-        if not w.all():  # (after_ns is the duration of a member that does not wait)
-            done = np.where(w[None, :], done, arr + after[lo:hi][None, :])
+        if any_ovl[lvl]:
+            arr = np.where(ovl[lo:hi][None, :], a_last[:, chn], arr)
+        arr += gap[:k]
+        s0, s1 = sb[lvl], sb[lvl + 1]
+        rel = np.maximum.reduceat(arr, starts[s0:s1] - lo, axis=1)
+        np.maximum(rel, seg_const[s0:s1], out=rel)
+        done = rel[:, seg_of[lo:hi] - s0]
+        af = after[lo:hi]
+        done += af
+        if not all_wait[lvl]:  # (after_ns is the duration of a member that does not wait)
+            done = np.where(waits[lo:hi][None, :], done, arr + af)
         a_last[:, chn] = arr
-        e_max[:, chn] = np.maximum(e_max[:, chn], done)
+        np.maximum(done, e_max[:, chn], out=done)
+        e_max[:, chn] = done
     tails = np.repeat(rec.tail[None, :], k, axis=0)
     hit = np.flatnonzero(tail_row)
     tails[tail_row[hit], hit] = new_tail[hit]
