@@ -313,6 +313,7 @@ def levels(rec: Recorded) -> tuple[np.ndarray, np.ndarray] | None:
     key += coll
     order = stable_argsort(key)
     del key
+    order = order.astype(_index_dtype(len(coll)), copy=False)
     ml = lvl[coll[order]]
     return order, np.searchsorted(ml, np.arange(int(ml.max(initial=0)) + 2))
 
@@ -345,49 +346,66 @@ def _kahn_levels(src: np.ndarray, dst: np.ndarray, ncoll: int) -> np.ndarray | N
     return lvl if placed == ncoll else None
 
 
+def in_order(members: dict[str, np.ndarray], order: np.ndarray) -> dict[str, np.ndarray]:
+    """Each member array permuted by ``order`` (the replay order of :func:`levels`); the
+    arrays are taken out of ``members`` one at a time, so each original can go as soon as its
+    copy exists (when the caller holds no other reference to it)."""
+    out: dict[str, np.ndarray] = {}
+    for name in list(members):
+        out[name] = members.pop(name)[order]
+    return out
+
+
 def replay(
-    rec: Recorded,
-    ch: Chains,
-    order_bounds: tuple[np.ndarray, np.ndarray],
+    m: dict[str, np.ndarray],
+    bounds: np.ndarray,
     k: int,
     gap_rows: Sequence[np.ndarray],
-    new_gap: np.ndarray,
+    c_start: np.ndarray,
+    const: np.ndarray,
+    tail: np.ndarray,
+    after_all: np.ndarray,
     tail_row: np.ndarray,
     new_tail: np.ndarray,
 ) -> np.ndarray:
     """Each chain's step end in each of ``k`` scenarios (int64 [scenario, chain]); scenario 0
     replays the recorded gaps.
 
-    ``gap_rows``: arrays over members, each giving the scenario (1..k-1; 0: none) in which the
-    member's gap becomes ``new_gap``; ``tail_row`` over chains likewise for ``new_tail``."""
-    order, bounds = order_bounds
+    ``m``: the members in replay order (:func:`in_order` of :func:`levels`' order, whose level
+    boundaries are ``bounds``) as the :class:`Recorded` arrays ``gap``, ``coll``,
+    ``overlapped``, ``waits``, ``after_ns``, the :class:`Chains` array ``chain`` and
+    ``new_gap``; ``gap_rows``: arrays over the same members, each giving the scenario (1..k-1;
+    0: none; the arrays are reused: their 0s become k) in which the member's gap becomes
+    ``new_gap``; ``tail_row`` over chains likewise
+    for ``new_tail``. ``c_start``, ``const``, ``tail``, ``after_all``: the chains' starts and
+    the :class:`Recorded` fields of those names."""
     nb = len(bounds) - 1
     # per member, in replay order: its scenario in each of gap_rows, with k for none (a spare
     # row of the gap matrix absorbs those writes: one fancy assignment per array and level)
     rows = []
     for r in gap_rows:
-        ro = r[order]
-        ro[ro == 0] = k
-        rows.append(ro)
-    chain = ch.chain[order].astype(_index_dtype(len(ch.c_rank)), copy=False)
-    c = rec.coll[order]
-    g, g_new = rec.gap[order], new_gap[order]
-    ovl, waits, after = rec.overlapped[order], rec.waits[order], rec.after_ns[order]
+        r[r == 0] = k
+        rows.append(r)
+    chain = m["chain"].astype(_index_dtype(len(c_start)), copy=False)
+    c = m["coll"]
+    g, g_new = m["gap"], m["new_gap"]
+    ovl, waits, after = m["overlapped"], m["waits"], m["after_ns"]
     # the collectives' segments (each level's members are sorted by collective), found once
     seg = np.ones(len(c), dtype=bool)
     np.not_equal(c[1:], c[:-1], out=seg[1:])
     seg[bounds[:-1][bounds[:-1] < len(c)]] = True
     starts = np.flatnonzero(seg)
-    seg_const = rec.const[c[starts]]
-    seg_of = np.cumsum(seg) - 1
-    del seg, c
+    seg_const = const[c[starts]]
+    seg_of = np.cumsum(seg, dtype=_index_dtype(len(seg)))
+    seg_of -= 1
+    del seg
     sb = np.searchsorted(starts, bounds).tolist()
     cut = bounds.tolist()
     idx = cut[:-1]
     any_ovl = np.logical_or.reduceat(ovl, idx).tolist() if len(ovl) else []
     all_wait = np.logical_and.reduceat(waits, idx).tolist() if len(waits) else []
     cols = np.arange(max(np.diff(bounds).max(initial=0), 0))
-    a_last = np.repeat(ch.c_start[None, :], k, axis=0)
+    a_last = np.repeat(c_start[None, :], k, axis=0)
     e_max = a_last.copy()
     for lvl in range(nb):
         lo, hi = cut[lvl], cut[lvl + 1]
@@ -414,7 +432,7 @@ def replay(
         a_last[:, chn] = arr
         np.maximum(done, e_max[:, chn], out=done)
         e_max[:, chn] = done
-    tails = np.repeat(rec.tail[None, :], k, axis=0)
+    tails = np.repeat(tail[None, :], k, axis=0)
     hit = np.flatnonzero(tail_row)
     tails[tail_row[hit], hit] = new_tail[hit]
-    return np.where(rec.after_all[None, :], e_max, a_last) + tails
+    return np.where(after_all[None, :], e_max, a_last) + tails
