@@ -129,6 +129,7 @@ def analyze_run_parts(
         memory = memory_imbalance(ranks)
         dims, share = comm_share_by_dimension(run, table, stragglers)
         timeline, timeline_ns = timeline_excerpt(run, table, clock, stragglers)
+        release_free_memory()
         problems = tuple(sorted(run.problems.items()))
         summary = summarize_match(match)
         findings = find_findings(

@@ -169,7 +169,7 @@ def record(table: EventTable, match: CollectiveMatch, off: np.ndarray, ch: Chain
     rows = ch.row
     n, nch = len(rows), len(ch.c_rank)
     a0 = table.start_ns[rows] + off[table.rank[rows]]
-    dur = table.duration_ns[rows].astype(np.int64)
+    dur = table.duration_ns[rows]
     e0 = a0 + dur
     coll, const, release0 = _collectives(table, match, off, rows, a0)
     after_ns = release0[coll]  # (in place: a member array fewer at the peak)

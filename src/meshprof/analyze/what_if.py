@@ -35,6 +35,7 @@ import numpy as np
 
 from meshprof.analyze import intervals
 from meshprof.analyze.clock import ClockAlignment
+from meshprof.analyze.heap import release_free_memory
 from meshprof.analyze.match import CollectiveMatch
 from meshprof.analyze.replay import (
     I64_MIN,
@@ -206,6 +207,7 @@ def what_if(
     if not len(ch.row):
         return _empty("no collective inside the steps every rank recorded", steps)
     rec = record(table, match, off, ch)
+    release_free_memory()  # (the temporaries of each stage back to the OS: a lower peak)
     lv = levels(rec)
     if lv is None:
         return _empty("the collectives' order is inconsistent across ranks (a cycle)", steps)
@@ -258,6 +260,7 @@ def what_if(
     del rec, ch, rank, ex, gmed, rows
     m = in_order(members, order)
     del order
+    release_free_memory()
     ends = replay(
         m,
         bounds,
