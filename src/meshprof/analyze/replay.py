@@ -399,39 +399,47 @@ def replay(
     seg_of = np.cumsum(seg, dtype=_index_dtype(len(seg)))
     seg_of -= 1
     del seg
-    sb = np.searchsorted(starts, bounds).tolist()
+    sb = np.searchsorted(starts, bounds)
+    # offsets within each level, precomputed (fewer calls per level: the loop is the cost)
+    lvl_of_start = np.searchsorted(bounds, starts, side="right") - 1
+    starts -= bounds[lvl_of_start]
+    seg_of -= np.repeat(sb[:-1].astype(seg_of.dtype), np.diff(bounds))
+    del lvl_of_start
+    sb_l = sb.tolist()
     cut = bounds.tolist()
     idx = cut[:-1]
     any_ovl = np.logical_or.reduceat(ovl, idx).tolist() if len(ovl) else []
     all_wait = np.logical_and.reduceat(waits, idx).tolist() if len(waits) else []
+    delta = g_new - g  # (a scenario's gap: the recorded one + this)
+    del g_new
     cols = np.arange(max(np.diff(bounds).max(initial=0), 0))
-    a_last = np.repeat(c_start[None, :], k, axis=0)
+    # scenario k is a spare row absorbing the members in no scenario of a row array
+    a_last = np.repeat(c_start[None, :], k + 1, axis=0)
     e_max = a_last.copy()
     for lvl in range(nb):
         lo, hi = cut[lvl], cut[lvl + 1]
         if hi == lo:
             continue
         chn = chain[lo:hi]
-        gap = np.empty((k + 1, hi - lo), dtype=np.int64)
-        gap[:] = g[lo:hi]
-        gn, cc = g_new[lo:hi], cols[: hi - lo]
-        for r in rows:
-            gap[r[lo:hi], cc] = gn
         arr = e_max[:, chn]
         if any_ovl[lvl]:
-            arr = np.where(ovl[lo:hi][None, :], a_last[:, chn], arr)
-        arr += gap[:k]
-        s0, s1 = sb[lvl], sb[lvl + 1]
-        rel = np.maximum.reduceat(arr, starts[s0:s1] - lo, axis=1)
+            arr = np.where(ovl[lo:hi], a_last[:, chn], arr)
+        arr += g[lo:hi]
+        d, cc = delta[lo:hi], cols[: hi - lo]
+        for r in rows:
+            arr[r[lo:hi], cc] += d
+        s0, s1 = sb_l[lvl], sb_l[lvl + 1]
+        rel = np.maximum.reduceat(arr, starts[s0:s1], axis=1)
         np.maximum(rel, seg_const[s0:s1], out=rel)
-        done = rel[:, seg_of[lo:hi] - s0]
+        done = rel[:, seg_of[lo:hi]]
         af = after[lo:hi]
         done += af
         if not all_wait[lvl]:  # (after_ns is the duration of a member that does not wait)
-            done = np.where(waits[lo:hi][None, :], done, arr + af)
+            done = np.where(waits[lo:hi], done, arr + af)
         a_last[:, chn] = arr
         np.maximum(done, e_max[:, chn], out=done)
         e_max[:, chn] = done
+    e_max, a_last = e_max[:k], a_last[:k]
     tails = np.repeat(tail[None, :], k, axis=0)
     hit = np.flatnonzero(tail_row)
     tails[tail_row[hit], hit] = new_tail[hit]
