@@ -294,11 +294,14 @@ def write_run(
                 sends = (stage % 2 == 0) == (kind == "pp_fwd")
                 op[sel] = OP_CODES["send"] if sends else OP_CODES["recv"]
                 peer[sel] = other
-        # sequence numbers: per group, and per (pair, direction) for p2p
+        # sequence numbers: per group, and per (pair, direction) for p2p (the kinds of a
+        # dimension of size 1 run on the world group: they share its counter)
         seq_in_step = np.zeros(k, dtype=np.int64)
         per_step = np.zeros(k, dtype=np.int64)
-        for kind_i in range(len(KINDS)):
-            sel = t.kind == kind_i
+        is_p2p = t.kind >= KINDS.index("pp_fwd")
+        counter = code.astype(np.int64) * (len(KINDS) + 1) + np.where(is_p2p, t.kind + 1, 0)
+        for c in np.unique(counter).tolist():
+            sel = counter == c
             seq_in_step[sel] = np.arange(int(sel.sum()))
             per_step[sel] = int(sel.sum())
         step_col = np.repeat(np.arange(steps, dtype=np.int64), k)

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from meshprof.analyze.clock import ClockAlignment, align_clocks
 from meshprof.analyze.failures import find_failures
 from meshprof.analyze.findings import find_findings
+from meshprof.analyze.heap import release_free_memory
 from meshprof.analyze.match import CollectiveMatch, match_collectives, summarize_match
 from meshprof.analyze.merged_timeline import timeline_excerpt
 from meshprof.analyze.report_types import RunReport
@@ -116,13 +117,19 @@ def analyze_run_parts(
         failures = find_failures(run, clock)
         if release_events:
             analyses_future.result()
+        # (between phases: freed temporaries back to the OS before the next phase's peak)
+        release_free_memory()
         match = match_collectives(table, clock)
+        release_free_memory()
         stragglers = find_stragglers(run, table, clock, match, threshold=threshold)
+        release_free_memory()
         what = what_if(run, table, clock, match, stragglers)
+        release_free_memory()
         ranks = rank_rows(run, table, stragglers)
         memory = memory_imbalance(ranks)
         dims, share = comm_share_by_dimension(run, table, stragglers)
         timeline, timeline_ns = timeline_excerpt(run, table, clock, stragglers)
+        release_free_memory()
         problems = tuple(sorted(run.problems.items()))
         summary = summarize_match(match)
         findings = find_findings(

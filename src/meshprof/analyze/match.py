@@ -53,13 +53,14 @@ class CollectiveMatch:
     member_coll: np.ndarray
     """int32, per member: row in the per-collective arrays."""
     member_rank: np.ndarray
-    """int32, per member: rank."""
+    """per member: rank (the EventTable's rank dtype: int16 up to 32,767 ranks)."""
     member_row: np.ndarray
     """int32, per member: row in the EventTable (int64 beyond 2**31 rows)."""
     member_arrival_ns: np.ndarray
     """int64, per member: aligned arrival."""
     member_wait_ns: np.ndarray
-    """int64, per member: time waited for the last rank (see module docstring)."""
+    """per member: time waited for the last rank (see module docstring); at most its
+    duration, so in the EventTable's duration dtype (int32 where durations fit)."""
     p2p_send_row: np.ndarray
     """int64, per matched send/recv pair: EventTable row of the send."""
     p2p_recv_row: np.ndarray
@@ -174,10 +175,10 @@ def match_collectives(table: EventTable, clock: ClockAlignment) -> CollectiveMat
         else np.zeros(0, dtype=np.int32),
         size_bytes=size.astype(np.int64, copy=False),
         member_coll=member_coll.astype(idx_t, copy=False),
-        member_rank=table.rank[rows].astype(np.int32, copy=False),
+        member_rank=table.rank[rows],
         member_row=rows.astype(idx_t, copy=False),
         member_arrival_ns=arr.astype(np.int64, copy=False),
-        member_wait_ns=wait.astype(np.int64, copy=False),
+        member_wait_ns=wait.astype(table.duration_ns.dtype, copy=False),
         p2p_send_row=send_row,
         p2p_recv_row=recv_row,
         unmatched_p2p=unmatched,

@@ -20,9 +20,10 @@ send/recv pair, or itself alone (an unmatched event).
 Replaying the recorded gaps reproduces the recorded times exactly (integer arithmetic).
 
 Cost: each collective gets a *level* (1 + the largest level of its members' previous events'
-collectives, 0 for a chain's first) from Gauss–Seidel sweeps over chain positions (two when every
-collective's members sit at the same position of their chains); the replay then visits the levels
-in order, all steps and all scenarios at once (numpy arrays [scenario, member]), keeping per
+collectives, 0 for a chain's first): the members' largest position when that solves it, else
+level by level in Kahn's order (one Python iteration per level; sweeps over chain positions
+needed one per hop between positions and took 26 s to find a cycle at 1M events); the replay
+then visits the levels in order, all steps and all scenarios at once (numpy arrays [scenario, member]), keeping per
 chain only its last issue and latest completion: work linear in events × scenarios, one Python
 iteration per level.
 """
@@ -35,12 +36,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from meshprof.analyze.match import CollectiveMatch
-from meshprof.analyze.sorting import RowsByKey, lexsort2, stable_argsort
+from meshprof.analyze.sorting import RowsByKey, stable_argsort
 from meshprof.analyze.table import EventTable
 from meshprof.rundir import LoadedRun
 
 I64_MIN = int(np.iinfo(np.int64).min)
-_MAX_SWEEPS = 64  # level sweeps before giving up (a dependency cycle: mismatched collectives)
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +49,7 @@ class Chains:
     and the chains (one per rank and replayed step, sorted by rank, then start)."""
 
     row: np.ndarray
-    """int64 [member]: EventTable row."""
+    """int32 (int64 beyond 2³¹ rows) [member]: EventTable row."""
     chain: np.ndarray
     """int64 [member]: its chain."""
     c_rank: np.ndarray
@@ -66,7 +66,7 @@ def build_chains(
     run: LoadedRun, table: EventTable, off: np.ndarray, steps: Sequence[int]
 ) -> Chains:
     """Every (rank, replayed step) chain and the events whose issue falls in its step span
-    (``off[r]``: rank r's clock offset), by one search over (rank, time) keys."""
+    (``off[r]``: rank r's clock offset), by one search per rank over its chains' starts."""
     step_set = np.asarray(sorted(steps), dtype=np.int64)
     parts: list[tuple[int, np.ndarray, np.ndarray, np.ndarray]] = []
     for r in sorted(run.ranks):
@@ -87,36 +87,57 @@ def build_chains(
     c_step = np.searchsorted(step_set, np.concatenate([p[1] for p in parts]))
     a = np.concatenate([p[2] for p in parts])
     b = np.concatenate([p[3] for p in parts])
-    # each rank's replayed window [first start, last end): rows outside it are in no chain
-    n_r = max(int(c_rank.max()), int(table.rank.max(initial=0))) + 1
-    lo = np.full(n_r, np.iinfo(np.int64).max, dtype=np.int64)
-    hi = np.full(n_r, I64_MIN, dtype=np.int64)
-    np.minimum.at(lo, c_rank, a)
-    np.maximum.at(hi, c_rank, b)
-    t, rk = table.start_ns, table.rank
-    inside = np.flatnonzero((t >= lo[rk]) & (t < hi[rk]))
-    rk_in = rk[inside].astype(np.int64)
-    rel = t[inside] - lo[rk_in]
-    width = max(int(rel.max(initial=0)), int((b - lo[c_rank]).max())) + 1
-    if n_r * width < 1 << 62:
-        key = rk_in * width + rel
-        if len(key) > 1 and not (key[1:] >= key[:-1]).all():
-            o = stable_argsort(key)
-            inside, key = inside[o], key[o]
-        i = np.searchsorted(c_rank * width + (a - lo[c_rank]), key, side="right") - 1
-    else:  # windows too long to pack with the rank: one search per rank
-        o = lexsort2(t[inside], rk_in)
-        inside, rk_in = inside[o], rk_in[o]
-        i = np.full(len(inside), -1, dtype=np.int64)
-        by, cb = RowsByKey(rk_in), RowsByKey(c_rank)
-        for r in np.unique(c_rank).tolist():
-            mine, chains = by.rows(r), cb.rows(r)
-            i[mine] = chains[np.searchsorted(a[chains], t[inside[mine]], side="right") - 1]
-    del rel
-    j = np.maximum(i, 0)
-    ok = (i >= 0) & (c_rank[j] == rk[inside]) & (t[inside] < b[j])
+    # one rank at a time (the table's rows are grouped by rank): a row is in the last chain of
+    # its rank starting at or before its issue, if it issued before that chain's end; members
+    # by chain, then issue, then row. Temporaries are one rank's rows, not the whole table's.
+    rk = table.rank
+    by_rank = None if _ascending(rk) else RowsByKey(rk)
+    row_t = _index_dtype(len(table))
+    rows_out: list[np.ndarray] = []
+    chains_out: list[np.ndarray] = []
+    chain_ranks = np.unique(c_rank)
+    c_at = np.searchsorted(c_rank, chain_ranks)
+    # each rank's rows, searched once for all ranks (one search per rank would cast the whole
+    # narrow rank column each time: 5 s at 4,096 ranks)
+    r_lo = np.searchsorted(rk, chain_ranks).tolist() if by_rank is None else []
+    r_hi = np.searchsorted(rk, chain_ranks + 1).tolist() if by_rank is None else []
+    for ci, (c0, c1) in enumerate(
+        zip(c_at.tolist(), [*c_at[1:].tolist(), len(c_rank)], strict=True)
+    ):
+        r = int(c_rank[c0])
+        if by_rank is None:
+            lo, hi = r_lo[ci], r_hi[ci]
+            mine: np.ndarray | None = None
+            t = table.start_ns[lo:hi]
+        else:
+            lo, mine = 0, by_rank.rows(r)
+            t = table.start_ns[mine]
+        i = np.searchsorted(a[c0:c1], t, side="right") - 1
+        sel = np.flatnonzero((i >= 0) & (t < b[c0:c1][np.maximum(i, 0)]))
+        if not len(sel):
+            continue
+        ts = t[sel]
+        if not _ascending(ts):
+            sel = sel[stable_argsort(ts)]
+        del ts
+        rows_out.append((lo + sel if mine is None else mine[sel]).astype(row_t))
+        chains_out.append(c0 + i[sel])
     o_c = off[c_rank]
-    return Chains(inside[ok].astype(np.int64), i[ok], c_rank, c_step, a + o_c, b + o_c)
+    if not rows_out:
+        return Chains(empty, empty, c_rank, c_step, a + o_c, b + o_c)
+    return Chains(
+        np.concatenate(rows_out), np.concatenate(chains_out), c_rank, c_step, a + o_c, b + o_c
+    )
+
+
+def _index_dtype(n: int) -> type[np.signedinteger]:
+    """int32 for indices and codes below ``n`` when they fit (half the memory), else int64."""
+    return np.int32 if n < 1 << 31 else np.int64
+
+
+def _ascending(v: np.ndarray) -> bool:
+    """Whether ``v`` is nondecreasing."""
+    return len(v) < 2 or bool((v[1:] >= v[:-1]).all())
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +147,7 @@ class Recorded:
     a0: np.ndarray
     """int64 [member]: aligned arrival (issue)."""
     coll: np.ndarray
-    """int64 [member]: collective code (matched collectives, then send/recv pairs, then alone)."""
+    """int32 (int64 beyond 2³¹) [member]: collective code (matched collectives, then send/recv pairs, then alone)."""
     const: np.ndarray
     """int64 [collective]: latest arrival of its members outside the replayed steps (int64 min
     when none)."""
@@ -135,7 +156,7 @@ class Recorded:
     after_ns: np.ndarray
     """int64 [member]: completion − release when it waits, else its duration."""
     pos: np.ndarray
-    """int64 [member]: position in its chain."""
+    """int32 (int64 beyond 2³¹) [member]: position in its chain."""
     overlapped: np.ndarray
     """bool [member]: issued while an earlier event of its chain was in flight."""
     gap: np.ndarray
@@ -155,36 +176,39 @@ def record(table: EventTable, match: CollectiveMatch, off: np.ndarray, ch: Chain
     rows = ch.row
     n, nch = len(rows), len(ch.c_rank)
     a0 = table.start_ns[rows] + off[table.rank[rows]]
-    dur = table.duration_ns[rows].astype(np.int64)
+    dur = table.duration_ns[rows]
     e0 = a0 + dur
     coll, const, release0 = _collectives(table, match, off, rows, a0)
-    rel_m = release0[coll]
-    waits = e0 >= rel_m
-    after_ns = np.where(waits, e0 - rel_m, dur)
-    del rel_m, release0
+    after_ns = release0[coll]  # (in place: a member array fewer at the peak)
+    del release0
+    waits = e0 >= after_ns
+    np.subtract(e0, after_ns, out=after_ns)
+    np.copyto(after_ns, dur, where=~waits)
+    del dur
     first_idx = np.flatnonzero(np.r_[True, ch.chain[1:] != ch.chain[:-1]]) if n else ch.chain
     c_first = np.full(nch, -1, dtype=np.int64)
     c_len = np.zeros(nch, dtype=np.int64)
     c_first[ch.chain[first_idx]] = first_idx
     c_len[ch.chain[first_idx]] = np.diff(np.r_[first_idx, n])
-    pos = np.arange(n) - c_first[ch.chain]
+    pos = (np.arange(n) - c_first[ch.chain]).astype(_index_dtype(n))
     start_m = ch.c_start[ch.chain]
-    emax_rel = _segmented_cummax(e0 - start_m, ch.chain)
+    e0 -= start_m
+    emax_rel = _segmented_cummax(e0, ch.chain)
     del e0
     before = np.empty(n, dtype=np.int64)  # latest completion before each member, else start
     if n:
         before[0] = 0
         before[1:] = emax_rel[:-1]
-    before[pos == 0] = 0
+    first = pos == 0
+    before[first] = 0
     before += start_m
     del start_m
-    overlapped = (pos > 0) & (before > a0)
-    prev_issue = np.empty(n, dtype=np.int64)
-    if n:
-        prev_issue[0] = 0
-        prev_issue[1:] = a0[:-1]
-    gap = a0 - np.where(overlapped, prev_issue, before)
-    del before, prev_issue
+    overlapped = before > a0
+    overlapped[first] = False
+    del first
+    if n:  # the previous issue where overlapped
+        before[1:][overlapped[1:]] = a0[:-1][overlapped[1:]]
+    gap = np.subtract(a0, before, out=before)
     has = c_len > 0
     last = np.maximum(c_first + c_len - 1, 0)
     c_emax = np.where(has, emax_rel[last] + ch.c_start, ch.c_start) if n else ch.c_start
@@ -203,7 +227,7 @@ def _collectives(
     are not replayed (int64 min when none) and its recorded release (the latest arrival of all
     its members)."""
     nc, npairs = len(match), len(match.p2p_send_row)
-    coll_of_row = np.full(len(table), -1, dtype=np.int64)
+    coll_of_row = np.full(len(table), -1, dtype=_index_dtype(nc + npairs + len(rows)))
     coll_of_row[match.member_row] = match.member_coll
     coll_of_row[match.p2p_send_row] = nc + np.arange(npairs)
     coll_of_row[match.p2p_recv_row] = nc + np.arange(npairs)
@@ -263,84 +287,167 @@ def _segmented_cummax(v: np.ndarray, seg: np.ndarray) -> np.ndarray:
 
 def levels(rec: Recorded) -> tuple[np.ndarray, np.ndarray] | None:
     """The members in replay order (by level, then collective) and the level boundaries in
-    it; None on a dependency cycle (collectives matched in inconsistent orders)."""
+    it; None on a dependency cycle (collectives matched in inconsistent orders).
+
+    A collective's level is the longest path to it in the graph whose edges go from each
+    member's previous event's collective to its own: its members' largest chain position when
+    that solves the level equations (one vectorized check), else taken level by level from the
+    collectives all of whose predecessors are done (Kahn's order: one Python iteration per
+    level, each on that level's edges only, whatever the chains' positions)."""
     coll, pos = rec.coll, rec.pos
     ncoll = len(rec.const)
+    m = np.flatnonzero(pos > 0)
+    src, dst = coll[m - 1], coll[m]
+    del m
+    # a collective's level is at least its members' largest position; when that already
+    # solves the level equations (every collective's members at the same position, as in most
+    # runs) it is the solution (unique on an acyclic graph; none exists on a cycle)
     lvl = np.zeros(ncoll, dtype=np.int64)
-    porder = stable_argsort(pos * ncoll + coll)  # by position, then collective
-    pb = np.searchsorted(pos[porder], np.arange(int(pos.max(initial=0)) + 2))
-    for _ in range(_MAX_SWEEPS):
-        changed = False
-        for p in range(1, len(pb) - 1):
-            idx = porder[pb[p] : pb[p + 1]]
-            c = coll[idx]
-            starts = np.flatnonzero(np.r_[True, c[1:] != c[:-1]])
-            want = np.maximum.reduceat(lvl[coll[idx - 1]], starts) + 1
-            cu = c[starts]
-            up = want > lvl[cu]
-            if up.any():
-                lvl[cu[up]] = want[up]
-                changed = True
-        if not changed:
-            break
+    np.maximum.at(lvl, coll, pos)
+    want = np.zeros(ncoll, dtype=np.int64)
+    np.maximum.at(want, dst, lvl[src] + 1)
+    if not np.array_equal(want, lvl):
+        del want
+        got = _kahn_levels(src, dst, ncoll)
+        if got is None:
+            return None
+        lvl = got
     else:
-        return None
-    ml = lvl[coll]
-    order = stable_argsort(ml * ncoll + coll)
-    return order, np.searchsorted(ml[order], np.arange(int(ml.max(initial=0)) + 2))
+        del want
+    del src, dst
+    key = lvl[coll]  # by level, then collective
+    key *= ncoll
+    key += coll
+    order = stable_argsort(key)
+    del key
+    order = order.astype(_index_dtype(len(coll)), copy=False)
+    ml = lvl[coll[order]]
+    return order, np.searchsorted(ml, np.arange(int(ml.max(initial=0)) + 2))
+
+
+def _kahn_levels(src: np.ndarray, dst: np.ndarray, ncoll: int) -> np.ndarray | None:
+    """Longest-path level of each of ``ncoll`` nodes over the edges src → dst, level by level
+    from the nodes with no unplaced predecessor (Kahn's order); None on a cycle."""
+    o = stable_argsort(src)
+    out_dst = dst[o]  # edges by source (CSR)
+    out_at = np.searchsorted(src[o], np.arange(ncoll + 1))
+    del o
+    indeg = np.bincount(dst, minlength=ncoll)
+    lvl = np.zeros(ncoll, dtype=np.int64)
+    frontier = np.flatnonzero(indeg == 0)
+    placed, level = 0, 0
+    while len(frontier):
+        lvl[frontier] = level
+        placed += len(frontier)
+        lo = out_at[frontier]
+        cnt = out_at[frontier + 1] - lo
+        total = int(cnt.sum())
+        if not total:
+            break
+        # the frontier's out-edges: ranges [lo, lo + cnt) concatenated
+        idx = np.repeat(lo - (np.cumsum(cnt) - cnt), cnt) + np.arange(total)
+        hit, times = np.unique(out_dst[idx], return_counts=True)
+        indeg[hit] -= times
+        frontier = hit[indeg[hit] == 0]
+        level += 1
+    return lvl if placed == ncoll else None
+
+
+def in_order(members: dict[str, np.ndarray], order: np.ndarray) -> dict[str, np.ndarray]:
+    """Each member array permuted by ``order`` (the replay order of :func:`levels`); the
+    arrays are taken out of ``members`` one at a time, so each original can go as soon as its
+    copy exists (when the caller holds no other reference to it)."""
+    out: dict[str, np.ndarray] = {}
+    for name in list(members):
+        out[name] = members.pop(name)[order]
+    return out
 
 
 def replay(
-    rec: Recorded,
-    ch: Chains,
-    order_bounds: tuple[np.ndarray, np.ndarray],
+    m: dict[str, np.ndarray],
+    bounds: np.ndarray,
     k: int,
     gap_rows: Sequence[np.ndarray],
-    new_gap: np.ndarray,
+    c_start: np.ndarray,
+    const: np.ndarray,
+    tail: np.ndarray,
+    after_all: np.ndarray,
     tail_row: np.ndarray,
     new_tail: np.ndarray,
 ) -> np.ndarray:
     """Each chain's step end in each of ``k`` scenarios (int64 [scenario, chain]); scenario 0
     replays the recorded gaps.
 
-    ``gap_rows``: arrays over members, each giving the scenario (1..k-1; 0: none) in which the
-    member's gap becomes ``new_gap``; ``tail_row`` over chains likewise for ``new_tail``."""
-    order, bounds = order_bounds
-    rows = [r[order] for r in gap_rows]
-    chain, c = ch.chain[order], rec.coll[order]
-    g, g_new = rec.gap[order], new_gap[order]
-    ovl, waits, after = rec.overlapped[order], rec.waits[order], rec.after_ns[order]
-    a_last = np.repeat(ch.c_start[None, :], k, axis=0)
+    ``m``: the members in replay order (:func:`in_order` of :func:`levels`' order, whose level
+    boundaries are ``bounds``) as the :class:`Recorded` arrays ``gap``, ``coll``,
+    ``overlapped``, ``waits``, ``after_ns``, the :class:`Chains` array ``chain`` and
+    ``new_gap``; ``gap_rows``: arrays over the same members, each giving the scenario (1..k-1;
+    0: none; the arrays are reused: their 0s become k) in which the member's gap becomes
+    ``new_gap``; ``tail_row`` over chains likewise
+    for ``new_tail``. ``c_start``, ``const``, ``tail``, ``after_all``: the chains' starts and
+    the :class:`Recorded` fields of those names."""
+    nb = len(bounds) - 1
+    # per member, in replay order: its scenario in each of gap_rows, with k for none (a spare
+    # row of the gap matrix absorbs those writes: one fancy assignment per array and level)
+    rows = []
+    for r in gap_rows:
+        r[r == 0] = k
+        rows.append(r)
+    chain = m["chain"].astype(_index_dtype(len(c_start)), copy=False)
+    c = m["coll"]
+    g, g_new = m["gap"], m["new_gap"]
+    ovl, waits, after = m["overlapped"], m["waits"], m["after_ns"]
+    # the collectives' segments (each level's members are sorted by collective), found once
+    seg = np.ones(len(c), dtype=bool)
+    np.not_equal(c[1:], c[:-1], out=seg[1:])
+    seg[bounds[:-1][bounds[:-1] < len(c)]] = True
+    starts = np.flatnonzero(seg)
+    seg_const = const[c[starts]]
+    seg_of = np.cumsum(seg, dtype=_index_dtype(len(seg)))
+    seg_of -= 1
+    del seg
+    sb = np.searchsorted(starts, bounds)
+    # offsets within each level, precomputed (fewer calls per level: the loop is the cost)
+    lvl_of_start = np.searchsorted(bounds, starts, side="right") - 1
+    starts -= bounds[lvl_of_start]
+    seg_of -= np.repeat(sb[:-1].astype(seg_of.dtype), np.diff(bounds))
+    del lvl_of_start
+    sb_l = sb.tolist()
+    cut = bounds.tolist()
+    idx = cut[:-1]
+    any_ovl = np.logical_or.reduceat(ovl, idx).tolist() if len(ovl) else []
+    all_wait = np.logical_and.reduceat(waits, idx).tolist() if len(waits) else []
+    delta = g_new - g  # (a scenario's gap: the recorded one + this)
+    del g_new
+    cols = np.arange(max(np.diff(bounds).max(initial=0), 0))
+    # scenario k is a spare row absorbing the members in no scenario of a row array
+    a_last = np.repeat(c_start[None, :], k + 1, axis=0)
     e_max = a_last.copy()
-    for lvl in range(len(bounds) - 1):
-        lo, hi = int(bounds[lvl]), int(bounds[lvl + 1])
+    for lvl in range(nb):
+        lo, hi = cut[lvl], cut[lvl + 1]
         if hi == lo:
             continue
         chn = chain[lo:hi]
-        gap = np.repeat(g[None, lo:hi], k, axis=0)
-        for r in rows:
-            hit = np.flatnonzero(r[lo:hi])
-            gap[r[lo + hit], hit] = g_new[lo + hit]
         arr = e_max[:, chn]
-        o = ovl[lo:hi]
-        if o.any():
-            arr = np.where(o[None, :], a_last[:, chn], arr)
-        arr += gap
-        cl = c[lo:hi]
-        seg = np.empty(hi - lo, dtype=bool)
-        seg[0] = True
-        np.not_equal(cl[1:], cl[:-1], out=seg[1:])
-        starts = np.flatnonzero(seg)
-        rel = np.maximum.reduceat(arr, starts, axis=1)
-        np.maximum(rel, rec.const[cl[starts]][None, :], out=rel)
-        done = rel[:, np.cumsum(seg) - 1]
-        done += after[lo:hi][None, :]
-        w = waits[lo:hi]
-        if not w.all():  # (after_ns is the duration of a member that does not wait)
-            done = np.where(w[None, :], done, arr + after[lo:hi][None, :])
+        if any_ovl[lvl]:
+            arr = np.where(ovl[lo:hi], a_last[:, chn], arr)
+        arr += g[lo:hi]
+        d, cc = delta[lo:hi], cols[: hi - lo]
+        for r in rows:
+            arr[r[lo:hi], cc] += d
+        s0, s1 = sb_l[lvl], sb_l[lvl + 1]
+        rel = np.maximum.reduceat(arr, starts[s0:s1], axis=1)
+        np.maximum(rel, seg_const[s0:s1], out=rel)
+        done = rel[:, seg_of[lo:hi]]
+        af = after[lo:hi]
+        done += af
+        if not all_wait[lvl]:  # (after_ns is the duration of a member that does not wait)
+            done = np.where(waits[lo:hi], done, arr + af)
         a_last[:, chn] = arr
-        e_max[:, chn] = np.maximum(e_max[:, chn], done)
-    tails = np.repeat(rec.tail[None, :], k, axis=0)
+        np.maximum(done, e_max[:, chn], out=done)
+        e_max[:, chn] = done
+    e_max, a_last = e_max[:k], a_last[:k]
+    tails = np.repeat(tail[None, :], k, axis=0)
     hit = np.flatnonzero(tail_row)
     tails[tail_row[hit], hit] = new_tail[hit]
-    return np.where(rec.after_all[None, :], e_max, a_last) + tails
+    return np.where(after_all[None, :], e_max, a_last) + tails

@@ -35,8 +35,18 @@ import numpy as np
 
 from meshprof.analyze import intervals
 from meshprof.analyze.clock import ClockAlignment
+from meshprof.analyze.heap import release_free_memory
 from meshprof.analyze.match import CollectiveMatch
-from meshprof.analyze.replay import I64_MIN, Chains, Recorded, build_chains, levels, record, replay
+from meshprof.analyze.replay import (
+    I64_MIN,
+    Chains,
+    Recorded,
+    build_chains,
+    in_order,
+    levels,
+    record,
+    replay,
+)
 from meshprof.analyze.sorting import RowsByKey, lexsort2, unique_inverse
 from meshprof.analyze.stragglers import StragglerReport
 from meshprof.analyze.table import EventTable
@@ -197,16 +207,15 @@ def what_if(
     if not len(ch.row):
         return _empty("no collective inside the steps every rank recorded", steps)
     rec = record(table, match, off, ch)
-    order = levels(rec)
-    if order is None:
+    release_free_memory()  # (the temporaries of each stage back to the OS: a lower peak)
+    lv = levels(rec)
+    if lv is None:
         return _empty("the collectives' order is inconsistent across ranks (a cycle)", steps)
-    rank = table.rank[ch.row].astype(np.int64)
-    gid = table.gid[ch.row].astype(np.int64)
-    dim_of_gid = np.asarray(
-        [dims.index(gr.dimension) for gr in table.groups] or [0], dtype=np.int64
-    )
-    dimc = dim_of_gid[gid]
-    gmed, tmed = _peer_medians(rec, ch, table.op[ch.row].astype(np.int64), dimc, len(steps))
+    rank = table.rank[ch.row]
+    gid = table.gid[ch.row]
+    dim_of_gid = np.asarray([dims.index(gr.dimension) for gr in table.groups] or [0])
+    dimc = dim_of_gid.astype(np.int16 if len(dims) < 1 << 15 else np.int64)[gid]
+    gmed, tmed = _peer_medians(rec, ch, table.op[ch.row], dimc, len(steps))
     ex, tex = rec.gap - gmed, rec.tail - tmed
 
     # candidates: the largest excess
@@ -229,9 +238,43 @@ def what_if(
         _lookup(gid, group_c, 1 + nr),
         _lookup(dimc, dim_c, 1 + nr + ng),
     ]
-    ends = replay(rec, ch, order, k, rows, gmed, _lookup(ch.c_rank, rank_c, 1), tmed)
+    # every member array in replay order, each original let go as its copy is made (the
+    # aggregates above do not depend on the members' order; _phase's sums are of integers)
+    order, bounds = lv
+    del lv, gid, dimc
+    members: dict[str, np.ndarray] = {
+        "a0": rec.a0,
+        "gap": rec.gap,
+        "coll": rec.coll,
+        "overlapped": rec.overlapped,
+        "waits": rec.waits,
+        "after_ns": rec.after_ns,
+        "chain": ch.chain,
+        "rank": rank,
+        "ex": ex,
+        "new_gap": gmed,
+        **{f"row{i}": r for i, r in enumerate(rows)},
+    }
+    tail, const, after_all = rec.tail, rec.const, rec.after_all
+    c_rank, c_step, c_start, c_end = ch.c_rank, ch.c_step, ch.c_start, ch.c_end
+    del rec, ch, rank, ex, gmed, rows
+    m = in_order(members, order)
+    del order
+    release_free_memory()
+    ends = replay(
+        m,
+        bounds,
+        k,
+        [m.pop(f"row{i}") for i in range(3)],
+        c_start,
+        const,
+        tail,
+        after_all,
+        _lookup(c_rank, rank_c, 1),
+        tmed,
+    )
     job = np.full((len(steps), k), I64_MIN, dtype=np.int64)
-    np.maximum.at(job, ch.c_step, ends.T)
+    np.maximum.at(job, c_step, ends.T)
     saving = np.median((job[:, :1] - job).astype(np.float64), axis=0).tolist()
     step_ns = _median_step(stragglers, steps)
 
@@ -243,7 +286,7 @@ def what_if(
             r,
             saving[1 + i],
             share(saving[1 + i]),
-            _phase(run, r, ch, rank, rec, ex, tex, off),
+            _phase(run, r, m, c_rank, c_end, tail, tex, off),
             rank_ex[r],
         )
         for i, r in enumerate(rank_c)
@@ -263,14 +306,18 @@ def what_if(
         steps=steps,
         step_ns=step_ns,
         ranks_total=len(rank_ids),
-        levels=len(order[1]) - 1,
-        replay_error_ns=int(np.abs(ends[0] - ch.c_end).max()),
+        levels=len(bounds) - 1,
+        replay_error_ns=int(np.abs(ends[0] - c_end).max()),
     )
 
 
 def _lookup(values: np.ndarray, chosen: list[int], first: int) -> np.ndarray:
     """Per value: ``first + i`` when it is ``chosen[i]``, else 0 (values are ≥ 0)."""
-    lut = np.zeros(max(int(values.max(initial=0)), max(chosen, default=0)) + 1, dtype=np.int64)
+    last = first + len(chosen)
+    lut = np.zeros(
+        max(int(values.max(initial=0)), max(chosen, default=0)) + 1,
+        dtype=np.int16 if last < 1 << 15 else np.int64,
+    )
     lut[np.asarray(chosen, dtype=np.int64)] = first + np.arange(len(chosen))
     return lut[values]
 
@@ -280,7 +327,7 @@ def _peer_medians(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Each member's gap and each chain's tail as the median over its peers: the chains of the
     same step with the same sequence of (op, dimension) (a chain without peers keeps its own)."""
-    h = _mix((op << 40) ^ (dimc << 32) ^ rec.pos)
+    h = _mix((op.astype(np.int64) << 40) ^ (dimc.astype(np.int64) << 32) ^ rec.pos)
     nch = len(ch.c_rank)
     has = np.flatnonzero(rec.c_len > 0)
     sig = np.zeros(nch, dtype=np.uint64)
@@ -316,26 +363,27 @@ def _median_step(s: StragglerReport, steps: tuple[int, ...]) -> float:
 def _phase(
     run: LoadedRun,
     r: int,
-    ch: Chains,
-    rank: np.ndarray,
-    rec: Recorded,
-    ex: np.ndarray,
+    m: dict[str, np.ndarray],
+    c_rank: np.ndarray,
+    c_end: np.ndarray,
+    tail: np.ndarray,
     tex: np.ndarray,
     off: np.ndarray,
 ) -> str | None:
-    """The phase holding most of rank r's excess (gaps and tails), on its own clock."""
+    """The phase holding most of rank r's excess (gaps and tails), on its own clock (``m``:
+    the members' ``rank``, ``a0``, ``gap`` and ``ex``, in any order)."""
     rd = run.ranks[r]
     sp = rd.spans
     ph = sp[sp["kind"] == 1]
     if not len(ph):
         return None
     names = rd.span_names
-    mine = np.flatnonzero(rank == r)
-    cm_ = np.flatnonzero(ch.c_rank == r)
-    a0, g = rec.a0[mine], rec.gap[mine]
-    lo = np.r_[a0 - g, ch.c_end[cm_] - rec.tail[cm_]] - off[r]
-    hi = np.r_[a0, ch.c_end[cm_]] - off[r]
-    weight = np.r_[ex[mine], tex[cm_]].astype(np.float64)
+    mine = np.flatnonzero(m["rank"] == r)
+    cm_ = np.flatnonzero(c_rank == r)
+    a0, g = m["a0"][mine], m["gap"][mine]
+    lo = np.r_[a0 - g, c_end[cm_] - tail[cm_]] - off[r]
+    hi = np.r_[a0, c_end[cm_]] - off[r]
+    weight = np.r_[m["ex"][mine], tex[cm_]].astype(np.float64)
     labels = [names[x] if x < len(names) else f"#{x}" for x in ph["name"].tolist()]
     uniq = sorted(set(labels))
     lab = np.asarray([uniq.index(x) for x in labels])

@@ -82,14 +82,28 @@ def _load_or_reason(
     return rd
 
 
+_THREADED_MIN_BYTES = 4 << 20
+"""Rank files are read on a thread pool only when they average at least this size (bytes)."""
+
+
 def _load_all(
     paths: list[Path], lean: bool = False, sample_limit: int | None = None
 ) -> list[RankData | str]:
-    """Rank files are independent: read them on a thread pool (8 threads or one per core; reading
-    and copying the arrays release the GIL: 8 files of 54 MB load about 2× faster on 2 cores;
-    thousands of small files gain little, their JSON metadata holds the GIL)."""
-    workers = min(len(paths), max(8, os.cpu_count() or 1), 32)
+    """Rank files are independent: large ones are read on a thread pool (one thread per core,
+    at most 8), small ones one after the other. Measured on 2 shared cores (benchmarks/README.md,
+    "Issue 12, third part"): the pool's CPU time / wall time stays at 1.0–1.4, the GIL serialising
+    most of the per-file work (zip member reads, the lean copy's per-chunk calls, each file's
+    JSON metadata); 1,024 small files took 1.4 s on 8 threads and 1.0 s on one (thread switches
+    under the GIL), 8 files of 54 MB 0.8–1.1 s either way."""
     shared: dict[tuple[str, int], list[Any]] = {}
+    workers = min(len(paths), os.cpu_count() or 1, 8)
+    if workers > 1:
+        try:
+            mean = sum(p.stat().st_size for p in paths) / len(paths)
+        except OSError:
+            mean = 0.0  # (a file that vanished is reported by its load below)
+        if mean < _THREADED_MIN_BYTES:
+            workers = 1
     if workers <= 1:
         return [_load_or_reason(p, shared, lean, sample_limit) for p in paths]
     from concurrent.futures import ThreadPoolExecutor
