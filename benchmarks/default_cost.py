@@ -12,6 +12,11 @@ modes in a fresh random order every round, and keeps two figures per batch:
   the figure that stays put on a shared machine;
 * **wall** (``time.perf_counter_ns`` around the batch, ns per call).
 
+Modes: ``disabled`` (PyTorch alone), ``floor`` (the native kernel installed with
+``enabled=False``: every collective still goes through its boxed C++ kernel, which only
+redispatches, and the C++ ``Work.wait``: what any dispatcher-level hook pays before recording
+anything), ``default`` (the default recorder) and ``python`` (``native=False``).
+
 The added cost of a mode is the **median over rounds of (mode − disabled)** for the same round,
 with a 95% confidence interval of that median from order statistics (distribution-free:
 the ranks ``n/2 ± 0.98·√n`` of the sorted paired differences). Drift between rounds cancels
@@ -39,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-MODES = ("disabled", "default", "python")
+MODES = ("disabled", "floor", "default", "python")
 
 
 def _set_mode(mode: str) -> str:
@@ -49,6 +54,11 @@ def _set_mode(mode: str) -> str:
     meshprof.reset()
     if mode == "default":
         return meshprof.enable(meshprof.ProfilerConfig(max_events=100_000)).backend_name
+    if mode == "floor":  # the native kernel installed but recording nothing: boxed dispatch
+        # through a C++ kernel and the C++ Work.wait, the floor of any dispatcher-level hook
+        return meshprof.enable(
+            meshprof.ProfilerConfig(max_events=100_000, enabled=False)
+        ).backend_name
     if mode == "python":
         return meshprof.enable(
             meshprof.ProfilerConfig(max_events=100_000, native=False)
@@ -157,7 +167,7 @@ def main() -> None:
         return
     import torch
 
-    modes = MODES[:2] if args.no_python else MODES
+    modes = MODES[:3] if args.no_python else MODES
     res = measure(args.batch, args.rounds, modes)
     print(
         f"machine: {platform.processor() or platform.machine()}, {platform.system()}, "
