@@ -50,7 +50,7 @@ class ProfilerConfig:
     native: bool | None = field(default_factory=lambda: native_from_env())
     """Which dispatcher kernel records: None (the default) the native (C++) one wherever it can
     run (no CUDA, see :func:`meshprof.comm.selection.native_supports_device`) and be built —
-    well under a microsecond per collective instead of ~10 µs; until a first build is cached
+    about 20× cheaper per collective than the Python kernel (benchmarks/README.md); until a first build is cached
     the Python kernel records and hands over when a background build finishes. True: native,
     building it now if needed; False: always the Python kernel. Default from
     ``MESHPROF_NATIVE`` (``1``: True, ``0``: False, unset: None)."""

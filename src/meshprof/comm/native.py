@@ -1,5 +1,5 @@
 """The dispatcher kernel in C++ (one :class:`~meshprof.comm.backend.KernelBackend`), built and
-cached: the same records as the Python kernel, at well under a microsecond per collective.
+cached: the same records as the Python kernel, about 20× cheaper per collective.
 
 The default kernel wherever it can run (:mod:`meshprof.comm.selection`); built once per host and
 torch build by :mod:`meshprof.comm.native_build` (``torch.utils.cpp_extension``, about 30 s;
