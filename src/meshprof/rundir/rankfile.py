@@ -125,22 +125,22 @@ def _read_into(f: Any, arr: np.ndarray, name: str) -> None:
         got += k
 
 
-def _read_npz(path: Path, names: tuple[str, ...]) -> dict[str, np.ndarray]:
-    """The named arrays of an uncompressed or compressed .npz (as ``np.load`` reads them, never
-    unpickling); falls back to ``np.load`` for a member this reader does not handle."""
+def _read_npz(path: Path, names: tuple[str, ...], zf: zipfile.ZipFile) -> dict[str, np.ndarray]:
+    """The named arrays of an uncompressed or compressed .npz open as ``zf`` (as ``np.load``
+    reads them, never unpickling); falls back to ``np.load`` for a member this reader does not
+    handle."""
     out: dict[str, np.ndarray] = {}
-    with zipfile.ZipFile(path) as zf:
-        for name in names:
-            with zf.open(f"{name}.npy") as f:
-                parsed = _member_header(f, name)
-                if parsed is None:
-                    break
-                dt, shape = parsed
-                arr = np.empty(shape, dtype=dt)
-                _read_into(f, arr, name)
-                out[name] = arr
-        else:
-            return out
+    for name in names:
+        with zf.open(f"{name}.npy") as f:
+            parsed = _member_header(f, name)
+            if parsed is None:
+                break
+            dt, shape = parsed
+            arr = np.empty(shape, dtype=dt)
+            _read_into(f, arr, name)
+            out[name] = arr
+    else:
+        return out
     with np.load(path, allow_pickle=False) as z:
         return {name: z[name] for name in names}
 
@@ -212,10 +212,13 @@ def _read_events_lean(
     lo = dict.fromkeys(_WIDE, big)
     hi = dict.fromkeys(_WIDE, -big)
     count, total = 0, 0
+    first: list[Any] = []  # a member of one chunk is read once, not once per pass
     for item in chunks():
         if item is None:
             return None
         total, c = item
+        if total <= _LEAN_CHUNK:
+            first.append(item)
         count += len(c)
         if len(c):
             for name in _WIDE:
@@ -223,7 +226,7 @@ def _read_events_lean(
                 hi[name] = max(hi[name], int(c[name].max()))
     out = np.empty(count, dtype=_lean_dtype(hi, lo))
     pos = 0
-    for item in chunks():
+    for item in first if total <= _LEAN_CHUNK else chunks():
         assert item is not None
         c = item[1]
         for name in LEAN_FIELDS:
@@ -247,13 +250,15 @@ def load_rank_file(
     file_events = -1
     try:
         names = ("spans", "memory", "meta") if lean else ("events", "spans", "memory", "meta")
-        arrays = _read_npz(Path(path), names)
-        spans, memory = arrays["spans"], arrays["memory"]
-        raw = json.loads(bytes(arrays["meta"]).decode("utf-8"))
-        if lean and isinstance(raw, dict):
-            groups = raw.get("groups") if isinstance(raw.get("groups"), list) else []
-            with zipfile.ZipFile(path) as zf:
+        got = None
+        with zipfile.ZipFile(path) as zf:  # (its directory read once per file)
+            arrays = _read_npz(Path(path), names, zf)
+            spans, memory = arrays["spans"], arrays["memory"]
+            raw = json.loads(bytes(arrays["meta"]).decode("utf-8"))
+            if lean and isinstance(raw, dict):
+                groups = raw.get("groups") if isinstance(raw.get("groups"), list) else []
                 got = _read_events_lean(zf, groups or [], sample_limit)
+        if lean and isinstance(raw, dict):
             if got is None:
                 raise MeshprofError(
                     f"{path}: rank file of another meshprof format (column layout differs)"
