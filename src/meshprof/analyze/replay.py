@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from meshprof.analyze import replay_c
 from meshprof.analyze.match import CollectiveMatch
 from meshprof.analyze.sorting import RowsByKey, stable_argsort
 from meshprof.analyze.table import EventTable
@@ -374,6 +375,7 @@ def replay(
     after_all: np.ndarray,
     tail_row: np.ndarray,
     new_tail: np.ndarray,
+    compiled: bool = True,
 ) -> np.ndarray:
     """Each chain's step end in each of ``k`` scenarios (int64 [scenario, chain]); scenario 0
     replays the recorded gaps.
@@ -385,8 +387,8 @@ def replay(
     0: none; the arrays are reused: their 0s become k) in which the member's gap becomes
     ``new_gap``; ``tail_row`` over chains likewise
     for ``new_tail``. ``c_start``, ``const``, ``tail``, ``after_all``: the chains' starts and
-    the :class:`Recorded` fields of those names."""
-    nb = len(bounds) - 1
+    the :class:`Recorded` fields of those names. ``compiled``: run the level loop in C
+    (:mod:`meshprof.analyze.replay_c`) when it can be built here, else in numpy (same results)."""
     # per member, in replay order: its scenario in each of gap_rows, with k for none (a spare
     # row of the gap matrix absorbs those writes: one fancy assignment per array and level)
     rows = []
@@ -394,6 +396,38 @@ def replay(
         r[r == 0] = k
         rows.append(r)
     chain = m["chain"].astype(_index_dtype(len(c_start)), copy=False)
+    # scenario k is a spare row absorbing the members in no scenario of a row array
+    a_last = np.repeat(c_start[None, :].astype(np.int64, copy=False), k + 1, axis=0)
+    e_max = a_last.copy()
+    fn = replay_c.load() if compiled else None
+    if fn is not None:
+        delta = m["new_gap"] - m["gap"]
+        replay_c.run_levels(
+            fn, bounds, chain, m["coll"], m["gap"], delta, m["overlapped"], m["waits"],
+            m["after_ns"], const, rows, e_max, a_last,
+        )  # fmt: skip
+        del delta
+    else:
+        _levels_numpy(m, bounds, chain, const, rows, e_max, a_last)
+    e_max, a_last = e_max[:k], a_last[:k]
+    tails = np.repeat(tail[None, :], k, axis=0)
+    hit = np.flatnonzero(tail_row)
+    tails[tail_row[hit], hit] = new_tail[hit]
+    return np.where(after_all[None, :], e_max, a_last) + tails
+
+
+def _levels_numpy(
+    m: dict[str, np.ndarray],
+    bounds: np.ndarray,
+    chain: np.ndarray,
+    const: np.ndarray,
+    rows: list[np.ndarray],
+    e_max: np.ndarray,
+    a_last: np.ndarray,
+) -> None:
+    """:func:`replay`'s level loop in numpy (one Python iteration per level): advances
+    ``e_max`` / ``a_last`` [k + 1, chain] in place."""
+    nb = len(bounds) - 1
     c = m["coll"]
     g, g_new = m["gap"], m["new_gap"]
     ovl, waits, after = m["overlapped"], m["waits"], m["after_ns"]
@@ -420,9 +454,6 @@ def replay(
     delta = g_new - g  # (a scenario's gap: the recorded one + this)
     del g_new
     cols = np.arange(max(np.diff(bounds).max(initial=0), 0))
-    # scenario k is a spare row absorbing the members in no scenario of a row array
-    a_last = np.repeat(c_start[None, :], k + 1, axis=0)
-    e_max = a_last.copy()
     for lvl in range(nb):
         lo, hi = cut[lvl], cut[lvl + 1]
         if hi == lo:
@@ -446,8 +477,3 @@ def replay(
         a_last[:, chn] = arr
         np.maximum(done, e_max[:, chn], out=done)
         e_max[:, chn] = done
-    e_max, a_last = e_max[:k], a_last[:k]
-    tails = np.repeat(tail[None, :], k, axis=0)
-    hit = np.flatnonzero(tail_row)
-    tails[tail_row[hit], hit] = new_tail[hit]
-    return np.where(after_all[None, :], e_max, a_last) + tails

@@ -1,0 +1,75 @@
+/* The what-if replay's level loop (meshprof/analyze/replay.py: replay), in C: the same integer
+ * arithmetic, member by member instead of one numpy call per level and array. Built on first use
+ * by meshprof/analyze/replay_c.py (plain C, no Python or numpy headers) and called through
+ * ctypes; replay.py's numpy loop is the reference and the fallback.
+ *
+ * State: e_max and a_last, [k1][n_chains] row-major (k1 = scenarios + the spare row).
+ * Members [0, n) of this block, levels given by bounds (n_levels + 1 offsets into the block);
+ * within a level members are sorted by collective (a run of equal coll is one collective).
+ * rows: n_rows arrays of n scenario indices (in 1..k1-1; k1-1 is the spare row) whose member's
+ * gap changes by delta in that scenario. Additions wrap as numpy's int64 does. */
+#include <stdint.h>
+
+static inline int64_t add(int64_t a, int64_t b) { return (int64_t)((uint64_t)a + (uint64_t)b); }
+static inline int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
+
+/* scratch: 2 * k1 * (widest level) int64. */
+void meshprof_replay_levels(int64_t n_levels, const int64_t* bounds, const int64_t* chain,
+                            const int64_t* coll, const int64_t* gap, const int64_t* delta,
+                            const uint8_t* ovl, const uint8_t* waits, const int64_t* after,
+                            const int64_t* cconst, int64_t n_rows, const int64_t* rows, int64_t n,
+                            int64_t k1, int64_t n_chains, int64_t* e_max, int64_t* a_last,
+                            int64_t* scratch) {
+  for (int64_t lvl = 0; lvl < n_levels; ++lvl) {
+    const int64_t lo = bounds[lvl], hi = bounds[lvl + 1], w = hi - lo;
+    if (w <= 0) continue;
+    int64_t* arr = scratch;         /* [k1][w] */
+    int64_t* done = scratch + k1 * w; /* [k1][w] */
+    /* arrival: the chain's latest completion (its last issue when overlapped) + the gap */
+    for (int64_t s = 0; s < k1; ++s) {
+      const int64_t* em = e_max + s * n_chains;
+      const int64_t* al = a_last + s * n_chains;
+      for (int64_t j = 0; j < w; ++j) {
+        const int64_t i = lo + j, ch = chain[i];
+        arr[s * w + j] = add(ovl[i] ? al[ch] : em[ch], gap[i]);
+      }
+    }
+    for (int64_t r = 0; r < n_rows; ++r) {
+      const int64_t* row = rows + r * n;
+      for (int64_t j = 0; j < w; ++j) {
+        const int64_t i = lo + j;
+        arr[row[i] * w + j] = add(arr[row[i] * w + j], delta[i]);
+      }
+    }
+    /* release of each collective: its last arrival (at least its constant); completions */
+    for (int64_t s = 0; s < k1; ++s) {
+      const int64_t* a = arr + s * w;
+      int64_t* d = done + s * w;
+      int64_t j0 = 0;
+      while (j0 < w) {
+        int64_t j1 = j0 + 1;
+        while (j1 < w && coll[lo + j1] == coll[lo + j0]) ++j1;
+        int64_t rel = max64(a[j0], cconst[lo + j0]);
+        for (int64_t j = j0 + 1; j < j1; ++j) rel = max64(rel, a[j]);
+        for (int64_t j = j0; j < j1; ++j) {
+          const int64_t i = lo + j;
+          d[j] = waits[i] ? add(rel, after[i]) : add(a[j], after[i]);
+        }
+        j0 = j1;
+      }
+    }
+    /* completion never before the chain's latest one; then the chains move on */
+    for (int64_t s = 0; s < k1; ++s) {
+      int64_t* em = e_max + s * n_chains;
+      int64_t* al = a_last + s * n_chains;
+      const int64_t* a = arr + s * w;
+      const int64_t* d = done + s * w;
+      for (int64_t j = 0; j < w; ++j) {
+        const int64_t ch = chain[lo + j];
+        const int64_t v = max64(d[j], em[ch]);
+        al[ch] = a[j];
+        em[ch] = v;
+      }
+    }
+  }
+}
