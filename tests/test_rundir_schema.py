@@ -152,3 +152,35 @@ def test_resolve_layout_precedence() -> None:
     assert resolve_layout(RankMeta(), manifest) == Layout(pp=2)
     assert resolve_layout(None, None) is None
     assert resolve_layout(RankMeta(layout={"dp": "x"}), None) is None  # unreadable: unknown
+
+
+def test_lean_read_of_a_stored_member_equals_the_full_read_and_checks_its_crc(
+    tmp_path: Path,
+) -> None:
+    """The lean reader reads an uncompressed events member with os.pread (GIL released): the
+    same rows as np.load's full read, and a flipped byte in the data is a damaged file, as
+    zipfile's own CRC check makes it."""
+    import shutil
+    import zipfile
+
+    from meshprof.errors import MeshprofError
+
+    src = rank_file(GOLDEN, 0)
+    full = load_rank_file(src)
+    lean = load_rank_file(src, lean=True)
+    done = full.events[full.events["duration_ns"] >= 0]
+    assert len(lean.events) == len(done) > 0
+    for name in lean.events.dtype.names or ():
+        assert (lean.events[name].astype(np.int64) == done[name].astype(np.int64)).all()
+    with zipfile.ZipFile(src) as zf:
+        info = zf.getinfo("events.npy")
+        assert info.compress_type == zipfile.ZIP_STORED  # (the path under test)
+    bad = tmp_path / src.name
+    shutil.copy(src, bad)
+    start = info.header_offset + 30 + len(info.filename) + len(info.extra)
+    for at in (start + info.file_size - 1, start + 200):  # in the rows; in the .npy header
+        data = bytearray(src.read_bytes())
+        data[at] ^= 0xFF
+        bad.write_bytes(bytes(data))
+        with pytest.raises(MeshprofError, match="damaged rank file"):
+            load_rank_file(bad, lean=True)

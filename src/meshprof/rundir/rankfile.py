@@ -119,10 +119,66 @@ def _read_into(f: Any, arr: np.ndarray, name: str) -> None:
     while got < len(view):
         # in 256 KiB pieces, as np.load reads (ZipExtFile.readinto reads into a
         # temporary bytes first; larger pieces left glibc arenas holding more)
-        k = f.readinto(view[got : got + (1 << 18)])
+        step = len(view) if isinstance(f, _StoredMember) else 1 << 18  # (no temporary)
+        k = f.readinto(view[got : got + step])
         if not k:
             raise EOFError(f"{name}: truncated ({got} of {len(view)} bytes)")
         got += k
+
+
+class _StoredMember:
+    """An uncompressed zip member read with ``os.pread`` (the GIL is released while the kernel
+    copies, so rank files load on several cores at once; ``ZipExtFile`` reads in Python under
+    the GIL). The CRC is checked, as ``zipfile`` does, once the last byte is read."""
+
+    def __init__(self, fd: int, offset: int, size: int, crc: int, name: str) -> None:
+        self._fd, self._pos, self._end, self._crc, self._want = fd, offset, offset + size, 0, crc
+        self._name = name
+
+    def readinto(self, view: memoryview) -> int:
+        import os
+        import zlib
+
+        n = min(len(view), self._end - self._pos)
+        got = 0
+        while got < n:
+            k = os.preadv(self._fd, [view[got:n]], self._pos + got)
+            if k <= 0:
+                break
+            got += k
+        self._crc = zlib.crc32(view[:got], self._crc)
+        self._pos += got
+        if self._pos >= self._end and self._crc != self._want:
+            raise zipfile.BadZipFile(f"Bad CRC-32 for file {self._name!r}")
+        return got
+
+    def read(self, n: int) -> bytes:
+        buf = bytearray(max(min(n, self._end - self._pos), 0))
+        got = self.readinto(memoryview(buf))
+        return bytes(buf[:got])
+
+    def __enter__(self) -> _StoredMember:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def _open_member(zf: zipfile.ZipFile, fd: int | None, name: str) -> Any:
+    """``name`` of ``zf`` as a file: read with ``os.pread`` when it is stored uncompressed and
+    ``fd`` (the same file, opened for reading) is given, else through ``zipfile``."""
+    info = zf.getinfo(name)
+    if fd is None or info.compress_type != zipfile.ZIP_STORED or info.flag_bits & 0x1:
+        return zf.open(name)
+    import os
+    import struct
+
+    head = os.pread(fd, 30, info.header_offset)  # the local header: its own name/extra lengths
+    if len(head) != 30 or head[:4] != b"PK\x03\x04":
+        return zf.open(name)
+    n_name, n_extra = struct.unpack("<HH", head[26:30])
+    start = info.header_offset + 30 + n_name + n_extra
+    return _StoredMember(fd, start, info.file_size, info.CRC, name)
 
 
 def _read_npz(path: Path, names: tuple[str, ...], zf: zipfile.ZipFile) -> dict[str, np.ndarray]:
@@ -177,7 +233,7 @@ def _lean_dtype(hi: dict[str, int], lo: dict[str, int]) -> np.dtype:
 
 
 def _read_events_lean(
-    zf: zipfile.ZipFile, groups: list[Any], sample_limit: int | None
+    zf: zipfile.ZipFile, groups: list[Any], sample_limit: int | None, fd: int | None = None
 ) -> tuple[np.ndarray, int] | None:
     """The completed events (duration ≥ 0) of a rank file, only the :data:`LEAN_FIELDS`, each
     column as narrow as its values allow; with ``sample_limit``, only the collectives whose
@@ -190,7 +246,7 @@ def _read_events_lean(
     ngroups = len(groups)
 
     def chunks() -> Any:
-        with zf.open("events.npy") as f:
+        with _open_member(zf, fd, "events.npy") as f:
             parsed = _member_header(f, "events")
             if parsed is None or parsed[0] != EVENT_DTYPE or len(parsed[1]) != 1:
                 yield None
@@ -257,7 +313,13 @@ def load_rank_file(
             raw = json.loads(bytes(arrays["meta"]).decode("utf-8"))
             if lean and isinstance(raw, dict):
                 groups = raw.get("groups") if isinstance(raw.get("groups"), list) else []
-                got = _read_events_lean(zf, groups or [], sample_limit)
+                import os
+
+                fd = os.open(path, os.O_RDONLY)
+                try:
+                    got = _read_events_lean(zf, groups or [], sample_limit, fd)
+                finally:
+                    os.close(fd)
         if lean and isinstance(raw, dict):
             if got is None:
                 raise MeshprofError(
@@ -268,7 +330,10 @@ def load_rank_file(
             events = arrays["events"] if "events" in arrays else np.zeros(0, EVENT_DTYPE)
     except FileNotFoundError:
         raise MeshprofError(f"{path}: no such file") from None
-    except (zipfile.BadZipFile, ValueError, KeyError, OSError, EOFError, UnicodeDecodeError) as e:
+    except (
+        zipfile.BadZipFile, ValueError, KeyError, OSError, EOFError, UnicodeDecodeError,
+        TypeError, SyntaxError,  # a damaged .npy header (numpy parses it as a literal)
+    ) as e:  # fmt: skip
         raise MeshprofError(f"{path}: damaged rank file ({type(e).__name__}: {e})") from None
     ev_ok = lean or events.dtype == EVENT_DTYPE
     if not ev_ok or spans.dtype != SPAN_DTYPE or memory.dtype != MEMORY_DTYPE:
