@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from data.meshprof_synth import MS, real_worker, synthetic_run
+from data.meshprof_synth import MS, US, real_worker, synthetic_run
 from meshprof.analyze.intervals import covered as covered_ns
 from meshprof.analyze.intervals import union as _union
 from meshprof.report import analyze_run
@@ -24,7 +24,7 @@ def test_real_run_names_slow_rank_and_phase(tmp_path):
     # the excess is the injected sleep (sleep overshoot on a busy machine stays well under 10 ms)
     assert abs(x.excess_ns - extra_s * 1e9) < 10 * MS, x
     assert abs(x.phase_excess_ns - extra_s * 1e9) < 10 * MS, x
-    assert x.last_share > 0.5
+    assert x.waited_for_share > 0.9
     # the others waited for it: their wait share is larger than the straggler's
     by = {r.rank: r for r in rep.ranks}
     assert by[0].wait_share > by[1].wait_share and by[2].wait_share > by[1].wait_share
@@ -36,6 +36,24 @@ def test_real_balanced_run_names_none(tmp_path):
     rep = analyze_run(load_run(tmp_path))
     assert rep.stragglers.stragglers == ()
     assert not [f for f in rep.findings if f.kind == "straggler"]
+
+
+def test_back_to_back_collectives_do_not_dilute_the_straggler(tmp_path):
+    # five all_reduces a step, back to back: only the first waits for the slow rank (3 ms); the
+    # other four every rank reaches within the ±20 µs completion jitter, so who arrives "last"
+    # there is noise, and the slow rank arrives last in fewer than half of its collectives
+    colls = [(4096, 1 * MS)] + [(4096, 200 * US)] * 4
+    synthetic_run(
+        tmp_path, 4, [0, 1 * MS, 2 * MS, 3 * MS], slow_rank=2, extra_ns=3 * MS, collectives=colls
+    )
+    rep = analyze_run(load_run(tmp_path))
+    by = {x.rank: x for x in rep.stragglers.scores}
+    assert by[2].last_share < 0.5  # the count alone would not name it
+    # the truth: the first collective's skew is the 3 ms, the others' at most 40 µs
+    assert by[2].waited_for_share > 1 - 4 * 40 * US / (3 * MS)
+    assert all(by[r].waited_for_share < 0.05 for r in (0, 1, 3))
+    assert [x.rank for x in rep.stragglers.stragglers] == [2]
+    assert rep.stragglers.stragglers[0].phase == "forward"
 
 
 def test_synthetic_threshold_and_no_steps(tmp_path):

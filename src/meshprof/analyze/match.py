@@ -278,3 +278,26 @@ def arrived_last_share(m: CollectiveMatch) -> dict[int, tuple[int, int]]:
         counts += np.bincount(m.member_rank[c0 : c0 + step][part], minlength=top)
     lc = np.bincount(m.last_rank[multi], minlength=top)
     return {int(r): (int(lc[r]), int(counts[r])) for r in np.flatnonzero(counts).tolist()}
+
+
+def waited_for_skew(m: CollectiveMatch) -> dict[int, tuple[float, float]]:
+    """rank → (skew of the collectives it arrived last at, skew of all collectives it took part
+    in), ns, over collectives with at least 2 members present.
+
+    The ratio is the share of the waiting in a rank's collectives that was spent waiting for it:
+    each collective counts with its arrival skew (last − first arrival), so back-to-back
+    collectives that every member reaches within µs of the others (where who is "last" is clock
+    noise) weigh nothing against the milliseconds a slow rank holds its peers up."""
+    if not len(m.member_rank):
+        return {}
+    skew = np.where(m.present >= 2, m.skew_ns, 0).astype(np.float64)
+    top = int(m.member_rank.max()) + 1
+    total = np.zeros(top, dtype=np.float64)
+    count = np.zeros(top, dtype=np.int64)
+    step = 1 << 20
+    for c0 in range(0, len(m.member_rank), step):
+        ranks = m.member_rank[c0 : c0 + step]
+        total += np.bincount(ranks, weights=skew[m.member_coll[c0 : c0 + step]], minlength=top)
+        count += np.bincount(ranks, minlength=top)
+    caused = np.bincount(m.last_rank, weights=skew, minlength=top)[:top]
+    return {int(r): (float(caused[r]), float(total[r])) for r in np.flatnonzero(count).tolist()}

@@ -62,6 +62,9 @@ class RankRow:
     """Straggler score."""
     last_share: float
     """Fraction of its collectives it arrived at last."""
+    waited_for_share: float
+    """Fraction of the waiting in its collectives spent waiting for it (skew-weighted; the
+    straggler rule's share, see :mod:`meshprof.analyze.stragglers`)."""
     events: int
     """Completed collectives and send/recv recorded."""
 
@@ -275,7 +278,9 @@ class RunReport:
                     "note": s.note,
                     "named": [dataclasses.asdict(x) for x in s.stragglers],
                     "scores": [
-                        dataclasses.asdict(x) | {"last_share": x.last_share} for x in s.scores
+                        dataclasses.asdict(x)
+                        | {"last_share": x.last_share, "waited_for_share": x.waited_for_share}
+                        for x in s.scores
                     ],
                     "phases": list(s.phases),
                     "phase_ns": s.phase_ns.tolist(),

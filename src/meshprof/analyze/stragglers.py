@@ -16,8 +16,12 @@ communication and wait times are the sample's, scaled by 1/f (communication at m
 Per rank, compute_i = the median over the steps every loaded rank recorded (the median ignores a
 slow first step). The straggler score is ``compute_i / median_over_ranks(compute) − 1``.
 A rank is named a straggler when its score exceeds ``threshold`` (default 5 %), its excess compute
-exceeds ``min_excess_ns`` (default 50 µs, against timer noise), AND it arrived last in more than
-``last_share_min`` (default half) of the collectives it took part in. Its slow phase is the phase
+exceeds ``min_excess_ns`` (default 50 µs, against timer noise), AND its peers were waiting for it
+in more than ``last_share_min`` (default half) of the waiting in its collectives: the
+*waited-for share*, each collective weighted by its arrival skew (last − first arrival), so
+collectives that every member reaches within µs of the others (back-to-back collectives, where
+who is "last" is clock noise) weigh nothing against the milliseconds a slow rank holds its peers
+up. The count-based share (arrived last in k of n collectives) is reported beside it. Its slow phase is the phase
 whose compute time (duration minus communication inside it, median over steps) exceeds the median
 of that phase across ranks by the most.
 """
@@ -31,7 +35,7 @@ import numpy as np
 
 from meshprof.analyze import intervals
 from meshprof.analyze.clock import ClockAlignment
-from meshprof.analyze.match import CollectiveMatch, arrived_last_share
+from meshprof.analyze.match import CollectiveMatch, arrived_last_share, waited_for_skew
 from meshprof.analyze.sorting import RowsByKey, stable_argsort
 from meshprof.analyze.table import EventTable
 from meshprof.rundir import LoadedRun
@@ -55,10 +59,21 @@ class RankScore:
     """Collectives (≥ 2 members present) this rank arrived at last."""
     collectives: int
     """Collectives (≥ 2 members present) this rank took part in."""
+    waited_for_ns: float = 0.0
+    """Arrival skew (ns) summed over the collectives this rank arrived at last."""
+    skew_ns: float = 0.0
+    """Arrival skew (ns) summed over all collectives (≥ 2 members present) it took part in."""
 
     @property
     def last_share(self) -> float:
+        """Fraction of its collectives it arrived at last (each collective counts once)."""
         return self.arrived_last / self.collectives if self.collectives else 0.0
+
+    @property
+    def waited_for_share(self) -> float:
+        """Fraction of the waiting in its collectives that was spent waiting for it (each
+        collective weighted by its arrival skew); 0 when its collectives had no skew."""
+        return self.waited_for_ns / self.skew_ns if self.skew_ns > 0 else 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +88,8 @@ class Straggler:
     """Compute time per step above the median rank (ns)."""
     last_share: float
     """Fraction of its collectives it arrived at last."""
+    waited_for_share: float
+    """Fraction of the waiting in its collectives spent waiting for it (skew-weighted)."""
     phase: str
     """The phase where it is slow ("" when no phase was recorded)."""
     phase_excess_ns: float
@@ -112,7 +129,7 @@ class StragglerReport:
     threshold: float
     """Score above which a rank may be named (fraction)."""
     last_share_min: float
-    """Arrived-last share above which a rank may be named."""
+    """Waited-for share above which a rank may be named."""
     note: str
     """Why nothing could be scored, if so."""
 
@@ -152,6 +169,7 @@ def find_stragglers(
     phase_seen: set[str] = set()
     phase_vals: dict[tuple[int, str], list[float]] = {}
     last = arrived_last_share(match)
+    skew_of = waited_for_skew(match)
     by_rank = RowsByKey(table.rank)
     # member of each table row (-1: none): a rank's members from its rows, without sorting the
     # members by rank (4 B per row instead of a sort of every member)
@@ -203,7 +221,13 @@ def find_stragglers(
     ref = float(np.median(med_rank)) if ccols else float("nan")
     score = med_rank / ref - 1 if ccols and ref > 0 else np.zeros(len(ranks))
     scores = tuple(
-        RankScore(r, float(med_rank[i]), float(score[i]), *last.get(r, (0, 0)))
+        RankScore(
+            r,
+            float(med_rank[i]),
+            float(score[i]),
+            *last.get(r, (0, 0)),
+            *skew_of.get(r, (0.0, 0.0)),
+        )
         for i, r in enumerate(ranks)
     )
     phase_ns = np.full((len(ranks), len(phase_names)), np.nan)
@@ -219,7 +243,7 @@ def find_stragglers(
     stragglers = []
     for i, s in enumerate(scores):
         excess = s.compute_ns - ref if ccols else 0.0
-        if s.score > threshold and excess > min_excess_ns and s.last_share > last_share_min:
+        if s.score > threshold and excess > min_excess_ns and s.waited_for_share > last_share_min:
             phase, pex, pmed = "", 0.0, 0.0
             if phase_names:
                 ex = phase_ns[i] - phase_med
@@ -227,7 +251,16 @@ def find_stragglers(
                     j = int(np.nanargmax(ex))
                     phase, pex, pmed = phase_names[j], float(ex[j]), float(phase_med[j])
             stragglers.append(
-                Straggler(s.rank, s.score, float(excess), s.last_share, phase, pex, pmed)
+                Straggler(
+                    s.rank,
+                    s.score,
+                    float(excess),
+                    s.last_share,
+                    s.waited_for_share,
+                    phase,
+                    pex,
+                    pmed,
+                )
             )
     stragglers.sort(key=lambda x: -x.score)
     note = (
