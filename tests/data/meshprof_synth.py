@@ -255,6 +255,9 @@ def real_worker(
         b0 = time.time_ns()
         dist.all_reduce(t)
         if label:
+            # the slow rank is slow before this one too: right after the first all_reduce who
+            # arrives last would be gloo's completion jitter, not the straggler
+            time.sleep(0.002 + (extra_s / 2 if rank == slow_rank else 0.0))
             with prof.label(label):
                 dist.all_reduce(t)
         o0 = time.time_ns()

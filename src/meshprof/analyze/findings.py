@@ -43,7 +43,7 @@ def find_findings(
             RunFinding(
                 "straggler",
                 "warning",
-                f"rank {x.rank} is a straggler{phase}: {x.score:+.0%} compute vs the median rank, its peers waited for it in {x.waited_for_share:.0%} of the waiting in its collectives",
+                f"rank {x.rank} is a straggler{phase}: {x.score:+.0%} compute vs the median rank, arrived last in {x.last_share:.0%} of its collectives",
                 dataclasses.asdict(x),
             )
         )

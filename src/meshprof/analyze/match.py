@@ -262,11 +262,16 @@ def summarize_match(m: CollectiveMatch) -> MatchSummary:
     )
 
 
-def arrived_last_share(m: CollectiveMatch) -> dict[int, tuple[int, int]]:
+def arrived_last_share(m: CollectiveMatch, min_skew_ns: int = 0) -> dict[int, tuple[int, int]]:
     """rank → (times it arrived last, collectives it took part in), over collectives with at
     least 2 members present (an incomplete collective compares the members that recorded it, so a
-    missing rank file does not hide a straggler among the others)."""
+    missing rank file does not hide a straggler among the others) whose arrival skew exceeds
+    ``min_skew_ns``: below that the order of arrival is noise (clock alignment, timers), as in
+    back-to-back collectives that every member reaches within µs of the others, and such ties
+    would dilute the share of a rank that everybody waits for elsewhere."""
     multi = m.present >= 2
+    if min_skew_ns > 0:
+        multi &= m.skew_ns >= min_skew_ns
     if not len(m.member_rank):
         return {}
     # counted in chunks of members (ranks are small integers: bincounts, no sort of the members)
@@ -278,26 +283,3 @@ def arrived_last_share(m: CollectiveMatch) -> dict[int, tuple[int, int]]:
         counts += np.bincount(m.member_rank[c0 : c0 + step][part], minlength=top)
     lc = np.bincount(m.last_rank[multi], minlength=top)
     return {int(r): (int(lc[r]), int(counts[r])) for r in np.flatnonzero(counts).tolist()}
-
-
-def waited_for_skew(m: CollectiveMatch) -> dict[int, tuple[float, float]]:
-    """rank → (skew of the collectives it arrived last at, skew of all collectives it took part
-    in), ns, over collectives with at least 2 members present.
-
-    The ratio is the share of the waiting in a rank's collectives that was spent waiting for it:
-    each collective counts with its arrival skew (last − first arrival), so back-to-back
-    collectives that every member reaches within µs of the others (where who is "last" is clock
-    noise) weigh nothing against the milliseconds a slow rank holds its peers up."""
-    if not len(m.member_rank):
-        return {}
-    skew = np.where(m.present >= 2, m.skew_ns, 0).astype(np.float64)
-    top = int(m.member_rank.max()) + 1
-    total = np.zeros(top, dtype=np.float64)
-    count = np.zeros(top, dtype=np.int64)
-    step = 1 << 20
-    for c0 in range(0, len(m.member_rank), step):
-        ranks = m.member_rank[c0 : c0 + step]
-        total += np.bincount(ranks, weights=skew[m.member_coll[c0 : c0 + step]], minlength=top)
-        count += np.bincount(ranks, minlength=top)
-    caused = np.bincount(m.last_rank, weights=skew, minlength=top)[:top]
-    return {int(r): (float(caused[r]), float(total[r])) for r in np.flatnonzero(count).tolist()}

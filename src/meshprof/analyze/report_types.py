@@ -62,9 +62,6 @@ class RankRow:
     """Straggler score."""
     last_share: float
     """Fraction of its collectives it arrived at last."""
-    waited_for_share: float
-    """Fraction of the waiting in its collectives spent waiting for it (skew-weighted; the
-    straggler rule's share, see :mod:`meshprof.analyze.stragglers`)."""
     events: int
     """Completed collectives and send/recv recorded."""
 
@@ -275,12 +272,11 @@ class RunReport:
                 "stragglers": {
                     "threshold": s.threshold,
                     "last_share_min": s.last_share_min,
+                    "resolution_ns": s.resolution_ns,
                     "note": s.note,
                     "named": [dataclasses.asdict(x) for x in s.stragglers],
                     "scores": [
-                        dataclasses.asdict(x)
-                        | {"last_share": x.last_share, "waited_for_share": x.waited_for_share}
-                        for x in s.scores
+                        dataclasses.asdict(x) | {"last_share": x.last_share} for x in s.scores
                     ],
                     "phases": list(s.phases),
                     "phase_ns": s.phase_ns.tolist(),

@@ -284,7 +284,6 @@ def rank_rows(run: LoadedRun, table: EventTable, s: StragglerReport) -> tuple[Ra
                 peak_memory_bytes=peak_memory_bytes(rd.memory),
                 score=sc.score,
                 last_share=sc.last_share,
-                waited_for_share=sc.waited_for_share,
                 events=by_rank.count(r),
             )
         )

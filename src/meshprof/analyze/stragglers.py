@@ -16,12 +16,18 @@ communication and wait times are the sample's, scaled by 1/f (communication at m
 Per rank, compute_i = the median over the steps every loaded rank recorded (the median ignores a
 slow first step). The straggler score is ``compute_i / median_over_ranks(compute) − 1``.
 A rank is named a straggler when its score exceeds ``threshold`` (default 5 %), its excess compute
-exceeds ``min_excess_ns`` (default 50 µs, against timer noise), AND its peers were waiting for it
-in more than ``last_share_min`` (default half) of the waiting in its collectives: the
-*waited-for share*, each collective weighted by its arrival skew (last − first arrival), so
-collectives that every member reaches within µs of the others (back-to-back collectives, where
-who is "last" is clock noise) weigh nothing against the milliseconds a slow rank holds its peers
-up. The count-based share (arrived last in k of n collectives) is reported beside it. Its slow phase is the phase
+exceeds ``min_excess_ns`` (default 50 µs, against timer noise), AND it arrived last in more than
+``last_share_min`` (default half) of the collectives it took part in whose order of arrival is
+resolved. A collective's order is resolved when its arrival skew is at least
+max(2 × the clock alignment's largest uncertainty, min(4 × the lower quartile of all skews,
+``min_excess_ns``)): the lower quartile is how closely members arrive when none waits (timer and
+launch jitter), and a skew of ``min_excess_ns`` is a wait whatever the jitter. Collectives that
+every member reaches within that margin (back-to-back collectives such as DDP's buckets after
+the first, where who is "last" is noise) count for no rank, so they do not dilute the share of
+the rank everybody waits for at the first. On a sampled run the threshold is at least two robust
+standard deviations (1.4826 × MAD) of the scores of 8 or more ranks: compute is then step time
+minus a scaled estimate of communication, and the estimate's noise reaches several per cent. Its
+slow phase is the phase
 whose compute time (duration minus communication inside it, median over steps) exceeds the median
 of that phase across ranks by the most.
 """
@@ -35,7 +41,7 @@ import numpy as np
 
 from meshprof.analyze import intervals
 from meshprof.analyze.clock import ClockAlignment
-from meshprof.analyze.match import CollectiveMatch, arrived_last_share, waited_for_skew
+from meshprof.analyze.match import CollectiveMatch, arrived_last_share
 from meshprof.analyze.sorting import RowsByKey, stable_argsort
 from meshprof.analyze.table import EventTable
 from meshprof.rundir import LoadedRun
@@ -58,22 +64,12 @@ class RankScore:
     arrived_last: int
     """Collectives (≥ 2 members present) this rank arrived at last."""
     collectives: int
-    """Collectives (≥ 2 members present) this rank took part in."""
-    waited_for_ns: float = 0.0
-    """Arrival skew (ns) summed over the collectives this rank arrived at last."""
-    skew_ns: float = 0.0
-    """Arrival skew (ns) summed over all collectives (≥ 2 members present) it took part in."""
+    """Collectives (≥ 2 members present) this rank took part in whose order of arrival is
+    resolved (skew above :attr:`StragglerReport.resolution_ns`)."""
 
     @property
     def last_share(self) -> float:
-        """Fraction of its collectives it arrived at last (each collective counts once)."""
         return self.arrived_last / self.collectives if self.collectives else 0.0
-
-    @property
-    def waited_for_share(self) -> float:
-        """Fraction of the waiting in its collectives that was spent waiting for it (each
-        collective weighted by its arrival skew); 0 when its collectives had no skew."""
-        return self.waited_for_ns / self.skew_ns if self.skew_ns > 0 else 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,8 +84,6 @@ class Straggler:
     """Compute time per step above the median rank (ns)."""
     last_share: float
     """Fraction of its collectives it arrived at last."""
-    waited_for_share: float
-    """Fraction of the waiting in its collectives spent waiting for it (skew-weighted)."""
     phase: str
     """The phase where it is slow ("" when no phase was recorded)."""
     phase_excess_ns: float
@@ -129,7 +123,11 @@ class StragglerReport:
     threshold: float
     """Score above which a rank may be named (fraction)."""
     last_share_min: float
-    """Waited-for share above which a rank may be named."""
+    """Arrived-last share above which a rank may be named."""
+    resolution_ns: int
+    """Arrival skew (ns) a collective must reach for its last rank to count (order resolved):
+    max(2 × the clock alignment's largest uncertainty, min(4 × lower quartile of the skews,
+    min_excess_ns))."""
     note: str
     """Why nothing could be scored, if so."""
 
@@ -168,8 +166,11 @@ def find_stragglers(
     phase_names: list[str] = []
     phase_seen: set[str] = set()
     phase_vals: dict[tuple[int, str], list[float]] = {}
-    last = arrived_last_share(match)
-    skew_of = waited_for_skew(match)
+    # the lower quartile of arrival skews: how closely the members arrive when none waits
+    multi = match.present >= 2
+    jitter_ns = float(np.percentile(match.skew_ns[multi], 25)) if multi.any() else 0.0
+    resolution_ns = int(max(2 * clock.max_uncertainty_ns, min(4 * jitter_ns, min_excess_ns)))
+    last = arrived_last_share(match, resolution_ns)
     by_rank = RowsByKey(table.rank)
     # member of each table row (-1: none): a rank's members from its rows, without sorting the
     # members by rank (4 B per row instead of a sort of every member)
@@ -221,13 +222,7 @@ def find_stragglers(
     ref = float(np.median(med_rank)) if ccols else float("nan")
     score = med_rank / ref - 1 if ccols and ref > 0 else np.zeros(len(ranks))
     scores = tuple(
-        RankScore(
-            r,
-            float(med_rank[i]),
-            float(score[i]),
-            *last.get(r, (0, 0)),
-            *skew_of.get(r, (0.0, 0.0)),
-        )
+        RankScore(r, float(med_rank[i]), float(score[i]), *last.get(r, (0, 0)))
         for i, r in enumerate(ranks)
     )
     phase_ns = np.full((len(ranks), len(phase_names)), np.nan)
@@ -241,9 +236,14 @@ def find_stragglers(
             np.nanmedian(phase_ns, axis=0) if phase_names else np.full(0, np.nan, dtype=float)
         )
     stragglers = []
+    named_above = threshold
+    finite = np.asarray([s.score for s in scores if np.isfinite(s.score)], dtype=float)
+    if f < 1 and len(finite) >= 8:
+        mad = float(np.median(np.abs(finite - np.median(finite))))
+        named_above = max(threshold, 2 * 1.4826 * mad)
     for i, s in enumerate(scores):
         excess = s.compute_ns - ref if ccols else 0.0
-        if s.score > threshold and excess > min_excess_ns and s.waited_for_share > last_share_min:
+        if s.score > named_above and excess > min_excess_ns and s.last_share > last_share_min:
             phase, pex, pmed = "", 0.0, 0.0
             if phase_names:
                 ex = phase_ns[i] - phase_med
@@ -251,16 +251,7 @@ def find_stragglers(
                     j = int(np.nanargmax(ex))
                     phase, pex, pmed = phase_names[j], float(ex[j]), float(phase_med[j])
             stragglers.append(
-                Straggler(
-                    s.rank,
-                    s.score,
-                    float(excess),
-                    s.last_share,
-                    s.waited_for_share,
-                    phase,
-                    pex,
-                    pmed,
-                )
+                Straggler(s.rank, s.score, float(excess), s.last_share, phase, pex, pmed)
             )
     stragglers.sort(key=lambda x: -x.score)
     note = (
@@ -281,7 +272,8 @@ def find_stragglers(
         phase_ns=phase_ns,
         phase_median_ns=phase_med,
         stragglers=tuple(stragglers),
-        threshold=threshold,
+        threshold=named_above,
         last_share_min=last_share_min,
+        resolution_ns=resolution_ns,
         note=note,
     )

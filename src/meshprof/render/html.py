@@ -203,12 +203,9 @@ def _ranks_table(rep: RunReport) -> str:
             r.peak_memory_bytes,
             r.score,
             r.last_share,
-            r.waited_for_share,
         )
         rows.append([*zip(texts, values, strict=True), (str(r.events), r.events)])
-    return html_table(
-        [*RANK_COLUMNS, "straggler score", "arrived last", "waited for", "events"], rows
-    )
+    return html_table([*RANK_COLUMNS, "straggler score", "arrived last", "events"], rows)
 
 
 def _heatmap(rep: RunReport) -> str:
@@ -335,12 +332,12 @@ def _straggler_view(rep: RunReport) -> str:
     elif s.stragglers:
         head = "".join(
             f'<p class="warn" id="straggler-{x.rank}">Straggler: <b>rank {x.rank}</b>, {x.score:+.1%} compute vs median, '
-            f"its peers waited for it in {x.waited_for_share:.0%} of the waiting in its collectives (arrived last in {x.last_share:.0%}); slow phase <b>{_E(x.phase or '-')}</b> "
+            f"arrived last in {x.last_share:.0%} of its collectives; slow phase <b>{_E(x.phase or '-')}</b> "
             f"(+{_E(fmt_ns(x.phase_excess_ns))} per step over the median {_E(fmt_ns(x.phase_median_ns))}).</p>"
             for x in s.stragglers
         )
     else:
-        head = f'<p class="ok" id="no-straggler">No straggler: no rank has a score above {s.threshold:.0%} while its peers wait for it in most of the waiting in its collectives.</p>'
+        head = f'<p class="ok" id="no-straggler">No straggler: no rank has a score above {s.threshold:.0%} while arriving last in most collectives.</p>'
     scale = max([abs(x.score) for x in s.scores if math.isfinite(x.score)] + [s.threshold * 2])
     bh, mid, half = 18, 300, 250
     parts = [f'<svg id="scores" width="{mid + half + 80}" height="{bh * len(s.scores) + 24}">']

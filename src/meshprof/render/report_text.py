@@ -42,7 +42,7 @@ RANK_COLUMNS = (
 
 
 def rank_cells(row: RankRow) -> list[str]:
-    """The texts of :data:`RANK_COLUMNS`, then score, arrived-last and waited-for shares, for one rank."""
+    """The texts of :data:`RANK_COLUMNS`, then score and arrived-last share, for one rank."""
     return [
         str(row.rank),
         row.host,
@@ -58,7 +58,6 @@ def rank_cells(row: RankRow) -> list[str]:
         fmt_bytes(row.peak_memory_bytes) if row.peak_memory_bytes >= 0 else "-",
         fmt_signed_pct(row.score),
         fmt_pct(row.last_share),
-        fmt_pct(row.waited_for_share),
     ]
 
 
@@ -118,7 +117,7 @@ def print_report(rep: RunReport, console: Console) -> None:
     for r, why in rep.problems:
         console.print(f"[red]rank {r} not analyzed:[/] {why}", highlight=False)
     _print_findings(rep, console)
-    t = _table("per rank", (*RANK_COLUMNS, "score", "arrived last", "waited for"), left=("host",))
+    t = _table("per rank", (*RANK_COLUMNS, "score", "arrived last"), left=("host",))
     for row in rep.ranks:
         t.add_row(*rank_cells(row))
     console.print(t)
@@ -150,7 +149,7 @@ def _print_findings(rep: RunReport, console: Console) -> None:
         console.print(f"stragglers: {s.note}")
     elif not s.stragglers:
         console.print(
-            f"No straggler (threshold {s.threshold:.0%} and waited for in most of the waiting)."
+            f"No straggler (threshold {s.threshold:.0%} and arrived last in most collectives)."
         )
 
 
