@@ -13,9 +13,12 @@ modes in a fresh random order every round, and keeps two figures per batch:
 * **wall** (``time.perf_counter_ns`` around the batch, ns per call).
 
 Modes: ``disabled`` (PyTorch alone), ``floor`` (the native kernel installed with
-``enabled=False``: every collective still goes through its boxed C++ kernel, which only
+``enabled=False``: every collective still goes through its typed C++ kernel, which only
 redispatches, and the C++ ``Work.wait``: what any dispatcher-level hook pays before recording
-anything), ``default`` (the default recorder) and ``python`` (``native=False``).
+anything), ``default`` (the default recorder), ``floor-boxed`` and ``default-boxed`` (the same
+with ``MESHPROF_NATIVE_TYPED=0``: one boxed kernel for every op, as before the typed kernels:
+the dispatcher boxes the arguments into IValues and unboxes the result) and ``python``
+(``native=False``).
 
 The added cost of a mode is the **median over rounds of (mode − disabled)** for the same round,
 with a 95% confidence interval of that median from order statistics (distribution-free:
@@ -44,14 +47,19 @@ from typing import Any
 
 import numpy as np
 
-MODES = ("disabled", "floor", "default", "python")
+MODES = ("disabled", "floor", "default", "floor-boxed", "default-boxed", "python")
 
 
 def _set_mode(mode: str) -> str:
     """Install ``mode`` (after removing any recorder); returns the kernel that records."""
+    import os
+
     import meshprof
 
     meshprof.reset()
+    # "-boxed": the native kernel as before typed kernels (one boxed C++ kernel for every op)
+    os.environ["MESHPROF_NATIVE_TYPED"] = "0" if mode.endswith("-boxed") else "1"
+    mode = mode.removesuffix("-boxed")
     if mode == "default":
         return meshprof.enable(meshprof.ProfilerConfig(max_events=100_000)).backend_name
     if mode == "floor":  # the native kernel installed but recording nothing: boxed dispatch
@@ -167,7 +175,7 @@ def main() -> None:
         return
     import torch
 
-    modes = MODES[:3] if args.no_python else MODES
+    modes = MODES[:-1] if args.no_python else MODES
     res = measure(args.batch, args.rounds, modes)
     print(
         f"machine: {platform.processor() or platform.machine()}, {platform.system()}, "

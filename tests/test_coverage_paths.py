@@ -286,17 +286,25 @@ def _worker(rank: int, ws: int, names: list[str]) -> dict[str, Any]:
     out["internal_errors"] = prof.internal_errors
     out["first_internal_error"] = prof.first_internal_error
     out["native"] = prof.backend_name == "native" or bool(prof.config.native)
+    out["typed"] = []
+    if out["native"]:
+        from meshprof.comm.native_build import load
+
+        out["typed"] = list(load().typed_ops())
     return out
 
 
-@pytest.fixture(scope="module", params=["python", "native"])
+@pytest.fixture(scope="module", params=["python", "native", "native-boxed"])
 def runs(request: pytest.FixtureRequest) -> list[dict[str, Any]]:
     """Every scenario on every rank, with the Python recorder and with the native (C++) one
-    (``MESHPROF_NATIVE=1`` makes every ``enable()`` in the workers native)."""
+    (``MESHPROF_NATIVE=1`` makes every ``enable()`` in the workers native): with its typed
+    kernels (the default), and with its one boxed kernel for every op
+    (``MESHPROF_NATIVE_TYPED=0``, the fallback for an op whose C++ signature it does not know)."""
     env = {"TORCH_FR_BUFFER_SIZE": "2000", "MESHPROF_NATIVE": "0"}
-    if request.param == "native":
+    if request.param.startswith("native"):
         require_native()  # built once here, before the ranks start
         env["MESHPROF_NATIVE"] = "1"
+        env["MESHPROF_NATIVE_TYPED"] = "0" if request.param == "native-boxed" else "1"
     res = run_ranks(
         _worker,
         WS,
@@ -308,7 +316,10 @@ def runs(request: pytest.FixtureRequest) -> list[dict[str, Any]]:
     for r in res:
         assert "error" not in r, r.get("error")
         assert r["internal_errors"] == 0, r["first_internal_error"]
-        assert r["native"] == (request.param == "native")
+        assert r["native"] == request.param.startswith("native")
+        # this torch build's signatures are known: every c10d op gets its typed kernel
+        typed = sorted(C10D_TO_OP) if request.param == "native" else []
+        assert sorted(r["typed"]) == typed, r["typed"]
     return res
 
 

@@ -25,6 +25,7 @@ completion, as the Python kernel reports them. With CUDA present the native kern
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from typing import TYPE_CHECKING, Any
@@ -130,7 +131,11 @@ class NativeKernel:
 
     def install(self) -> None:
         self.configure()
-        self.mod.install(self.names)
+        typed = os.environ.get("MESHPROF_NATIVE_TYPED", "1") != "0"
+        try:
+            self.mod.install(self.names, typed)
+        except TypeError:  # a build from before typed kernels
+            self.mod.install(self.names)
         self.set_step(self.prof.step)
         self._patch_work_wait()
 

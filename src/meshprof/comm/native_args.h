@@ -5,8 +5,13 @@
 
 #include <ATen/core/ivalue.h>
 
+#include <ATen/core/Tensor.h>
+
 #include <cstdint>
+#include <initializer_list>
 #include <string>
+#include <type_traits>
+#include <vector>
 
 namespace meshprof_args {
 
@@ -53,6 +58,72 @@ inline int16_t dtype_of(const c10::IValue& v) {
     }
   }
   return -1;
+}
+
+// -- the same, on the typed (unboxed) arguments of a c10d op -----------------------------------
+// A typed kernel receives the op's C++ arguments (ProcessGroup.hpp's signatures): Tensor,
+// TensorList (ArrayRef<Tensor>), vector<vector<Tensor>>, the ProcessGroup's intrusive_ptr,
+// int64_t, bool, ... Each reader takes any of them and answers for the kinds it knows.
+
+inline int64_t nbytes(const at::Tensor& t) {
+  return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0;
+}
+
+template <typename T>
+int64_t typed_bytes(const T& v) {
+  using D = std::decay_t<T>;
+  if constexpr (std::is_same_v<D, at::Tensor>) {
+    return nbytes(v);
+  } else if constexpr (std::is_same_v<D, at::TensorList> || std::is_same_v<D, std::vector<at::Tensor>>) {
+    int64_t n = 0;
+    for (const at::Tensor& t : v) n += nbytes(t);
+    return n;
+  } else if constexpr (std::is_same_v<D, std::vector<std::vector<at::Tensor>>>) {
+    int64_t n = 0;
+    for (const auto& l : v)
+      for (const at::Tensor& t : l) n += nbytes(t);
+    return n;
+  } else {
+    return 0;
+  }
+}
+
+// The first defined tensor of a tensor argument (nullptr: none).
+template <typename T>
+const at::Tensor* typed_first(const T& v) {
+  using D = std::decay_t<T>;
+  if constexpr (std::is_same_v<D, at::Tensor>) {
+    return v.defined() ? &v : nullptr;
+  } else if constexpr (std::is_same_v<D, at::TensorList> || std::is_same_v<D, std::vector<at::Tensor>>) {
+    for (const at::Tensor& t : v)
+      if (t.defined()) return &t;
+    return nullptr;
+  } else if constexpr (std::is_same_v<D, std::vector<std::vector<at::Tensor>>>) {
+    for (const auto& l : v)
+      for (const at::Tensor& t : l)
+        if (t.defined()) return &t;
+    return nullptr;
+  } else {
+    return nullptr;
+  }
+}
+
+template <typename T>
+int64_t typed_int(const T& v, int64_t otherwise) {
+  using D = std::decay_t<T>;
+  if constexpr (std::is_same_v<D, int64_t> || std::is_same_v<D, bool>) {
+    return static_cast<int64_t>(v);
+  } else {
+    return otherwise;
+  }
+}
+
+// f(the i-th of args...) (nothing when i is out of range): a runtime index into a parameter
+// pack, so one reader serves every op's layout (the Spec's argument indices).
+template <typename F, typename... A>
+inline void visit_arg(int i, F&& f, const A&... args) {
+  int k = 0;
+  (void)std::initializer_list<int>{(k++ == i ? (f(args), 0) : 0)...};
 }
 
 }  // namespace meshprof_args

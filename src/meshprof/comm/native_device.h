@@ -169,9 +169,10 @@ inline at::Tensor first_tensor_of(const c10::IValue& v) {
   return at::Tensor();
 }
 
-// The timer of an op whose first tensor is `v` (the kernel's mutex held): none unless device timing is on and
-// the op runs on a CUDA device in a CUDA build -- or the test script is on.
-inline std::unique_ptr<DeviceTimer> make_timer(const c10::IValue& v, int gid) {
+// The timer of an op whose first tensor is `t` (nullptr: none; the kernel's mutex held): none
+// unless device timing is on and the op runs on a CUDA device in a CUDA build -- or the test
+// script is on.
+inline std::unique_ptr<DeviceTimer> make_timer(const at::Tensor* t, int gid) {
   if (script.on) {
     if (script.entries.empty()) return nullptr;
     auto e = script.entries.front();
@@ -181,11 +182,12 @@ inline std::unique_ptr<DeviceTimer> make_timer(const c10::IValue& v, int gid) {
   }
 #ifdef MESHPROF_WITH_CUDA
   if (device_timing.load(std::memory_order_relaxed)) {
-    const at::Tensor t = first_tensor_of(v);
-    if (t.defined() && t.is_cuda()) return std::make_unique<CudaTimer>(gid, t.device().index());
+    if (t != nullptr && t->defined() && t->is_cuda()) {
+      return std::make_unique<CudaTimer>(gid, t->device().index());
+    }
   }
 #endif
-  (void)v;
+  (void)t;
   (void)gid;
   return nullptr;
 }

@@ -28,6 +28,8 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <optional>
+#include <type_traits>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -359,6 +361,112 @@ const T* held(const c10::IValue& v) {
   return static_cast<const T*>(v.toObjectRef().getSlot(0).toCapsule().get());
 }
 
+// What the recorder reads of an op's arguments (the typed and the boxed kernel alike).
+struct Issue {
+  const c10d::ProcessGroup* pg = nullptr;
+  int64_t in_b = 0;   // bytes of the input tensors
+  int64_t out_b = 0;  // bytes of the output tensors
+  int16_t dtype = -1;
+  int peer = -1;      // peer's group rank (send/recv), -1
+  bool async = true;
+};
+
+// Before the op is issued: inside a composite (object collective, custom label) it is counted
+// there; otherwise it takes its (group, seq) and, when timed and sampled, opens its record in
+// `inflight` (r: the record, its start time taken in the same lock as the seq). Returns whether
+// a record was opened. May throw: the caller then runs the op unrecorded.
+bool begin(const Spec& spec, const Issue& a, Rec& r) {
+  if (comp_depth > 0) {
+    comp_in += a.in_b;
+    comp_out += a.out_b;
+    comp_n += 1;
+    return false;
+  }
+  if (a.pg == nullptr) return false;
+  std::lock_guard<std::mutex> g(mu);
+  int gid = group_of(a.pg);
+  int64_t seq;
+  if (spec.p2p) {
+    auto key = std::make_tuple(gid, a.peer, spec.p2p);
+    seq = p2p_seqs[key]++;
+  } else {
+    seq = seqs[gid]++;
+  }
+  r.op = static_cast<uint8_t>(spec.op_code);
+  r.group = static_cast<uint16_t>(gid);
+  r.peer = a.peer;
+  r.seq = seq;
+  r.in_bytes = a.in_b;
+  r.out_bytes = a.out_b;
+  r.dtype = a.dtype;
+  r.flags = a.async ? kAsync : 0;
+  r.step = step_now.load(std::memory_order_relaxed);
+  r.dur = -1;
+  r.host_dur = -1;
+  bool timed = ((op_mask >> spec.op_code) & 1ull) != 0;
+  uint64_t h = ((static_cast<uint64_t>(seq) * 2654435761ull) ^ group_crc[gid]) & 0xFFFFFFFFull;
+  if (timed && h < threshold) {
+    r.sampled = 1;
+    r.token = next_token.fetch_add(1, std::memory_order_relaxed);
+    r.t0 = now_ns();
+    inflight.emplace(r.token, r);
+    return true;
+  }
+  if (timed) {
+    r.sampled = 0;  // counted only
+    done.push_back(r);
+  }
+  return false;
+}
+
+// A device timer for the op about to be issued (its first tensor `first`), marked last, right
+// before the op is issued. Returns whether the op is device-timed.
+bool start_device(const Rec& r, const at::Tensor* first) {
+  if (!(script.on || (meshprof_device::kWithCuda && meshprof_device::device_timing.load()))) {
+    return false;
+  }
+  std::lock_guard<std::mutex> g(mu);
+  try {
+    auto timer = meshprof_device::make_timer(first, r.group);
+    if (timer) return timers.emplace(r.token, std::move(timer)).second;
+  } catch (...) {
+  }
+  return false;
+}
+
+// The op raised: its record ends with the error (the caller rethrows).
+void failed(const Rec& r, const std::exception& e) {
+  try {
+    std::string msg = e.what();
+    complete(r.token, now_ns(), &msg);
+  } catch (...) {
+  }
+}
+
+// The op was issued and returned `work` (nullptr: a synchronous op, ended now): its completion
+// is watched (future callback, poller or wait thread). Never throws.
+void issued(const Spec& spec, const Rec& r, bool device, const c10::intrusive_ptr<c10d::Work>* work) {
+  try {
+    if (work != nullptr && work->defined()) {
+      if (device) {
+        std::lock_guard<std::mutex> g(mu);
+        auto tt = timers.find(r.token);
+        if (tt != timers.end()) tt->second->attach(*work);
+      }
+      watch(*work, r.token, spec.wait_thread != 0, device);
+    } else {
+      complete(r.token, now_ns(), nullptr);  // synchronous op (monitored_barrier)
+    }
+  } catch (...) {
+    try {
+      complete(r.token, now_ns(), nullptr);
+    } catch (...) {
+    }
+  }
+}
+
+// The boxed kernel: any c10d op whose typed kernel could not be registered (a signature this
+// build does not know). Its arguments are read from the IValue stack.
 void kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
   const auto below = ks.remove(c10::DispatchKey::BackendSelect);
   if (!enabled.load(std::memory_order_relaxed)) {
@@ -368,6 +476,7 @@ void kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::S
   const Spec* spec = nullptr;
   Rec r{};
   bool record = false;
+  at::Tensor first;
   try {
     auto it = specs.find(op.schema().name());
     if (it != specs.end()) spec = &it->second;
@@ -375,89 +484,181 @@ void kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::S
       const size_t n = op.schema().arguments().size();
       const size_t base = stack->size() - n;
       auto arg = [&](int i) -> const c10::IValue& { return (*stack)[base + i]; };
-      int64_t in_b = spec->in_arg >= 0 ? bytes_of(arg(spec->in_arg)) : 0;
-      int64_t out_b = spec->out_arg >= 0 ? bytes_of(arg(spec->out_arg)) : 0;
-      if (comp_depth > 0) {  // inside an object collective / custom label: counted there
-        comp_in += in_b;
-        comp_out += out_b;
-        comp_n += 1;
-      } else {
-        const c10d::ProcessGroup* pg = held<c10d::ProcessGroup>(arg(spec->pg_arg));
-        std::lock_guard<std::mutex> g(mu);
-        int gid = group_of(pg);
-        int peer = spec->peer_arg >= 0 ? static_cast<int>(arg(spec->peer_arg).toInt()) : -1;
-        int64_t seq;
-        if (spec->p2p) {
-          auto key = std::make_tuple(gid, peer, spec->p2p);
-          seq = p2p_seqs[key]++;
-        } else {
-          seq = seqs[gid]++;
-        }
-        r.op = static_cast<uint8_t>(spec->op_code);
-        r.group = static_cast<uint16_t>(gid);
-        r.peer = peer;
-        r.seq = seq;
-        r.in_bytes = in_b;
-        r.out_bytes = out_b;
-        r.dtype = dtype_of(arg(spec->tensor_arg));
-        r.flags = (spec->async_arg < 0 || arg(spec->async_arg).toBool()) ? kAsync : 0;
-        r.step = step_now.load(std::memory_order_relaxed);
-        r.dur = -1;
-        r.host_dur = -1;
-        bool timed = ((op_mask >> spec->op_code) & 1ull) != 0;
-        uint64_t h = ((static_cast<uint64_t>(seq) * 2654435761ull) ^ group_crc[gid]) & 0xFFFFFFFFull;
-        if (timed && h < threshold) {
-          r.sampled = 1;
-          r.token = next_token.fetch_add(1);
-          r.t0 = now_ns();  // in the same lock as the seq: one lock per op on this path
-          inflight.emplace(r.token, r);
-          record = true;
-        } else if (timed) {
-          r.sampled = 0;  // counted only
-          done.push_back(r);
-        }
+      Issue a;
+      a.in_b = spec->in_arg >= 0 ? bytes_of(arg(spec->in_arg)) : 0;
+      a.out_b = spec->out_arg >= 0 ? bytes_of(arg(spec->out_arg)) : 0;
+      if (comp_depth == 0) {
+        a.pg = held<c10d::ProcessGroup>(arg(spec->pg_arg));
+        a.peer = spec->peer_arg >= 0 ? static_cast<int>(arg(spec->peer_arg).toInt()) : -1;
+        a.dtype = dtype_of(arg(spec->tensor_arg));
+        a.async = spec->async_arg < 0 || arg(spec->async_arg).toBool();
+      }
+      record = begin(*spec, a, r);
+      if (record && (script.on || meshprof_device::kWithCuda)) {
+        first = meshprof_device::first_tensor_of(arg(spec->tensor_arg));
       }
     }
   } catch (...) {
     record = false;  // never break training: run the op unrecorded
   }
-  bool device = false;
-  if (record && (script.on || (meshprof_device::kWithCuda && meshprof_device::device_timing.load()))) {
-    std::lock_guard<std::mutex> g(mu);
-    try {  // a device start is marked last, right before the op is issued
-      const size_t base = stack->size() - op.schema().arguments().size();
-      auto timer = meshprof_device::make_timer((*stack)[base + spec->tensor_arg], r.group);
-      if (timer) device = timers.emplace(r.token, std::move(timer)).second;
-    } catch (...) {
-    }
-  }
+  const bool device = record && start_device(r, first.defined() ? &first : nullptr);
   try {
     op.redispatchBoxed(below, stack);
   } catch (const std::exception& e) {
-    if (record) {
-      std::string msg = e.what();
-      complete(r.token, now_ns(), &msg);
-    }
+    if (record) failed(r, e);
     throw;
   }
   if (!record) return;
+  c10::intrusive_ptr<c10d::Work> work;
   try {
     const c10::IValue* w = stack->empty() ? nullptr : &stack->back();
     if (w != nullptr && w->isCustomClass()) {
-      auto work = c10::static_intrusive_pointer_cast<c10d::Work>(w->toObjectRef().getSlot(0).toCapsule());
-      if (device) {
-        std::lock_guard<std::mutex> g(mu);
-        auto tt = timers.find(r.token);
-        if (tt != timers.end()) tt->second->attach(work);
-      }
-      watch(work, r.token, spec->wait_thread != 0, device);
-    } else {
-      complete(r.token, now_ns(), nullptr);  // synchronous op (monitored_barrier)
+      work = c10::static_intrusive_pointer_cast<c10d::Work>(w->toObjectRef().getSlot(0).toCapsule());
     }
   } catch (...) {
-    complete(r.token, now_ns(), nullptr);
+  }
+  issued(*spec, r, device, work ? &work : nullptr);
+}
+
+// -- typed kernels ------------------------------------------------------------------------------
+// The ops PyTorch calls with a typed handle (ProcessGroup.hpp: op.call with these exact C++
+// signatures) get a typed kernel: the dispatcher calls it with the C++ arguments, without
+// boxing them into an IValue stack (a List per tensor list, an Object per ProcessGroup and
+// Work) and unboxing the result, and it redispatches typed. An op whose signature differs in
+// the running torch build keeps the boxed kernel (registration checks the signature first).
+
+using PG = c10::intrusive_ptr<c10d::ProcessGroup>;
+using RO = c10::intrusive_ptr<c10d::ReduceOp>;
+using WorkPtr = c10::intrusive_ptr<c10d::Work>;
+using TensorVec = std::vector<at::Tensor>;
+using TensorVecs = std::vector<std::vector<at::Tensor>>;
+
+constexpr int kSlots = 20;
+Spec slot_spec[kSlots];          // by slot: the op's row of ops.py's table
+std::atomic<bool> slot_known[kSlots];  // configure() gave the slot a row
+const char* const kSlotNames[kSlots] = {
+    "allreduce_", "allreduce_coalesced_", "allgather_", "_allgather_base_",
+    "allgather_coalesced_", "allgather_into_tensor_coalesced_", "reduce_scatter_",
+    "_reduce_scatter_base_", "reduce_scatter_tensor_coalesced_", "broadcast_", "reduce_",
+    "gather_", "scatter_", "alltoall_", "alltoall_base_", "barrier", "monitored_barrier_",
+    "send", "recv_", "recv_any_source_"};
+
+int slot_of(const std::string& name) {
+  for (int i = 0; i < kSlots; ++i)
+    if (name == kSlotNames[i]) return i;
+  return -1;
+}
+
+template <typename R>
+const WorkPtr* work_of(const R& out) {
+  if constexpr (std::is_same_v<R, WorkPtr>) {
+    return &out;
+  } else {
+    return &std::get<1>(out);  // (outputs, work)
   }
 }
+
+template <int Slot, typename Sig>
+struct Typed;
+
+template <int Slot, typename Ret, typename... Args>
+struct Typed<Slot, Ret(Args...)> {
+  static inline std::optional<c10::TypedOperatorHandle<Ret(Args...)>> op;
+
+  static Ret fn(c10::DispatchKeySet ks, Args... args) {
+    const auto below = ks.remove(c10::DispatchKey::BackendSelect);
+    if (!enabled.load(std::memory_order_relaxed) || !slot_known[Slot].load(std::memory_order_relaxed)) {
+      return op->redispatch(below, std::forward<Args>(args)...);
+    }
+    const Spec& spec = slot_spec[Slot];
+    Rec r{};
+    bool record = false;
+    const at::Tensor* first = nullptr;
+    try {
+      using namespace meshprof_args;
+      Issue a;
+      visit_arg(spec.in_arg, [&](const auto& v) { a.in_b = typed_bytes(v); }, args...);
+      visit_arg(spec.out_arg, [&](const auto& v) { a.out_b = typed_bytes(v); }, args...);
+      if (comp_depth == 0) {
+        visit_arg(spec.tensor_arg, [&](const auto& v) { first = typed_first(v); }, args...);
+        a.dtype = first != nullptr ? static_cast<int16_t>(first->scalar_type()) : -1;
+        visit_arg(spec.pg_arg, [&](const auto& v) {
+          if constexpr (std::is_same_v<std::decay_t<decltype(v)>, PG>) a.pg = v.get();
+        }, args...);
+        visit_arg(spec.peer_arg, [&](const auto& v) { a.peer = static_cast<int>(typed_int(v, -1)); }, args...);
+        visit_arg(spec.async_arg, [&](const auto& v) { a.async = typed_int(v, 1) != 0; }, args...);
+      }
+      record = begin(spec, a, r);
+    } catch (...) {
+      record = false;  // never break training: run the op unrecorded
+    }
+    const bool device = record && start_device(r, first);
+    if constexpr (std::is_void_v<Ret>) {
+      try {
+        op->redispatch(below, std::forward<Args>(args)...);
+      } catch (const std::exception& e) {
+        if (record) failed(r, e);
+        throw;
+      }
+      if (record) issued(spec, r, device, nullptr);
+    } else {
+      Ret out = [&]() -> Ret {
+        try {
+          return op->redispatch(below, std::forward<Args>(args)...);
+        } catch (const std::exception& e) {
+          if (record) failed(r, e);
+          throw;
+        }
+      }();
+      if (record) issued(spec, r, device, work_of(out));
+      return out;
+    }
+  }
+
+  // Registers fn for `name` in `lib` when the op's kernels were registered with exactly this
+  // signature; false (nothing registered) otherwise.
+  static bool install(torch::Library& lib) {
+    try {
+      const char* name = kSlotNames[Slot];
+      auto h = c10::Dispatcher::singleton().findOp(c10::OperatorName(std::string("c10d::") + name, ""));
+      if (!h.has_value() || !h->hasKernelForDispatchKey(c10::DispatchKey::CPU)) return false;
+      op.emplace(h->template typed<Ret(Args...)>());  // throws if torch's kernels differ
+      lib.impl(name, torch::CppFunction::makeFromUnboxedFunction(TORCH_FN(fn)));
+      return true;
+    } catch (...) {
+      return false;
+    }
+  }
+};
+
+// slot -> its typed kernel, with the signature ProcessGroup.hpp calls the op with
+bool install_typed(int slot, torch::Library& lib) {
+  switch (slot) {
+    case 0: return Typed<0, std::tuple<TensorVec, WorkPtr>(at::TensorList, const PG&, const RO&, const std::optional<at::Tensor>&, bool, int64_t)>::install(lib);
+    case 1: return Typed<1, WorkPtr(at::TensorList, const PG&, const RO&, bool, int64_t)>::install(lib);
+    case 2: return Typed<2, std::tuple<TensorVecs, WorkPtr>(const TensorVecs&, at::TensorList, const PG&, bool, int64_t)>::install(lib);
+    case 3: return Typed<3, std::tuple<at::Tensor, WorkPtr>(at::Tensor&, at::Tensor&, const PG&, bool, int64_t)>::install(lib);
+    case 4: return Typed<4, WorkPtr(const TensorVecs&, const at::TensorList&, const PG&, bool)>::install(lib);
+    case 5: return Typed<5, WorkPtr(const at::TensorList, const at::TensorList, const PG&, bool)>::install(lib);
+    case 6: return Typed<6, std::tuple<TensorVec, WorkPtr>(const at::TensorList&, const TensorVecs&, const PG&, const RO&, bool, int64_t)>::install(lib);
+    case 7: return Typed<7, std::tuple<at::Tensor, WorkPtr>(at::Tensor&, at::Tensor&, const PG&, const RO&, bool, int64_t)>::install(lib);
+    case 8: return Typed<8, WorkPtr(const at::TensorList, const at::TensorList, const PG&, const RO&, bool, int64_t)>::install(lib);
+    case 9: return Typed<9, std::tuple<TensorVec, WorkPtr>(at::TensorList, const PG&, int64_t, int64_t, bool, int64_t)>::install(lib);
+    case 10: return Typed<10, WorkPtr(at::TensorList, const PG&, const RO&, int64_t, int64_t, bool, int64_t)>::install(lib);
+    case 11: return Typed<11, WorkPtr(const TensorVecs&, const at::TensorList&, const PG&, int64_t, bool, int64_t)>::install(lib);
+    case 12: return Typed<12, std::tuple<TensorVec, WorkPtr>(const at::TensorList&, const TensorVecs&, const PG&, int64_t, bool, int64_t)>::install(lib);
+    case 13: return Typed<13, std::tuple<TensorVec, WorkPtr>(const at::TensorList&, const at::TensorList&, const PG&, bool, int64_t)>::install(lib);
+    case 14: return Typed<14, WorkPtr(at::Tensor&, at::Tensor&, const PG&, std::vector<int64_t>, std::vector<int64_t>, bool, int64_t)>::install(lib);
+    case 15: return Typed<15, WorkPtr(at::Tensor, const PG&, const std::vector<int64_t>&, bool, int64_t)>::install(lib);
+    case 16: return Typed<16, void(at::Tensor, const PG&, const std::vector<int64_t>&, int64_t, bool)>::install(lib);
+    case 17: return Typed<17, WorkPtr(at::TensorList, const PG&, int64_t, int64_t)>::install(lib);
+    case 18: return Typed<18, WorkPtr(at::TensorList, const PG&, int64_t, int64_t)>::install(lib);
+    case 19: return Typed<19, WorkPtr(at::TensorList, const PG&, int64_t)>::install(lib);
+    default: return false;
+  }
+}
+
+std::vector<std::string> typed_names;  // ops installed with a typed kernel
 
 }  // namespace
 
@@ -465,21 +666,38 @@ void configure(const std::vector<std::tuple<std::string, int, int, int, int, int
                int64_t sample_threshold, int64_t mask) {
   std::lock_guard<std::mutex> g(mu);
   specs.clear();
+  for (auto& k : slot_known) k.store(false);
   for (const auto& t : table) {
     Spec s{std::get<1>(t), std::get<2>(t), std::get<3>(t), std::get<4>(t), std::get<5>(t),
            std::get<6>(t), std::get<7>(t), std::get<8>(t), std::get<9>(t)};
     specs["c10d::" + std::get<0>(t)] = s;
+    const int slot = slot_of(std::get<0>(t));
+    if (slot >= 0) {
+      slot_spec[slot] = s;
+      slot_known[slot].store(true);
+    }
     if (std::get<0>(t) == "recv_any_source_") recv_any_op = std::get<1>(t);
   }
   threshold = static_cast<uint64_t>(sample_threshold);
   op_mask = static_cast<uint64_t>(mask);
 }
 
-void install(const std::vector<std::string>& names) {
+// Installs a kernel for each op: typed where its signature is known (typed=True), else boxed.
+void install(const std::vector<std::string>& names, bool typed) {
   lib = std::make_unique<torch::Library>(torch::Library::IMPL, "c10d",
                                          std::make_optional(c10::DispatchKey::BackendSelect), __FILE__, __LINE__);
-  for (const auto& n : names) lib->impl(n.c_str(), torch::CppFunction::makeFromBoxedFunction<&kernel>());
+  typed_names.clear();
+  for (const auto& n : names) {
+    const int slot = slot_of(n);
+    if (typed && slot >= 0 && install_typed(slot, *lib)) {
+      typed_names.push_back(n);
+      continue;
+    }
+    lib->impl(n.c_str(), torch::CppFunction::makeFromBoxedFunction<&kernel>());
+  }
 }
+
+std::vector<std::string> typed_ops() { return typed_names; }
 
 void uninstall() { lib.reset(); }
 
@@ -652,7 +870,8 @@ int64_t next_seq(const std::string& group_name, int64_t peer, int64_t p2p) {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("configure", &configure);
-  m.def("install", &install);
+  m.def("install", &install, py::arg("names"), py::arg("typed") = true);
+  m.def("typed_ops", &typed_ops);
   m.def("uninstall", &uninstall);
   m.def("set_enabled", &set_enabled);
   m.def("set_step", &set_step);
