@@ -12,13 +12,17 @@ modes in a fresh random order every round, and keeps two figures per batch:
   the figure that stays put on a shared machine;
 * **wall** (``time.perf_counter_ns`` around the batch, ns per call).
 
-Modes: ``disabled`` (PyTorch alone), ``floor`` (the native kernel installed with
-``enabled=False``: every collective still goes through its typed C++ kernel, which only
-redispatches, and the C++ ``Work.wait``: what any dispatcher-level hook pays before recording
-anything), ``default`` (the default recorder), ``floor-boxed`` and ``default-boxed`` (the same
-with ``MESHPROF_NATIVE_TYPED=0``: one boxed kernel for every op, as before the typed kernels:
-the dispatcher boxes the arguments into IValues and unboxes the result) and ``python``
-(``native=False``).
+Modes: ``disabled`` (PyTorch alone), ``floor`` (the native kernels installed with
+``enabled=False``: every collective still goes through them, and the C++ ``Work.wait``),
+``default`` (the default recorder: typed kernels at BackendSelect and the unboxed autograd
+passthrough), ``default-typed`` (typed kernels, PyTorch's boxed autograd fallback:
+``MESHPROF_NATIVE_AUTOGRAD=0``), ``default-boxed`` (one boxed kernel for every op, the native
+recorder before both: ``MESHPROF_NATIVE_TYPED=0``) and ``python`` (``native=False``).
+
+PyTorch alone boxes every c10d call at the autograd key (its autograd fallback, a boxed kernel,
+runs for these ops); the default recorder replaces that with an unboxed passthrough, so its
+figure against ``disabled`` is the recording's cost minus the boxing it saves: ``floor`` shows
+that saving on its own (below zero), ``default − floor`` is the recording.
 
 The added cost of a mode is the **median over rounds of (mode − disabled)** for the same round,
 with a 95% confidence interval of that median from order statistics (distribution-free:
@@ -47,7 +51,7 @@ from typing import Any
 
 import numpy as np
 
-MODES = ("disabled", "floor", "default", "floor-boxed", "default-boxed", "python")
+MODES = ("disabled", "floor", "default", "default-typed", "default-boxed", "python")
 
 
 def _set_mode(mode: str) -> str:
@@ -57,9 +61,11 @@ def _set_mode(mode: str) -> str:
     import meshprof
 
     meshprof.reset()
-    # "-boxed": the native kernel as before typed kernels (one boxed C++ kernel for every op)
+    # "-typed": typed kernels without the autograd passthrough; "-boxed": one boxed C++ kernel
+    # for every op (the native kernel before both)
     os.environ["MESHPROF_NATIVE_TYPED"] = "0" if mode.endswith("-boxed") else "1"
-    mode = mode.removesuffix("-boxed")
+    os.environ["MESHPROF_NATIVE_AUTOGRAD"] = "1" if "-" not in mode else "0"
+    mode = mode.removesuffix("-boxed").removesuffix("-typed")
     if mode == "default":
         return meshprof.enable(meshprof.ProfilerConfig(max_events=100_000)).backend_name
     if mode == "floor":  # the native kernel installed but recording nothing: boxed dispatch

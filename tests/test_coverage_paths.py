@@ -286,11 +286,12 @@ def _worker(rank: int, ws: int, names: list[str]) -> dict[str, Any]:
     out["internal_errors"] = prof.internal_errors
     out["first_internal_error"] = prof.first_internal_error
     out["native"] = prof.backend_name == "native" or bool(prof.config.native)
-    out["typed"] = []
+    out["typed"] = out["autograd"] = []
     if out["native"]:
         from meshprof.comm.native_build import load
 
         out["typed"] = list(load().typed_ops())
+        out["autograd"] = list(load().autograd_ops())
     return out
 
 
@@ -298,7 +299,7 @@ def _worker(rank: int, ws: int, names: list[str]) -> dict[str, Any]:
 def runs(request: pytest.FixtureRequest) -> list[dict[str, Any]]:
     """Every scenario on every rank, with the Python recorder and with the native (C++) one
     (``MESHPROF_NATIVE=1`` makes every ``enable()`` in the workers native): with its typed
-    kernels (the default), and with its one boxed kernel for every op
+    kernels and unboxed autograd passthrough (the default), and with its one boxed kernel for every op
     (``MESHPROF_NATIVE_TYPED=0``, the fallback for an op whose C++ signature it does not know)."""
     env = {"TORCH_FR_BUFFER_SIZE": "2000", "MESHPROF_NATIVE": "0"}
     if request.param.startswith("native"):
@@ -320,6 +321,7 @@ def runs(request: pytest.FixtureRequest) -> list[dict[str, Any]]:
         # this torch build's signatures are known: every c10d op gets its typed kernel
         typed = sorted(C10D_TO_OP) if request.param == "native" else []
         assert sorted(r["typed"]) == typed, r["typed"]
+        assert sorted(r["autograd"]) == typed, r["autograd"]  # PyTorch has no autograd kernels
     return res
 
 

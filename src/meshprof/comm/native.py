@@ -132,10 +132,8 @@ class NativeKernel:
     def install(self) -> None:
         self.configure()
         typed = os.environ.get("MESHPROF_NATIVE_TYPED", "1") != "0"
-        try:
-            self.mod.install(self.names, typed)
-        except TypeError:  # a build from before typed kernels
-            self.mod.install(self.names)
+        autograd = os.environ.get("MESHPROF_NATIVE_AUTOGRAD", "1") != "0"
+        self.mod.install(self.names, typed, autograd)
         self.set_step(self.prof.step)
         self._patch_work_wait()
 

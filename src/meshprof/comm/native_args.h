@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -108,6 +109,28 @@ const at::Tensor* typed_first(const T& v) {
   }
 }
 
+// Whether a tensor argument (Tensor, Tensor?, Tensor[], Tensor[][]) has a tensor requiring grad.
+template <typename T>
+bool typed_requires_grad(const T& v) {
+  using D = std::decay_t<T>;
+  if constexpr (std::is_same_v<D, at::Tensor>) {
+    return v.defined() && v.requires_grad();
+  } else if constexpr (std::is_same_v<D, std::optional<at::Tensor>>) {
+    return v.has_value() && v->defined() && v->requires_grad();
+  } else if constexpr (std::is_same_v<D, at::TensorList> || std::is_same_v<D, std::vector<at::Tensor>>) {
+    for (const at::Tensor& t : v)
+      if (t.defined() && t.requires_grad()) return true;
+    return false;
+  } else if constexpr (std::is_same_v<D, std::vector<std::vector<at::Tensor>>>) {
+    for (const auto& l : v)
+      for (const at::Tensor& t : l)
+        if (t.defined() && t.requires_grad()) return true;
+    return false;
+  } else {
+    return false;
+  }
+}
+
 template <typename T>
 int64_t typed_int(const T& v, int64_t otherwise) {
   using D = std::decay_t<T>;
@@ -124,6 +147,12 @@ template <typename F, typename... A>
 inline void visit_arg(int i, F&& f, const A&... args) {
   int k = 0;
   (void)std::initializer_list<int>{(k++ == i ? (f(args), 0) : 0)...};
+}
+
+// f(each of args...).
+template <typename F, typename... A>
+inline void visit_all(F&& f, const A&... args) {
+  (void)std::initializer_list<int>{(f(args), 0)...};
 }
 
 }  // namespace meshprof_args

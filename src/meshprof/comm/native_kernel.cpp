@@ -10,6 +10,8 @@
 
 #include <pybind11/chrono.h>
 
+#include <ATen/core/VariableHooksInterface.h>
+#include <ATen/core/boxing/impl/boxing.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/ivalue.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
@@ -71,7 +73,8 @@ std::atomic<int64_t> next_token{1};
 std::atomic<bool> enabled{true};
 uint64_t threshold = 1ull << 32;  // sampling: keep when hash < threshold
 uint64_t op_mask = ~0ull;          // op codes to time
-std::unique_ptr<torch::Library> lib;
+std::unique_ptr<torch::Library> lib;          // kernels at BackendSelect
+std::unique_ptr<torch::Library> autograd_lib; // unboxed autograd passthroughs
 
 // completion by polling, for works without a future (gloo send/recv)
 std::mutex poll_mu;
@@ -549,6 +552,8 @@ int slot_of(const std::string& name) {
   return -1;
 }
 
+std::vector<int> autograd_slots;  // ops with the unboxed autograd passthrough
+
 template <typename R>
 const WorkPtr* work_of(const R& out) {
   if constexpr (std::is_same_v<R, WorkPtr>) {
@@ -615,45 +620,87 @@ struct Typed<Slot, Ret(Args...)> {
     }
   }
 
+  // The autograd key. PyTorch has no autograd kernel for the c10d ops: its autograd fallback
+  // (a boxed kernel) runs, so every call is boxed into an IValue stack there (a List per tensor
+  // list, an Object per ProcessGroup), unboxed for the backend and its result boxed and unboxed
+  // again -- whether meshprof is installed or not. With no tensor argument requiring grad that
+  // fallback only redispatches below autograd (torch/csrc/autograd/
+  // autograd_not_implemented_fallback.cpp, either fallback mode), which this does without
+  // boxing; otherwise it runs the fallback itself on a boxed stack (its warning hooks on the
+  // outputs). Nothing is recorded here: the BackendSelect kernel records, as before.
+  static inline std::optional<c10::OperatorHandle> handle;
+
+  static void fallback(const c10::OperatorHandle& h, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+    if (!at::impl::HasVariableHooks()) {
+      h.redispatchBoxed(ks & c10::after_autograd_keyset, stack);
+      return;
+    }
+    at::impl::GetVariableHooks()->basic_autograd_not_implemented_fallback(h, ks, stack);
+  }
+
+  static Ret autograd_fn(c10::DispatchKeySet ks, Args... args) {
+    bool grad = false;
+    meshprof_args::visit_all([&](const auto& v) { grad = grad || meshprof_args::typed_requires_grad(v); },
+                             args...);
+    if (!grad) return op->redispatch(ks & c10::after_autograd_keyset, std::forward<Args>(args)...);
+    return c10::impl::BoxedKernelWrapper<Ret(Args...)>::call(
+        c10::BoxedKernel::makeFromFunction<&fallback>(), *handle, ks, std::forward<Args>(args)...);
+  }
+
   // Registers fn for `name` in `lib` when the op's kernels were registered with exactly this
-  // signature; false (nothing registered) otherwise.
-  static bool install(torch::Library& lib) {
+  // signature; false (nothing registered) otherwise. Then the autograd passthrough in
+  // `autograd` (when not null) where the op has no autograd kernel of its own.
+  static bool install(torch::Library& lib, torch::Library* autograd) {
+    const char* name = kSlotNames[Slot];
+    std::optional<c10::OperatorHandle> h;
     try {
-      const char* name = kSlotNames[Slot];
-      auto h = c10::Dispatcher::singleton().findOp(c10::OperatorName(std::string("c10d::") + name, ""));
+      h = c10::Dispatcher::singleton().findOp(c10::OperatorName(std::string("c10d::") + name, ""));
       if (!h.has_value() || !h->hasKernelForDispatchKey(c10::DispatchKey::CPU)) return false;
       op.emplace(h->template typed<Ret(Args...)>());  // throws if torch's kernels differ
       lib.impl(name, torch::CppFunction::makeFromUnboxedFunction(TORCH_FN(fn)));
-      return true;
     } catch (...) {
       return false;
     }
+    if (autograd == nullptr) return true;
+    try {
+      const bool own = h->hasKernelForDispatchKey(c10::DispatchKey::Autograd) ||
+                       h->hasKernelForAnyDispatchKey(c10::autograd_dispatch_keyset) ||
+                       h->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd) ||
+                       h->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd);
+      if (!own) {
+        handle.emplace(*h);
+        autograd->impl(name, torch::CppFunction::makeFromUnboxedFunction(TORCH_FN(autograd_fn)));
+        autograd_slots.push_back(Slot);
+      }
+    } catch (...) {
+    }
+    return true;
   }
 };
 
 // slot -> its typed kernel, with the signature ProcessGroup.hpp calls the op with
-bool install_typed(int slot, torch::Library& lib) {
+bool install_typed(int slot, torch::Library& lib, torch::Library* autograd) {
   switch (slot) {
-    case 0: return Typed<0, std::tuple<TensorVec, WorkPtr>(at::TensorList, const PG&, const RO&, const std::optional<at::Tensor>&, bool, int64_t)>::install(lib);
-    case 1: return Typed<1, WorkPtr(at::TensorList, const PG&, const RO&, bool, int64_t)>::install(lib);
-    case 2: return Typed<2, std::tuple<TensorVecs, WorkPtr>(const TensorVecs&, at::TensorList, const PG&, bool, int64_t)>::install(lib);
-    case 3: return Typed<3, std::tuple<at::Tensor, WorkPtr>(at::Tensor&, at::Tensor&, const PG&, bool, int64_t)>::install(lib);
-    case 4: return Typed<4, WorkPtr(const TensorVecs&, const at::TensorList&, const PG&, bool)>::install(lib);
-    case 5: return Typed<5, WorkPtr(const at::TensorList, const at::TensorList, const PG&, bool)>::install(lib);
-    case 6: return Typed<6, std::tuple<TensorVec, WorkPtr>(const at::TensorList&, const TensorVecs&, const PG&, const RO&, bool, int64_t)>::install(lib);
-    case 7: return Typed<7, std::tuple<at::Tensor, WorkPtr>(at::Tensor&, at::Tensor&, const PG&, const RO&, bool, int64_t)>::install(lib);
-    case 8: return Typed<8, WorkPtr(const at::TensorList, const at::TensorList, const PG&, const RO&, bool, int64_t)>::install(lib);
-    case 9: return Typed<9, std::tuple<TensorVec, WorkPtr>(at::TensorList, const PG&, int64_t, int64_t, bool, int64_t)>::install(lib);
-    case 10: return Typed<10, WorkPtr(at::TensorList, const PG&, const RO&, int64_t, int64_t, bool, int64_t)>::install(lib);
-    case 11: return Typed<11, WorkPtr(const TensorVecs&, const at::TensorList&, const PG&, int64_t, bool, int64_t)>::install(lib);
-    case 12: return Typed<12, std::tuple<TensorVec, WorkPtr>(const at::TensorList&, const TensorVecs&, const PG&, int64_t, bool, int64_t)>::install(lib);
-    case 13: return Typed<13, std::tuple<TensorVec, WorkPtr>(const at::TensorList&, const at::TensorList&, const PG&, bool, int64_t)>::install(lib);
-    case 14: return Typed<14, WorkPtr(at::Tensor&, at::Tensor&, const PG&, std::vector<int64_t>, std::vector<int64_t>, bool, int64_t)>::install(lib);
-    case 15: return Typed<15, WorkPtr(at::Tensor, const PG&, const std::vector<int64_t>&, bool, int64_t)>::install(lib);
-    case 16: return Typed<16, void(at::Tensor, const PG&, const std::vector<int64_t>&, int64_t, bool)>::install(lib);
-    case 17: return Typed<17, WorkPtr(at::TensorList, const PG&, int64_t, int64_t)>::install(lib);
-    case 18: return Typed<18, WorkPtr(at::TensorList, const PG&, int64_t, int64_t)>::install(lib);
-    case 19: return Typed<19, WorkPtr(at::TensorList, const PG&, int64_t)>::install(lib);
+    case 0: return Typed<0, std::tuple<TensorVec, WorkPtr>(at::TensorList, const PG&, const RO&, const std::optional<at::Tensor>&, bool, int64_t)>::install(lib, autograd);
+    case 1: return Typed<1, WorkPtr(at::TensorList, const PG&, const RO&, bool, int64_t)>::install(lib, autograd);
+    case 2: return Typed<2, std::tuple<TensorVecs, WorkPtr>(const TensorVecs&, at::TensorList, const PG&, bool, int64_t)>::install(lib, autograd);
+    case 3: return Typed<3, std::tuple<at::Tensor, WorkPtr>(at::Tensor&, at::Tensor&, const PG&, bool, int64_t)>::install(lib, autograd);
+    case 4: return Typed<4, WorkPtr(const TensorVecs&, const at::TensorList&, const PG&, bool)>::install(lib, autograd);
+    case 5: return Typed<5, WorkPtr(const at::TensorList, const at::TensorList, const PG&, bool)>::install(lib, autograd);
+    case 6: return Typed<6, std::tuple<TensorVec, WorkPtr>(const at::TensorList&, const TensorVecs&, const PG&, const RO&, bool, int64_t)>::install(lib, autograd);
+    case 7: return Typed<7, std::tuple<at::Tensor, WorkPtr>(at::Tensor&, at::Tensor&, const PG&, const RO&, bool, int64_t)>::install(lib, autograd);
+    case 8: return Typed<8, WorkPtr(const at::TensorList, const at::TensorList, const PG&, const RO&, bool, int64_t)>::install(lib, autograd);
+    case 9: return Typed<9, std::tuple<TensorVec, WorkPtr>(at::TensorList, const PG&, int64_t, int64_t, bool, int64_t)>::install(lib, autograd);
+    case 10: return Typed<10, WorkPtr(at::TensorList, const PG&, const RO&, int64_t, int64_t, bool, int64_t)>::install(lib, autograd);
+    case 11: return Typed<11, WorkPtr(const TensorVecs&, const at::TensorList&, const PG&, int64_t, bool, int64_t)>::install(lib, autograd);
+    case 12: return Typed<12, std::tuple<TensorVec, WorkPtr>(const at::TensorList&, const TensorVecs&, const PG&, int64_t, bool, int64_t)>::install(lib, autograd);
+    case 13: return Typed<13, std::tuple<TensorVec, WorkPtr>(const at::TensorList&, const at::TensorList&, const PG&, bool, int64_t)>::install(lib, autograd);
+    case 14: return Typed<14, WorkPtr(at::Tensor&, at::Tensor&, const PG&, std::vector<int64_t>, std::vector<int64_t>, bool, int64_t)>::install(lib, autograd);
+    case 15: return Typed<15, WorkPtr(at::Tensor, const PG&, const std::vector<int64_t>&, bool, int64_t)>::install(lib, autograd);
+    case 16: return Typed<16, void(at::Tensor, const PG&, const std::vector<int64_t>&, int64_t, bool)>::install(lib, autograd);
+    case 17: return Typed<17, WorkPtr(at::TensorList, const PG&, int64_t, int64_t)>::install(lib, autograd);
+    case 18: return Typed<18, WorkPtr(at::TensorList, const PG&, int64_t, int64_t)>::install(lib, autograd);
+    case 19: return Typed<19, WorkPtr(at::TensorList, const PG&, int64_t)>::install(lib, autograd);
     default: return false;
   }
 }
@@ -682,14 +729,20 @@ void configure(const std::vector<std::tuple<std::string, int, int, int, int, int
   op_mask = static_cast<uint64_t>(mask);
 }
 
-// Installs a kernel for each op: typed where its signature is known (typed=True), else boxed.
-void install(const std::vector<std::string>& names, bool typed) {
+// Installs a kernel for each op: typed where its signature is known (typed=True), else boxed;
+// with autograd=True, typed ops also get the unboxed autograd passthrough.
+void install(const std::vector<std::string>& names, bool typed, bool autograd) {
   lib = std::make_unique<torch::Library>(torch::Library::IMPL, "c10d",
                                          std::make_optional(c10::DispatchKey::BackendSelect), __FILE__, __LINE__);
+  if (typed && autograd) {
+    autograd_lib = std::make_unique<torch::Library>(
+        torch::Library::IMPL, "c10d", std::make_optional(c10::DispatchKey::Autograd), __FILE__, __LINE__);
+  }
   typed_names.clear();
+  autograd_slots.clear();
   for (const auto& n : names) {
     const int slot = slot_of(n);
-    if (typed && slot >= 0 && install_typed(slot, *lib)) {
+    if (typed && slot >= 0 && install_typed(slot, *lib, autograd_lib.get())) {
       typed_names.push_back(n);
       continue;
     }
@@ -699,7 +752,17 @@ void install(const std::vector<std::string>& names, bool typed) {
 
 std::vector<std::string> typed_ops() { return typed_names; }
 
-void uninstall() { lib.reset(); }
+std::vector<std::string> autograd_ops() {
+  std::vector<std::string> out;
+  for (int slot : autograd_slots) out.emplace_back(kSlotNames[slot]);
+  return out;
+}
+
+void uninstall() {
+  autograd_lib.reset();
+  lib.reset();
+  autograd_slots.clear();
+}
 
 void set_enabled(bool on) { enabled.store(on); }
 
@@ -870,7 +933,8 @@ int64_t next_seq(const std::string& group_name, int64_t peer, int64_t p2p) {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("configure", &configure);
-  m.def("install", &install, py::arg("names"), py::arg("typed") = true);
+  m.def("install", &install, py::arg("names"), py::arg("typed") = true, py::arg("autograd") = true);
+  m.def("autograd_ops", &autograd_ops);
   m.def("typed_ops", &typed_ops);
   m.def("uninstall", &uninstall);
   m.def("set_enabled", &set_enabled);
