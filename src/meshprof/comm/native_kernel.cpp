@@ -100,6 +100,17 @@ inline int64_t now_ns() {
 
 void resolve_device() { meshprof_device::resolve(device_pending, done, now_ns(), device_timeout_ns); }
 
+// Records waiting in `done` for a drain: past backlog_cap the drainer thread (Python, asleep in
+// wait_backlog() without the GIL) is woken to move them into the event log, so a process that
+// never reads its recorder keeps a bounded backlog instead of ~80 B per collective forever.
+std::condition_variable backlog_cv;  // with mu
+size_t backlog_cap = 65536;
+bool backlog_stop = false;  // mu held
+
+inline void pushed() {  // mu held, after a push into `done`
+  if (done.size() >= backlog_cap) backlog_cv.notify_one();
+}
+
 int recv_any_op = -1;  // op code of recv_any_source_ (set by configure)
 
 // A recv from any source learns its sender at completion: that peer (group-local, as for a
@@ -151,6 +162,7 @@ void complete(int64_t token, int64_t end, const std::string* err, c10d::Work* wo
     errors.emplace_back(token, *err);
   }
   done.push_back(r);
+  pushed();
 }
 
 // One pass over the polled works: those that have finished complete now. Run by the poller
@@ -418,6 +430,7 @@ bool begin(const Spec& spec, const Issue& a, Rec& r) {
   if (timed) {
     r.sampled = 0;  // counted only
     done.push_back(r);
+    pushed();
   }
   return false;
 }
@@ -740,6 +753,10 @@ void install(const std::vector<std::string>& names, bool typed, bool autograd) {
   }
   typed_names.clear();
   autograd_slots.clear();
+  {
+    std::lock_guard<std::mutex> g(mu);
+    backlog_stop = false;
+  }
   for (const auto& n : names) {
     const int slot = slot_of(n);
     if (typed && slot >= 0 && install_typed(slot, *lib, autograd_lib.get())) {
@@ -913,6 +930,31 @@ std::tuple<int64_t, int64_t, int64_t, int64_t> test_device_clock(int64_t t) {
 
 int64_t now() { return now_ns(); }
 
+// The drainer's wait (called without the GIL): true once `done` holds backlog_cap records or
+// more, false after timeout_ms or when stopped (stop_backlog).
+bool wait_backlog(int64_t timeout_ms) {
+  std::unique_lock<std::mutex> g(mu);
+  return backlog_cv.wait_for(g, std::chrono::milliseconds(timeout_ms),
+                             [] { return backlog_stop || done.size() >= backlog_cap; }) &&
+         !backlog_stop;
+}
+
+void stop_backlog() {
+  std::lock_guard<std::mutex> g(mu);
+  backlog_stop = true;
+  backlog_cv.notify_all();
+}
+
+void set_backlog_cap(int64_t n) {
+  std::lock_guard<std::mutex> g(mu);
+  backlog_cap = static_cast<size_t>(std::max<int64_t>(n, 1));
+}
+
+int64_t backlog() {
+  std::lock_guard<std::mutex> g(mu);
+  return static_cast<int64_t>(done.size());
+}
+
 // object collectives and custom labels: the inner c10d ops are counted into the composite
 void composite_enter() {
   if (comp_depth++ == 0) comp_in = comp_out = comp_n = 0;
@@ -951,6 +993,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("polled_count", &polled_count);
   m.def("group_names", &names_of_groups);
   m.def("now", &now);
+  m.def("wait_backlog", &wait_backlog, py::call_guard<py::gil_scoped_release>());
+  m.def("stop_backlog", &stop_backlog);
+  m.def("set_backlog_cap", &set_backlog_cap);
+  m.def("backlog", &backlog);
   m.def("composite_enter", &composite_enter);
   m.def("composite_exit", &composite_exit);
   m.def("next_seq", &next_seq);
