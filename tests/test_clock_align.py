@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -116,3 +118,49 @@ def test_few_noisy_collectives_do_not_override_a_tight_exchange(tmp_path, seed):
     assert abs(rc.offset_ns - rc.exchange_offset_ns) <= rc.exchange_rtt_ns // 2, rc
     assert abs(rc.offset_ns + off) <= rc.exchange_rtt_ns, rc
     assert rc.uncertainty_ns <= rc.exchange_rtt_ns // 2, rc
+
+
+@pytest.mark.parametrize("packed", [True, False], ids=["one-sort", "two-sorts"])
+def test_sync_cells_against_a_plain_loop(tmp_path, monkeypatch, packed):
+    """The cells clock alignment reads (one per collective and rank, collectives that ≥ 2 ranks
+    recorded, in (group, seq, rank) order) against a dictionary built row by row; both the
+    packed single sort and the two-sort fallback (keys too wide for one int64)."""
+    import sys
+    from pathlib import Path
+
+    from meshprof.analyze import clock
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from synth_run import write_run
+
+    write_run(tmp_path, 16, 60, 3, slow_rank=5, seed=1, layout=(2, 4, 2), clock_ms=30)
+    run = load_run(tmp_path)
+    table = build_event_table(run)
+    if not packed:
+        monkeypatch.setattr(clock, "_PACK_LIMIT", 0)
+    ranks = sorted(run.ranks)
+    cells = clock._sync_cells(table, ranks)
+    sync = {i for i, o in enumerate(table.ops) if o in clock.SYNC_OPS}
+    want: dict[tuple[int, int], dict[int, int]] = {}
+    for i in range(len(table)):
+        if int(table.op[i]) in sync and int(table.peer[i]) < 0:
+            cell = want.setdefault((int(table.gid[i]), int(table.seq[i])), {})
+            cell.setdefault(
+                ranks.index(int(table.rank[i])), int(table.start_ns[i] + table.duration_ns[i])
+            )
+    want = {k: v for k, v in want.items() if len(v) >= 2}
+    got: dict[tuple[int, int], dict[int, int]] = {}
+    keys = sorted(want)
+    for r, c, e in zip(cells.row.tolist(), cells.col.tolist(), cells.end.tolist(), strict=True):
+        got.setdefault(keys[r], {})[c] = int(e) + cells.base
+    assert got == want and len(keys) > 50 and len({k[0] for k in keys}) > 5
+    # cells in (group, seq, column) order, groups delimited
+    order = [
+        (keys[r][0], keys[r][1], c)
+        for r, c in zip(cells.row.tolist(), cells.col.tolist(), strict=True)
+    ]
+    assert order == sorted(order)
+    gs = cells.group_start.tolist()
+    assert gs[0] == 0 and gs[-1] == len(cells.row)
+    for a, b in itertools.pairwise(gs):
+        assert len({keys[r][0] for r in cells.row[a:b].tolist()}) == 1

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from meshprof.analyze.sorting import group_seq_key, stable_argsort, unique_inverse
+from meshprof.analyze.sorting import group_seq_key, lexsort2, stable_argsort
 from meshprof.analyze.table import EventTable
 from meshprof.rundir import LoadedRun
 
@@ -40,6 +40,7 @@ SYNC_OPS = frozenset(
     {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "barrier", "all_gather_object"}
 )
 _MAX_SYNC = 20000  # collectives used for refinement (evenly spaced over the run beyond this)
+_PACK_LIMIT = 1 << 62  # (group, seq, column) cells packed into one int64 below this
 _AGREE_FACTOR = 3  # exchange and collective estimates agree within this × their summed uncertainty
 
 
@@ -167,30 +168,59 @@ def _sync_cells(table: EventTable, ranks: list[int]) -> _SyncCells:
     del mask
     if not len(sel) or not ranks:
         return empty
-    gid = table.gid[sel]
-    keys, inv = unique_inverse(group_seq_key(gid, table.seq[sel]))
-    n_keys = len(keys)
-    del keys
+    idx_t = np.int32 if len(table) < 2**31 else np.int64
+    sel = sel.astype(idx_t)
     colmap = np.full(max(max(ranks), int(table.rank[sel].max())) + 1, -1, dtype=np.int64)
     colmap[ranks] = np.arange(len(ranks))
-    col = colmap[table.rank[sel]]
-    # one cell per (collective, rank): a rank that recorded a (group, seq) twice keeps its first
-    cell = inv * len(ranks) + col
-    order = stable_argsort(cell)
-    c_sorted = cell[order]
-    first = np.r_[True, c_sorted[1:] != c_sorted[:-1]]
-    order = order[first]
-    del cell, c_sorted, first
-    inv, col, sel, gid = inv[order], col[order], sel[order], gid[order]
+    nr = len(ranks)
+    # one int64 per cell that orders like (group, seq, rank column): one stable sort groups the
+    # cells by collective, orders each collective's by column and puts a rank's second record of
+    # a (group, seq) right after its first (kept: the first)
+    q = table.seq[sel]
+    q_lo = int(q.min())
+    span = int(q.max()) - q_lo + 1
+    g_n = int(table.gid[sel].max()) + 1
+    if g_n * span * nr >= _PACK_LIMIT:  # not packable: the same order from two sorts
+        order = lexsort2(colmap[table.rank[sel]], group_seq_key(table.gid[sel], q))
+        key = None
+    else:
+        key = table.gid[sel].astype(np.int64)
+        key *= span
+        key += q
+        key -= q_lo
+        key *= nr
+        key += colmap[table.rank[sel]]
+        order = stable_argsort(key)
+    del q
+    sel = sel[order]
+    if key is None:
+        coll = group_seq_key(table.gid[sel], table.seq[sel])
+        col = colmap[table.rank[sel]]
+        first = np.r_[True, (coll[1:] != coll[:-1]) | (col[1:] != col[:-1])]
+    else:
+        key = key[order]
+        first = np.r_[True, key[1:] != key[:-1]]
+        key = key[first]
+        coll = key // nr
+        col = key - coll * nr
+        del key
     del order
-    counts = np.bincount(inv, minlength=n_keys)
+    if not first.all():
+        sel = sel[first]
+        if len(coll) != len(sel):
+            coll, col = coll[first], col[first]
+    del first
+    col = col.astype(np.int32)
+    # collectives (runs of equal coll): members, group
+    starts = np.flatnonzero(np.r_[True, coll[1:] != coll[:-1]])
+    del coll
+    counts = np.diff(np.r_[starts, len(sel)])
+    gid = table.gid[sel[starts]].astype(np.int64)
     keep_key = counts >= 2
     # per group, at most _MAX_SYNC collectives, evenly spaced
-    key_gid = np.full(n_keys, -1, dtype=np.int64)
-    key_gid[inv] = gid
     kk = np.flatnonzero(keep_key)
     if len(kk):
-        kg = key_gid[kk]
+        kg = gid[kk]
         cut = np.flatnonzero(np.r_[True, kg[1:] != kg[:-1], True])
         sizes = np.diff(cut)
         for i in np.flatnonzero(sizes > _MAX_SYNC).tolist():
@@ -201,19 +231,19 @@ def _sync_cells(table: EventTable, ranks: list[int]) -> _SyncCells:
     rows = np.flatnonzero(keep_key)
     if not len(rows):
         return empty
-    pos = np.full(n_keys, -1, dtype=np.int64)
-    pos[rows] = np.arange(len(rows))
-    p = pos[inv]
-    keep = np.flatnonzero(p >= 0)
-    row = p[keep]
+    # cells of the kept collectives, numbered 0..len(rows)-1 in (group, seq) order
+    keep = np.repeat(keep_key, counts)
+    row = np.repeat(np.arange(len(rows), dtype=np.int32), counts[rows])
     col = col[keep]
     sel = sel[keep]
-    gid = gid[keep]
-    del p, pos, inv
+    cell_gid = np.repeat(gid[rows], counts[rows])
+    del keep, keep_key, counts, gid, starts
     end = table.start_ns[sel] + table.duration_ns[sel]
+    del sel
     base = int(end.min())
-    gstart = np.flatnonzero(np.r_[True, gid[1:] != gid[:-1], True])
-    return _SyncCells(row, col, (end - base).astype(np.float64), gstart.astype(np.int64), base)
+    gstart = np.flatnonzero(np.r_[True, cell_gid[1:] != cell_gid[:-1], True])
+    end -= base
+    return _SyncCells(row, col, end.astype(np.float64), gstart.astype(np.int64), base)
 
 
 def _collective_estimates(
@@ -240,7 +270,7 @@ def _collective_estimates(
     gs = cells.group_start
     # groups of each column, and each group's size in collectives (its priority)
     g_of_cell = np.repeat(np.arange(ng), np.diff(gs))
-    gc = np.unique(cells.col * ng + g_of_cell)
+    gc = np.unique(cells.col.astype(np.int64) * ng + g_of_cell)
     col_groups_flat = gc % ng
     col_cut = np.searchsorted(gc // ng, np.arange(nr + 1))
     g_rows = cells.row[gs[1:] - 1] - cells.row[gs[:-1]] + 1  # groups are never empty
