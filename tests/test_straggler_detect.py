@@ -3,7 +3,11 @@ run names none."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
+import pytest
 
 from data.meshprof_synth import MS, US, real_worker, synthetic_run
 from meshprof.analyze.clock import align_clocks
@@ -45,7 +49,7 @@ def test_back_to_back_collectives_do_not_dilute_the_straggler(tmp_path):
     # five all_reduces a step, back to back: only the first waits for the slow rank (3 ms); the
     # other four every rank reaches within the ±20 µs completion jitter, so who arrives "last"
     # there is noise: counted over all collectives the slow rank arrives last in fewer than half
-    # (DDP's buckets after the first behave the same)
+    # (blocking collectives issued back to back, such as a metric's all_reduce after the loss's)
     colls = [(4096, 1 * MS)] + [(4096, 200 * US)] * 4
     synthetic_run(
         tmp_path, 4, [0, 1 * MS, 2 * MS, 3 * MS], slow_rank=2, extra_ns=3 * MS, collectives=colls
@@ -79,3 +83,22 @@ def test_covered_union():
     assert us.tolist() == [0, 20] and ue.tolist() == [12, 30]
     got = covered_ns(us, ue, np.array([0, 5, 11, 13, 25, 0]), np.array([40, 9, 22, 19, 26, 100]))
     assert got.tolist() == [22, 4, 3, 0, 1, 22]
+
+
+@pytest.mark.timeout(180)
+def test_meshprof_run_ddp_names_the_sleeping_rank(tmp_path, cli):
+    """An unmodified DDP script under ``meshprof run`` (3 gloo ranks, six gradient buckets a
+    step), rank 1 sleeping 30 ms before each forward: the report names rank 1 and nobody
+    else, from the recorder's own collectives and optimizer-step detection."""
+    out = tmp_path / "run"
+    script = Path(__file__).parent / "scripts" / "ddp_straggler.py"
+    p = cli.process(
+        "run", "--nproc-per-node", "3", "-o", str(out), "--json", str(script), "1", "0.03", "8"
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    d = json.loads(cli("report", out, "--json").stdout)
+    s = d["stragglers"]
+    assert [x["rank"] for x in s["named"]] == [1], s
+    by = {x["rank"]: x for x in s["scores"]}
+    # the sleep shows in the score: 30 ms of compute a step over the others' few ms
+    assert by[1]["compute_ns"] - max(by[0]["compute_ns"], by[2]["compute_ns"]) > 20 * MS

@@ -22,9 +22,11 @@ resolved. A collective's order is resolved when its arrival skew is at least
 max(2 × the clock alignment's largest uncertainty, min(4 × the lower quartile of all skews,
 ``min_excess_ns``)): the lower quartile is how closely members arrive when none waits (timer and
 launch jitter), and a skew of ``min_excess_ns`` is a wait whatever the jitter. Collectives that
-every member reaches within that margin (back-to-back collectives such as DDP's buckets after
-the first, where who is "last" is noise) count for no rank, so they do not dilute the share of
-the rank everybody waits for at the first. On a sampled run the threshold is at least two robust
+every member reaches within that margin (blocking collectives issued back to back: after the
+first has waited for the slow rank, who is "last" at the next is noise) count for no rank, so
+they do not dilute the share of the rank everybody waits for at the first. (DDP's bucket
+all_reduces are issued asynchronously during backward: every one of them waits for the slow
+rank, so they all count.) On a sampled run the threshold is at least two robust
 standard deviations (1.4826 × MAD) of the scores of 8 or more ranks: compute is then step time
 minus a scaled estimate of communication, and the estimate's noise reaches several per cent. Its
 slow phase is the phase
