@@ -277,8 +277,9 @@ def _pipeline_worker(rank, ws, schedule_name, m):
         @staticmethod
         def forward(ctx, x):
             # known stage costs: 80 ms forward, 160 ms backward per micro-batch (long enough that
-            # the schedule's own ~1 ms per micro-batch, and a scheduler hiccup on 2 shared
-            # cores, stay well inside the 10% tolerance)
+            # the schedule's own ~1 ms per micro-batch stays well inside the tolerance: measured
+            # 0.2039-0.2051 in 16 idle runs; 2 of ~60 runs under the full suite's load got 0.227,
+            # a stall of ~170 ms in one stage's step, hence 15%)
             time.sleep(0.080)
             return x * 1.0
 
@@ -335,7 +336,7 @@ def test_pipeline_bubble_matches_theory(schedule_name):
     )
     assert pb is not None and pb.steps == 3
     assert pb.bubble_theory == pytest.approx(1 / 5)
-    assert pb.bubble == pytest.approx(pb.bubble_theory, rel=0.10)
+    assert pb.bubble == pytest.approx(pb.bubble_theory, rel=0.15)
     for local_bubble, theory, dims, _, _ in res:
         assert theory == pytest.approx(1 / 5)
         assert "pp" in dims
