@@ -268,3 +268,35 @@ def test_an_unread_recorder_keeps_a_bounded_backlog() -> None:
         assert r["total"] == n  # every all_reduce counted once
         assert r["retained"] == 1000  # the ring
         assert r["drain_after_disable"] == []  # disable() stops the thread
+
+
+def _destroyed_group_worker(rank: int, ws: int) -> dict[str, Any]:
+    import torch
+    import torch.distributed as dist
+
+    import meshprof
+
+    prof = meshprof.enable()
+    sub = dist.new_group([0, 1], group_desc="mine")
+    t = torch.ones(4)
+    dist.all_reduce(t, group=sub)
+    dist.destroy_process_group(sub)  # before anything read the recorder
+    ev = [e for e in prof.events() if e.op == "all_reduce"]
+    backend = prof.backend_name
+    meshprof.disable()
+    return {
+        "backend": backend,
+        "groups": [(e.group_desc, list(e.group_ranks)) for e in ev],
+    }
+
+
+def test_a_group_destroyed_before_the_first_read_keeps_its_members() -> None:
+    """The native records name their group only; its description and members are looked up
+    when the records are drained. A group destroyed before the first drain used to come out
+    with no members and no description (a short ``meshprof run`` job lost its world group's
+    members this way): the recorder now drains before ``destroy_process_group``. Oracle: the
+    group's members as created."""
+    require_native()
+    for r in run_ranks(_destroyed_group_worker, 2, timeout=120):
+        assert r["backend"] == "native"
+        assert r["groups"] == [("mine", [0, 1])]

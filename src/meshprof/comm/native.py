@@ -142,7 +142,35 @@ class NativeKernel:
         self.mod.install(self.names, typed, autograd)
         self.set_step(self.prof.step)
         self._patch_work_wait()
+        self._patch_destroy()
         self._start_drainer()
+
+    def _patch_destroy(self) -> None:
+        """Drain before ``torch.distributed.destroy_process_group``: the C++ records name their
+        group only, and its description and members are looked up by name when the records are
+        drained; once the group is destroyed that lookup finds nothing, and a short job whose
+        first drain came after its ``destroy_process_group()`` recorded its groups without
+        members."""
+        import torch.distributed as dist
+        import torch.distributed.distributed_c10d as c10d
+
+        original = c10d.destroy_process_group
+        prof = self.prof
+
+        def destroy_process_group(*args: Any, **kwargs: Any) -> Any:
+            try:
+                prof.flush()
+            except Exception as e:  # never in the user's way
+                prof.report_internal_error(e)
+            return original(*args, **kwargs)
+
+        destroy_process_group.__wrapped__ = original  # type: ignore[attr-defined]
+        destroy_process_group.__doc__ = original.__doc__
+        for owner in (dist, c10d):
+            if getattr(owner, "destroy_process_group", None) is original:
+                self._patches.replace(
+                    owner, "destroy_process_group", destroy_process_group, original
+                )
 
     def _start_drainer(self) -> None:
         """A ``meshprof-drain`` thread that sleeps in C++ (without the GIL) until
