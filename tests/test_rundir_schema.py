@@ -184,3 +184,43 @@ def test_lean_read_of_a_stored_member_equals_the_full_read_and_checks_its_crc(
         bad.write_bytes(bytes(data))
         with pytest.raises(MeshprofError, match="damaged rank file"):
             load_rank_file(bad, lean=True)
+
+
+def test_long_member_lists_parsed_once_and_equal_to_json():
+    """Every rank file lists the world group's members: the loader parses each long list once
+    per run and shares it; the meta it returns equals ``json.loads`` of the same text, also
+    for compact separators, short lists and a long list outside the groups."""
+    import json
+
+    from meshprof.rundir.rankfile import _parse_meta
+
+    world = list(range(2000))
+    metas = [
+        {
+            "rank": r,
+            "groups": [
+                {"name": "0", "desc": "default_pg", "ranks": world, "backend": "gloo"},
+                {"name": f"tp{r}", "ranks": [r, r + 1]},
+                {"name": "dp", "ranks": list(range(r, 2000, 2))},
+            ],
+            "clock_sync": {"samples": [[1, 2, 3]]},
+        }
+        for r in range(3)
+    ]
+    shared: dict[bytes, list[int]] = {}
+    got = []
+    for m in metas:
+        for text in (json.dumps(m).encode(), json.dumps(m, separators=(",", ":")).encode()):
+            out = _parse_meta(text, shared)
+            assert out == json.loads(text) == m
+            got.append(out)
+    # one parsed world list per distinct text (the separators differ): shared by all ranks;
+    # the short lists are each rank's own
+    assert len({id(o["groups"][0]["ranks"]) for o in got[0::2]}) == 1
+    assert len({id(o["groups"][0]["ranks"]) for o in got[1::2]}) == 1
+    assert got[0]["groups"][1]["ranks"] is not got[2]["groups"][1]["ranks"]
+    # a long list that is not a group's members: parsed as it is
+    odd = {"groups": [], "extra": {"ranks": world}}
+    text = json.dumps(odd).encode()
+    assert _parse_meta(text, shared) == odd
+    assert _parse_meta(b"{}", shared) == {} and _parse_meta(text, None) == odd

@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import io
 import json
+import re
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -293,15 +294,58 @@ def _read_events_lean(
     return out, total
 
 
+_LONG_RANKS = re.compile(rb'"ranks": ?(\[[0-9, ]{2048,}\])')
+"""A group's member list long enough to be worth parsing once per run (~400 ranks or more)."""
+_SHARED = "@meshprof-shared-"
+
+
+def _parse_meta(text: bytes, shared: dict[bytes, list[int]] | None) -> Any:
+    """The meta JSON. With ``shared`` (one dict per run load), every long ``"ranks": [...]``
+    list is parsed once per distinct text and the same list object is put in every rank's
+    meta that has it: every rank file lists the world group's members, so 4,096 files hold
+    4,096 × 4,096 numbers, and parsing them was most of the load time. The result equals
+    ``json.loads(text)``."""
+    if shared is None or len(text) < 2048:
+        return json.loads(text)
+    found: list[list[int]] = []
+
+    def swap(m: re.Match[bytes]) -> bytes:
+        body = m.group(1)
+        lst = shared.get(body)
+        if lst is None:
+            lst = shared[body] = json.loads(body)
+        found.append(lst)
+        return b'"ranks": "%s%d"' % (_SHARED.encode(), len(found) - 1)
+
+    swapped = _LONG_RANKS.sub(swap, text)
+    if not found:
+        return json.loads(text)
+    raw = json.loads(swapped)
+    put = 0
+    groups = raw.get("groups") if isinstance(raw, dict) else None
+    for g in groups if isinstance(groups, list) else ():
+        v = g.get("ranks") if isinstance(g, dict) else None
+        if isinstance(v, str) and v.startswith(_SHARED):
+            g["ranks"] = found[int(v[len(_SHARED) :])]
+            put += 1
+    # a long list anywhere but a group's members: parse the text as it is
+    return raw if put == len(found) else json.loads(text)
+
+
 def load_rank_file(
-    path: str | Path, *, lean: bool = False, sample_limit: int | None = None
+    path: str | Path,
+    *,
+    lean: bool = False,
+    sample_limit: int | None = None,
+    shared_ranks: dict[bytes, list[int]] | None = None,
 ) -> RankData:
     """Load one rank file; a damaged or foreign file raises :class:`MeshprofError`.
 
     ``lean``: ``events`` holds only the completed events (duration ≥ 0) and only the
     :data:`LEAN_FIELDS`, in narrow dtypes (about 30 B per event instead of 54: what the run
     report reads); ``sample_limit`` (with ``lean``) keeps a consistent (group, seq) sample of
-    the collectives (:mod:`meshprof.rundir.sampling`)."""
+    the collectives (:mod:`meshprof.rundir.sampling`); ``shared_ranks`` (one dict per run
+    load): long group member lists parsed once and shared between the rank files."""
     m = RANK_FILE_RE.match(Path(path).name)
     file_events = -1
     try:
@@ -310,7 +354,9 @@ def load_rank_file(
         with zipfile.ZipFile(path) as zf:  # (its directory read once per file)
             arrays = _read_npz(Path(path), names, zf)
             spans, memory = arrays["spans"], arrays["memory"]
-            raw = json.loads(bytes(arrays["meta"]).decode("utf-8"))
+            text = bytes(arrays["meta"])
+            text.decode("utf-8")  # (UnicodeDecodeError: a damaged file, as before)
+            raw = _parse_meta(text, shared_ranks)
             if lean and isinstance(raw, dict):
                 groups = raw.get("groups") if isinstance(raw.get("groups"), list) else []
                 import os
