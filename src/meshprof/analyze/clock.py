@@ -193,23 +193,20 @@ def _sync_cells(table: EventTable, ranks: list[int]) -> _SyncCells:
         order = stable_argsort(key)
     del q
     sel = sel[order]
+    # cells in that order, a rank's repeat of a (group, seq) dropped: their collective and column
     if key is None:
         coll = group_seq_key(table.gid[sel], table.seq[sel])
         col = colmap[table.rank[sel]]
         first = np.r_[True, (coll[1:] != coll[:-1]) | (col[1:] != col[:-1])]
+        sel, coll, col = sel[first], coll[first], col[first]
     else:
         key = key[order]
         first = np.r_[True, key[1:] != key[:-1]]
-        key = key[first]
+        sel, key = sel[first], key[first]
         coll = key // nr
         col = key - coll * nr
         del key
-    del order
-    if not first.all():
-        sel = sel[first]
-        if len(coll) != len(sel):
-            coll, col = coll[first], col[first]
-    del first
+    del order, first
     col = col.astype(np.int32)
     # collectives (runs of equal coll): members, group
     starts = np.flatnonzero(np.r_[True, coll[1:] != coll[:-1]])

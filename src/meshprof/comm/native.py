@@ -200,7 +200,7 @@ class NativeKernel:
         atexit.register(self._stop_drainer)
 
     def _stop_drainer(self) -> None:
-        stop = getattr(self, "_drainer_stop", None)
+        stop = self._drainer_stop
         if stop is None:
             return
         self._drainer_stop = None

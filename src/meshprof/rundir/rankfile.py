@@ -294,12 +294,12 @@ def _read_events_lean(
     return out, total
 
 
-_LONG_RANKS = re.compile(rb'"ranks": ?(\[[0-9, ]{2048,}\])')
+_LONG_RANKS = re.compile(r'"ranks": ?(\[[0-9, ]{2048,}\])')
 """A group's member list long enough to be worth parsing once per run (~400 ranks or more)."""
 _SHARED = "@meshprof-shared-"
 
 
-def _parse_meta(text: bytes, shared: dict[bytes, list[int]] | None) -> Any:
+def _parse_meta(text: str, shared: dict[str, list[int]] | None) -> Any:
     """The meta JSON. With ``shared`` (one dict per run load), every long ``"ranks": [...]``
     list is parsed once per distinct text and the same list object is put in every rank's
     meta that has it: every rank file lists the world group's members, so 4,096 files hold
@@ -309,13 +309,13 @@ def _parse_meta(text: bytes, shared: dict[bytes, list[int]] | None) -> Any:
         return json.loads(text)
     found: list[list[int]] = []
 
-    def swap(m: re.Match[bytes]) -> bytes:
+    def swap(m: re.Match[str]) -> str:
         body = m.group(1)
         lst = shared.get(body)
         if lst is None:
             lst = shared[body] = json.loads(body)
         found.append(lst)
-        return b'"ranks": "%s%d"' % (_SHARED.encode(), len(found) - 1)
+        return f'"ranks": "{_SHARED}{len(found) - 1}"'
 
     swapped = _LONG_RANKS.sub(swap, text)
     if not found:
@@ -337,7 +337,7 @@ def load_rank_file(
     *,
     lean: bool = False,
     sample_limit: int | None = None,
-    shared_ranks: dict[bytes, list[int]] | None = None,
+    shared_ranks: dict[str, list[int]] | None = None,
 ) -> RankData:
     """Load one rank file; a damaged or foreign file raises :class:`MeshprofError`.
 
@@ -354,9 +354,7 @@ def load_rank_file(
         with zipfile.ZipFile(path) as zf:  # (its directory read once per file)
             arrays = _read_npz(Path(path), names, zf)
             spans, memory = arrays["spans"], arrays["memory"]
-            text = bytes(arrays["meta"])
-            text.decode("utf-8")  # (UnicodeDecodeError: a damaged file, as before)
-            raw = _parse_meta(text, shared_ranks)
+            raw = _parse_meta(bytes(arrays["meta"]).decode("utf-8"), shared_ranks)
             if lean and isinstance(raw, dict):
                 groups = raw.get("groups") if isinstance(raw.get("groups"), list) else []
                 import os
