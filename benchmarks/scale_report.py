@@ -49,9 +49,11 @@ def layout_of(n: int) -> tuple[int, int, int]:
 
 def run_report(
     run_dir: Path, src: Path, timeout: float = 0, extra: tuple[str, ...] = ()
-) -> tuple[float, float, int, dict]:
-    """Wall seconds, CPU seconds (user + system), peak RSS (bytes) and the JSON of
-    ``meshprof report DIR --json``."""
+) -> tuple[float, float, int, int, dict]:
+    """Wall seconds, CPU seconds (user + system, the worker processes included), peak RSS of
+    the report process (bytes), peak memory of its whole process tree (bytes: the largest sum
+    of the processes' proportional set sizes, so pages a forked worker shares with the report
+    count once) and the JSON of ``meshprof report DIR --json``."""
     env = dict(os.environ, PYTHONPATH=str(src))
     code = "import sys; from meshprof.cli import main; sys.exit(main())"
     with tempfile.TemporaryFile() as out:
@@ -64,7 +66,7 @@ def run_report(
         timer = threading.Timer(timeout, p.kill) if timeout > 0 else None
         if timer is not None:
             timer.start()
-        hwm = [0]
+        hwm = [0, 0]
         watcher = threading.Thread(target=_watch_hwm, args=(p, hwm), daemon=True)
         watcher.start()
         _, status, ru = os.wait4(p.pid, 0)
@@ -82,13 +84,44 @@ def run_report(
     # of the old and new address spaces'): this process, after writing the run, reads hundreds
     # of MiB. The child's own VmHWM, read while it runs, is the figure (ru_maxrss elsewhere).
     rss = hwm[0] if hwm[0] > 0 else ru.ru_maxrss * 1024
-    return wall, ru.ru_utime + ru.ru_stime, rss, json.loads(data)
+    return wall, ru.ru_utime + ru.ru_stime, rss, max(hwm[1], rss), json.loads(data)
+
+
+def _descendants(pid: int) -> list[int]:
+    """``pid``'s child processes, theirs, and so on (from /proc/PID/task/*/children)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        for task in Path(f"/proc/{p}/task").glob("*"):
+            try:
+                kids = [int(x) for x in (task / "children").read_text().split()]
+            except OSError:
+                continue
+            out.extend(kids)
+            todo.extend(kids)
+    return out
+
+
+def _pss(pid: int) -> int:
+    """Proportional set size of ``pid`` (bytes; 0 when it is gone)."""
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
 
 
 def _watch_hwm(p: subprocess.Popen, out: list[int]) -> None:
-    """The child's peak resident set (``VmHWM`` of /proc/PID/status, bytes) until it exits;
-    it only grows, so the last value read is the peak up to a few ms before the end."""
+    """Until the child exits: ``out[0]``, its peak resident set (``VmHWM`` of
+    /proc/PID/status, bytes; it only grows, so the last value read is the peak up to a few ms
+    before the end); ``out[1]``, the largest PSS sum over it and its descendants (the report's
+    worker processes), sampled every 50 ms (reading smaps walks the page tables: more often
+    slowed the report measurably on 2 cores). Without workers the PSS is at most the RSS, and
+    the figure reported is the larger of the two."""
     status = Path(f"/proc/{p.pid}/status")
+    ticks = 0
     while True:
         try:
             text = status.read_text()
@@ -99,6 +132,11 @@ def _watch_hwm(p: subprocess.Popen, out: list[int]) -> None:
                 out[0] = max(out[0], int(line.split()[1]) * 1024)
         if "State:\tZ" in text:  # exited, not yet reaped
             return
+        ticks += 1
+        if ticks % 5 == 0:
+            kids = _descendants(p.pid)
+            if kids:
+                out[1] = max(out[1], _pss(p.pid) + sum(_pss(k) for k in kids))
         time.sleep(0.01)
 
 
@@ -115,10 +153,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     a = p.parse_args(argv)
     print(
-        "| ranks | layout | events | report time | CPU time | peak RSS | B/event | slow rank named "
+        "| ranks | layout | events | report time | CPU time | peak RSS | with workers | B/event | "
+        "slow rank named "
         "| max clock error | load average |"
     )
-    print("|---:|---|---:|---:|---:|---:|---:|---|---:|---:|")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---|---:|---:|")
     for case in a.cases.split(","):
         n, total = (int(x) for x in case.split(":"))
         per_rank = total // n
@@ -140,7 +179,9 @@ def main(argv: list[str] | None = None) -> int:
         events = info["events_per_rank"] * n
         try:
             load0 = os.getloadavg()[0]
-            wall, cpu, rss, rep = run_report(d, a.src, a.timeout, tuple(a.report_args.split()))
+            wall, cpu, rss, tree, rep = run_report(
+                d, a.src, a.timeout, tuple(a.report_args.split())
+            )
             load = max(load0, os.getloadavg()[0])
         except RuntimeError as e:
             print(
@@ -159,7 +200,8 @@ def main(argv: list[str] | None = None) -> int:
             "seconds": round(wall, 1),
             "cpu_seconds": round(cpu, 1),
             "peak_rss_mib": round(rss / 2**20),
-            "bytes_per_event": round(rss / events),
+            "peak_tree_mib": round(tree / 2**20),
+            "bytes_per_event": round(tree / events),
             "slow_rank": info["slow_rank"],
             "named": named,
             "max_clock_error_us": round(err / 1e3, 1),
@@ -168,8 +210,8 @@ def main(argv: list[str] | None = None) -> int:
         }
         print(
             f"| {n:,} | {row['layout']} | {events:,} | {wall:.1f} s | {cpu:.1f} s "
-            f"| {rss / 2**20:,.0f} MiB | "
-            f"{rss / events:.0f} | {'yes' if info['slow_rank'] in named else 'NO'} {named[:3]} | "
+            f"| {rss / 2**20:,.0f} MiB | {tree / 2**20:,.0f} MiB | "
+            f"{tree / events:.0f} | {'yes' if info['slow_rank'] in named else 'NO'} {named[:3]} | "
             f"{err / 1e3:.1f} µs | {load:.1f} |",
             flush=True,
         )

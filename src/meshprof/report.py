@@ -13,7 +13,8 @@ The steps, in order (each an analyzer of :mod:`meshprof.analyze`):
 6. tables      per-rank, memory, heatmap, dimensions, sizes, groups  (:mod:`.analyze.run_tables`)
 7. timeline    a two-step excerpt on the aligned clock     (:mod:`.analyze.merged_timeline`)
 8. findings    conclusions with their figures                        (:mod:`.analyze.findings`)
-9. steps       step analysis of every rank, on a second thread from the start (:mod:`.analyze.steps`)
+9. steps       step analysis of every rank, from the start beside the others: on worker
+               processes (:mod:`.analyze.rank_workers`) or a second thread (:mod:`.analyze.steps`)
 10. pipeline   the pipeline bubble of all stages on the aligned clock  (:mod:`.analyze.pipeline`)
 11. bottlenecks per-rank rules merged across ranks + cross-rank rules (:mod:`.analyze.run_bottlenecks`)
 12. traces     torch.profiler traces: HTA's GPU breakdown per rank, kernel stragglers (:mod:`.analyze.kineto`)
@@ -22,8 +23,8 @@ The steps, in order (each an analyzer of :mod:`meshprof.analyze`):
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +34,7 @@ from meshprof.analyze.findings import find_findings
 from meshprof.analyze.heap import release_free_memory
 from meshprof.analyze.match import CollectiveMatch, match_collectives, summarize_match
 from meshprof.analyze.merged_timeline import timeline_excerpt
+from meshprof.analyze.rank_workers import WorkerAnalyses, analyze_in_workers
 from meshprof.analyze.report_types import RunReport
 from meshprof.analyze.run_bottlenecks import run_bottlenecks
 from meshprof.analyze.run_tables import (
@@ -99,19 +101,29 @@ def analyze_run_parts(
     bottlenecks: Iterable[Bottleneck] = (),
     hta_rounding: bool = False,
     release_events: bool = False,
+    workers: int = 1,
 ) -> RunAnalysis:
     """:func:`analyze_run`, keeping the event table, clock alignment and match it computed.
 
     ``release_events``: let each rank's raw event rows go once they are in the table (the
     ranks' ``events`` become empty): lower peak memory for a caller that needs only the
-    results, such as ``meshprof report``."""
-    # The per-rank step analyses do not depend on the cross-rank steps: run them on a second
-    # thread (numpy releases the GIL in its kernels, so this uses a second core when there is one).
+    results, such as ``meshprof report``. ``workers`` > 1: the per-rank step analyses run on
+    that many forked processes where that is safe (:mod:`meshprof.analyze.rank_workers`; the
+    results are the same), else in-process."""
+    # The per-rank step analyses do not depend on the cross-rank steps: they run beside them,
+    # on worker processes (forked before any thread starts) or on a second thread (numpy
+    # releases the GIL in its kernels only: most of their time is under the GIL).
     # When the raw rows are let go, a rank's go once both the table and its analysis have
-    # read them, and matching waits for the analyses (the rows then never coexist with it).
+    # read them, and matching waits for the analyses (the rows then never coexist with it;
+    # forked workers keep the pages they share with this process until they exit).
+    done_with = _releaser(run) if release_events else None
+    in_workers = analyze_in_workers(run, _analyses_of, workers, done_with)
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="meshprof-rank-analyses") as pool:
-        done_with = _releaser(run) if release_events else None
-        analyses_future = pool.submit(rank_analyses, run, done_with)
+        analyses_future: Future[dict[int, StepAnalysis]] | WorkerAnalyses
+        if in_workers is None:
+            analyses_future = pool.submit(rank_analyses, run, done_with)
+        else:
+            analyses_future = in_workers
         table = build_event_table(run, after_rank=done_with, sample_fraction=run.sample_fraction)
         clock = align_clocks(run, table)
         failures = find_failures(run, clock)
@@ -220,14 +232,18 @@ def _releaser(run: LoadedRun) -> Callable[[int], None]:
 
 
 def rank_analyses(
-    run: LoadedRun, after_rank: Callable[[int], None] | None = None
+    run: LoadedRun,
+    after_rank: Callable[[int], None] | None = None,
+    only: Iterable[int] | None = None,
 ) -> dict[int, StepAnalysis]:
-    """The step monitor's analysis of every loaded rank (:mod:`meshprof.analyze.steps`);
-    ``after_rank(r)`` is called once rank r is done."""
+    """The step monitor's analysis of every loaded rank (:mod:`meshprof.analyze.steps`), or of
+    the ranks in ``only``; ``after_rank(r)`` is called once rank r is done."""
     from meshprof.analyze.steps import StepOptions, analyze_recorded
 
     out: dict[int, StepAnalysis] = {}
-    for r, rd in sorted(run.ranks.items()):
+    wanted = sorted(run.ranks) if only is None else sorted(set(only) & set(run.ranks))
+    for r in wanted:
+        rd = run.ranks[r]
         mon, layout = _monitor_meta(run, rd.meta)
         options = StepOptions.from_meta(mon, rank=r, layout=layout)
         names = rd.span_names or list(mon.get("span_names", []))
@@ -235,6 +251,11 @@ def rank_analyses(
         if after_rank is not None:
             after_rank(r)
     return out
+
+
+def _analyses_of(run: LoadedRun, ranks: Sequence[int]) -> dict[int, StepAnalysis]:
+    """:func:`rank_analyses` of ``ranks`` (what a worker process runs)."""
+    return rank_analyses(run, only=ranks)
 
 
 def run_pipeline_bubble(run: LoadedRun, clock: ClockAlignment) -> PipelineBubble | None:

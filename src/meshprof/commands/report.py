@@ -9,6 +9,7 @@ from typing import Any
 
 from rich.console import Console
 
+from meshprof.analyze.rank_workers import default_workers
 from meshprof.analyze.stragglers import DEFAULT_THRESHOLD
 from meshprof.errors import MeshprofError, NotATraceError, NoUsableRankFileError
 from meshprof.report import analyze_run_parts
@@ -56,7 +57,26 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="memory budget (e.g. 4G, 512M): a run whose report would need more is sampled to "
         "fit (default: half of the available memory; --sample overrides)",
     )
+    p.add_argument(
+        "--jobs",
+        metavar="N",
+        help="processes for the per-rank step analyses (default: the usable cores, at most 16, "
+        "from 64 ranks on; 1: in this process). Linux only; elsewhere they run in-process",
+    )
     p.set_defaults(func=run)
+
+
+def _jobs(text: str | None) -> int | None:
+    """``--jobs`` as a positive int (None: not given)."""
+    if text is None:
+        return None
+    try:
+        n = int(text)
+    except ValueError:
+        raise MeshprofError(f"--jobs must be a whole number >= 1, got {text!r}") from None
+    if n < 1:
+        raise MeshprofError(f"--jobs must be a whole number >= 1, got {text!r}")
+    return n
 
 
 def _sample_fraction(args: argparse.Namespace) -> tuple[float, str]:
@@ -171,6 +191,7 @@ def run(args: argparse.Namespace) -> int:
             raise MeshprofError(f"--{opt} {target}: is a directory (give a file name)")
     if args.trace_max_events is not None and args.trace_max_events < 0:
         raise MeshprofError(f"--trace-max-events must be >= 0, got {args.trace_max_events}")
+    jobs = _jobs(args.jobs)
     fraction, reason = _sample_fraction(args)
     try:
         # the report reads only the completed events' columns: loaded lean
@@ -179,7 +200,11 @@ def run(args: argparse.Namespace) -> int:
         return _traces_only(args, e)
     # nothing below reads the raw event rows: the analysis lets them go once tabled
     parts = analyze_run_parts(
-        loaded, threshold=args.threshold, hta_rounding=args.hta_rounding, release_events=True
+        loaded,
+        threshold=args.threshold,
+        hta_rounding=args.hta_rounding,
+        release_events=True,
+        workers=jobs if jobs is not None else default_workers(len(loaded.ranks)),
     )
     rep = parts.report
     written = []

@@ -1,0 +1,119 @@
+"""The per-rank step analyses on forked worker processes (``meshprof report --jobs``): the same
+report as in-process, a dead worker's ranks analysed in-process, bad ``--jobs`` refused.
+
+The comparisons run in a fresh interpreter: workers are forked only from a process with no
+other Python thread, which a pytest process that ran other tests may not be."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from meshprof.analyze import rank_workers
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="workers are forked on Linux")
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+
+SCRIPT = """
+import json, os, sys
+sys.path.insert(0, {bench!r})
+from synth_run import write_run
+from meshprof.analyze import rank_workers
+from meshprof.report import analyze_run_parts, _analyses_of
+from meshprof.rundir import load_run
+
+info = write_run(
+    __import__("pathlib").Path({run!r}), 24, collectives=120, steps=4, slow_rank=7,
+    seed=5, layout=(3, 2, 4), clock_ms=30,
+)
+parent = os.getpid()
+used = []
+real = rank_workers.analyze_in_workers
+
+def spy(*args, **kwargs):
+    got = real(*args, **kwargs)
+    used.append(got)
+    return got
+
+import meshprof.report as report_mod
+report_mod.analyze_in_workers = spy
+
+def dying(run, ranks):
+    # a worker holding rank 0 dies as one killed for memory would
+    if os.getpid() != parent and 0 in ranks:
+        os._exit(9)
+    return _analyses_of(run, ranks)
+
+mode = {mode!r}
+if mode == "dying":
+    report_mod._analyses_of = dying
+one = analyze_run_parts(load_run({run!r}, lean=True), workers=1).report.to_dict()
+many = analyze_run_parts(load_run({run!r}, lean=True), workers=3, release_events=True)
+w = used[-1]
+print(json.dumps({{
+    "same": one == many.report.to_dict(),
+    "in_workers": w is not None,
+    "failed_chunks": None if w is None else w.failed_chunks,
+    "ranks": len(many.report.rank_analyses),
+    "named": [s for s in many.report.to_dict()["summary"]["stragglers"]],
+    "slow": info["slow_rank"],
+}}))
+"""
+
+
+def _run(tmp_path: Path, mode: str) -> dict:
+    code = textwrap.dedent(SCRIPT).format(bench=str(BENCH), run=str(tmp_path / "run"), mode=mode)
+    p = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def test_workers_give_the_in_process_report(tmp_path):
+    out = _run(tmp_path, "plain")
+    assert out["in_workers"] and out["failed_chunks"] == 0
+    assert out["ranks"] == 24
+    assert out["same"]
+    assert out["slow"] in out["named"]
+
+
+def test_a_dead_worker_costs_no_rank(tmp_path):
+    out = _run(tmp_path, "dying")
+    assert out["in_workers"] and out["failed_chunks"] >= 1
+    assert out["ranks"] == 24
+    assert out["same"]
+
+
+def test_no_fork_beside_another_thread():
+    import threading
+
+    stop = threading.Event()
+    t = threading.Thread(target=stop.wait)
+    t.start()
+    try:
+        assert not rank_workers.can_fork()
+    finally:
+        stop.set()
+        t.join()
+
+
+def test_default_workers():
+    assert rank_workers.default_workers(rank_workers.MIN_RANKS - 1) == 1
+    assert 1 <= rank_workers.default_workers(4096) <= rank_workers.MAX_WORKERS
+    for n, w in ((10, 2), (4096, 16), (3, 8)):
+        chunks = rank_workers._chunks(list(range(n)), w)
+        assert [r for c in chunks for r in c] == list(range(n))
+        assert all(chunks) and len(chunks) <= 4 * w
+
+
+@pytest.mark.parametrize("bad", ["0", "-2", "two"])
+def test_bad_jobs_exit_2(tmp_path, cli, bad):
+    p = cli.process("report", str(tmp_path), "--jobs", bad)
+    assert p.returncode == 2 and p.stderr.count("\n") == 1 and "--jobs" in p.stderr
