@@ -110,3 +110,29 @@ def test_report_cli_trace_cap(tmp_path, cli):
     bad = cli.process("report", run_dir, "--trace", out, "--trace-max-events", "-1")
     assert bad.returncode == 2 and "--trace-max-events" in bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_linear_percentile_is_numpys_bit_for_bit():
+    from meshprof.analyze.steps.types import Distribution, linear_percentile
+
+    rng = np.random.default_rng(7)
+    for trial in range(3000):
+        n = int(rng.integers(1, 80))
+        kind = trial % 4
+        if kind == 0:
+            v = rng.normal(1e6, 3e5, n)
+        elif kind == 1:  # ties
+            v = rng.integers(0, 5, n).astype(float) * 1e7
+        elif kind == 2:
+            v = rng.exponential(1e9, n).round()
+        else:
+            v = rng.uniform(-1, 1, n) * 10.0 ** rng.integers(-3, 15)
+        s = sorted(v.tolist())
+        for q in (50, 95, 0, 100, 99, 1, 33.3):
+            assert linear_percentile(s, q) == float(np.percentile(v, q)), (v, q)
+        d = Distribution.of(v.tolist())
+        assert (d.p50_ns, d.p95_ns) == (float(np.percentile(v, 50)), float(np.percentile(v, 95)))
+    # not finite: numpy's own path (NaN propagates; inf - inf is NaN there too)
+    assert np.isnan(Distribution.of([1.0, float("nan"), 3.0]).p95_ns)
+    assert np.isnan(Distribution.of([1.0, float("inf")]).p50_ns)
+    assert np.isnan(np.percentile([1.0, float("inf")], 50))

@@ -10,6 +10,7 @@ import math
 from typing import Any
 
 _ATOMS = (int, float, str, bool, type(None))
+_EXACT_ATOMS = frozenset(_ATOMS)
 _FIELDS: dict[type, tuple[str, ...]] = {}
 
 
@@ -22,9 +23,9 @@ def _names(t: type) -> tuple[str, ...]:
 
 def _asdict(o: Any) -> Any:
     """``dataclasses.asdict`` for a dataclass instance (and what it recurses into)."""
-    if isinstance(o, _ATOMS):
-        return o
     t = type(o)
+    if t in _EXACT_ATOMS or isinstance(o, _ATOMS):
+        return o
     if dataclasses.is_dataclass(o) and not isinstance(o, type):
         return {n: _asdict(getattr(o, n)) for n in _names(t)}
     if isinstance(o, list):
@@ -39,6 +40,11 @@ def _asdict(o: Any) -> Any:
 
 
 def _clean(x: Any) -> Any:
+    t = type(x)
+    if t is float:
+        return None if math.isnan(x) else x
+    if t is int or t is str or t is bool or x is None:
+        return x
     if isinstance(x, float) and math.isnan(x):
         return None
     if isinstance(x, dict):

@@ -8,6 +8,7 @@ edge of ``meshprof report --json``); renderers read the typed fields.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -333,6 +334,16 @@ def _what_if_dict(w: WhatIf | None) -> dict[str, Any]:
 def json_ready(o: Any) -> Any:
     """``o`` with dict keys as strings, tuples as lists, numpy scalars as Python numbers and
     non-finite floats as None."""
+    # exact built-in types first: a report at thousands of ranks holds millions of leaves
+    t = type(o)
+    if t is str or t is int or t is bool or o is None:
+        return o
+    if t is float:
+        return o if math.isfinite(o) else None
+    if t is list or t is tuple:
+        return [json_ready(v) for v in o]
+    if t is dict:
+        return {k if type(k) is str else str(k): json_ready(v) for k, v in o.items()}
     if isinstance(o, dict):
         return {str(k): json_ready(v) for k, v in o.items()}
     if isinstance(o, list | tuple):
