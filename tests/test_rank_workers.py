@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from meshprof import forking
 from meshprof.analyze import rank_workers
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="workers are forked on Linux")
@@ -24,6 +25,7 @@ SCRIPT = """
 import json, os, sys
 sys.path.insert(0, {bench!r})
 from synth_run import write_run
+from meshprof import forking
 from meshprof.analyze import rank_workers
 from meshprof.report import analyze_run_parts, _analyses_of
 from meshprof.rundir import load_run
@@ -91,6 +93,54 @@ def test_a_dead_worker_costs_no_rank(tmp_path):
     assert out["same"]
 
 
+LOAD_SCRIPT = """
+import json, os, sys
+sys.path.insert(0, {bench!r})
+from pathlib import Path
+import numpy as np
+from synth_run import write_run
+from meshprof import forking
+from meshprof.rundir import load_run
+
+run_dir = Path({run!r})
+write_run(run_dir, 24, collectives=120, steps=4, slow_rank=7, seed=5, layout=(3, 2, 4))
+damaged = run_dir / "rank00011.npz"
+damaged.write_bytes(damaged.read_bytes()[:300])
+started = []
+real = forking.start
+forking.start = lambda *a: started.append(real(*a)) or started[-1]
+one = load_run(run_dir, lean=True)
+many = load_run(run_dir, lean=True, processes=3)
+same = sorted(one.ranks) == sorted(many.ranks) and one.problems == many.problems
+for r, rd in one.ranks.items():
+    other = many.ranks[r]
+    for name in ("events", "spans", "memory"):
+        a, b = getattr(rd, name), getattr(other, name)
+        same = same and a.dtype == b.dtype and np.array_equal(a, b)
+    same = same and rd.meta == other.meta and rd.span_names == other.span_names
+world = [rd.meta.groups[0]["ranks"] for rd in many.ranks.values()]
+print(json.dumps({{
+    "forked": started[-1] is not None,
+    "same": bool(same),
+    "ranks": len(many.ranks),
+    "problems": sorted(many.problems),
+    "world_shared": all(w is world[0] for w in world),
+}}))
+"""
+
+
+def test_forked_loading_gives_the_serial_load(tmp_path):
+    code = textwrap.dedent(LOAD_SCRIPT).format(bench=str(BENCH), run=str(tmp_path / "run"))
+    p = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert out["forked"] and out["same"]
+    assert out["ranks"] == 23 and out["problems"] == [11]
+    assert out["world_shared"]
+
+
 def test_no_fork_beside_another_thread():
     import threading
 
@@ -98,7 +148,7 @@ def test_no_fork_beside_another_thread():
     t = threading.Thread(target=stop.wait)
     t.start()
     try:
-        assert not rank_workers.can_fork()
+        assert not forking.can_fork()
     finally:
         stop.set()
         t.join()
@@ -108,7 +158,7 @@ def test_default_workers():
     assert rank_workers.default_workers(rank_workers.MIN_RANKS - 1) == 1
     assert 1 <= rank_workers.default_workers(4096) <= rank_workers.MAX_WORKERS
     for n, w in ((10, 2), (4096, 16), (3, 8)):
-        chunks = rank_workers._chunks(list(range(n)), w)
+        chunks = forking.chunks(list(range(n)), w)
         assert [r for c in chunks for r in c] == list(range(n))
         assert all(chunks) and len(chunks) <= 4 * w
 

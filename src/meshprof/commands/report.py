@@ -60,10 +60,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--jobs",
         metavar="N",
-        help="processes for the per-rank step analyses (default: the usable cores, at most 16, "
-        "from 64 ranks on; 1: in this process). Linux only; elsewhere they run in-process",
+        help="processes for loading the rank files and the per-rank step analyses (default: the "
+        "usable cores, at most 16, from 64 ranks on; 1: all in this process). Linux only; "
+        "elsewhere all runs in-process",
     )
     p.set_defaults(func=run)
+
+
+def _rank_files(run_dir: str) -> int:
+    """How many rank files ``run_dir`` holds (0 when it cannot be listed)."""
+    from meshprof.rundir.schema import RANK_FILE_RE
+
+    try:
+        return sum(1 for f in Path(run_dir).iterdir() if RANK_FILE_RE.match(f.name))
+    except OSError:
+        return 0
 
 
 def _jobs(text: str | None) -> int | None:
@@ -195,7 +206,13 @@ def run(args: argparse.Namespace) -> int:
     fraction, reason = _sample_fraction(args)
     try:
         # the report reads only the completed events' columns: loaded lean
-        loaded = load_run(Path(args.dir), lean=True, sample=fraction, sample_reason=reason)
+        loaded = load_run(
+            Path(args.dir),
+            lean=True,
+            sample=fraction,
+            sample_reason=reason,
+            processes=jobs if jobs is not None else default_workers(_rank_files(args.dir)),
+        )
     except NoUsableRankFileError as e:
         return _traces_only(args, e)
     # nothing below reads the raw event rows: the analysis lets them go once tabled

@@ -70,32 +70,68 @@ def _load_or_reason(
     except MeshprofError as e:
         return str(e)
     if shared is not None:
-        # every rank file lists the members of each of its groups: share one list per group
-        # (4,096 ranks each holding the world group's 4,096 members would be 16M Python ints)
-        for g in rd.meta.groups or ():
-            ranks = g.get("ranks") if isinstance(g, dict) else None
-            if not isinstance(ranks, list):
-                continue
-            key = (str(g.get("name", "")), len(ranks))
-            have = shared.setdefault(key, ranks)
-            if have is not ranks and have == ranks:
-                g["ranks"] = have
+        _share_members(rd, shared)
     return rd
+
+
+def _share_members(rd: RankData, shared: dict[tuple[str, int], list[Any]]) -> None:
+    """Every rank file lists the members of each of its groups: share one list per group
+    (4,096 ranks each holding the world group's 4,096 members would be 16M Python ints)."""
+    for g in rd.meta.groups or ():
+        ranks = g.get("ranks") if isinstance(g, dict) else None
+        if not isinstance(ranks, list):
+            continue
+        key = (str(g.get("name", "")), len(ranks))
+        have = shared.setdefault(key, ranks)
+        if have is not ranks and have == ranks:
+            g["ranks"] = have
 
 
 _THREADED_MIN_BYTES = 4 << 20
 """Rank files are read on a thread pool only when they average at least this size (bytes)."""
 
 
+def _load_forked(
+    paths: list[Path], lean: bool, sample_limit: int | None, processes: int
+) -> list[RankData | str] | None:
+    """The files loaded on ``processes`` forked workers (:mod:`meshprof.forking`), a chunk of
+    files each, the loaded arrays pickled back; None where forking is unsafe. A chunk whose
+    worker failed is loaded here."""
+    from meshprof.forking import chunks, start
+
+    def load_chunk(part: list[Path]) -> list[RankData | str]:
+        shared: dict[tuple[str, int], list[Any]] = {}
+        text: dict[str, list[int]] = {}
+        return [_load_or_reason(p, shared, lean, sample_limit, text) for p in part]
+
+    parts = chunks(paths, processes)
+    forked = start(load_chunk, parts, processes)
+    if forked is None:
+        return None
+    out: list[RankData | str] = []
+    shared: dict[tuple[str, int], list[Any]] = {}
+    for part, got in zip(parts, forked.results(), strict=True):
+        loaded = load_chunk(part) if got is None else got
+        for rd in loaded:
+            if isinstance(rd, RankData):
+                _share_members(rd, shared)  # (each chunk came back with its own lists)
+        out.extend(loaded)
+    return out
+
+
 def _load_all(
-    paths: list[Path], lean: bool = False, sample_limit: int | None = None
+    paths: list[Path],
+    lean: bool = False,
+    sample_limit: int | None = None,
+    processes: int = 1,
 ) -> list[RankData | str]:
     """Rank files are independent: large ones are read on a thread pool (one thread per core,
     at most 8), small ones one after the other. Measured on 2 shared cores (benchmarks/README.md,
     "Issue 12, third part"): the pool's CPU time / wall time stays at 1.0–1.4, the GIL serialising
     most of the per-file work (zip member reads, the lean copy's per-chunk calls, each file's
     JSON metadata); 1,024 small files took 1.4 s on 8 threads and 1.0 s on one (thread switches
-    under the GIL), 8 files of 54 MB 0.8–1.1 s either way."""
+    under the GIL), 8 files of 54 MB 0.8–1.1 s either way. ``processes`` > 1: small files are
+    read on that many forked processes instead, where forking is safe (:func:`_load_forked`)."""
     shared: dict[tuple[str, int], list[Any]] = {}
     shared_text: dict[str, list[int]] = {}  # long member lists, parsed once (rankfile)
     workers = min(len(paths), os.cpu_count() or 1, 8)
@@ -107,6 +143,10 @@ def _load_all(
         if mean < _THREADED_MIN_BYTES:
             workers = 1
     if workers <= 1:
+        if processes > 1 and len(paths) > 1:
+            got = _load_forked(paths, lean, sample_limit, processes)
+            if got is not None:
+                return got
         return [_load_or_reason(p, shared, lean, sample_limit, shared_text) for p in paths]
     from concurrent.futures import ThreadPoolExecutor
 
@@ -117,7 +157,12 @@ def _load_all(
 
 
 def load_run(
-    run_dir: str | Path, *, lean: bool = False, sample: float = 1.0, sample_reason: str = ""
+    run_dir: str | Path,
+    *,
+    lean: bool = False,
+    sample: float = 1.0,
+    sample_reason: str = "",
+    processes: int = 1,
 ) -> LoadedRun:
     """Load every rank file of a run directory. Missing or damaged ranks are listed in
     ``problems``; the rest still load. No usable rank at all raises
@@ -126,7 +171,9 @@ def load_run(
     ``lean``: each rank's ``events`` keeps only its completed events and the columns the run
     report reads, in narrow dtypes (:func:`~meshprof.rundir.rankfile.load_rank_file`);
     ``sample`` < 1 (implies ``lean``): only a consistent sample of that fraction of the
-    collectives, chosen by the recorder's (group, seq) hash (:mod:`meshprof.rundir.sampling`)."""
+    collectives, chosen by the recorder's (group, seq) hash (:mod:`meshprof.rundir.sampling`).
+    ``processes`` > 1: many small rank files are read on that many forked processes where that
+    is safe (Linux, no other thread running; the result is the same)."""
     from meshprof.rundir.sampling import threshold
 
     if not (0.0 < sample <= 1.0):
@@ -157,7 +204,7 @@ def load_run(
         if (mm := RANK_FILE_RE.match(f.name)) is not None
     ]
     for r, got in zip(
-        (r for r, _ in files), _load_all([f for _, f in files], lean, limit), strict=True
+        (r for r, _ in files), _load_all([f for _, f in files], lean, limit, processes), strict=True
     ):
         if isinstance(got, RankData):
             ranks[r] = got
