@@ -147,3 +147,21 @@ def test_trace_merges_kineto_traces_skips_non_traces_names_damaged_ones(tmp_path
     assert [e.split(": ")[0] for e in meta["kineto_errors"]] == [
         str(tmp_path / "traceEvents_rank1.json")
     ]
+
+
+@pytest.mark.parametrize("sample", [1.0, 0.5])
+def test_streamed_json_is_json_dumps_of_to_dict(sample):
+    """``meshprof report --json`` writes the report section by section; the bytes are those of
+    ``json.dumps(report.to_dict())`` (a run with a pipeline, a what-if and, sampled, the
+    sampling section first)."""
+    import io
+
+    from meshprof.report import analyze_run
+
+    data = Path(__file__).resolve().parent / "data" / "ddp_2rank"
+    rep = analyze_run(load_run(data, sample=sample))
+    buf = io.StringIO()
+    rep.write_json(buf)
+    assert buf.getvalue() == json.dumps(rep.to_dict(), default=str)
+    assert next(iter(json.loads(buf.getvalue()))) == ("sampling" if sample < 1 else "summary")
+    assert rep.rank_analyses  # the streamed list is not empty

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -238,7 +239,8 @@ def run(args: argparse.Namespace) -> int:
         _merge_kineto(trace, loaded, parts.clock)
         written.append(write_trace(Path(args.trace), trace))
     if args.json:
-        print(json.dumps(rep.to_dict(), default=str))
+        rep.write_json(sys.stdout)  # (section by section: no whole dict of the report)
+        sys.stdout.write("\n")
         return 0
     from meshprof.render.report_text import print_report
 
