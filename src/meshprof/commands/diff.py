@@ -25,11 +25,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _side(path: str) -> RunSide:
     """One run's figures; its report and events are let go before the other run is read."""
+    from meshprof.analyze.rank_workers import default_workers
     from meshprof.report import analyze_run_parts
     from meshprof.rundir import load_run
 
     loaded = load_run(Path(path))
-    report = analyze_run_parts(loaded, release_events=True).report
+    # (the per-rank step analyses on worker processes from 64 ranks on, as in `report`)
+    workers = default_workers(len(loaded.ranks))
+    report = analyze_run_parts(loaded, release_events=True, workers=workers).report
     side = run_side(report, loaded.layout())
     check_side(side)
     return side

@@ -64,7 +64,12 @@ def step_exposure(st: StepSpan, dims: Sequence[str]) -> Exposure:
         blocked = p.duration_ns - p.cpu_ns if p.cpu_ns >= 0 else p.duration_ns
         exp = float(min(max(blocked, 0), p.comm_ns))
         total += exp
-        split(exp, p.comm_by_dim, dims, by_dim)
+        # split(exp, p.comm_by_dim, dims, by_dim), inlined (called once per phase)
+        if exp > 0 and dims:
+            tot = sum(p.comm_by_dim)
+            if tot > 0:
+                for d, v in zip(dims, p.comm_by_dim, strict=True):
+                    by_dim[d] += exp * v / tot
     rest_wall = st.duration_ns - covered_wall
     rest_comm = max(st.comm_ns - covered_comm, 0)
     if rest_comm > 0:
@@ -112,14 +117,34 @@ def add_communication(a: StepAnalysis, t: StepTimeline, o: StepOptions) -> StepA
         for st, e in zip(t.steps, exposures, strict=True)
     ]
     comm: list[CommDimStats] = []
+    # every mean over steps from one call: row i of a C-ordered float64 matrix is reduced as
+    # np.mean of that row alone would be (pairwise, then / n), so the figures are the same
+    nd = len(dims)
+    means = (
+        np.asarray(
+            [
+                *([float(st.comm_by_dim[di]) for st in t.steps] for di in range(nd)),
+                *([e.by_dim[d] for e in exposures] for d in dims),
+                *([st.count_by_dim[di] for st in t.steps] for di in range(nd)),
+                *([st.bytes_by_dim[di] for st in t.steps] for di in range(nd)),
+                [r.comm_ns for r in rows],
+                [r.exposed_comm_ns for r in rows],
+            ],
+            dtype=np.float64,
+        )
+        .mean(axis=1)
+        .tolist()
+        if rows
+        else []
+    )
     for di, d in enumerate(dims):
-        tot = float(np.mean([float(st.comm_by_dim[di]) for st in t.steps])) if rows else 0.0
-        exp = float(np.mean([e.by_dim[d] for e in exposures])) if rows else 0.0
+        tot = means[di] if rows else 0.0
+        exp = means[nd + di] if rows else 0.0
         comm.append(
             CommDimStats(
                 dimension=d,
-                count=round(np.mean([st.count_by_dim[di] for st in t.steps])) if rows else 0,
-                bytes=int(np.mean([st.bytes_by_dim[di] for st in t.steps])) if rows else 0,
+                count=round(means[2 * nd + di]) if rows else 0,
+                bytes=int(means[3 * nd + di]) if rows else 0,
                 total_ns=tot,
                 exposed_ns=exp,
                 hidden_ns=max(tot - exp, 0.0),
@@ -127,10 +152,8 @@ def add_communication(a: StepAnalysis, t: StepTimeline, o: StepOptions) -> StepA
                 exposed_share=a.share_of_step(exp),
             )
         )
-    total_share = a.share_of_step(float(np.mean([r.comm_ns for r in rows]))) if rows else 0.0
-    exposed_share = (
-        a.share_of_step(float(np.mean([r.exposed_comm_ns for r in rows]))) if rows else 0.0
-    )
+    total_share = a.share_of_step(means[4 * nd]) if rows else 0.0
+    exposed_share = a.share_of_step(means[4 * nd + 1]) if rows else 0.0
     layout = o.layout
     dp_eff: float | None = None
     if (layout is not None and layout.dp > 1) or "dp" in dims:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -26,9 +26,10 @@ _STEP = SPAN_KINDS.index("step")
 _PHASE = SPAN_KINDS.index("phase")
 
 
-@dataclass(frozen=True, slots=True)
-class PhaseSpan:
-    """One phase of a step, with the communication measured inside it."""
+class PhaseSpan(NamedTuple):
+    """One phase of a step, with the communication measured inside it. (A named tuple, not a
+    frozen dataclass: a report at 4,096 ranks makes ~330,000 of them, and a tuple is built
+    ~3× faster.)"""
 
     name: str
     start_ns: int
@@ -49,9 +50,9 @@ class PhaseSpan:
     """Union of the step's TP collectives inside the phase (forward/backward phases; else 0)."""
 
 
-@dataclass(frozen=True, slots=True)
-class StepSpan:
-    """One analyzed step, with its phases and the communication measured inside it."""
+class StepSpan(NamedTuple):
+    """One analyzed step, with its phases and the communication measured inside it (a named
+    tuple, as :class:`PhaseSpan`)."""
 
     step: int
     start_ns: int
