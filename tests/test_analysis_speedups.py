@@ -136,3 +136,16 @@ def test_linear_percentile_is_numpys_bit_for_bit():
     assert np.isnan(Distribution.of([1.0, float("nan"), 3.0]).p95_ns)
     assert np.isnan(Distribution.of([1.0, float("inf")]).p50_ns)
     assert np.isnan(np.percentile([1.0, float("inf")], 50))
+
+
+def test_row_means_of_a_matrix_are_each_rows_mean():
+    """The step analysis takes every mean over steps from one ``mean(axis=1)`` call: it relies
+    on each row of a C-ordered float64 matrix being reduced as that row alone (pairwise)."""
+    rng = np.random.default_rng(3)
+    for trial in range(500):
+        k, n = int(rng.integers(1, 20)), int(rng.integers(1, 400))
+        m = rng.normal(1e6, 1e6, (k, n)) * 10.0 ** rng.integers(0, 8)
+        if trial % 2:
+            m = m.round()
+        got = m.mean(axis=1).tolist()
+        assert got == [float(np.mean(row.tolist())) for row in m]
