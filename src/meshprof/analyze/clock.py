@@ -132,6 +132,10 @@ class _SyncCells:
     base: int
 
 
+_ROW_BLOCK = 1 << 18
+"""Rows of the event table :func:`_sync_cells` reads at a time in its passes over all rows."""
+
+
 def _sync_cells(table: EventTable, ranks: list[int]) -> _SyncCells:
     """The cells of synchronizing collectives seen by ≥ 2 ranks; beyond ``_MAX_SYNC``
     collectives in one group, ``_MAX_SYNC`` evenly spaced ones of it (every k-th seq first, then
@@ -155,15 +159,20 @@ def _sync_cells(table: EventTable, ranks: list[int]) -> _SyncCells:
         big = np.iinfo(np.int64).max
         lo = np.full(ng, big, dtype=np.int64)
         hi = np.full(ng, -big, dtype=np.int64)
-        # (indices as intp and values as int64: ufunc.at's fast path; mixed dtypes take its
-        # slow one, 2.4 s at 8M events)
-        gm, sm = g[mask].astype(np.intp), seq[mask].astype(np.int64)
-        np.minimum.at(lo, gm, sm)
-        np.maximum.at(hi, gm, sm)
-        del gm, sm
+        # a block of rows at a time (int64 temporaries of every row were this function's peak:
+        # +95 MiB at 4M events); indices as intp and values as int64: ufunc.at's fast path
+        # (mixed dtypes take its slow one, 2.4 s at 8M events)
+        blocks = range(0, len(mask), _ROW_BLOCK)
+        for b in blocks:
+            m = mask[b : b + _ROW_BLOCK]
+            gm, sm = g[b : b + _ROW_BLOCK][m].astype(np.intp), seq[b : b + _ROW_BLOCK][m]
+            np.minimum.at(lo, gm, sm.astype(np.int64))
+            np.maximum.at(hi, gm, sm.astype(np.int64))
         stride = np.maximum((hi - lo + 1) // (2 * _MAX_SYNC), 1)  # 2×: seqs of other ops
         if (stride > 1).any():
-            mask &= (seq - lo[g]) % stride[g] == 0
+            for b in blocks:
+                gb = g[b : b + _ROW_BLOCK]
+                mask[b : b + _ROW_BLOCK] &= (seq[b : b + _ROW_BLOCK] - lo[gb]) % stride[gb] == 0
     sel = np.flatnonzero(mask)
     del mask
     if not len(sel) or not ranks:
@@ -194,20 +203,25 @@ def _sync_cells(table: EventTable, ranks: list[int]) -> _SyncCells:
     del q
     sel = sel[order]
     # cells in that order, a rank's repeat of a (group, seq) dropped: their collective and column
+    # (each temporary let go as soon as it is used: this is clock alignment's memory peak)
     if key is None:
+        del order
         coll = group_seq_key(table.gid[sel], table.seq[sel])
         col = colmap[table.rank[sel]]
         first = np.r_[True, (coll[1:] != coll[:-1]) | (col[1:] != col[:-1])]
-        sel, coll, col = sel[first], coll[first], col[first]
+        if not first.all():
+            sel, coll, col = sel[first], coll[first], col[first]
     else:
         key = key[order]
+        del order
         first = np.r_[True, key[1:] != key[:-1]]
-        sel, key = sel[first], key[first]
-        coll = key // nr
-        col = key - coll * nr
+        if not first.all():
+            sel, key = sel[first], key[first]
+        col = np.remainder(key, nr).astype(np.int32)
+        coll = np.floor_divide(key, nr, out=key)  # (key // nr, in place)
         del key
-    del order, first
-    col = col.astype(np.int32)
+    del first
+    col = col.astype(np.int32, copy=False)
     # collectives (runs of equal coll): members, group
     starts = np.flatnonzero(np.r_[True, coll[1:] != coll[:-1]])
     del coll
@@ -265,9 +279,20 @@ def _collective_estimates(
     unc = np.full(nr, np.nan)
     off[ref_col], unc[ref_col] = 0.0, 0.0
     gs = cells.group_start
-    # groups of each column, and each group's size in collectives (its priority)
-    g_of_cell = np.repeat(np.arange(ng), np.diff(gs))
-    gc = np.unique(cells.col.astype(np.int64) * ng + g_of_cell)
+    # groups of each column, and each group's size in collectives (its priority): the distinct
+    # (column, group) pairs, found a block of whole groups at a time (~2^18 cells: a bounded
+    # transient instead of a few int64 copies of every cell)
+    pairs = []
+    g0 = 0
+    while g0 < ng:
+        g1 = max(int(np.searchsorted(gs, gs[g0] + (1 << 18), side="right")) - 1, g0 + 1)
+        g1 = min(g1, ng)
+        a, b = int(gs[g0]), int(gs[g1])
+        g_of_cell = np.repeat(np.arange(g0, g1, dtype=np.int64), np.diff(gs[g0 : g1 + 1]))
+        pairs.append(np.unique(cells.col[a:b].astype(np.int64) * ng + g_of_cell))
+        g0 = g1
+    gc = np.unique(np.concatenate(pairs))
+    del pairs, g_of_cell
     col_groups_flat = gc % ng
     col_cut = np.searchsorted(gc // ng, np.arange(nr + 1))
     g_rows = cells.row[gs[1:] - 1] - cells.row[gs[:-1]] + 1  # groups are never empty
