@@ -401,12 +401,10 @@ def replay(
     e_max = a_last.copy()
     fn = replay_c.load() if compiled else None
     if fn is not None:
-        delta = m["new_gap"] - m["gap"]
         replay_c.run_levels(
-            fn, bounds, chain, m["coll"], m["gap"], delta, m["overlapped"], m["waits"],
+            fn, bounds, chain, m["coll"], m["gap"], m["new_gap"], m["overlapped"], m["waits"],
             m["after_ns"], const, rows, e_max, a_last,
         )  # fmt: skip
-        del delta
     else:
         _levels_numpy(m, bounds, chain, const, rows, e_max, a_last)
     e_max, a_last = e_max[:k], a_last[:k]
