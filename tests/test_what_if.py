@@ -208,3 +208,20 @@ def test_overlapped_collectives(tmp_path, short):
     assert w.ranks[0].rank == 2 and w.ranks[0].phase == "forward"
     assert w.ranks[0].step_saving_ns == pytest.approx(x, abs=EXACT_ABS_NS)
     assert all(abs(c.step_saving_ns) <= EXACT_ABS_NS for c in w.ranks[1:])
+
+
+def test_cycle_cause_tells_crossed_async_p2p_from_inconsistent_order():
+    """1F1B stage pair: rank 0 sends activation 5 (pair A) then receives gradient 4 (pair B)
+    without waiting; rank 1 sends gradient 4 then receives activation 5. The replay model's
+    graph has the cycle A → B → A; without the edges into the overlapped receives it has none.
+    The same order with every event waiting for the previous one is a real inconsistency."""
+    import numpy as np
+
+    from meshprof.analyze.replay import cycle_cause
+
+    coll = np.asarray([0, 1, 1, 0])  # chain 0: A, B; chain 1: B, A
+    pos = np.asarray([0, 1, 0, 1])
+    crossed = cycle_cause(coll, pos, np.asarray([False, True, False, True]), 2)
+    assert "crossed order" in crossed and "1F1B" in crossed
+    blocking = cycle_cause(coll, pos, np.zeros(4, dtype=bool), 2)
+    assert blocking == "the collectives' order is inconsistent across ranks (a cycle)"

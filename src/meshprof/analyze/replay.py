@@ -326,6 +326,27 @@ def levels(rec: Recorded) -> tuple[np.ndarray, np.ndarray] | None:
     return order, np.searchsorted(ml, np.arange(int(ml.max(initial=0)) + 2))
 
 
+def cycle_cause(coll: np.ndarray, pos: np.ndarray, overlapped: np.ndarray, ncoll: int) -> str:
+    """Why :func:`levels` found a cycle, in words (for the report's note).
+
+    The model makes every event wait for its chain's previous event's collective. Ops issued
+    without waiting (``overlapped``: async sends and receives) in crossed order on two ranks, as
+    a 1F1B pipeline stage pair does (stage 0: send activation 5, then receive gradient 4; stage
+    1: send gradient 4, then receive activation 5), form a cycle there that the program does not
+    have. When the graph without the edges into overlapped events is acyclic, that is the
+    cause; otherwise the collectives were matched in inconsistent orders."""
+    m = np.flatnonzero(pos > 0)
+    keep = ~np.asarray(overlapped, dtype=bool)[m]
+    m = m[keep]
+    if _kahn_levels(coll[m - 1], coll[m], ncoll) is not None:
+        return (
+            "async sends/receives issued in crossed order on pairs of ranks (as a 1F1B pipeline "
+            "does): the replay model, which makes each event follow its predecessor's "
+            "collective, cannot order them; not replayed"
+        )
+    return "the collectives' order is inconsistent across ranks (a cycle)"
+
+
 def _kahn_levels(src: np.ndarray, dst: np.ndarray, ncoll: int) -> np.ndarray | None:
     """Longest-path level of each of ``ncoll`` nodes over the edges src → dst, level by level
     from the nodes with no unplaced predecessor (Kahn's order); None on a cycle."""

@@ -42,6 +42,7 @@ from meshprof.analyze.replay import (
     Chains,
     Recorded,
     build_chains,
+    cycle_cause,
     in_order,
     levels,
     record,
@@ -210,7 +211,8 @@ def what_if(
     release_free_memory()  # (the temporaries of each stage back to the OS: a lower peak)
     lv = levels(rec)
     if lv is None:
-        return _empty("the collectives' order is inconsistent across ranks (a cycle)", steps)
+        why = cycle_cause(rec.coll, rec.pos, rec.overlapped, len(rec.const))
+        return _empty(why, steps)
     rank = table.rank[ch.row]
     gid = table.gid[ch.row]
     dim_of_gid = np.asarray([dims.index(gr.dimension) for gr in table.groups] or [0])
