@@ -167,3 +167,21 @@ def test_default_workers():
 def test_bad_jobs_exit_2(tmp_path, cli, bad):
     p = cli.process("report", str(tmp_path), "--jobs", bad)
     assert p.returncode == 2 and p.stderr.count("\n") == 1 and "--jobs" in p.stderr
+
+
+def test_cgroup_quota_caps_the_workers(tmp_path):
+    v2 = tmp_path / "v2"
+    v2.mkdir()
+    (v2 / "cpu.max").write_text("250000 100000\n")  # 2.5 CPUs: 3 workers
+    assert forking.cgroup_cpu_quota(str(v2)) == 3
+    assert forking.usable_cores(str(v2)) <= 3
+    (v2 / "cpu.max").write_text("max 100000\n")
+    assert forking.cgroup_cpu_quota(str(v2)) is None
+    v1 = tmp_path / "v1"
+    (v1 / "cpu").mkdir(parents=True)
+    (v1 / "cpu" / "cpu.cfs_quota_us").write_text("100000\n")
+    (v1 / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
+    assert forking.cgroup_cpu_quota(str(v1)) == 1 and forking.usable_cores(str(v1)) == 1
+    (v1 / "cpu" / "cpu.cfs_quota_us").write_text("-1\n")
+    assert forking.cgroup_cpu_quota(str(v1)) is None
+    assert forking.cgroup_cpu_quota(str(tmp_path / "none")) is None

@@ -28,12 +28,38 @@ _fn: Callable[[Any], Any] | None = None
 """The function the forked workers apply (set in the parent around the fork)."""
 
 
-def usable_cores() -> int:
-    """CPU cores this process may run on (its affinity mask where the OS has one)."""
+def usable_cores(cgroup_root: str = "/sys/fs/cgroup") -> int:
+    """CPU cores this process may use: its affinity mask where the OS has one, lowered to its
+    cgroup's CPU quota when there is one (a container limited to 2 CPUs on a 64-core host sees
+    64 cores in its mask: 16 workers there would only share the 2)."""
     try:
-        return max(len(os.sched_getaffinity(0)), 1)
+        n = max(len(os.sched_getaffinity(0)), 1)
     except (AttributeError, OSError):
-        return max(os.cpu_count() or 1, 1)
+        n = max(os.cpu_count() or 1, 1)
+    quota = cgroup_cpu_quota(cgroup_root)
+    return max(min(n, quota), 1) if quota is not None else n
+
+
+def cgroup_cpu_quota(root: str = "/sys/fs/cgroup") -> int | None:
+    """The CPU quota of this process's cgroup in whole CPUs, rounded up (cgroup v2
+    ``cpu.max``, else v1 ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``); None when unlimited or
+    unknown."""
+    try:
+        with open(os.path.join(root, "cpu.max")) as f:
+            quota, period = f.read().split()[:2]
+        if quota == "max":
+            return None
+        return max(-(-int(quota) // int(period)), 1)
+    except (OSError, ValueError):
+        pass
+    try:
+        with open(os.path.join(root, "cpu", "cpu.cfs_quota_us")) as f:
+            q = int(f.read())
+        with open(os.path.join(root, "cpu", "cpu.cfs_period_us")) as f:
+            period = int(f.read())
+        return max(-(-q // period), 1) if q > 0 and period > 0 else None
+    except (OSError, ValueError):
+        return None
 
 
 def can_fork() -> bool:
