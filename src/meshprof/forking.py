@@ -46,18 +46,18 @@ def cgroup_cpu_quota(root: str = "/sys/fs/cgroup") -> int | None:
     unknown."""
     try:
         with open(os.path.join(root, "cpu.max")) as f:
-            quota, period = f.read().split()[:2]
-        if quota == "max":
+            quota_text, period_text = f.read().split()[:2]
+        if quota_text == "max":
             return None
-        return max(-(-int(quota) // int(period)), 1)
+        return max(-(-int(quota_text) // int(period_text)), 1)
     except (OSError, ValueError):
         pass
     try:
         with open(os.path.join(root, "cpu", "cpu.cfs_quota_us")) as f:
             q = int(f.read())
         with open(os.path.join(root, "cpu", "cpu.cfs_period_us")) as f:
-            period = int(f.read())
-        return max(-(-q // period), 1) if q > 0 and period > 0 else None
+            p = int(f.read())
+        return max(-(-q // p), 1) if q > 0 and p > 0 else None
     except (OSError, ValueError):
         return None
 
