@@ -185,3 +185,27 @@ def test_cgroup_quota_caps_the_workers(tmp_path):
     (v1 / "cpu" / "cpu.cfs_quota_us").write_text("-1\n")
     assert forking.cgroup_cpu_quota(str(v1)) is None
     assert forking.cgroup_cpu_quota(str(tmp_path / "none")) is None
+
+
+def test_cli_default_workers_give_the_jobs_1_report(tmp_path):
+    """``meshprof report --json`` from 64 rank files on forks its loading and analysis workers by
+    default (when the machine has 2+ cores); its output is byte for byte ``--jobs 1``'s."""
+    sys.path.insert(0, str(BENCH))
+    from synth_run import write_run
+
+    run = tmp_path / "run"
+    write_run(run, 64, collectives=60, steps=3, slow_rank=9, seed=2, layout=(4, 4, 4))
+    code = "import sys; from meshprof.cli import main; sys.exit(main())"
+
+    def report(*extra: str) -> bytes:
+        p = subprocess.run(
+            [sys.executable, "-c", code, "report", str(run), "--json", *extra],
+            capture_output=True,
+            timeout=300,
+            check=False,
+        )
+        assert p.returncode == 0, p.stderr.decode()[-2000:]
+        return p.stdout
+
+    assert report() == report("--jobs", "1") == report("--jobs", "3")
+    assert 9 in json.loads(report("--jobs", "2"))["summary"]["stragglers"]
