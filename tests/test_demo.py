@@ -29,6 +29,12 @@ def test_demo_trains_profiles_and_writes_its_output(tmp_path, cli):
     rank0 = json.loads((out / "comm_rank00000.json").read_text())
     sends = [CommEvent.from_dict(e) for e in rank0["events"] if e["op"] == "send"]
     assert sends and {e.peer for e in sends} == {1}
+    # the 1F1B stage pairs issue their async sends and receives in crossed order; the what-if
+    # replays them (levels by issue) and reproduces the recorded step ends exactly
+    rep = json.loads(cli("report", out, "--json").stdout)
+    info = rep["what_if_info"]
+    assert info["note"] == "" and info["replay_error_ns"] == 0, info
+    assert sorted(r["rank"] for r in rep["what_if"]) == [0, 1, 2, 3]
 
 
 def test_demo_rejects_bad_layouts_with_one_line(cli):

@@ -26,6 +26,12 @@ needed one per hop between positions and took 26 s to find a cycle at 1M events)
 then visits the levels in order, all steps and all scenarios at once (numpy arrays [scenario, member]), keeping per
 chain only its last issue and latest completion: work linear in events × scenarios, one Python
 iteration per level.
+
+Async ops issued in crossed order on two ranks (1F1B stage pairs: send A then receive B on one,
+send B then receive A on the other, neither waiting) make that collective graph cyclic, though
+the program is not: an overlapped event waits for its predecessor's *issue*, not its collective.
+:func:`overlap_levels` then levels arrivals and releases separately, and the two-phase numpy
+loop takes each level's arrivals in issue order before its releases.
 """
 
 from __future__ import annotations
@@ -326,25 +332,72 @@ def levels(rec: Recorded) -> tuple[np.ndarray, np.ndarray] | None:
     return order, np.searchsorted(ml, np.arange(int(ml.max(initial=0)) + 2))
 
 
-def cycle_cause(coll: np.ndarray, pos: np.ndarray, overlapped: np.ndarray, ncoll: int) -> str:
-    """Why :func:`levels` found a cycle, in words (for the report's note).
+def overlap_levels(rec: Recorded) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """Levels where an overlapped event follows its predecessor's *issue*, not its collective
+    (the model's own rule; :func:`levels` orders by collectives only, which makes async ops
+    issued in crossed order on two ranks a cycle). Returns the members in replay order (by
+    collective level, then collective), the level boundaries in it, and each member's arrival
+    level in that order; None on a real cycle (inconsistent matching).
 
-    The model makes every event wait for its chain's previous event's collective. Ops issued
-    without waiting (``overlapped``: async sends and receives) in crossed order on two ranks, as
-    a 1F1B pipeline stage pair does (stage 0: send activation 5, then receive gradient 4; stage
-    1: send gradient 4, then receive activation 5), form a cycle there that the program does not
-    have. When the graph without the edges into overlapped events is acyclic, that is the
-    cause; otherwise the collectives were matched in inconsistent orders."""
-    m = np.flatnonzero(pos > 0)
-    keep = ~np.asarray(overlapped, dtype=bool)[m]
-    m = m[keep]
-    if _kahn_levels(coll[m - 1], coll[m], ncoll) is not None:
-        return (
-            "async sends/receives issued in crossed order on pairs of ranks (as a 1F1B pipeline "
-            "does): the replay model, which makes each event follow its predecessor's "
-            "collective, cannot order them; not replayed"
-        )
-    return "the collectives' order is inconsistent across ranks (a cycle)"
+    Nodes are the members' arrivals and the collectives' releases; edges (weight): a member's
+    arrival → its collective's release (0); an overlapped member's predecessor's arrival → its
+    arrival (0); each member's collective → the arrival of the next member of its chain that
+    waited for the completions before it (1). The longest path gives the levels (Kahn's order,
+    one Python iteration per wave). A level is taken in two phases by
+    :func:`_levels_numpy_overlap`: the arrivals of that level, in chain order, then the
+    releases."""
+    coll = rec.coll.astype(np.int64)
+    pos = rec.pos.astype(np.int64)
+    n, ncoll = len(coll), len(rec.const)
+    idx = np.arange(n, dtype=np.int64)
+    ovl = np.asarray(rec.overlapped, dtype=bool)
+    mo = np.flatnonzero((pos > 0) & ovl)
+    anchors = np.flatnonzero((pos > 0) & ~ovl)
+    j = np.searchsorted(anchors, idx, side="right")  # the first anchor after each member
+    has = j < len(anchors)
+    nxt = anchors[np.minimum(j, max(len(anchors) - 1, 0))] if len(anchors) else idx
+    has &= pos[nxt] - pos == nxt - idx  # ... of the same chain (positions run on within one)
+    e = np.flatnonzero(has)
+    src = np.concatenate([idx, mo - 1, n + coll[e]])
+    dst = np.concatenate([n + coll, mo, nxt[e]])
+    w = np.concatenate([np.zeros(n + len(mo), dtype=np.int64), np.ones(len(e), dtype=np.int64)])
+    lvl = _weighted_kahn(src, dst, w, n + ncoll)
+    if lvl is None:
+        return None
+    arrival, release = lvl[:n], lvl[n:]
+    key = release[coll] * ncoll + coll  # by level, then collective
+    order = stable_argsort(key)
+    del key
+    ml = release[coll[order]]
+    bounds = np.searchsorted(ml, np.arange(int(ml.max(initial=0)) + 2))
+    return order, bounds, arrival[order]
+
+
+def _weighted_kahn(src: np.ndarray, dst: np.ndarray, w: np.ndarray, nn: int) -> np.ndarray | None:
+    """Longest-path level of each of ``nn`` nodes over the edges src → dst of weight ``w``
+    (a wave of nodes at a time, in Kahn's order); None on a cycle."""
+    o = stable_argsort(src)
+    out_dst, out_w = dst[o], w[o]
+    out_at = np.searchsorted(src[o], np.arange(nn + 1))
+    del o
+    indeg = np.bincount(dst, minlength=nn)
+    lvl = np.zeros(nn, dtype=np.int64)
+    frontier = np.flatnonzero(indeg == 0)
+    placed = 0
+    while len(frontier):
+        placed += len(frontier)
+        lo = out_at[frontier]
+        cnt = out_at[frontier + 1] - lo
+        total = int(cnt.sum())
+        if not total:
+            break
+        eidx = np.repeat(lo - (np.cumsum(cnt) - cnt), cnt) + np.arange(total)
+        d = out_dst[eidx]
+        np.maximum.at(lvl, d, np.repeat(lvl[frontier], cnt) + out_w[eidx])
+        hit, times = np.unique(d, return_counts=True)
+        indeg[hit] -= times
+        frontier = hit[indeg[hit] == 0]
+    return lvl if placed == nn else None
 
 
 def _kahn_levels(src: np.ndarray, dst: np.ndarray, ncoll: int) -> np.ndarray | None:
@@ -397,6 +450,7 @@ def replay(
     tail_row: np.ndarray,
     new_tail: np.ndarray,
     compiled: bool = True,
+    arrival: np.ndarray | None = None,
 ) -> np.ndarray:
     """Each chain's step end in each of ``k`` scenarios (int64 [scenario, chain]); scenario 0
     replays the recorded gaps.
@@ -409,7 +463,10 @@ def replay(
     ``new_gap``; ``tail_row`` over chains likewise
     for ``new_tail``. ``c_start``, ``const``, ``tail``, ``after_all``: the chains' starts and
     the :class:`Recorded` fields of those names. ``compiled``: run the level loop in C
-    (:mod:`meshprof.analyze.replay_c`) when it can be built here, else in numpy (same results)."""
+    (:mod:`meshprof.analyze.replay_c`) when it can be built here, else in numpy (same results).
+    ``arrival``: each member's arrival level, in replay order, when the levels came from
+    :func:`overlap_levels` (then the two-phase numpy loop runs: the C loop takes each arrival
+    with its collective)."""
     # per member, in replay order: its scenario in each of gap_rows, with k for none (a spare
     # row of the gap matrix absorbs those writes: one fancy assignment per array and level)
     rows = []
@@ -420,8 +477,10 @@ def replay(
     # scenario k is a spare row absorbing the members in no scenario of a row array
     a_last = np.repeat(c_start[None, :].astype(np.int64, copy=False), k + 1, axis=0)
     e_max = a_last.copy()
-    fn = replay_c.load() if compiled else None
-    if fn is not None:
+    fn = replay_c.load() if compiled and arrival is None else None
+    if arrival is not None:
+        _levels_numpy_overlap(m, bounds, chain, const, rows, e_max, a_last, arrival)
+    elif fn is not None:
         replay_c.run_levels(
             fn, bounds, chain, m["coll"], m["gap"], m["new_gap"], m["overlapped"], m["waits"],
             m["after_ns"], const, rows, e_max, a_last,
@@ -433,6 +492,66 @@ def replay(
     hit = np.flatnonzero(tail_row)
     tails[tail_row[hit], hit] = new_tail[hit]
     return np.where(after_all[None, :], e_max, a_last) + tails
+
+
+def _levels_numpy_overlap(
+    m: dict[str, np.ndarray],
+    bounds: np.ndarray,
+    chain: np.ndarray,
+    const: np.ndarray,
+    rows: list[np.ndarray],
+    e_max: np.ndarray,
+    a_last: np.ndarray,
+    arrival: np.ndarray,
+) -> None:
+    """The level loop for :func:`overlap_levels`' levels: at each level, first the arrivals
+    of the members whose arrival level it is, chain by chain in issue order (an overlapped
+    one follows its predecessor's issue, possibly made in the same level), then the releases
+    and completions of the collectives of that level. The arrivals wait in a [k + 1, member]
+    array between the two (this path runs only on runs :func:`levels` cannot order)."""
+    c = m["coll"]
+    g = m["gap"]
+    delta = m["new_gap"] - g
+    ovl, waits, after = m["overlapped"], m["waits"], m["after_ns"]
+    orig = m["orig"]
+    n, k1 = len(c), e_max.shape[0]
+    arr_all = np.empty((k1, n), dtype=np.int64)
+    # arrival order: by arrival level, then by original member index (chain, then issue)
+    a_order = stable_argsort(arrival.astype(np.int64) * max(n, 1) + orig)
+    a_cut = np.searchsorted(arrival[a_order], np.arange(len(bounds)))
+    cut = np.asarray(bounds).tolist()
+    cols_k = np.arange(k1)[:, None]
+    for lvl in range(len(cut) - 1):
+        js = a_order[a_cut[lvl] : a_cut[lvl + 1]]
+        if len(js):
+            ch = chain[js]
+            # a chain's members in this level, one round per rank within the chain
+            first = np.r_[True, ch[1:] != ch[:-1]]
+            run_start = np.maximum.accumulate(np.where(first, np.arange(len(js)), 0))
+            r_in = np.arange(len(js)) - run_start
+            for t in range(int(r_in.max()) + 1):
+                sel = js[r_in == t]
+                cs = chain[sel]
+                a = np.where(ovl[sel], a_last[:, cs], e_max[:, cs])
+                a += g[sel]
+                cols = np.arange(len(sel))
+                for r in rows:
+                    a[r[sel], cols] += delta[sel]
+                arr_all[:, sel] = a
+                a_last[:, cs] = a
+        lo, hi = cut[lvl], cut[lvl + 1]
+        if hi == lo:
+            continue
+        a = arr_all[:, lo:hi]
+        cc = c[lo:hi]
+        starts = np.flatnonzero(np.r_[True, cc[1:] != cc[:-1]])
+        rel = np.maximum.reduceat(a, starts, axis=1)
+        np.maximum(rel, const[cc[starts]], out=rel)
+        seg = np.cumsum(np.r_[True, cc[1:] != cc[:-1]]) - 1
+        done = rel[:, seg] + after[lo:hi]
+        done = np.where(waits[lo:hi], done, a + after[lo:hi])
+        # (a chain may have two members in this level: the latest completion wins)
+        np.maximum.at(e_max, (cols_k, chain[lo:hi][None, :]), done)
 
 
 def _levels_numpy(

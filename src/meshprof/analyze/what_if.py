@@ -42,9 +42,9 @@ from meshprof.analyze.replay import (
     Chains,
     Recorded,
     build_chains,
-    cycle_cause,
     in_order,
     levels,
+    overlap_levels,
     record,
     replay,
 )
@@ -210,9 +210,13 @@ def what_if(
     rec = record(table, match, off, ch)
     release_free_memory()  # (the temporaries of each stage back to the OS: a lower peak)
     lv = levels(rec)
+    arrival: np.ndarray | None = None
     if lv is None:
-        why = cycle_cause(rec.coll, rec.pos, rec.overlapped, len(rec.const))
-        return _empty(why, steps)
+        # async ops issued in crossed order (1F1B stage pairs): levels by issue, not collective
+        two_phase = overlap_levels(rec)
+        if two_phase is None:
+            return _empty("the collectives' order is inconsistent across ranks (a cycle)", steps)
+        lv, arrival = two_phase[:2], two_phase[2]
     rank = table.rank[ch.row]
     gid = table.gid[ch.row]
     dim_of_gid = np.asarray([dims.index(gr.dimension) for gr in table.groups] or [0])
@@ -257,6 +261,8 @@ def what_if(
         "new_gap": gmed,
         **{f"row{i}": r for i, r in enumerate(rows)},
     }
+    if arrival is not None:
+        members["orig"] = np.arange(len(rec.coll), dtype=np.int64)
     tail, const, after_all = rec.tail, rec.const, rec.after_all
     c_rank, c_step, c_start, c_end = ch.c_rank, ch.c_step, ch.c_start, ch.c_end
     del rec, ch, rank, ex, gmed, rows
@@ -274,6 +280,7 @@ def what_if(
         after_all,
         _lookup(c_rank, rank_c, 1),
         tmed,
+        arrival=arrival,
     )
     job = np.full((len(steps), k), I64_MIN, dtype=np.int64)
     np.maximum.at(job, c_step, ends.T)
