@@ -118,7 +118,12 @@ def test_skipped_collective(tmp_path):
     fr = json.loads((dump_dir / "fr_rank0.json").read_text())
     last = fr["entries"][-1]
     assert last["collective_seq_id"] == 3 and last["profiling_name"].endswith("all_reduce")
-    assert fr["pg_status"]["0"]["last_completed_collective"] == "2"
+    # ... and that it never completed; gloo's Flight Recorder updates its completion status from
+    # its worker thread and now and then still reports the one before (seen once in a full-suite
+    # run: "1"), so the oracle here is "seq 3 was enqueued last and did not complete"
+    status = fr["pg_status"]["0"]
+    assert status["last_enqueued_collective"] == "3"
+    assert int(status["last_completed_collective"]) in (1, 2), status
 
 
 @pytest.mark.timeout(60)
