@@ -281,7 +281,7 @@ def test_overlap_levels_order_crossed_async_and_refuse_a_real_cycle():
     level, each arrival after its predecessor's. Blocking receives: a real deadlock, refused."""
     from types import SimpleNamespace
 
-    from meshprof.analyze.replay import overlap_levels
+    from meshprof.analyze.replay_overlap import overlap_levels
 
     coll = np.asarray([0, 1, 1, 0])  # chain 0: A, B; chain 1: B, A
     pos = np.asarray([0, 1, 0, 1])

@@ -44,10 +44,10 @@ from meshprof.analyze.replay import (
     build_chains,
     in_order,
     levels,
-    overlap_levels,
     record,
     replay,
 )
+from meshprof.analyze.replay_overlap import overlap_levels
 from meshprof.analyze.sorting import RowsByKey, lexsort2, unique_inverse
 from meshprof.analyze.stragglers import StragglerReport
 from meshprof.analyze.table import EventTable
