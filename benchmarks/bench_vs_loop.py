@@ -16,7 +16,7 @@ import argparse
 import statistics
 import time
 
-from meshprof.spawn import run_ranks
+from meshprof.launch.spawn import run_ranks
 from meshprof.tools.bench import BenchConfig, run_bench_rank
 
 SIZES = (1 << 18, 1 << 20, 1 << 22, 1 << 24)

@@ -135,7 +135,7 @@ def _init(workload: str) -> None:
 
         dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
     else:
-        from meshprof.spawn import free_port
+        from meshprof.launch.spawn import free_port
 
         dist.init_process_group(
             "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1

@@ -104,7 +104,7 @@ def main() -> int:
 
     import torch
 
-    from meshprof.spawn import run_ranks
+    from meshprof.launch.spawn import run_ranks
 
     if not torch.cuda.is_available():
         print("gpu_native_check: no CUDA device here; nothing to check", file=sys.stderr)

@@ -6,7 +6,7 @@ rank's communication / computation breakdown:
 - **HTA** (PyPI ``holistictraceanalysis``, a benchmark-only dependency: install it in its own
   virtual environment and pass ``--hta-python``): ``TraceAnalysis(trace_dir=...)`` (parses every
   trace), then ``get_temporal_breakdown()`` and ``get_comm_comp_overlap()``;
-- **meshprof**: :func:`meshprof.analyze.kineto.kineto_report` over the same folder (HTA's
+- **meshprof**: :func:`meshprof.analyze.traces.kineto.kineto_report` over the same folder (HTA's
   temporal breakdown and overlap on HTA's definitions, plus exposed communication, memcpy,
   iterations, streams, collectives and the kernel-level straggler).
 
@@ -49,7 +49,7 @@ _MESHPROF = """
 import json, sys, time
 t0 = time.perf_counter()
 from pathlib import Path
-from meshprof.analyze.kineto import find_traces, kineto_report
+from meshprof.analyze.traces.kineto import find_traces, kineto_report
 t1 = time.perf_counter()
 rep = kineto_report(find_traces(sys.argv[1]), hta_rounding=sys.argv[2] == "1")
 t2 = time.perf_counter()

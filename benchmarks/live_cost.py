@@ -23,12 +23,14 @@ import torch
 import torch.distributed as dist
 from rich.console import Console
 
-from meshprof.live.alerts import AlertRules
-from meshprof.live.state import InflightLive, OpSeries, RankLive, read_snapshot, write_rank_live
-from meshprof.live.table import build_top_table
+from meshprof.analyze.live.alerts import AlertRules
+from meshprof.analyze.live.snapshot import read_snapshot
+from meshprof.analyze.live.top_table import build_top_table
+from meshprof.launch.spawn import free_port
+from meshprof.records.live import InflightLive, OpSeries, RankLive
 from meshprof.render.live_top import render_top
-from meshprof.session import RecordingSession, SessionConfig
-from meshprof.spawn import free_port
+from meshprof.rundir.live import write_rank_live
+from meshprof.session.recording import RecordingSession, SessionConfig
 
 
 def rank_side(seconds: float, interval: float, colls: int) -> None:

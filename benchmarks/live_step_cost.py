@@ -37,7 +37,7 @@ def _round(mode: str, steps: int, collectives: int, base: Path) -> tuple[list[in
     import torch.distributed as dist
 
     import meshprof
-    from meshprof.session import RecordingSession, SessionConfig
+    from meshprof.session.recording import RecordingSession, SessionConfig
 
     meshprof.reset()
     run_dir = Path(tempfile.mkdtemp(dir=base))

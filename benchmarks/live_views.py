@@ -19,7 +19,8 @@ from pathlib import Path
 
 from meshprof.live.metrics import LiveCollector, metrics_text
 from meshprof.live.server import LiveServer
-from meshprof.live.state import HIST_BOUNDS_S, DimLive, OpSeries, RankLive, write_rank_live
+from meshprof.records.live import HIST_BOUNDS_S, DimLive, OpSeries, RankLive
+from meshprof.rundir.live import write_rank_live
 
 OPS = [("all_reduce", "dp"), ("reduce_scatter", "dp"), ("all_gather", "tp"), ("all_reduce", "tp")]
 OPS += [("send", "pp"), ("recv", "pp")]

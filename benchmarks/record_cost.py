@@ -198,7 +198,7 @@ def _gloo_one_rank(calls: int, rounds: int, op: str) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
 
-    from meshprof.spawn import free_port
+    from meshprof.launch.spawn import free_port
 
     torch.set_num_threads(1)
     port = free_port()
@@ -267,7 +267,7 @@ def main() -> None:
         f"machine: {platform.processor() or platform.machine()}, {platform.system()}, "
         f"Python {platform.python_version()}, torch {torch.__version__}"
     )
-    from meshprof.spawn import run_ranks
+    from meshprof.launch.spawn import run_ranks
 
     if "fake" in only:
         print(_table("fake backend, 1 process (hook cost alone)", _fake(args.calls, args.rounds)))

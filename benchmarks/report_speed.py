@@ -43,7 +43,7 @@ import json, sys, time
 t0 = time.perf_counter()
 import meshprof.cli
 from pathlib import Path
-from meshprof.report import analyze_run_parts
+from meshprof.report.analysis import analyze_run_parts
 from meshprof.rundir import load_run
 t1 = time.perf_counter()
 run = load_run(Path(sys.argv[1]))

@@ -56,8 +56,8 @@ def _demo_step_factory(rank: int, world: int) -> Any:
 
     from meshprof.demo.build import build_job
     from meshprof.demo.train import train
-    from meshprof.parallel.config import ParallelConfig
     from meshprof.parallel.model_config import ModelConfig
+    from meshprof.parallel.parallel_config import ParallelConfig
 
     pp = 2 if world % 2 == 0 else 1
     job = build_job(
@@ -79,7 +79,7 @@ def _worker(rank: int, world: int, model: str, rounds: int, steps: int) -> dict[
     import torch
 
     import meshprof
-    from meshprof.monitor import StepMonitor
+    from meshprof.api import StepMonitor
 
     step = _ddp_step_factory(rank) if model == "ddp" else _demo_step_factory(rank, world)
     for _ in range(5):
@@ -133,7 +133,7 @@ def main() -> None:
     import meshprof.comm.native
 
     meshprof.comm.native.load()  # build the native recorder once, before the ranks start
-    from meshprof.spawn import run_ranks
+    from meshprof.launch.spawn import run_ranks
 
     res = run_ranks(_worker, args.nproc, args=(args.model, args.rounds, args.steps), timeout=1800)
     t = res[0]

@@ -14,7 +14,7 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from meshprof.spawn import run_ranks
+from meshprof.launch.spawn import run_ranks
 
 
 def train(rank: int, world_size: int, steps: int, out_dir: str) -> str:

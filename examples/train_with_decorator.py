@@ -121,7 +121,7 @@ def _cli() -> int:
         finally:
             dist.destroy_process_group()
         return 0
-    from meshprof.spawn import run_ranks
+    from meshprof.launch.spawn import run_ranks
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import train_with_decorator as me  # picklable by name in the worker processes

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from meshprof.live.state import read_rank_lives
+from meshprof.rundir.live import read_rank_lives
 
 
 def wait_for(pred: Any, timeout: float = 120.0) -> Any:

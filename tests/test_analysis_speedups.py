@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 from data.meshprof_synth import MS, synthetic_run
-from meshprof.analyze.clock import align_clocks
-from meshprof.analyze.intervals import Segments, clipped_total
-from meshprof.analyze.match import match_collectives
-from meshprof.analyze.sorting import group_seq_key, lexsort2, stable_argsort, unique_inverse
-from meshprof.analyze.table import build_event_table
+from meshprof.analyze.compute.intervals import Segments, clipped_total
+from meshprof.analyze.compute.sorting import group_seq_key, lexsort2, stable_argsort, unique_inverse
+from meshprof.analyze.run.clock import align_clocks
+from meshprof.analyze.run.match import match_collectives
+from meshprof.analyze.run.table import build_event_table
 from meshprof.render.perfetto import build_trace, write_trace
 from meshprof.rundir import load_run
 

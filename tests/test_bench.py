@@ -9,7 +9,7 @@ import json
 import pytest
 
 from meshprof.errors import MeshprofError
-from meshprof.spawn import run_ranks
+from meshprof.launch.spawn import run_ranks
 from meshprof.tools.bench import ALL_OPS, BenchConfig, parse_size, run_bench_rank, size_list
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from meshprof.comm.recorder import CommProfiler
+from meshprof.api import CommProfiler
 from meshprof.config import ProfilerConfig
 from meshprof.events import OP_CODES, GroupInfo
 

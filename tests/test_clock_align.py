@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from data.meshprof_synth import MS, US, real_worker, shift_rank_file, synthetic_run
-from meshprof.analyze.clock import align_clocks, exchange_estimate
-from meshprof.analyze.table import build_event_table
+from meshprof.analyze.run.clock import align_clocks, exchange_estimate
+from meshprof.analyze.run.table import build_event_table
+from meshprof.launch.spawn import run_ranks
 from meshprof.rundir import load_run
-from meshprof.spawn import run_ranks
 
 OFFSETS = [0, 35 * MS, -52 * MS, 18 * MS]
 
@@ -128,7 +128,7 @@ def test_sync_cells_against_a_plain_loop(tmp_path, monkeypatch, packed):
     import sys
     from pathlib import Path
 
-    from meshprof.analyze import clock
+    from meshprof.analyze.run import clock
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
     from synth_run import write_run

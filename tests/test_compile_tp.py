@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from meshprof.spawn import run_ranks
+from meshprof.launch.spawn import run_ranks
 
 WS = 2
 STEPS = 3

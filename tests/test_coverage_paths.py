@@ -24,7 +24,7 @@ import pytest
 from torch.distributed import all_reduce as imported_all_reduce
 from torch.distributed import broadcast as imported_broadcast
 
-from meshprof.spawn import run_ranks
+from meshprof.launch.spawn import run_ranks
 from native_helpers import require_native
 
 WS = 2

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from meshprof.spawn import run_ranks
+from meshprof.launch.spawn import run_ranks
 
 WS = 4
 DELAY_S = 0.3

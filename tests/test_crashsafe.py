@@ -9,10 +9,10 @@ from pathlib import Path
 
 import numpy as np
 
+from meshprof.api import StepMonitor
 from meshprof.comm.recorder import CommProfiler
 from meshprof.config import ProfilerConfig
 from meshprof.events import OP_CODES, GroupInfo
-from meshprof.monitor import StepMonitor
 from meshprof.rundir import load_run, write_rank_file
 from meshprof.rundir.crashsafe import (
     CrashSafeStore,

@@ -16,10 +16,10 @@ import pytest
 import torch
 
 import meshprof
-from meshprof.analyze.kineto import kineto_breakdown
-from meshprof.monitor import StepMonitor
+from meshprof.analyze.traces.kineto import kineto_breakdown
+from meshprof.api import StepMonitor
+from meshprof.launch.spawn import run_ranks
 from meshprof.rundir import load_run
-from meshprof.spawn import run_ranks
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 sys.path.insert(0, str(EXAMPLES))

@@ -247,8 +247,8 @@ def _sleepy_worker(rank: int, world: int, out: str, sleep_s: float) -> list[int]
     import torch
     import torch.distributed as dist
 
-    from meshprof.monitor import StepMonitor
-    from meshprof.session import RecordingSession, SessionConfig
+    from meshprof.api import StepMonitor
+    from meshprof.session.recording import RecordingSession, SessionConfig
 
     class Sleepy(torch.nn.Module):
         def __init__(self) -> None:
@@ -294,7 +294,7 @@ def test_real_runs_injected_sleep_is_the_step_delta(tmp_path, cli):
     before its all_reduce in each step. Every rank's step grows by what the script measured
     itself (the sleep, plus whatever the machine's load adds): on rank 0 as compute, on rank 1
     as waiting for rank 0."""
-    from meshprof.spawn import run_ranks
+    from meshprof.launch.spawn import run_ranks
 
     a = run_ranks(_sleepy_worker, 2, (str(tmp_path / "a"), 0.0), timeout=120)
     b = run_ranks(_sleepy_worker, 2, (str(tmp_path / "b"), SLEEP_S), timeout=120)

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from meshprof.analyze.hang import diagnose_hang, diagnose_states
+from meshprof.analyze.hang.diagnose import diagnose_hang, diagnose_states
+from meshprof.launch.spawn import WorkerError, run_ranks
 from meshprof.render.hang import render_hang_text
 from meshprof.rundir.hang_dumps import Collective, Frame, RankState
-from meshprof.spawn import WorkerError, run_ranks
 
 HERE = os.path.basename(__file__)
 FR_ENV = {"TORCH_FR_BUFFER_SIZE": "64"}
@@ -31,7 +31,7 @@ def _scenario(rank: int, ws: int, kind: str, dump_dir: str) -> int:
     import torch.distributed as dist
 
     import meshprof
-    from meshprof.tools.watchdog import start_watchdog
+    from meshprof.session.watchdog import start_watchdog
 
     prof = meshprof.enable()
     start_watchdog(prof, dump_dir, timeout_s=1.0, poll_s=0.1)
@@ -263,7 +263,7 @@ def _signal_dump(rank: int, ws: int, dump_dir: str) -> dict:
     import torch.distributed as dist
 
     import meshprof
-    from meshprof.tools.watchdog import start_watchdog
+    from meshprof.session.watchdog import start_watchdog
 
     prof = meshprof.enable()
     seen: list[str] = []

@@ -10,11 +10,11 @@ import subprocess
 import pytest
 
 from data.meshprof_synth import real_worker
-from meshprof.analyze.bottlenecks import Bottleneck
+from meshprof.analyze.steps.rules import Bottleneck
+from meshprof.launch.spawn import run_ranks
 from meshprof.render.html import render_html
-from meshprof.report import analyze_run
+from meshprof.report.analysis import analyze_run
 from meshprof.rundir import load_run
-from meshprof.spawn import run_ranks
 
 EVIL = "<script>alert(1)</script>"
 

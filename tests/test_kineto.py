@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from meshprof.analyze.intervals import total as union_ns
-from meshprof.analyze.kineto import (
+from meshprof.analyze.compute.intervals import total as union_ns
+from meshprof.analyze.traces.kineto import (
     KINETO_TID_BASE,
     kineto_breakdown,
     kineto_events,
     load_trace,
 )
 from meshprof.errors import MeshprofError, NotATraceError
-from meshprof.spawn import run_ranks
+from meshprof.launch.spawn import run_ranks
 
 BASE = 1_700_000_000_000_000_000
 

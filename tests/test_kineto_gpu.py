@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from gpu_traces import make_gpu_trace
-from meshprof.analyze.kineto import find_traces, kineto_report
-from meshprof.analyze.kineto_load import KernelClass, kernel_class
+from meshprof.analyze.traces.kineto import find_traces, kineto_report
+from meshprof.analyze.traces.kineto_load import KernelClass, kernel_class
 
 
 def _k(
@@ -301,7 +301,7 @@ def test_msgspec_path_gives_the_same_columns() -> None:
     pytest.importorskip("msgspec", reason="msgspec not installed (the fast extra)")
     import numpy as np
 
-    from meshprof.analyze.kineto_load import fast_trace, trace_columns
+    from meshprof.analyze.traces.kineto_load import fast_trace, trace_columns
 
     docs = [
         make_gpu_trace(0, fractional=True, named_kernels=True),

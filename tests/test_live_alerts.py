@@ -14,17 +14,12 @@ from pathlib import Path
 import pytest
 
 from live_helpers import wait_for
+from meshprof.analyze.live.alerts import AlertConfig, AlertRules
+from meshprof.analyze.live.snapshot import read_snapshot
 from meshprof.errors import MeshprofError
-from meshprof.live.alerts import AlertConfig, AlertRules
-from meshprof.live.state import (
-    Alert,
-    InflightLive,
-    RankLive,
-    read_alerts,
-    read_snapshot,
-    write_rank_live,
-)
 from meshprof.live.watch import AlertWatcher
+from meshprof.records.live import Alert, InflightLive, RankLive
+from meshprof.rundir.live import read_alerts, write_rank_live
 
 SCRIPTS = Path(__file__).parent / "scripts"
 MS = 1_000_000
@@ -485,7 +480,7 @@ def test_real_job_a_rank_stalled_outside_collectives_raises_a_stall_alert(
 
 
 def test_a_reused_run_dir_starts_without_the_last_runs_live_state(tmp_path: Path) -> None:
-    from meshprof.live.state import clear_live, read_rank_lives
+    from meshprof.rundir.live import clear_live, read_rank_lives
 
     for r in range(3):
         write_rank_live(tmp_path, RankLive(rank=r, updated_ns=T0, interval_s=1.0))

@@ -13,15 +13,10 @@ from typing import Any
 import pytest
 
 from live_helpers import settled, wait_for
+from meshprof.launch.spawn import free_port
 from meshprof.live.metrics import LiveCollector, metrics_text
-from meshprof.live.state import (
-    HIST_BOUNDS_S,
-    InflightLive,
-    OpSeries,
-    RankLive,
-    write_rank_live,
-)
-from meshprof.spawn import free_port
+from meshprof.records.live import HIST_BOUNDS_S, InflightLive, OpSeries, RankLive
+from meshprof.rundir.live import write_rank_live
 
 prom = pytest.importorskip("prometheus_client.parser")
 

@@ -19,8 +19,9 @@ import pytest
 
 from live_helpers import settled, wait_for
 from meshprof.live.server import LiveServer
-from meshprof.live.state import RankLive, write_rank_live
+from meshprof.records.live import RankLive
 from meshprof.render.live_page import render_live_page
+from meshprof.rundir.live import write_rank_live
 
 SCRIPTS = Path(__file__).parent / "scripts"
 STEPS = 6
@@ -234,7 +235,7 @@ def test_serve_bad_input(cli, tmp_path: Path) -> None:  # type: ignore[no-untype
 
 def test_history_is_capped_over_all_ranks() -> None:
     from meshprof.live.server import HISTORY_LEN, HISTORY_MIN, HISTORY_TOTAL, LiveHistory
-    from meshprof.live.state import LiveSnapshot
+    from meshprof.records.live import LiveSnapshot
 
     def snap(n: int, t: int) -> LiveSnapshot:
         ranks = {r: RankLive(rank=r, updated_ns=t, interval_s=1.0) for r in range(n)}

@@ -12,30 +12,22 @@ import torch
 import torch.distributed as dist
 
 from live_helpers import wait_for
-from meshprof.live.state import (
-    HIST_BOUNDS_S,
-    Alert,
-    RankLive,
-    append_alert,
-    live_file,
-    read_alerts,
-    read_snapshot,
-    snapshot_to_dict,
-    write_rank_live,
-)
-from meshprof.session import RecordingSession, SessionConfig
+from meshprof.analyze.live.snapshot import read_snapshot, snapshot_to_dict
+from meshprof.records.live import HIST_BOUNDS_S, Alert, RankLive
+from meshprof.rundir.live import append_alert, live_file, read_alerts, write_rank_live
+from meshprof.session.recording import RecordingSession, SessionConfig
 
 SCRIPTS = Path(__file__).parent / "scripts"
 
 
 def test_session_publishes_counts_histogram_and_steps(tmp_path: Path) -> None:
-    from meshprof.spawn import free_port
+    from meshprof.launch.spawn import free_port
 
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1
     )
     try:
-        from meshprof.monitor import StepMonitor
+        from meshprof.api import StepMonitor
 
         session = RecordingSession(
             SessionConfig(run_dir=tmp_path, live_interval_s=60.0, clock_sync=False),
@@ -170,7 +162,7 @@ def test_live_state_of_a_running_job(cli, tmp_path: Path) -> None:  # type: igno
 def test_live_stragglers_are_looked_for_within_a_pipeline_stage(tmp_path: Path) -> None:
     """dp=2 × pp=2: the last stage (ranks 1, 3) computes the loss and takes longer than the
     first; that is no straggler. Rank 3 slower than rank 1, its own stage's peer, is one."""
-    from meshprof.live.publish import LivePublisher
+    from meshprof.session.live_publish import LivePublisher
 
     pub = LivePublisher(tmp_path, prof=None, layout={"dp": 2, "tp": 1, "pp": 2})
     assert [pub._stage(r) for r in range(4)] == [0, 1, 0, 1]
@@ -183,7 +175,7 @@ def test_live_stragglers_are_looked_for_within_a_pipeline_stage(tmp_path: Path) 
             for r, c in compute.items()
         }
 
-    from meshprof.live.state import find_stragglers
+    from meshprof.analyze.live.snapshot import find_stragglers
 
     assert find_stragglers(ranks(111_000_000), []) == []
     (s,) = find_stragglers(ranks(150_000_000), [])

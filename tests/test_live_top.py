@@ -11,16 +11,11 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from meshprof.live.state import (
-    Alert,
-    InflightLive,
-    RankLive,
-    append_alert,
-    read_snapshot,
-    write_rank_live,
-)
-from meshprof.live.table import build_top_table
+from meshprof.analyze.live.snapshot import read_snapshot
+from meshprof.analyze.live.top_table import build_top_table
+from meshprof.records.live import Alert, InflightLive, RankLive
 from meshprof.render.live_top import render_top, sparkline
+from meshprof.rundir.live import append_alert, write_rank_live
 
 MS = 1_000_000
 GIB = 2**30

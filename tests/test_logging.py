@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from meshprof.spawn import run_ranks
+from meshprof.launch.spawn import run_ranks
 from meshprof.tools.logs import log_file, setup_logging
 
 

@@ -7,7 +7,9 @@ import time
 import numpy as np
 import pytest
 
-from meshprof.analyze.bottlenecks import (
+from meshprof.analyze.compute.pipeline_bubble import pipeline_bubble_theory
+from meshprof.analyze.steps import analyze_steps
+from meshprof.analyze.steps.rules import (
     BottleneckThresholds,
     rule_data_loading,
     rule_exposed_comm,
@@ -17,12 +19,10 @@ from meshprof.analyze.bottlenecks import (
     rule_pipeline,
     rule_tp,
 )
-from meshprof.analyze.pipeline import pipeline_bubble_theory
-from meshprof.analyze.steps import analyze_steps
+from meshprof.api import StepMonitor
 from meshprof.events import EVENT_DTYPE, MEMORY_DTYPE, OP_CODES, SPAN_DTYPE
+from meshprof.launch.spawn import run_ranks
 from meshprof.layout import Layout, dimension_of
-from meshprof.monitor import StepMonitor
-from meshprof.spawn import run_ranks
 
 
 def _busy(seconds: float) -> None:
@@ -209,7 +209,7 @@ def _exposed_worker(rank, ws):
     import torch.distributed as dist
 
     import meshprof
-    from meshprof.monitor import StepMonitor
+    from meshprof.api import StepMonitor
 
     meshprof.enable()
     mon = StepMonitor({"dp": 2})
@@ -271,7 +271,7 @@ def _pipeline_worker(rank, ws, schedule_name, m):
     from torch.distributed import pipelining
 
     import meshprof
-    from meshprof.monitor import StepMonitor
+    from meshprof.api import StepMonitor
 
     class Slow(torch.autograd.Function):
         @staticmethod
@@ -323,7 +323,7 @@ def _pipeline_worker(rank, ws, schedule_name, m):
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("schedule_name", ["ScheduleGPipe", "Schedule1F1B"])
 def test_pipeline_bubble_matches_theory(schedule_name):
-    from meshprof.analyze.pipeline import StageTimeline, measure_pipeline_bubble
+    from meshprof.analyze.compute.pipeline_bubble import StageTimeline, measure_pipeline_bubble
 
     res = run_ranks(_pipeline_worker, 2, args=(schedule_name, 4), timeout=140)
     # the stages' timelines, joined (one machine: one clock), against (p-1)/(m+p-1) = 1/5
@@ -340,4 +340,6 @@ def test_pipeline_bubble_matches_theory(schedule_name):
     for local_bubble, theory, dims, _, _ in res:
         assert theory == pytest.approx(1 / 5)
         assert "pp" in dims
-        assert 0 < local_bubble < 1  # the stage-local view (see meshprof.analyze.pipeline)
+        assert (
+            0 < local_bubble < 1
+        )  # the stage-local view (see meshprof.analyze.compute.pipeline_bubble)

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from meshprof.spawn import run_ranks
+from meshprof.launch.spawn import run_ranks
 from native_helpers import require_native
 
 

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from meshprof.errors import MeshprofError
-from meshprof.spawn import run_ranks
+from meshprof.launch.spawn import run_ranks
 from native_helpers import require_native
 
 

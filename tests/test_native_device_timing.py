@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from meshprof.spawn import run_ranks
+from meshprof.launch.spawn import run_ranks
 
 WS = 2
 N = 4

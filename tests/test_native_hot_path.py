@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from meshprof.spawn import run_ranks
+from meshprof.launch.spawn import run_ranks
 from native_helpers import require_native
 
 

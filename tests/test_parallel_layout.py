@@ -9,13 +9,13 @@ import pytest
 
 from meshprof.errors import MeshprofError
 from meshprof.layout import dimension_of
-from meshprof.parallel.config import ParallelConfig
 from meshprof.parallel.mapping import (
     RankMapping,
     all_groups,
     coords_of,
     rank_of,
 )
+from meshprof.parallel.parallel_config import ParallelConfig
 
 
 def test_rank_mapping_examples_from_the_issue():

@@ -15,10 +15,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from meshprof.parallel.config import ParallelConfig
-from meshprof.parallel.memory import estimate_memory
+from meshprof.launch.spawn import run_ranks
+from meshprof.parallel.memory_estimate import estimate_memory
 from meshprof.parallel.model_config import ModelConfig
-from meshprof.spawn import run_ranks
+from meshprof.parallel.parallel_config import ParallelConfig
 
 # activations and parameters of similar size, so neither hides an error in the other
 MODEL = ModelConfig(d_model=128, n_heads=4, vocab_size=512, seq_len=128)

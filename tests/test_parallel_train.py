@@ -14,9 +14,9 @@ import torch
 
 from meshprof.demo.build import build_job
 from meshprof.demo.train import train
-from meshprof.parallel.config import ParallelConfig
+from meshprof.launch.spawn import run_ranks
 from meshprof.parallel.model_config import ModelConfig
-from meshprof.spawn import run_ranks
+from meshprof.parallel.parallel_config import ParallelConfig
 
 # every test here waits for the module's single-rank reference run (~50 s on 2 busy CPU cores)
 pytestmark = pytest.mark.slow

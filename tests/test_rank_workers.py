@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from meshprof import forking
-from meshprof.analyze import rank_workers
+from meshprof.report import workers as rank_workers
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="workers are forked on Linux")
 
@@ -26,8 +26,9 @@ import json, os, sys
 sys.path.insert(0, {bench!r})
 from synth_run import write_run
 from meshprof import forking
-from meshprof.analyze import rank_workers
-from meshprof.report import analyze_run_parts, _analyses_of
+from meshprof.report import workers as rank_workers
+from meshprof.report.analysis import analyze_run_parts
+from meshprof.report.stages import rank_analyses as stage_mod
 from meshprof.rundir import load_run
 
 info = write_run(
@@ -43,18 +44,18 @@ def spy(*args, **kwargs):
     used.append(got)
     return got
 
-import meshprof.report as report_mod
-report_mod.analyze_in_workers = spy
+import meshprof.report.executor as executor_mod
+executor_mod.analyze_in_workers = spy
 
-def dying(run, ranks):
+def dying(run, after_rank=None, only_ranks=None):
     # a worker holding rank 0 dies as one killed for memory would
-    if os.getpid() != parent and 0 in ranks:
+    if os.getpid() != parent and 0 in only_ranks:
         os._exit(9)
-    return _analyses_of(run, ranks)
+    return stage_mod.analyze_ranks(run, after_rank, only_ranks)
 
 mode = {mode!r}
 if mode == "dying":
-    report_mod._analyses_of = dying
+    object.__setattr__(stage_mod.by_rank, "compute", dying)
 one = analyze_run_parts(load_run({run!r}, lean=True), workers=1).report.to_dict()
 many = analyze_run_parts(load_run({run!r}, lean=True), workers=3, release_events=True)
 w = used[-1]
@@ -62,7 +63,7 @@ print(json.dumps({{
     "same": one == many.report.to_dict(),
     "in_workers": w is not None,
     "failed_chunks": None if w is None else w.failed_chunks,
-    "ranks": len(many.report.rank_analyses),
+    "ranks": len(many.report[stage_mod.RANK_ANALYSES]),
     "named": [s for s in many.report.to_dict()["summary"]["stragglers"]],
     "slow": info["slow_rank"],
 }}))

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from meshprof.events import CommEvent
-from meshprof.spawn import run_ranks
+from meshprof.launch.spawn import run_ranks
 from native_helpers import require_native
 
 N_SAMPLED = 300

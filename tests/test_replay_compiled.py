@@ -1,4 +1,4 @@
-"""The what-if replay's level loop in C (``analyze/replay_levels.c`` through ``replay_c``)
+"""The what-if replay's level loop in C (``analyze/run/replay_levels.c`` through ``replay_c``)
 gives exactly what the numpy loop gives (the reference, itself checked against the synthetic
 runs' own step ends in ``test_what_if.py``), in one block or many; without a compiler the
 numpy loop runs."""
@@ -12,12 +12,14 @@ from typing import Any
 
 import pytest
 
-from meshprof.analyze import replay_c
-from meshprof.report import analyze_run
+from meshprof.analyze.run import replay_native as replay_c
+from meshprof.report.analysis import analyze_run
 from meshprof.rundir import load_run
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from synth_run import write_run
+
+from meshprof.report.stages.what_if import WHAT_IF_REPLAY
 
 MS = 1_000_000
 
@@ -33,7 +35,7 @@ def fresh(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Any:
 
 
 def _what_if(run_dir: Path) -> Any:
-    return analyze_run(load_run(run_dir, lean=True)).what_if
+    return analyze_run(load_run(run_dir, lean=True))[WHAT_IF_REPLAY]
 
 
 @pytest.mark.skipif(

@@ -9,6 +9,8 @@ import pytest
 
 from data.meshprof_synth import MS, synthetic_run
 from meshprof.errors import NoUsableRankFileError
+from meshprof.report.stages.rank_analyses import RANK_ANALYSES
+from meshprof.report.stages.tables import BY_SIZE
 from meshprof.rundir import load_run
 
 
@@ -92,14 +94,14 @@ def test_report_size_table_counts_evicted_and_sampled_out_collectives(tmp_path, 
     """The latency columns cover the retained events (at most 16 per rank here); the issued
     column is exact for the whole run: 60 + 30 collectives per rank, 2 ranks, counted by the
     test itself."""
-    from meshprof.report import analyze_run
+    from meshprof.launch.spawn import run_ranks
+    from meshprof.report.analysis import analyze_run
     from meshprof.rundir import load_run
-    from meshprof.spawn import run_ranks
 
     retained = run_ranks(_evicting_worker, 2, (str(tmp_path),), timeout=90)
     assert all(n <= 16 for n in retained)
     rep = analyze_run(load_run(tmp_path))
-    rows = {(x.op, x.size_bucket): x for x in rep.by_size}
+    rows = {(x.op, x.size_bucket): x for x in rep[BY_SIZE]}
     small, big = rows[("all_reduce", 64)], rows[("all_reduce", 4096)]
     assert small.recorded == 2 * 60 and big.recorded == 2 * 30
     assert small.count + big.count <= sum(retained)
@@ -156,7 +158,7 @@ def test_streamed_json_is_json_dumps_of_to_dict(sample):
     sampling section first)."""
     import io
 
-    from meshprof.report import analyze_run
+    from meshprof.report.analysis import analyze_run
 
     data = Path(__file__).resolve().parent / "data" / "ddp_2rank"
     rep = analyze_run(load_run(data, sample=sample))
@@ -164,4 +166,4 @@ def test_streamed_json_is_json_dumps_of_to_dict(sample):
     rep.write_json(buf)
     assert buf.getvalue() == json.dumps(rep.to_dict(), default=str)
     assert next(iter(json.loads(buf.getvalue()))) == ("sampling" if sample < 1 else "summary")
-    assert rep.rank_analyses  # the streamed list is not empty
+    assert rep[RANK_ANALYSES]  # the streamed list is not empty

@@ -11,13 +11,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from meshprof.analyze import heap
-from meshprof.analyze.replay import Recorded, levels
-from meshprof.report import analyze_run
+from meshprof.analyze.compute import heap
+from meshprof.analyze.run.replay import levels
+from meshprof.analyze.run.replay_record import Recorded
+from meshprof.report.analysis import analyze_run
 from meshprof.rundir import load_run
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from synth_run import write_run
+
+from meshprof.report.stages.what_if import WHAT_IF_REPLAY
 
 
 @pytest.fixture
@@ -151,6 +154,6 @@ def test_synthetic_run_with_a_dimension_of_size_one_replays(tmp_path):
         key = ev["group"].astype(np.int64) << 40 | ev["seq"].astype(np.int64)
         assert len(np.unique(key)) == len(key)
     rep = analyze_run(run)
-    assert rep.what_if.note == ""
-    assert rep.what_if.levels >= info["events_per_rank"] // 4 - 1
-    assert rep.what_if.ranks[0].rank == 2
+    assert rep[WHAT_IF_REPLAY].note == ""
+    assert rep[WHAT_IF_REPLAY].levels >= info["events_per_rank"] // 4 - 1
+    assert rep[WHAT_IF_REPLAY].ranks[0].rank == 2

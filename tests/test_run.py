@@ -222,7 +222,7 @@ def test_run_two_nodes_share_one_run_dir(tmp_path: Path, cli) -> None:
     """Two launchers (`--nnodes 2 --node-rank 0/1`, static rendezvous on this host) write one
     run directory: one node record each, every rank's file, and a manifest merged from both
     (nodes, hosts, per-rank exit codes, status)."""
-    from meshprof.spawn import free_port
+    from meshprof.launch.spawn import free_port
 
     out = tmp_path / "run"
     port = str(free_port())

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from meshprof.analyze.bottlenecks import Bottleneck
-from meshprof.analyze.run_bottlenecks import merge_rank_bottlenecks
+from meshprof.analyze.run.run_bottlenecks import merge_rank_bottlenecks
+from meshprof.analyze.steps.rules import Bottleneck
 
 
 def _b(category: str, severity: str, evidence: str) -> Bottleneck:

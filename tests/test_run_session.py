@@ -1,5 +1,5 @@
 """The rank writer (meshprof.rundir.writer: rank file content, periodic writes, SIGTERM) and the
-recording session (meshprof.session) that builds recorder, monitor, writer and clock sync."""
+recording session (meshprof.session.recording) that builds recorder, monitor, writer and clock sync."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from meshprof.events import OP_NAMES
+from meshprof.launch.spawn import run_ranks
 from meshprof.rundir import load_rank_file, load_run, rank_file
-from meshprof.spawn import run_ranks
 
 
 def _write_rank_with_eviction(rank: int, world_size: int, run_dir: str) -> dict:
@@ -24,7 +24,7 @@ def _write_rank_with_eviction(rank: int, world_size: int, run_dir: str) -> dict:
     import torch.distributed as dist
 
     import meshprof
-    from meshprof.monitor import StepMonitor
+    from meshprof.api import StepMonitor
     from meshprof.rundir.writer import RankWriter
 
     prof = meshprof.enable(meshprof.ProfilerConfig(max_events=4))
@@ -137,7 +137,7 @@ _SIGTERM_CHILD = textwrap.dedent(
 def test_sigterm_writes_the_rank_file_and_dies_by_the_signal(
     tmp_path: Path, block: str, how: str
 ) -> None:
-    from meshprof.spawn import free_port
+    from meshprof.launch.spawn import free_port
 
     code = _SIGTERM_CHILD.format(port=free_port(), block=block)
     proc = subprocess.Popen(
@@ -176,7 +176,7 @@ def _session_rank(rank: int, world_size: int, run_dir: str) -> dict:
     import torch
     import torch.distributed as dist
 
-    from meshprof.session import RecordingSession, SessionConfig
+    from meshprof.session.recording import RecordingSession, SessionConfig
 
     cfg = SessionConfig(
         run_dir=Path(run_dir),
@@ -220,7 +220,7 @@ def test_recording_session_end_to_end(tmp_path: Path) -> None:
 def test_recording_session_parts_fail_alone(tmp_path: Path) -> None:
     """A part that cannot start is reported once through on_error; the others run."""
     from meshprof.rundir.schema import Manifest
-    from meshprof.session import RecordingSession, SessionConfig
+    from meshprof.session.recording import RecordingSession, SessionConfig
 
     blocker = tmp_path / "file"
     blocker.write_text("x")
@@ -255,11 +255,12 @@ def test_recording_session_parts_fail_alone(tmp_path: Path) -> None:
 def test_files_a_session_writes_follow_the_umask(tmp_path: Path) -> None:
     """With umask 0o002 (a group-writable shared run directory) every file meshprof writes in a
     run directory is 0o664, as open() makes it: the other users of the group can read it."""
-    from meshprof.live.state import Alert, RankLive, append_alert, write_rank_live
-    from meshprof.monitor import StepMonitor
+    from meshprof.api import StepMonitor
+    from meshprof.records.live import Alert, RankLive
+    from meshprof.rundir.live import append_alert, write_rank_live
     from meshprof.rundir.schema import Manifest
-    from meshprof.session import RecordingSession, SessionConfig
-    from meshprof.tools.watchdog import write_dump
+    from meshprof.session.recording import RecordingSession, SessionConfig
+    from meshprof.session.watchdog import write_dump
 
     def modes() -> dict[str, int]:
         return {

@@ -12,12 +12,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from meshprof.report import analyze_run
+from meshprof.report.analysis import analyze_run
 from meshprof.rundir import load_run
 from meshprof.rundir.sampling import sampled, threshold
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from synth_run import write_run
+
+from meshprof.report.stages.matching import CLOCK, COLLECTIVES
+from meshprof.report.stages.sampling_error import SAMPLING
+from meshprof.report.stages.stragglers import STRAGGLERS
+from meshprof.report.stages.tables import BY_SIZE, RANKS
 
 US = 1_000
 SLOW = 5
@@ -58,19 +63,19 @@ def test_ten_percent_sample_keeps_the_truth(synth):
         len(rd.events) for rd in full_run.ranks.values()
     ]
     rep = analyze_run(run)
-    sm = rep.sampling
-    assert sm is not None and full.sampling is None
+    sm = rep.get(SAMPLING)
+    assert sm is not None and full.get(SAMPLING) is None
     assert sm.fraction == 0.1 and sm.events_recorded == full_events
-    assert sm.events_loaded == loaded and 0 < sm.collectives < 0.13 * full.match.collectives
+    assert sm.events_loaded == loaded and 0 < sm.collectives < 0.13 * full[COLLECTIVES].collectives
     # every member's copy of a sampled collective was kept: all of them match completely
-    assert rep.match.incomplete == 0 and full.match.incomplete == 0
+    assert rep[COLLECTIVES].incomplete == 0 and full[COLLECTIVES].incomplete == 0
     # the slow rank and the clock offsets, against the truth
-    assert [x.rank for x in rep.stragglers.stragglers] == [SLOW]
+    assert [x.rank for x in rep[STRAGGLERS].stragglers] == [SLOW]
     truth = np.asarray(info["aligned_offsets_ns"])
-    got = np.asarray([rc.offset_ns for rc in rep.clock.ranks])
+    got = np.asarray([rc.offset_ns for rc in rep[CLOCK].ranks])
     assert np.abs(got - truth).max() <= 20 * US
     # p50 latency of each op and size: the whole run's lies in the stated interval
-    whole = {(r.op, r.size_bucket): r.p50_ns for r in full.by_size}
+    whole = {(r.op, r.size_bucket): r.p50_ns for r in full[BY_SIZE]}
     checked = 0
     for x in sm.latency:
         assert x.low_ns <= x.p50_ns <= x.high_ns
@@ -80,7 +85,7 @@ def test_ten_percent_sample_keeps_the_truth(synth):
     assert checked >= 2 and 0 < sm.latency_p50_rel_error < 1
     # communication share (scaled from the sample): within 3 standard errors of the whole run's
     assert sm.comm_share_error > 0
-    for a, b in zip(rep.ranks, full.ranks, strict=True):
+    for a, b in zip(rep[RANKS], full[RANKS], strict=True):
         assert abs(a.comm_share - b.comm_share) <= 3 * sm.comm_share_error, (a.rank, a, b)
 
 

@@ -1,6 +1,6 @@
 import time
 
-from meshprof.spawn import run_ranks
+from meshprof.launch.spawn import run_ranks
 
 
 def _ar(rank, ws):

@@ -1,4 +1,4 @@
-"""Automatic step detection of ``meshprof run`` (meshprof.session, in one process): the auto rule,
+"""Automatic step detection of ``meshprof run`` (meshprof.session.recording, in one process): the auto rule,
 the forced modes, and :func:`meshprof.mark_step`."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import meshprof
-from meshprof.monitor import StepMonitor
-from meshprof.session import RecordingSession, SessionConfig, step_detect_mode
+from meshprof.api import StepMonitor
+from meshprof.session.recording import RecordingSession, SessionConfig, step_detect_mode
 
 
 def _model() -> torch.nn.Module:
@@ -99,7 +99,7 @@ def test_mark_step_is_public_and_turns_detection_off() -> None:
 
 
 def test_mark_step_without_a_monitor() -> None:
-    import meshprof.monitor.monitor as mm
+    import meshprof.monitor.step_monitor as mm
 
     saved, mm._active = mm._active, None
     try:

@@ -10,21 +10,24 @@ import numpy as np
 import pytest
 
 from data.meshprof_synth import MS, US, real_worker, synthetic_run
-from meshprof.analyze.clock import align_clocks
-from meshprof.analyze.intervals import covered as covered_ns
-from meshprof.analyze.intervals import union as _union
-from meshprof.analyze.match import arrived_last_share, match_collectives
-from meshprof.analyze.table import build_event_table
-from meshprof.report import analyze_run
+from meshprof.analyze.compute.intervals import covered as covered_ns
+from meshprof.analyze.compute.intervals import union as _union
+from meshprof.analyze.run.clock import align_clocks
+from meshprof.analyze.run.match import arrived_last_share, match_collectives
+from meshprof.analyze.run.table import build_event_table
+from meshprof.launch.spawn import run_ranks
+from meshprof.report.analysis import analyze_run
+from meshprof.report.stages.conclusions import SUMMARY
+from meshprof.report.stages.stragglers import STRAGGLERS
+from meshprof.report.stages.tables import RANKS
 from meshprof.rundir import load_run
-from meshprof.spawn import run_ranks
 
 
 def test_real_run_names_slow_rank_and_phase(tmp_path):
     extra_s = 0.03
     run_ranks(real_worker, 3, (str(tmp_path), 1, extra_s, 5), timeout=90)
     rep = analyze_run(load_run(tmp_path))
-    s = rep.stragglers
+    s = rep[STRAGGLERS]
     assert [x.rank for x in s.stragglers] == [1]
     x = s.stragglers[0]
     assert x.phase == "forward"
@@ -33,16 +36,16 @@ def test_real_run_names_slow_rank_and_phase(tmp_path):
     assert abs(x.phase_excess_ns - extra_s * 1e9) < 10 * MS, x
     assert x.last_share > 0.5
     # the others waited for it: their wait share is larger than the straggler's
-    by = {r.rank: r for r in rep.ranks}
+    by = {r.rank: r for r in rep[RANKS]}
     assert by[0].wait_share > by[1].wait_share and by[2].wait_share > by[1].wait_share
-    assert any(f.kind == "straggler" and "forward" in f.title for f in rep.findings)
+    assert any(f.kind == "straggler" and "forward" in f.title for f in rep[SUMMARY].findings)
 
 
 def test_real_balanced_run_names_none(tmp_path):
     run_ranks(real_worker, 3, (str(tmp_path), -1, 0.0, 5), timeout=90)
     rep = analyze_run(load_run(tmp_path))
-    assert rep.stragglers.stragglers == ()
-    assert not [f for f in rep.findings if f.kind == "straggler"]
+    assert rep[STRAGGLERS].stragglers == ()
+    assert not [f for f in rep[SUMMARY].findings if f.kind == "straggler"]
 
 
 def test_back_to_back_collectives_do_not_dilute_the_straggler(tmp_path):
@@ -59,7 +62,7 @@ def test_back_to_back_collectives_do_not_dilute_the_straggler(tmp_path):
     clock = align_clocks(run, table)
     last, n = arrived_last_share(match_collectives(table, clock))[2]
     assert last / n < 0.5  # the rule before the resolution margin would not name it
-    s = analyze_run(run).stragglers
+    s = analyze_run(run)[STRAGGLERS]
     assert 40 * US <= s.resolution_ns <= 50 * US  # above the ±20 µs ties
     by = {x.rank: x for x in s.scores}
     # only the first collective of each step is resolved: rank 2 is last in every one of them
@@ -71,11 +74,11 @@ def test_back_to_back_collectives_do_not_dilute_the_straggler(tmp_path):
 def test_synthetic_threshold_and_no_steps(tmp_path):
     # 0.3 ms extra on a ~17 ms compute step is under the 5 % threshold
     synthetic_run(tmp_path / "a", 4, [0, 1 * MS, 2 * MS, 3 * MS], slow_rank=3, extra_ns=300_000)
-    assert analyze_run(load_run(tmp_path / "a")).stragglers.stragglers == ()
+    assert analyze_run(load_run(tmp_path / "a"))[STRAGGLERS].stragglers == ()
     synthetic_run(tmp_path / "b", 4, [0, 1 * MS, 2 * MS, 3 * MS], slow_rank=3, extra_ns=3 * MS)
     rep = analyze_run(load_run(tmp_path / "b"))
-    assert [(x.rank, x.phase) for x in rep.stragglers.stragglers] == [(3, "forward")]
-    assert analyze_run(load_run(tmp_path / "b"), threshold=0.5).stragglers.stragglers == ()
+    assert [(x.rank, x.phase) for x in rep[STRAGGLERS].stragglers] == [(3, "forward")]
+    assert analyze_run(load_run(tmp_path / "b"), threshold=0.5)[STRAGGLERS].stragglers == ()
 
 
 def test_covered_union():

@@ -1,4 +1,4 @@
-"""What-if attribution (``meshprof.analyze.what_if``): what a slow rank costs every step, proved
+"""What-if attribution (``meshprof.analyze.run.what_if``): what a slow rank costs every step, proved
 against known truth.
 
 Synthetic dp × tp × pp runs (``benchmarks/synth_run.py``) inject an exact extra compute on chosen
@@ -16,14 +16,16 @@ import pytest
 
 from data.meshprof_synth import MS, US, events_array, real_worker, spans_array
 from meshprof.events import OP_CODES
+from meshprof.launch.spawn import run_ranks
 from meshprof.render.html import render_html
 from meshprof.render.report_text import render_report
-from meshprof.report import analyze_run
+from meshprof.report.analysis import analyze_run
 from meshprof.rundir import Manifest, RankData, RankMeta, load_run, write_manifest, write_rank_file
-from meshprof.spawn import run_ranks
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from synth_run import groups_for, write_run
+
+from meshprof.report.stages.what_if import WHAT_IF_REPLAY
 
 PHASE = {1: "forward", 2: "backward", 3: "optimizer"}
 #: Without jitter the only imbalance is the one injected: the replay must match the generator's
@@ -68,7 +70,7 @@ def test_one_slow_rank_costs_its_extra_compute(tmp_path, layout, slow, phase):
     write_run(tmp_path / "run", extra_ns={slow: x}, **kw)
     truth = _truth(tmp_path, {slow: x}, slow, **kw)
     assert abs(truth - x) < 1 * US  # the extra compute is all on the critical path
-    w = analyze_run(load_run(tmp_path / "run")).what_if
+    w = analyze_run(load_run(tmp_path / "run"))[WHAT_IF_REPLAY]
     assert w is not None and not w.note and w.replay_error_ns == 0
     assert len(w.ranks) == n and w.ranks_total == n  # every rank replayed up to 32
     top = w.ranks[0]
@@ -105,7 +107,7 @@ def test_two_slow_ranks_in_different_replicas(tmp_path):
     truth5 = _truth(tmp_path, extra, 5, **kw)
     truth13 = _truth(tmp_path, extra, 13, **kw)
     assert abs(truth5 - 2 * MS) < 1 * US and abs(truth13) < 1 * US
-    w = analyze_run(load_run(tmp_path / "run")).what_if
+    w = analyze_run(load_run(tmp_path / "run"))[WHAT_IF_REPLAY]
     by = {c.rank: c for c in w.ranks}
     assert w.ranks[0].rank == 5
     assert abs(by[5].step_saving_ns - truth5) <= EXACT_TOL * truth5 + EXACT_ABS_NS
@@ -127,7 +129,7 @@ def test_noisy_run_within_noise(tmp_path):
     write_run(tmp_path / "run", extra_ns={9: x}, **kw)
     truth = _truth(tmp_path, {9: x}, 9, **kw)
     rep = analyze_run(load_run(tmp_path / "run"))
-    w = rep.what_if
+    w = rep[WHAT_IF_REPLAY]
     assert w.ranks[0].rank == 9 and w.ranks[0].phase == "forward"
     assert abs(w.ranks[0].step_saving_ns - truth) <= 0.05 * truth, (w.ranks[0], truth)
     assert all(abs(c.step_saving_ns) < 0.05 * x for c in w.ranks[1:])
@@ -142,7 +144,7 @@ def test_noisy_run_within_noise(tmp_path):
 def test_balanced_run_names_nobody(tmp_path):
     write_run(tmp_path, 16, collectives=120, steps=3, slow=0.0, seed=2, layout=(2, 4, 2))
     rep = analyze_run(load_run(tmp_path))
-    assert rep.what_if is not None and rep.what_if.notable == ()
+    assert rep[WHAT_IF_REPLAY] is not None and rep[WHAT_IF_REPLAY].notable == ()
     assert "what-if: no rank costs 1% of a step or more" in render_report(rep)
 
 
@@ -203,7 +205,7 @@ def test_overlapped_collectives(tmp_path, short):
     # recorded, its step ends before its all_reduce 1 completes)
     x = 3 * MS
     _overlapped_run(tmp_path, 4, 2, x, short=short)
-    w = analyze_run(load_run(tmp_path)).what_if
+    w = analyze_run(load_run(tmp_path))[WHAT_IF_REPLAY]
     assert w.replay_error_ns == 0
     assert w.ranks[0].rank == 2 and w.ranks[0].phase == "forward"
     assert w.ranks[0].step_saving_ns == pytest.approx(x, abs=EXACT_ABS_NS)
@@ -265,7 +267,7 @@ def test_crossed_async_p2p_is_replayed(tmp_path, monkeypatch, engine, lead):
         monkeypatch.setenv("MESHPROF_REPLAY", "numpy")
     x = 3 * MS
     _crossed_p2p_run(tmp_path, 1, x, lead=lead)
-    w = analyze_run(load_run(tmp_path)).what_if
+    w = analyze_run(load_run(tmp_path))[WHAT_IF_REPLAY]
     assert w.note == "" and w.replay_error_ns == 0
     assert w.ranks[0].rank == 1 and w.ranks[0].phase == "forward"
     # "held": ranks 1 and 3 issue (all_reduce, send, recv), so rank 1's peers are rank 3 alone
@@ -281,7 +283,7 @@ def test_overlap_levels_order_crossed_async_and_refuse_a_real_cycle():
     level, each arrival after its predecessor's. Blocking receives: a real deadlock, refused."""
     from types import SimpleNamespace
 
-    from meshprof.analyze.replay_overlap import overlap_levels
+    from meshprof.analyze.run.replay_overlap import overlap_levels
 
     coll = np.asarray([0, 1, 1, 0])  # chain 0: A, B; chain 1: B, A
     pos = np.asarray([0, 1, 0, 1])

@@ -26,24 +26,31 @@ _EXPORTS: dict[str, str] = {
     "CommEvent": "meshprof.events",
     "GroupInfo": "meshprof.events",
     "OpType": "meshprof.events",
-    "Bottleneck": "meshprof.analyze.bottlenecks",
-    "BottleneckThresholds": "meshprof.analyze.bottlenecks",
+    "Bottleneck": "meshprof.analyze.steps.rules",
+    "BottleneckThresholds": "meshprof.config",
     "StepAnalysis": "meshprof.analyze.steps",
-    "StepMonitor": "meshprof.monitor",
-    "CommProfiler": "meshprof.comm.recorder",
+    "StepMonitor": "meshprof.api",
+    "CommProfiler": "meshprof.api",
     "OpStats": "meshprof.stats",
     "StatsReport": "meshprof.stats",
     "setup_logging": "meshprof.tools.logs",
 }
 
 if TYPE_CHECKING:
-    from meshprof.analyze.bottlenecks import Bottleneck, BottleneckThresholds
     from meshprof.analyze.steps import StepAnalysis
-    from meshprof.api import disable, enable, get_profiler, mark_step, profile, reset
-    from meshprof.comm.recorder import CommProfiler
-    from meshprof.config import ProfilerConfig
+    from meshprof.analyze.steps.rules import Bottleneck
+    from meshprof.api import (
+        CommProfiler,
+        StepMonitor,
+        disable,
+        enable,
+        get_profiler,
+        mark_step,
+        profile,
+        reset,
+    )
+    from meshprof.config import BottleneckThresholds, ProfilerConfig
     from meshprof.events import CommEvent, GroupInfo, OpType
-    from meshprof.monitor import StepMonitor
     from meshprof.perfmon import PerformanceMonitor, performance_monitor
     from meshprof.stats import OpStats, StatsReport
     from meshprof.tools.logs import setup_logging

@@ -1,21 +1,66 @@
-"""The process-wide recorder: enable, disable, get_profiler, profile."""
+"""The public API: ``meshprof.enable()`` and friends, and the two objects users hold.
+
+:class:`CommProfiler` and :class:`StepMonitor` are the collectors of :mod:`meshprof.comm` and
+:mod:`meshprof.monitor` with the conveniences that need the layers above collection: a
+profiler's ``summary()`` (rendered by :mod:`meshprof.render.stats_text`) and ``export_json()``
+(written by :mod:`meshprof.rundir.json_export`), a monitor's ``analysis()``
+(:mod:`meshprof.analyze.steps`) and ``report()``. Collection code never imports this module;
+``meshprof.enable()`` builds the recorder as this class, so the recorder a user gets back has
+them.
+"""
 
 from __future__ import annotations
 
 import functools
-import threading
+import os
 from collections.abc import Callable
-from typing import Any, TypeVar
+from pathlib import Path
+from typing import Any, TypeVar, cast
 
-from meshprof.comm.recorder import CommProfiler
+from meshprof.analyze.steps import StepAnalysis, StepOptions, analyze_recorded
+from meshprof.comm import active, recorder
 from meshprof.config import ProfilerConfig
 from meshprof.events import CommEvent
+from meshprof.monitor import step_monitor
+from meshprof.render.stats_text import render_stats
+from meshprof.render.step_report import render_analysis
+from meshprof.rundir.json_export import write_export
 from meshprof.stats import StatsReport
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-_lock = threading.Lock()
-_profiler: CommProfiler | None = None
+
+class CommProfiler(recorder.CommProfiler):
+    """The collective recorder (:class:`meshprof.comm.recorder.CommProfiler`) with its
+    statistics as text and its JSON export."""
+
+    def summary(self, since_id: int = 0, until_id: int | None = None) -> str:
+        """The statistics (per op, group, rank and message size) as a text table."""
+        return render_stats(self.stats(since_id, until_id), header=f"rank {self.ensure_rank()}")
+
+    def export_json(
+        self, path: str | os.PathLike[str], since_id: int = 0, until_id: int | None = None
+    ) -> Path:
+        """Write ``{"meta", "events", "stats"}`` to ``path`` atomically; returns the path."""
+        return write_export(self, path, since_id, until_id)
+
+
+class StepMonitor(step_monitor.StepMonitor):
+    """The step monitor (:class:`meshprof.monitor.step_monitor.StepMonitor`) with the step
+    analysis of what it recorded, as data and as text."""
+
+    def analysis(self) -> StepAnalysis:
+        """Analyze the recorded steps with this monitor's settings (:meth:`to_meta`), as the
+        run report analyzes its rank file (:mod:`meshprof.analyze.steps`)."""
+        rec = self.recorded()
+        options = StepOptions.from_meta(self.to_meta(), rank=rec.rank, layout=self.layout)
+        return analyze_recorded(
+            rec.spans, rec.span_names, rec.events, rec.groups, rec.memory, options
+        )
+
+    def report(self) -> str:
+        """The analysis as text."""
+        return render_analysis(self.analysis())
 
 
 def enable(config: ProfilerConfig | None = None) -> CommProfiler:
@@ -24,32 +69,17 @@ def enable(config: ProfilerConfig | None = None) -> CommProfiler:
     Calling it again returns the same profiler (with ``config`` applied when given).
     Enable it at the same point of the program on every rank, so that sequence numbers agree.
     """
-    global _profiler
-    with _lock:
-        if _profiler is not None and _profiler.installed:
-            if config is not None:
-                _profiler.update_config(**config.to_dict() | {"ops": config.ops})
-            return _profiler
-        prof = _profiler if _profiler is not None else CommProfiler(config)
-        if config is not None and prof.config is not config:
-            prof.update_config(**config.to_dict() | {"ops": config.ops})
-        prof.install()
-        _profiler = prof
-        return prof
+    return cast(CommProfiler, active.enable(config, factory=CommProfiler))
 
 
 def disable() -> CommProfiler | None:
     """Remove the recorder from PyTorch (no cost afterwards). Recorded data stays readable."""
-    with _lock:
-        prof = _profiler
-        if prof is not None:
-            prof.uninstall()
-        return prof
+    return cast("CommProfiler | None", active.disable())
 
 
 def get_profiler() -> CommProfiler | None:
     """The global profiler, or None if :func:`enable` was never called."""
-    return _profiler
+    return cast("CommProfiler | None", active.get_profiler())
 
 
 def mark_step(tokens: int = 0, samples: int = 0) -> bool:
@@ -57,9 +87,7 @@ def mark_step(tokens: int = 0, samples: int = 0) -> bool:
     (:func:`meshprof.monitor.get_monitor`), e.g. once per request of a serving loop. Under
     ``meshprof run`` the first call turns automatic step detection off: your marks are the steps.
     ``tokens``/``samples`` are credited to the step that ends. False when no monitor is active."""
-    from meshprof.monitor import get_monitor
-
-    mon = get_monitor()
+    mon = step_monitor.get_monitor()
     if mon is None:
         return False
     mon.user_marks += 1
@@ -68,11 +96,9 @@ def mark_step(tokens: int = 0, samples: int = 0) -> bool:
 
 
 def reset() -> None:
-    """Disable and forget the global profiler (tests use it)."""
-    global _profiler
-    disable()
-    with _lock:
-        _profiler = None
+    """Disable and forget the global profiler and the active step monitor (tests use it)."""
+    active.forget()
+    step_monitor.forget_active()
 
 
 class profile:
@@ -128,5 +154,5 @@ class profile:
     def summary(self) -> str:
         return self._prof().summary(self.start_id, self.end_id)
 
-    def export_json(self, path: str) -> Any:
+    def export_json(self, path: str) -> Path:
         return self._prof().export_json(path, self.start_id, self.end_id)

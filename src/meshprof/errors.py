@@ -28,7 +28,7 @@ class NoUsableRankFileError(MeshprofError):
 
 class NotATraceError(MeshprofError):
     """A file that reads as JSON but holds no ``traceEvents`` list (a config, a comm log): no
-    torch.profiler trace. Raised where a trace is parsed (``meshprof.analyze.kineto``); callers
+    torch.profiler trace. Raised where a trace is parsed (``meshprof.analyze.traces.kineto``); callers
     that scan a folder for traces skip such files quietly, unlike damaged traces."""
 
     def __init__(self, path: Path) -> None:

@@ -301,3 +301,13 @@ MEMORY_DTYPE = np.dtype(
         ("capacity", np.int64),  # device memory (CUDA) or host memory (CPU) in total
     ]
 )
+
+CHUNK_PHASES = {
+    "forward_one_chunk": "pp_forward",
+    "backward_one_chunk": "pp_backward",
+    "backward_weight_one_chunk": "pp_backward_weight",
+}
+"""torch.distributed.pipelining stage method -> the phase name each of its calls is recorded as
+(:mod:`meshprof.monitor.pipeline_hooks`)."""
+PIPELINE_CHUNKS = tuple(CHUNK_PHASES.values())
+"""Phase names of one micro-batch's forward / backward chunk (what the bubble is made of)."""

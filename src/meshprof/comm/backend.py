@@ -9,9 +9,16 @@ Two kernels implement :class:`KernelBackend`: :class:`meshprof.comm.python_kerne
 
 from __future__ import annotations
 
-from typing import NamedTuple, Protocol
+import threading
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
-from meshprof.comm.completion import InflightOp
+from meshprof.comm.completion import Completion, InflightOp, PendingOp
+from meshprof.events import P2P_OPS, GroupInfo
+
+if TYPE_CHECKING:
+    from meshprof.comm.ops import OpSpec
+    from meshprof.config import ProfilerConfig
+    from meshprof.event_log import EventLog
 
 
 class GroupRef(NamedTuple):
@@ -74,3 +81,89 @@ class KernelBackend(Protocol):
     def thread_cpu_ns(self) -> dict[str, int]:
         """CPU ns so far of the kernel's threads that Python does not see (the C++ poller), by
         name; the ``meshprof-*`` Python threads are read by :mod:`meshprof.comm.thread_cpu`."""
+
+
+class SeqSource(Protocol):
+    """Where the Python path takes sequence numbers from (:class:`SeqCounters`, or the
+    native kernel's counters once it took over)."""
+
+    def next(self, gidx: int, op: str, peer: int) -> int: ...
+
+    def counts(self, groups: list[GroupInfo]) -> dict[tuple[str, int, int], int]: ...
+
+
+class SeqCounters:
+    """The one place sequence numbers of the Python path are assigned.
+
+    Collectives count per group; point-to-point ops per (group, peer, direction), so a send and
+    the matching recv get the same number on both ranks. A recv from any source counts on its own
+    (peer -1) at issue, so the group's numbers stay aligned, and takes its pair's number at
+    completion. (With the native kernel the C++ counters number every op, composite ones too.)
+    """
+
+    def __init__(self) -> None:
+        self._group: dict[int, int] = {}
+        self._p2p: dict[tuple[int, int, int], int] = {}
+        self._lock = threading.Lock()  # p2p numbers are also taken at completion, on any thread
+
+    def next(self, gidx: int, op: str, peer: int) -> int:
+        if op in P2P_OPS:
+            key = (gidx, peer, 0 if op.startswith("send") else 1)
+            with self._lock:
+                seq = self._p2p.get(key, 0)
+                self._p2p[key] = seq + 1
+            return seq
+        seq = self._group.get(gidx, 0)
+        self._group[gidx] = seq + 1
+        return seq
+
+    def counts(self, groups: list[GroupInfo]) -> dict[tuple[str, int, int], int]:
+        """The next number of every counter, keyed as the native kernel keys them: (group name,
+        group-local peer or -1, 0 collective / 1 send / 2 recv); ``groups`` is the log's table."""
+        out: dict[tuple[str, int, int], int] = {}
+        for gidx, n in list(self._group.items()):
+            out[(groups[gidx].name, -1, 0)] = n
+        with self._lock:
+            p2p = list(self._p2p.items())
+        for (gidx, peer, direction), n in p2p:
+            ranks = groups[gidx].ranks
+            local = ranks.index(peer) if peer in ranks else peer
+            out[(groups[gidx].name, local, 1 + direction)] = n
+        return out
+
+
+class RecorderCore(Protocol):
+    """What the kernels and the kernel selection use of the recorder
+    (:class:`meshprof.comm.recorder.CommProfiler` is the one implementation): its settings, its
+    event log and counters, and the hot path the Python kernel calls."""
+
+    config: ProfilerConfig
+    log: EventLog
+    seqs: SeqSource
+    completion: Completion
+    step: int
+    open_composites: int
+
+    @property
+    def wall_offset_ns(self) -> int:
+        """time.time_ns() − time.perf_counter_ns() at the recorder's start (ns)."""
+
+    @property
+    def min_duration_ns(self) -> int:
+        """Ops shorter than this are not kept (ns)."""
+
+    def begin(self, spec: OpSpec, args: tuple[Any, ...]) -> PendingOp | None: ...
+
+    def fail(self, rec: PendingOp, exc: BaseException) -> None: ...
+
+    def begin_composite(
+        self, label: str, group: Any, peer: int, metadata: dict[str, Any] | None = None
+    ) -> PendingOp | None: ...
+
+    def finish_composite(self, rec: PendingOp) -> None: ...
+
+    def flush(self) -> None: ...
+
+    def group_of(self, pg: Any) -> GroupRef: ...
+
+    def report_internal_error(self, e: BaseException) -> None: ...

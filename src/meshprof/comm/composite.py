@@ -13,14 +13,12 @@ import functools
 import inspect
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from meshprof.comm.backend import RecorderCore
 from meshprof.comm.completion import PendingOp
 from meshprof.comm.patching import Patches
 from meshprof.events import OBJECT_OPS
-
-if TYPE_CHECKING:
-    from meshprof.comm.recorder import CommProfiler
 
 _tls = threading.local()
 
@@ -30,7 +28,7 @@ def composite_depth() -> int:
     return getattr(_tls, "depth", 0)
 
 
-def patch_object_collectives(prof: CommProfiler, patches: Patches) -> None:
+def patch_object_collectives(prof: RecorderCore, patches: Patches) -> None:
     """Wrap every object collective of ``torch.distributed`` so it records one event."""
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
@@ -46,7 +44,7 @@ def patch_object_collectives(prof: CommProfiler, patches: Patches) -> None:
 
 
 def _wrap_object_collective(
-    prof: CommProfiler, name: str, original: Callable[..., Any]
+    prof: RecorderCore, name: str, original: Callable[..., Any]
 ) -> Callable[..., Any]:
     sig = inspect.signature(original)
     is_send = name == "send_object_list"
@@ -102,7 +100,7 @@ class composite_op:
 
     def __init__(
         self,
-        prof: CommProfiler,
+        prof: RecorderCore,
         label: str,
         group: Any = None,
         metadata: dict[str, Any] | None = None,

@@ -29,11 +29,11 @@ import atexit
 import os
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from meshprof.comm.backend import GroupRef
+from meshprof.comm.backend import GroupRef, RecorderCore
 from meshprof.comm.completion import (
     InflightOp,
     is_bound_in_cpp,
@@ -54,9 +54,6 @@ from meshprof.events import (
     P2P_OPS,
     GroupInfo,
 )
-
-if TYPE_CHECKING:
-    from meshprof.comm.recorder import CommProfiler
 
 #: Finished records waiting in C++ that wake the drainer thread (76 B each: 4.75 MiB).
 BACKLOG_RECORDS = 65536
@@ -106,7 +103,7 @@ class NativeKernel:
 
     name = "native"
 
-    def __init__(self, prof: CommProfiler) -> None:
+    def __init__(self, prof: RecorderCore) -> None:
         self.prof = prof
         self.mod = load()
         self._group_map: dict[int, int] = {}  # native group id -> the log's group index

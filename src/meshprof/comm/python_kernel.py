@@ -15,17 +15,14 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from meshprof.comm.backend import GroupRef
+from meshprof.comm.backend import GroupRef, RecorderCore
 from meshprof.comm.completion import InflightOp, patch_work_wait
 from meshprof.comm.ops import OpSpec, available_specs
 from meshprof.comm.patching import Patches
-
-if TYPE_CHECKING:
-    from meshprof.comm.recorder import CommProfiler
 
 _BACKEND_SELECT = torch._C.DispatchKey.BackendSelect
 
@@ -55,7 +52,7 @@ class PythonKernel:
 
     name = "python"
 
-    def __init__(self, prof: CommProfiler) -> None:
+    def __init__(self, prof: RecorderCore) -> None:
         self.prof = prof
         self._lib: Any = None
         self._patches = Patches()

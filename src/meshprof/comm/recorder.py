@@ -8,7 +8,7 @@ event to the log. ``begin`` assigns the collective its ``seq`` within its group 
 member rank, :class:`SeqCounters`), decides sampling and notes the start. Composite ops (object
 collectives, ``label()``) go through :meth:`begin_composite`. Every failure inside meshprof is
 caught, counted and reported once. Times: ``perf_counter_ns`` on the hot path, wall-clock ns in
-the log. The read side (events, stats, export) is :class:`~meshprof.comm.query.RecordQueries`.
+the log. The read side (events, stats, export) is :class:`~meshprof.comm.reads.RecordQueries`.
 """
 
 from __future__ import annotations
@@ -24,12 +24,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from meshprof.comm.backend import GroupRef, KernelBackend
+from meshprof.comm.backend import GroupRef, KernelBackend, SeqCounters, SeqSource
 from meshprof.comm.completion import Completion, InflightOp, PendingOp
 from meshprof.comm.composite import composite_op, patch_object_collectives
 from meshprof.comm.ops import OpSpec, first_tensor
 from meshprof.comm.patching import Patches
-from meshprof.comm.query import RecordQueries
+from meshprof.comm.reads import RecordQueries
 from meshprof.comm.thread_cpu import recorder_cpu
 from meshprof.config import ProfilerConfig
 from meshprof.event_log import EventLog
@@ -39,7 +39,6 @@ from meshprof.events import (
     FLAG_DEVICE_TIMING,
     FLAG_DROPPED,
     FLAG_UNSAMPLED,
-    P2P_OPS,
     STATUS_CODES,
     GroupInfo,
 )
@@ -49,46 +48,6 @@ _PG = torch._C._distributed_c10d.ProcessGroup
 _OK = STATUS_CODES["ok"]
 _ERR = STATUS_CODES["error"]
 perf_counter_ns = time.perf_counter_ns
-
-
-class SeqCounters:
-    """The one place sequence numbers of the Python path are assigned.
-
-    Collectives count per group; point-to-point ops per (group, peer, direction), so a send and
-    the matching recv get the same number on both ranks. A recv from any source counts on its own
-    (peer -1) at issue, so the group's numbers stay aligned, and takes its pair's number at
-    completion. (With the native kernel the C++ counters number every op, composite ones too.)
-    """
-
-    def __init__(self) -> None:
-        self._group: dict[int, int] = {}
-        self._p2p: dict[tuple[int, int, int], int] = {}
-        self._lock = threading.Lock()  # p2p numbers are also taken at completion, on any thread
-
-    def next(self, gidx: int, op: str, peer: int) -> int:
-        if op in P2P_OPS:
-            key = (gidx, peer, 0 if op.startswith("send") else 1)
-            with self._lock:
-                seq = self._p2p.get(key, 0)
-                self._p2p[key] = seq + 1
-            return seq
-        seq = self._group.get(gidx, 0)
-        self._group[gidx] = seq + 1
-        return seq
-
-    def counts(self, groups: list[GroupInfo]) -> dict[tuple[str, int, int], int]:
-        """The next number of every counter, keyed as the native kernel keys them: (group name,
-        group-local peer or -1, 0 collective / 1 send / 2 recv); ``groups`` is the log's table."""
-        out: dict[tuple[str, int, int], int] = {}
-        for gidx, n in list(self._group.items()):
-            out[(groups[gidx].name, -1, 0)] = n
-        with self._lock:
-            p2p = list(self._p2p.items())
-        for (gidx, peer, direction), n in p2p:
-            ranks = groups[gidx].ranks
-            local = ranks.index(peer) if peer in ranks else peer
-            out[(groups[gidx].name, local, 1 + direction)] = n
-        return out
 
 
 class CommProfiler(RecordQueries):
@@ -109,7 +68,7 @@ class CommProfiler(RecordQueries):
         self.first_internal_error = ""
         self.rank = -1
         self.world_size = -1
-        self.seqs = SeqCounters()
+        self.seqs: SeqSource = SeqCounters()
         self.completion = Completion(self)
         """Completion of the ops recorded in Python (Work.wait hook, poller, CUDA events)."""
         self._backend: KernelBackend | None = None

@@ -29,15 +29,13 @@ import warnings
 from typing import TYPE_CHECKING, Any
 
 from meshprof.comm import native_build
-from meshprof.comm.backend import GroupRef, KernelBackend
+from meshprof.comm.backend import GroupRef, KernelBackend, RecorderCore, SeqCounters
 from meshprof.comm.completion import InflightOp
 from meshprof.comm.python_kernel import PythonKernel
-from meshprof.comm.recorder import SeqCounters
 from meshprof.errors import MeshprofError
 
 if TYPE_CHECKING:
     from meshprof.comm.native import NativeKernel
-    from meshprof.comm.recorder import CommProfiler
 
 
 def native_supports_device() -> bool:
@@ -66,7 +64,7 @@ def _warn(msg: str) -> None:
         warnings.warn(f"meshprof: {msg}", RuntimeWarning, stacklevel=4)
 
 
-def choose_backend(prof: CommProfiler) -> KernelBackend:
+def choose_backend(prof: RecorderCore) -> KernelBackend:
     """The kernel ``prof.config.native`` asks for, as far as it can run here (module doc)."""
     mode = prof.config.native
     if mode is False:
@@ -101,7 +99,7 @@ class _HandedOverSeqs(SeqCounters):
     """After a handover, a Python kernel call already under way (another thread) or a Python op
     completing (a recv from any source learning its sender) numbers from the native counters."""
 
-    def __init__(self, prof: CommProfiler, native: NativeKernel) -> None:
+    def __init__(self, prof: RecorderCore, native: NativeKernel) -> None:
         super().__init__()
         self._prof = prof
         self._native = native
@@ -116,7 +114,7 @@ class HandoverKernel:
     """The Python kernel until the native extension is built in the background, then the
     native one (module doc). Reports the name of the kernel recording now."""
 
-    def __init__(self, prof: CommProfiler) -> None:
+    def __init__(self, prof: RecorderCore) -> None:
         self.prof = prof
         self.python = PythonKernel(prof)
         self.native: NativeKernel | None = None

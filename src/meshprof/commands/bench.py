@@ -8,10 +8,10 @@ import os
 import sys
 from pathlib import Path
 
-from meshprof.commands import options
+from meshprof.commands import arguments
+from meshprof.launch.spawn import under_torchrun
 from meshprof.render.bench import plot_svg, render_table, to_csv
 from meshprof.rundir.atomic import atomic_write_text
-from meshprof.spawn import under_torchrun
 from meshprof.tools.bench import (
     ALL_OPS,
     DTYPES,
@@ -31,7 +31,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "their results, and print a table. Runs under torchrun (uses the job's ranks) or starts "
         "--nproc local ranks itself (gloo on CPU, NCCL on CUDA).",
     )
-    options.add_rank_options(p)
+    arguments.add_rank_options(p)
     p.add_argument(
         "--ops", default="all", help=f"comma-separated ops or 'all': {','.join(ALL_OPS)}"
     )
@@ -47,7 +47,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-n", "--iters", type=int, default=20, help="timed iterations per size")
     p.add_argument("--mode", choices=["both", "out-of-place", "in-place"], default="both")
     p.add_argument("--no-check", action="store_true", help="skip the correctness check")
-    options.add_json_option(p, "the results")
+    arguments.add_json_option(p, "the results")
     p.add_argument("--csv", metavar="PATH", help="also write the rows as CSV")
     p.add_argument("--plot", metavar="PATH.svg", help="also write busbw against size as an SVG")
     p.add_argument(
@@ -89,7 +89,7 @@ def _worker(rank: int, world_size: int, config: BenchConfig) -> BenchResult | No
 
 def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
-    backend = options.backend_of(args)
+    backend = arguments.backend_of(args)
     if args.nproc is None and under_torchrun():
         import torch
         import torch.distributed as dist
@@ -108,9 +108,9 @@ def run(args: argparse.Namespace) -> int:
         if result is None:
             return 0
     else:
-        from meshprof.spawn import WorkerError, run_ranks
+        from meshprof.launch.spawn import WorkerError, run_ranks
 
-        nproc = options.local_nproc(args)
+        nproc = arguments.local_nproc(args)
         try:
             result = run_ranks(
                 _worker, nproc, args=(config,), backend=backend, timeout=args.timeout

@@ -12,7 +12,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from meshprof.commands.options import add_json_option
+from meshprof.commands.arguments import add_json_option
 from meshprof.demo.worker import DTYPES, DemoConfig, demo_worker
 from meshprof.errors import MeshprofError
 from meshprof.parallel import args as layout_options
@@ -88,7 +88,7 @@ def _dimension_table(results: list[dict[str, Any]]) -> Table:
 
 
 def run(args: argparse.Namespace) -> int:
-    from meshprof.spawn import run_ranks
+    from meshprof.launch.spawn import run_ranks
 
     parallel = layout_options.parallel_config_from_args(args, default=DEFAULT_LAYOUT)
     model = layout_options.model_config_from_args(args)
@@ -167,12 +167,14 @@ def run(args: argparse.Namespace) -> int:
 
 def _report(out: Path, console: Console) -> None:
     """The cross-rank report of the demo's run directory: terminal summary, HTML and trace."""
+    from meshprof.render.perfetto import build_trace, write_trace
     from meshprof.render.report_text import print_report
-    from meshprof.report import analyze_run
+    from meshprof.report.analysis import analyze_run_parts
     from meshprof.rundir import load_run
 
     run_ = load_run(out)
-    rep = analyze_run(run_)
+    parts = analyze_run_parts(run_)
+    rep = parts.report
     print_report(rep, console)
     written = []
     try:
@@ -181,18 +183,8 @@ def _report(out: Path, console: Console) -> None:
         written.append(write_html(out / "report.html", rep))
     except ImportError as e:  # jinja2 missing: the html extra
         console.print(f"no HTML report ({e}); pip install 'meshprof[html]'")
-    from meshprof.analyze.clock import align_clocks
-    from meshprof.analyze.match import match_collectives
-    from meshprof.analyze.table import build_event_table
-    from meshprof.render.perfetto import build_trace, write_trace
-
-    table = build_event_table(run_)
-    clock = align_clocks(run_, table)
-    written.append(
-        write_trace(
-            out / "trace.json", build_trace(run_, table, clock, match_collectives(table, clock))
-        )
-    )
+    trace = build_trace(run_, parts.table, parts.clock, parts.match)
+    written.append(write_trace(out / "trace.json", trace))
     console.print(
         "wrote " + ", ".join(str(w) for w in written) + f" — later: meshprof report {out}",
         highlight=False,

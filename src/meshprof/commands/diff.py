@@ -6,8 +6,8 @@ import argparse
 import json
 from pathlib import Path
 
-from meshprof.analyze.diff import RunSide, check_side, diff_runs, run_side
-from meshprof.commands.options import add_json_option
+from meshprof.analyze.diff.compare import RunSide, check_side, diff_runs
+from meshprof.commands.arguments import add_json_option
 from meshprof.errors import MeshprofError
 
 
@@ -25,15 +25,16 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _side(path: str) -> RunSide:
     """One run's figures; its report and events are let go before the other run is read."""
-    from meshprof.analyze.rank_workers import default_workers
-    from meshprof.report import analyze_run_parts
+    from meshprof.report.analysis import analyze_run
+    from meshprof.report.diff_input import side_of
+    from meshprof.report.workers import default_workers
     from meshprof.rundir import load_run
 
     loaded = load_run(Path(path))
     # (the per-rank step analyses on worker processes from 64 ranks on, as in `report`)
     workers = default_workers(len(loaded.ranks))
-    report = analyze_run_parts(loaded, release_events=True, workers=workers).report
-    side = run_side(report, loaded.layout())
+    report = analyze_run(loaded, release_events=True, workers=workers)
+    side = side_of(report, loaded.layout())
     check_side(side)
     return side
 

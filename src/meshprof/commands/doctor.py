@@ -9,10 +9,10 @@ import tempfile
 from dataclasses import asdict
 from typing import Any
 
-from meshprof.commands import options
+from meshprof.commands import arguments
 from meshprof.errors import MeshprofError
+from meshprof.launch.spawn import under_torchrun
 from meshprof.render.doctor import render_checks
-from meshprof.spawn import under_torchrun
 from meshprof.tools.doctor import Check, DoctorConfig, doctor_rank, merge, read_results
 
 
@@ -23,11 +23,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Run health checks on every rank (under torchrun: the job's ranks; else --nproc "
         "local ranks). Exit code 1 on any ✗. Bounded by timeouts: a dead peer gives ✗, not a hang.",
     )
-    options.add_rank_options(p)
+    arguments.add_rank_options(p)
     p.add_argument(
         "--timeout", type=float, default=10.0, help="per-check timeout in seconds (default 10)"
     )
-    options.add_json_option(p, "the checks")
+    arguments.add_json_option(p, "the checks")
     p.set_defaults(func=run)
 
 
@@ -35,7 +35,7 @@ def run_local(
     nproc: int, cfg: DoctorConfig, worker: Any = doctor_rank, overall_timeout: float | None = None
 ) -> list[Check]:
     """Start ``nproc`` local ranks running ``worker`` and merge what they reported."""
-    from meshprof.spawn import WorkerError, run_ranks
+    from meshprof.launch.spawn import WorkerError, run_ranks
 
     failures: dict[int, str] = {}
     with tempfile.TemporaryDirectory(prefix="meshprof-doctor-") as d:
@@ -59,7 +59,7 @@ def run_local(
 
 
 def run(args: argparse.Namespace) -> int:
-    backend = options.backend_of(args)
+    backend = arguments.backend_of(args)
     if args.timeout <= 0:
         raise MeshprofError(f"--timeout {args.timeout}: must be > 0 seconds")
     cfg = DoctorConfig(backend=backend, timeout_s=args.timeout)
@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
         if rank != 0:
             return 1 if any(not c.ok for c in checks) else 0
     else:
-        checks = run_local(options.local_nproc(args), cfg)
+        checks = run_local(arguments.local_nproc(args), cfg)
     if args.json:
         print(
             json.dumps(

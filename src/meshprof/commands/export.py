@@ -25,8 +25,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from meshprof.render.parquet import export_tables, require_pyarrow, write_parquet
     from meshprof.rundir import load_run
-    from meshprof.rundir.parquet import export_tables, require_pyarrow, write_parquet
 
     require_pyarrow()  # before loading: a missing extra fails at once
     out = Path(args.out)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from meshprof.analyze.hang import diagnose_hang
-from meshprof.commands.options import add_json_option
+from meshprof.analyze.hang.diagnose import diagnose_hang
+from meshprof.commands.arguments import add_json_option
 from meshprof.render.hang import render_hang_text
 
 

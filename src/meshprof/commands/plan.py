@@ -7,11 +7,11 @@ import argparse
 import json
 from typing import Any
 
-from meshprof.commands.options import add_json_option
+from meshprof.commands.arguments import add_json_option
 from meshprof.parallel import args as layout_options
-from meshprof.parallel.config import ParallelConfig
 from meshprof.parallel.mapping import RankMapping, all_groups
-from meshprof.parallel.memory import MemoryBreakdown, estimate_memory
+from meshprof.parallel.memory_estimate import MemoryBreakdown, estimate_memory
+from meshprof.parallel.parallel_config import ParallelConfig
 from meshprof.render.plan import print_plan
 
 

@@ -2,7 +2,7 @@
 
 RUN is a run directory (its tables are built in memory) or a folder written by
 ``meshprof export`` (its Parquet files are read in place). The tables are ``events``,
-``spans``, ``memory``, ``groups`` and ``ranks`` (see :mod:`meshprof.rundir.parquet`).
+``spans``, ``memory``, ``groups`` and ``ranks`` (see :mod:`meshprof.render.parquet`).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def _require_duckdb() -> Any:
 def connect(run_dir: Path) -> Any:
     """A DuckDB connection with the run's five tables as views."""
     duckdb = _require_duckdb()
-    from meshprof.rundir.parquet import TABLES
+    from meshprof.render.parquet import TABLES
 
     con = duckdb.connect()
     d = Path(run_dir)
@@ -53,8 +53,8 @@ def connect(run_dir: Path) -> Any:
             path = str(f).replace("'", "''")
             con.execute(f"CREATE VIEW {name} AS SELECT * FROM read_parquet('{path}')")
         return con
+    from meshprof.render.parquet import export_tables
     from meshprof.rundir import load_run
-    from meshprof.rundir.parquet import export_tables
 
     for name, t in export_tables(load_run(d)).items():
         con.register(name, t)

@@ -10,10 +10,11 @@ from typing import Any
 
 from rich.console import Console
 
-from meshprof.analyze.rank_workers import default_workers
-from meshprof.analyze.stragglers import DEFAULT_THRESHOLD
+from meshprof.analyze.run.stragglers import DEFAULT_THRESHOLD
 from meshprof.errors import MeshprofError, NotATraceError, NoUsableRankFileError
-from meshprof.report import analyze_run_parts
+from meshprof.report.analysis import analyze_run, analyze_run_parts
+from meshprof.report.stage import ReportOptions
+from meshprof.report.workers import default_workers
 from meshprof.rundir import load_run
 
 
@@ -125,7 +126,7 @@ def _sample_fraction(args: argparse.Namespace) -> tuple[float, str]:
 def _merge_kineto(trace: dict[str, Any], loaded: Any, clock: Any) -> None:
     """Link the run's torch.profiler traces into the merged timeline: each rank's trace events
     join that rank's process, moved onto the aligned clock."""
-    from meshprof.analyze.kineto import find_traces, kineto_events, load_trace, trace_rank
+    from meshprof.analyze.traces.kineto import find_traces, kineto_events, load_trace, trace_rank
 
     origin = int(trace.get("metadata", {}).get("t0_ns", 0))
     merged = 0
@@ -145,7 +146,7 @@ def _merge_kineto(trace: dict[str, Any], loaded: Any, clock: Any) -> None:
 
 def _traces_only(args: argparse.Namespace, why: NoUsableRankFileError) -> int:
     """``report DIR`` on a folder of torch.profiler traces without meshprof rank files."""
-    from meshprof.analyze.kineto import find_traces, kineto_report
+    from meshprof.analyze.traces.kineto import find_traces, kineto_report
 
     folder = Path(args.dir)
     paths = find_traces(folder)
@@ -217,21 +218,22 @@ def run(args: argparse.Namespace) -> int:
     except NoUsableRankFileError as e:
         return _traces_only(args, e)
     # nothing below reads the raw event rows: the analysis lets them go once tabled
-    parts = analyze_run_parts(
-        loaded,
+    options = ReportOptions(
         threshold=args.threshold,
         hta_rounding=args.hta_rounding,
         release_events=True,
         workers=jobs if jobs is not None else default_workers(len(loaded.ranks)),
     )
-    rep = parts.report
+    # the event table and the match outlive the report only for the trace
+    parts = analyze_run_parts(loaded, options) if args.trace else None
+    rep = parts.report if parts is not None else analyze_run(loaded, options)
     written = []
     if args.html:
         from meshprof.render.html import write_html
 
         written.append(write_html(Path(args.html), rep))
-    if args.trace:
-        from meshprof.analyze.merged_timeline import DEFAULT_MAX_EVENTS
+    if parts is not None:
+        from meshprof.analyze.run.timeline_excerpt import DEFAULT_MAX_EVENTS
         from meshprof.render.perfetto import build_trace, write_trace
 
         cap = DEFAULT_MAX_EVENTS if args.trace_max_events is None else args.trace_max_events

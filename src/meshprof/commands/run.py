@@ -9,9 +9,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from meshprof.analyze.live.alerts import AlertConfig
 from meshprof.errors import MeshprofError
-from meshprof.launch import LaunchResult, RunOptions, launch
-from meshprof.live.alerts import AlertConfig
+from meshprof.launch.launcher import LaunchResult, launch
+from meshprof.launch.run_options import RunOptions
 
 #: torchrun options passed through as they are (name without the leading dashes).
 PASSTHROUGH = (
@@ -153,7 +154,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def add_alert_options(p: argparse.ArgumentParser) -> None:
-    """The live alert options (rules in :mod:`meshprof.live.alerts`)."""
+    """The live alert options (rules in :mod:`meshprof.analyze.live.alerts`)."""
     g = p.add_argument_group(
         "live alerts",
         "rules the launcher evaluates every second on the live state (a threshold of 0 turns "
@@ -324,7 +325,7 @@ def prepare_native(force: bool) -> None:
 def run(args: argparse.Namespace) -> int:
     prepare_native(args.native)
     if args.layout:
-        from meshprof.launch import ENV_LAYOUT
+        from meshprof.launch.launcher import ENV_LAYOUT
         from meshprof.layout import parse_layout
 
         parse_layout(
@@ -368,7 +369,7 @@ def run_result_dict(result: LaunchResult) -> dict[str, Any]:
 
 def _print_hang(result: LaunchResult) -> None:
     """The hang diagnosis from the dumps in DIR/hang (``meshprof hang DIR`` prints the same)."""
-    from meshprof.analyze.hang import diagnose_hang
+    from meshprof.analyze.hang.diagnose import diagnose_hang
     from meshprof.render.hang import render_hang_text
     from meshprof.rundir.schema import HANG_DIR
 
@@ -454,7 +455,7 @@ def print_run_summary(run_dir: Path) -> None:
         console.print(f"[yellow]rank {r}: {why}[/]")
     try:
         from meshprof.render.report_text import print_report
-        from meshprof.report import analyze_run
+        from meshprof.report.analysis import analyze_run
 
         print_report(analyze_run(run_), console)
     except Exception as e:

@@ -15,11 +15,13 @@ from pathlib import Path
 
 from rich.console import Console, RenderableType
 
-from meshprof.commands.options import add_json_option
+from meshprof.analyze.live.snapshot import read_snapshot, snapshot_to_dict
+from meshprof.analyze.live.top_table import SORT_KEYS, build_top_table
+from meshprof.commands.arguments import add_json_option
 from meshprof.errors import MeshprofError
-from meshprof.live.state import LiveSnapshot, live_dir, read_snapshot, snapshot_to_dict
-from meshprof.live.table import SORT_KEYS, build_top_table
+from meshprof.records.live import LiveSnapshot
 from meshprof.render.live_top import render_top, render_waiting
+from meshprof.rundir.live import live_dir
 from meshprof.rundir.schema import MANIFEST, RANK_FILE_RE
 
 #: Lines of a frame that are not rank rows (header, stragglers, table head, alerts, keys).

@@ -18,10 +18,15 @@ import torch.distributed as dist
 from torch import nn
 
 from meshprof.demo.model import Transformer, build_model, loss_fn
-from meshprof.parallel.config import DataParallelMode, GradCompression, ParallelConfig, Precision
 from meshprof.parallel.mapping import RankMapping
 from meshprof.parallel.mesh import build_mesh
 from meshprof.parallel.model_config import ModelConfig
+from meshprof.parallel.parallel_config import (
+    DataParallelMode,
+    GradCompression,
+    ParallelConfig,
+    Precision,
+)
 
 _LOW_PRECISION = {Precision.BF16: torch.bfloat16, Precision.FP16: torch.float16}
 _REDUCE_DTYPE = {GradCompression.BF16: torch.bfloat16, GradCompression.FP16: torch.float16}

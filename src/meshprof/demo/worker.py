@@ -1,7 +1,7 @@
 """The demo job: one rank of the 3D-parallel transformer, trained under the recorder.
 
 :func:`demo_worker` is what ``meshprof demo`` runs on every rank (through
-:func:`meshprof.spawn.run_ranks`); it returns a picklable dict with the rank's losses and
+:func:`meshprof.launch.spawn.run_ranks`); it returns a picklable dict with the rank's losses and
 what the recorder saw, split by parallel dimension.
 """
 
@@ -15,8 +15,8 @@ from typing import Any
 
 from meshprof.errors import MeshprofError
 from meshprof.layout import dimension_of
-from meshprof.parallel.config import ParallelConfig, require_positive_ints
 from meshprof.parallel.model_config import ModelConfig
+from meshprof.parallel.parallel_config import ParallelConfig, require_positive_ints
 
 DTYPES = ("float32", "float64", "bfloat16")
 
@@ -75,14 +75,14 @@ def dimension_totals(events: list[Any], config: ParallelConfig) -> dict[str, dic
 
 def demo_worker(rank: int, world_size: int, cfg: DemoConfig, out_dir: str) -> dict[str, Any]:
     """Train the demo model as ``rank`` of ``world_size`` (torch.distributed already initialized)
-    in a :class:`~meshprof.session.RecordingSession` writing the rank file to ``out_dir``; also
+    in a :class:`~meshprof.session.recording.RecordingSession` writing the rank file to ``out_dir``; also
     export the rank's recorder JSON there and return a summary."""
     import torch
 
+    from meshprof.api import StepMonitor, get_profiler
     from meshprof.demo.build import build_job
     from meshprof.demo.train import train
-    from meshprof.monitor import StepMonitor
-    from meshprof.session import RecordingSession, SessionConfig
+    from meshprof.session.recording import RecordingSession, SessionConfig
 
     if cfg.device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
@@ -103,8 +103,8 @@ def demo_worker(rank: int, world_size: int, cfg: DemoConfig, out_dir: str) -> di
             layout={"dp": par.dp, "tp": par.tp, "pp": par.pp},
         )
     ).start()
-    prof = session.prof
-    if prof is None:
+    prof = get_profiler()
+    if session.prof is None or prof is None:
         raise MeshprofError(f"rank {rank}: the recorder did not start: {session.failures}")
     t0 = time.perf_counter()
     job = build_job(

@@ -1,12 +1,4 @@
-"""Live monitoring of a running job: per-rank live state (:mod:`.state`, :mod:`.publish`) and
-the views that read it."""
-
-from meshprof.live.state import (
-    Alert,
-    LiveSnapshot,
-    RankLive,
-    read_snapshot,
-    snapshot_to_dict,
-)
-
-__all__ = ["Alert", "LiveSnapshot", "RankLive", "read_snapshot", "snapshot_to_dict"]
+"""Live monitoring of a running job from outside it: the launcher's alert watcher
+(:mod:`.watch`), the Prometheus exporter (:mod:`.metrics`) and ``meshprof serve``'s dashboard
+server (:mod:`.server`). The ranks publish their state from :mod:`meshprof.session.live_publish`;
+its records are :mod:`meshprof.records.live`, its files :mod:`meshprof.rundir.live`."""

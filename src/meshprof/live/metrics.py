@@ -1,7 +1,7 @@
 """Prometheus metrics of a running job, read from its live state at scrape time.
 
 :class:`LiveCollector` is a ``prometheus_client`` custom collector: each scrape reads the rank
-records in ``RUN_DIR/live/`` (:mod:`meshprof.live.state`) and turns them into metric families.
+records in ``RUN_DIR/live/`` (:mod:`meshprof.rundir.live`) and turns them into metric families.
 Nothing runs in the training processes for it: the ranks publish their records anyway, and a
 process that is not scraped does no work.
 
@@ -16,7 +16,7 @@ Metrics (labels ``rank``, ``node`` — the rank's host name — and where they a
 * ``meshprof_steps_total``, ``meshprof_steps_per_second``, ``meshprof_tokens_per_second``;
 * ``meshprof_collectives_total{op,dim}`` and the latency histogram
   ``meshprof_collective_seconds{op,dim}`` (``_bucket{le}``, ``_sum``, ``_count``; bounds
-  :data:`~meshprof.live.state.HIST_BOUNDS_S`);
+  :data:`~meshprof.records.live.HIST_BOUNDS_S`);
 * ``meshprof_comm_ratio{dim}``, ``meshprof_comm_exposed_ratio{dim}`` — communication and its
   exposed part over the recent steps' time;
 * ``meshprof_memory_bytes`` (``_peak_bytes``, ``_capacity_bytes``): device memory allocated
@@ -36,7 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from meshprof.errors import MeshprofError
-from meshprof.live.state import HIST_BOUNDS_S, RankLive, manifest_done, read_rank_lives
+from meshprof.records.live import HIST_BOUNDS_S, RankLive
+from meshprof.rundir.live import manifest_done, read_rank_lives
 
 
 def _le(bound: float) -> str:

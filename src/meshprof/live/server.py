@@ -8,7 +8,7 @@ Routes:
 
 * ``/`` — the dashboard (:func:`meshprof.render.live_page.render_live_page`: one self-contained
   page, inline JS/CSS/SVG, nothing fetched from the network);
-* ``/api/live[?since=TICK]`` — :func:`~meshprof.live.state.snapshot_to_dict` of the latest
+* ``/api/live[?since=TICK]`` — :func:`~meshprof.analyze.live.snapshot.snapshot_to_dict` of the latest
   snapshot plus ``run_dir``, ``run_status`` (the manifest's: running, ok, failed, hang; ""
   without one), ``tick`` (the sampler's counter), ``history_max`` and ``history``:
   per rank (key: the rank as a string) the samples the server kept (at most ``history_max``:
@@ -41,8 +41,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from meshprof.analyze.live.snapshot import read_snapshot, snapshot_to_dict
 from meshprof.errors import MeshprofError
-from meshprof.live.state import LiveSnapshot, live_dir, read_snapshot, snapshot_to_dict
+from meshprof.records.live import LiveSnapshot
+from meshprof.rundir.live import live_dir
 
 #: Samples kept per rank (at one a second: five minutes).
 HISTORY_LEN = 300
@@ -201,11 +203,10 @@ class LiveServer:
                 return 200, self._report[1], True
             try:
                 from meshprof.render.html import render_html
-                from meshprof.report import analyze_run_parts
+                from meshprof.report.analysis import analyze_run
                 from meshprof.rundir import load_run
 
-                parts = analyze_run_parts(load_run(self.run_dir), release_events=True)
-                doc = render_html(parts.report)
+                doc = render_html(analyze_run(load_run(self.run_dir), release_events=True))
             except MeshprofError as e:
                 return 404, _message_page("No report yet", str(e)), False
             except Exception as e:

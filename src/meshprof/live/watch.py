@@ -1,5 +1,5 @@
 """The launcher's alert watcher: a daemon thread that reads the run's live snapshot every
-``poll_s`` seconds, evaluates the rules (:class:`~meshprof.live.alerts.AlertRules`) and, for each
+``poll_s`` seconds, evaluates the rules (:class:`~meshprof.analyze.live.alerts.AlertRules`) and, for each
 alert, prints one line on stderr, appends it to ``RUN_DIR/live/alerts.jsonl`` (``meshprof top``
 and ``serve`` show it) and runs the user's ``--alert-cmd`` with the alert as JSON on stdin.
 
@@ -22,8 +22,10 @@ import time
 from pathlib import Path
 from typing import TextIO
 
-from meshprof.live.alerts import AlertConfig, AlertRules
-from meshprof.live.state import Alert, append_alert, read_snapshot
+from meshprof.analyze.live.alerts import AlertConfig, AlertRules
+from meshprof.analyze.live.snapshot import read_snapshot
+from meshprof.records.live import Alert
+from meshprof.rundir.live import append_alert
 
 #: Seconds :meth:`AlertWatcher.stop` waits for commands still running.
 STOP_WAIT_S = 5.0

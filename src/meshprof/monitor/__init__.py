@@ -4,8 +4,8 @@ counting and pipeline-stage hooks. No analysis here: the step analysis is
 
 from __future__ import annotations
 
-from meshprof.monitor.flops import PEAK_TFLOPS, count_flops, mfu, peak_tflops_for
-from meshprof.monitor.monitor import StepMonitor, get_monitor
+from meshprof.monitor.flop_counter import PEAK_TFLOPS, count_flops, mfu, peak_tflops_for
+from meshprof.monitor.step_monitor import StepMonitor, get_monitor
 
 __all__ = [
     "PEAK_TFLOPS",

@@ -13,26 +13,33 @@ import functools
 import importlib.abc
 import importlib.machinery
 import sys
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from types import ModuleType
-from typing import Any
+from typing import Any, Protocol
+
+from meshprof.events import CHUNK_PHASES
 
 _STAGE = "torch.distributed.pipelining.stage"
 _installed = False
-CHUNK_PHASES = {
-    "forward_one_chunk": "pp_forward",
-    "backward_one_chunk": "pp_backward",
-    "backward_weight_one_chunk": "pp_backward_weight",
-}
-"""Stage method -> the phase name each of its calls is recorded as."""
-PIPELINE_CHUNKS = tuple(CHUNK_PHASES.values())
-"""Phase names of one micro-batch's forward / backward chunk (what the bubble is made of)."""
 
 
-def install_pipeline_hooks() -> bool:
+class PhaseOpener(Protocol):
+    """What a chunk is recorded into (the active step monitor)."""
+
+    def phase(self, name: str) -> AbstractContextManager[Any]: ...
+
+
+_current: Callable[[], PhaseOpener | None] = lambda: None  # noqa: E731
+
+
+def install_pipeline_hooks(current_monitor: Callable[[], PhaseOpener | None]) -> bool:
     """Wrap the stage methods: now when torch.distributed.pipelining is imported, else as soon as
     it is (an import hook: importing pipelining pulls in DTensor, dynamo and sympy, seconds that a
-    script which never pipelines should not pay). Returns False when it cannot be done."""
-    global _installed
+    script which never pipelines should not pay). Each chunk becomes a phase of the monitor
+    ``current_monitor()`` returns at that moment. Returns False when it cannot be done."""
+    global _installed, _current
+    _current = current_monitor
     if _installed:
         return True
     mod = sys.modules.get(_STAGE)
@@ -82,9 +89,7 @@ class _StageImportHook(importlib.abc.MetaPathFinder):
 def _wrap(original: Any, span_name: str) -> Any:
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from meshprof.monitor.monitor import get_monitor
-
-        mon = get_monitor()
+        mon = _current()
         if mon is None:
             return original(*args, **kwargs)
         with mon.phase(span_name):

@@ -10,23 +10,26 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 _EXPORTS = {
-    "DataParallelMode": "config",
-    "GradCompression": "config",
-    "MemoryStrategy": "config",
-    "ParallelConfig": "config",
-    "PipelineSchedule": "config",
-    "Precision": "config",
-    "strategy_settings": "config",
-    "RankCoords": "mapping",
-    "RankMapping": "mapping",
-    "MemoryBreakdown": "memory",
-    "MemoryEstimate": "memory",
-    "estimate_memory": "memory",
-    "ModelConfig": "model_config",
+    "DataParallelMode": "meshprof.parallel.parallel_config",
+    "GradCompression": "meshprof.parallel.parallel_config",
+    "MemoryStrategy": "meshprof.parallel.parallel_config",
+    "ParallelConfig": "meshprof.parallel.parallel_config",
+    "PipelineSchedule": "meshprof.parallel.parallel_config",
+    "Precision": "meshprof.parallel.parallel_config",
+    "strategy_settings": "meshprof.parallel.parallel_config",
+    "RankCoords": "meshprof.parallel.mapping",
+    "RankMapping": "meshprof.parallel.mapping",
+    "MemoryBreakdown": "meshprof.parallel.memory_estimate",
+    "MemoryEstimate": "meshprof.parallel.memory_estimate",
+    "estimate_memory": "meshprof.parallel.memory_estimate",
+    "ModelConfig": "meshprof.parallel.model_config",
 }
 
 if TYPE_CHECKING:
-    from meshprof.parallel.config import (
+    from meshprof.parallel.mapping import RankCoords, RankMapping
+    from meshprof.parallel.memory_estimate import MemoryBreakdown, MemoryEstimate, estimate_memory
+    from meshprof.parallel.model_config import ModelConfig
+    from meshprof.parallel.parallel_config import (
         DataParallelMode,
         GradCompression,
         MemoryStrategy,
@@ -35,16 +38,13 @@ if TYPE_CHECKING:
         Precision,
         strategy_settings,
     )
-    from meshprof.parallel.mapping import RankCoords, RankMapping
-    from meshprof.parallel.memory import MemoryBreakdown, MemoryEstimate, estimate_memory
-    from meshprof.parallel.model_config import ModelConfig
 
 
 def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'meshprof.parallel' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"meshprof.parallel.{module}"), name)
+    value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value
 

@@ -7,7 +7,7 @@ import argparse
 import enum
 from typing import Any
 
-from meshprof.parallel import config as layout
+from meshprof.parallel import parallel_config as layout
 from meshprof.parallel.model_config import ModelConfig
 
 

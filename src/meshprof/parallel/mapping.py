@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from meshprof.errors import MeshprofError
-from meshprof.parallel.config import ParallelConfig
+from meshprof.parallel.parallel_config import ParallelConfig
 
 Dimension = str
 """A dimension label: "dp", "tp", "pp", "world", a "+"-joined mix ("tp+pp") or "other"."""

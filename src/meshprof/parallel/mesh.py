@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from meshprof.errors import MeshprofError
-from meshprof.parallel.config import ParallelConfig
+from meshprof.parallel.parallel_config import ParallelConfig
 
 MESH_DIM_NAMES = ("dp", "tp", "pp")
 
@@ -22,7 +22,7 @@ def build_mesh(config: ParallelConfig, device_type: str = "cpu") -> Any:
 
     if not dist.is_initialized():
         raise MeshprofError(
-            "build_mesh needs torch.distributed to be initialized (run under torchrun or meshprof.spawn)"
+            "build_mesh needs torch.distributed to be initialized (run under torchrun or meshprof.launch.spawn)"
         )
     config.validate(dist.get_world_size())
     return init_device_mesh(

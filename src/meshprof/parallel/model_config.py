@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from meshprof.errors import MeshprofError
-from meshprof.parallel.config import require_positive_ints
+from meshprof.parallel.parallel_config import require_positive_ints
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from meshprof.perfmon.config import PerfmonConfig
+from meshprof.config import PerfmonConfig
 from meshprof.perfmon.context import Part, PerfmonContext, StepState
+from meshprof.perfmon.decorator import PerformanceMonitor, performance_monitor
 from meshprof.perfmon.loggers import LoggerContainer, MetricLogger
-from meshprof.perfmon.monitor import PerformanceMonitor, performance_monitor
-from meshprof.perfmon.timeline import ModuleTimeline
+from meshprof.perfmon.module_timeline import ModuleTimeline
 
 __all__ = [
     "LoggerContainer",

@@ -12,69 +12,15 @@ import functools
 import json
 import re
 import warnings
-from dataclasses import dataclass
 from typing import Any
 
-from meshprof.events import CommEvent
 from meshprof.perfmon.context import AfterSettle, PerfmonContext, StepState
-from meshprof.perfmon.timeline import ModuleTimeline
+from meshprof.perfmon.module_timeline import ModuleTimeline
+from meshprof.records.perfmon import CommLog, CommLogRow
 
 #: Longest wait (seconds) for the logged step's collectives still in flight.
 COMM_SETTLE_S = 2.0
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")  # CommDebugMode colors its table for terminals
-
-
-@dataclass(frozen=True, slots=True)
-class CommLogRow:
-    """One collective of the logged step and who issued it."""
-
-    event: CommEvent
-    module: str
-    """Dotted module name ("" when none applies)."""
-    phase: str
-    """"forward", "backward" or "other"."""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**self.event.to_dict(), "module": self.module, "phase": self.phase}
-
-
-@dataclass(frozen=True, slots=True)
-class CommLog:
-    """What ``comm_step{N}.json`` holds."""
-
-    step: int
-    rank: int
-    world_size: int
-    rows: list[CommLogRow]
-    by_module: dict[str, dict[str, int]]
-    """"<module> [<phase>]" -> op -> count."""
-    dtensor_comm_counts: dict[str, int]
-    """CommDebugMode's count per DTensor collective."""
-    dtensor_table: str
-    """CommDebugMode's table (colours removed), or why it is unavailable."""
-
-    @property
-    def total_bytes(self) -> int:
-        """Sum over the rows of max(in_bytes, out_bytes)."""
-        return int(sum(max(r.event.in_bytes, r.event.out_bytes) for r in self.rows))
-
-    @property
-    def total_duration_ns(self) -> int:
-        """Sum of the rows' durations (ns; ops that did not complete count 0)."""
-        return int(sum(max(r.event.duration_ns, 0) for r in self.rows))
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "step": self.step,
-            "rank": self.rank,
-            "world_size": self.world_size,
-            "count": len(self.rows),
-            "total_bytes": self.total_bytes,
-            "total_duration_ns": self.total_duration_ns,
-            "by_module": self.by_module,
-            "dtensor_comm_counts": self.dtensor_comm_counts,
-            "events": [r.to_dict() for r in self.rows],
-        }
 
 
 def count_by_module(rows: list[CommLogRow]) -> dict[str, dict[str, int]]:

@@ -7,20 +7,18 @@ Times are wall-clock integers in nanoseconds (``time.time_ns()``, the recorder's
 
 from __future__ import annotations
 
-import os
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from meshprof.perfmon.config import PerfmonConfig
+from meshprof.config import PerfmonConfig
 
 if TYPE_CHECKING:
     from meshprof.comm.recorder import CommProfiler
-    from meshprof.perfmon.loggers import LoggerContainer
 
 #: Poll period (seconds) while waiting for a step's collectives to complete.
 POLL_S = 0.001
@@ -106,6 +104,14 @@ class Part(Protocol):
         """End of training: finish pending work, release resources."""
 
 
+class MetricLogger(Protocol):
+    """A sink for scalars (``TensorBoardLogger``, ``WandbLogger``)."""
+
+    def log(self, values: Mapping[str, float], step: int) -> None: ...
+
+    def close(self) -> None: ...
+
+
 @dataclass(slots=True)
 class PerfmonContext:
     """The run as the parts see it (one per monitor, built when the first step starts)."""
@@ -115,7 +121,7 @@ class PerfmonContext:
     """The collective recorder (``meshprof.enable()``)."""
     mon: Any
     """The :class:`~meshprof.monitor.StepMonitor` numbering the steps."""
-    loggers: LoggerContainer
+    loggers: MetricLogger
     """Where scalars go (TensorBoard, W&B; empty off rank 0)."""
     rank: int = 0
     world_size: int = 1
@@ -162,19 +168,6 @@ def record_failure(failures: dict[str, str], part: str, e: BaseException) -> Non
         RuntimeWarning,
         stacklevel=4,
     )
-
-
-def rank_and_world() -> tuple[int, int]:
-    """(rank, world size): the default process group's, else $RANK / $WORLD_SIZE, else (0, 1)."""
-    try:
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized():
-            return dist.get_rank(), dist.get_world_size()
-    except Exception:
-        pass
-    r, w = os.environ.get("RANK", "0"), os.environ.get("WORLD_SIZE", "1")
-    return (int(r) if r.isdigit() else 0), (int(w) if w.isdigit() else 1)
 
 
 def cuda_available() -> bool:

@@ -11,24 +11,16 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
-from meshprof.perfmon.context import AfterSettle, StepState, record_failure
+from meshprof.perfmon.context import AfterSettle, MetricLogger, StepState, record_failure
 
 if TYPE_CHECKING:
-    from meshprof.perfmon.config import PerfmonConfig
+    from meshprof.config import PerfmonConfig
     from meshprof.perfmon.context import PerfmonContext
 
 #: Longest wait (seconds) for a step's collectives before its scalars are computed.
 SCALARS_SETTLE_S = 0.2
-
-
-class MetricLogger(Protocol):
-    """A sink for scalars (``TensorBoardLogger``, ``WandbLogger``)."""
-
-    def log(self, values: Mapping[str, float], step: int) -> None: ...
-
-    def close(self) -> None: ...
 
 
 class LoggerContainer:
@@ -91,8 +83,8 @@ def step_scalars(ctx: PerfmonContext, step: int, t0_ns: int, t1_ns: int) -> dict
     """The ``perf/*`` scalars of ``step``, which ran over wall-clock [t0_ns, t1_ns)."""
     import numpy as np
 
-    from meshprof.analyze.intervals import clipped_total
-    from meshprof.monitor.flops import mfu
+    from meshprof.analyze.compute.intervals import clipped_total
+    from meshprof.monitor.flop_counter import mfu
 
     dur = max(t1_ns - t0_ns, 1)
     arr, _ = ctx.prof.columns()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import html
 from pathlib import Path
 
-from meshprof.analyze.diff_types import FindingChange, RunDiff
+from meshprof.analyze.diff.types import FindingChange, RunDiff
 from meshprof.render.diff_text import headline_text
 from meshprof.render.format import (
     fmt_bytes,

@@ -1,7 +1,7 @@
 """Text of a run comparison (``meshprof diff A B``) for the terminal: the headline, the notes,
 then step, phases, ranks, collectives, communication share, memory, throughput and the
 bottlenecks that appeared or vanished, formatted from the typed
-:class:`~meshprof.analyze.diff_types.RunDiff`. Long tables show their first rows (the largest
+:class:`~meshprof.analyze.diff.types.RunDiff`. Long tables show their first rows (the largest
 changes); ``--json`` has them all."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import math
 from rich.console import Console
 from rich.table import Table
 
-from meshprof.analyze.diff_types import Headline, RateDiff, RunDiff
+from meshprof.analyze.diff.types import Headline, RateDiff, RunDiff
 from meshprof.render.format import (
     fmt_bytes,
     fmt_delta_bytes,

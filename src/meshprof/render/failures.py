@@ -1,11 +1,11 @@
-"""Text of the ranks that did not finish normally (:class:`~meshprof.analyze.failures.RankFailure`):
+"""Text of the ranks that did not finish normally (:class:`~meshprof.analyze.run.failures.RankFailure`):
 the headline the console and HTML reports lead with, and one row per rank."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from meshprof.analyze.failures import RankFailure
+from meshprof.analyze.run.failures import RankFailure
 
 FAILURE_COLUMNS = ("rank", "how", "exit code", "signal", "last step", "reason", "first")
 """The failures table's columns (terminal and HTML)."""

@@ -1,10 +1,10 @@
-"""Text of a hang diagnosis (:class:`~meshprof.analyze.hang.HangDiagnosis`) for the terminal:
+"""Text of a hang diagnosis (:class:`~meshprof.analyze.hang.diagnose.HangDiagnosis`) for the terminal:
 the root cause, the findings in causal order (each consequence says which finding it follows
 from), then where each rank is. Ages are shown in seconds."""
 
 from __future__ import annotations
 
-from meshprof.analyze.hang import HangDiagnosis
+from meshprof.analyze.hang.diagnose import HangDiagnosis
 
 
 def render_hang_text(diag: HangDiagnosis) -> str:

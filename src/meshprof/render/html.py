@@ -3,8 +3,8 @@ nothing fetched from the network), readable offline.
 
 Every string that comes from the run (op labels, group names, host names, phase names, metadata,
 paths) goes through :func:`html.escape`. This module only lays out numbers computed by
-:mod:`meshprof.report` (every figure is a field of the typed report; numbers go through
-:mod:`meshprof.render.format`).
+:mod:`meshprof.report` (every figure is a field of a section of the typed report; numbers go
+through :mod:`meshprof.render.format`). :func:`html_sections` is the page, section by section.
 """
 
 from __future__ import annotations
@@ -12,11 +12,10 @@ from __future__ import annotations
 import html
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from meshprof.analyze.report_types import RunReport
 from meshprof.render.failures import FAILURE_COLUMNS, failure_cells, failure_headline
 from meshprof.render.format import (
     fmt_bytes,
@@ -28,10 +27,19 @@ from meshprof.render.format import (
 )
 from meshprof.render.report_text import RANK_COLUMNS, rank_cells, sampling_line
 from meshprof.render.what_if import what_if_html
+from meshprof.report.run_report import RunReport
+from meshprof.report.stages.conclusions import PROBLEMS, SUMMARY
+from meshprof.report.stages.matching import CLOCK, COLLECTIVES, FAILURES
+from meshprof.report.stages.pipeline import BOTTLENECKS, PIPELINE
+from meshprof.report.stages.sampling_error import SAMPLING
+from meshprof.report.stages.stragglers import STRAGGLERS
+from meshprof.report.stages.tables import BY_SIZE, COMM_SHARE, HEATMAP, MEMORY, RANKS, TIMELINE
+from meshprof.report.stages.traces import KINETO
+from meshprof.report.stages.what_if import WHAT_IF_REPLAY
 from meshprof.rundir.atomic import atomic_write_text
 
 if TYPE_CHECKING:
-    from meshprof.analyze.kineto import KinetoReport
+    from meshprof.analyze.traces.kineto import KinetoReport
 
 PAGE_CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0 auto;max-width:1200px;padding:16px;color:#222}
@@ -96,30 +104,34 @@ def html_table(
 
 
 def _summary(rep: RunReport) -> str:
-    s = rep.stragglers
+    s, sm, m, clock, memory = (
+        rep[STRAGGLERS],
+        rep[SUMMARY],
+        rep[COLLECTIVES],
+        rep[CLOCK],
+        rep[MEMORY],
+    )
     named = (
         ", ".join(f"rank {x.rank}" + (f" ({_E(x.phase)})" if x.phase else "") for x in s.stragglers)
         or "none"
     )
     cards = [
-        ("ranks analyzed", f"{len(rep.loaded_ranks)} / {rep.world_size}"),
+        ("ranks analyzed", f"{len(sm.loaded_ranks)} / {sm.world_size}"),
         ("steps", str(len(s.steps))),
-        ("mean step time", fmt_ns(rep.mean_step_ns)),
+        ("mean step time", fmt_ns(sm.mean_step_ns)),
         ("straggler", named),
-        ("collectives matched", f"{rep.match.complete} / {rep.match.collectives}"),
+        ("collectives matched", f"{m.complete} / {m.collectives}"),
         (
             "arrival skew p50 / p95",
-            f"{fmt_ns(rep.match.skew_p50_ns)} / {fmt_ns(rep.match.skew_p95_ns)}",
+            f"{fmt_ns(m.skew_p50_ns)} / {fmt_ns(m.skew_p95_ns)}",
         ),
         (
             "clock uncertainty",
-            fmt_ns(rep.clock.max_uncertainty_ns)
-            if rep.clock.max_uncertainty_ns >= 0
-            else "unaligned rank",
+            fmt_ns(clock.max_uncertainty_ns) if clock.max_uncertainty_ns >= 0 else "unaligned rank",
         ),
-        ("memory imbalance", fmt_pct(rep.memory.imbalance) if rep.memory.max_rank >= 0 else "-"),
+        ("memory imbalance", fmt_pct(memory.imbalance) if memory.max_rank >= 0 else "-"),
     ]
-    md = rep.metadata
+    md = sm.metadata
     if md.get("status"):
         nodes = md.get("nodes") or []
         job = f"{md['status']}, exit code {md.get('exit_code')}"
@@ -131,12 +143,13 @@ def _summary(rep: RunReport) -> str:
     )
     meta = "".join(
         f"<li><code>{_E(str(k))}</code>: {_E(json.dumps(v, default=str)[:300])}</li>"
-        for k, v in rep.metadata.items()
+        for k, v in md.items()
     )
-    probs = "".join(f'<li class="warn">rank {r}: {_E(why)}</li>' for r, why in rep.problems)
+    probs = "".join(f'<li class="warn">rank {p.rank}: {_E(p.reason)}</li>' for p in rep[PROBLEMS])
+    sampling = rep.get(SAMPLING)
     sampled = (
-        f'<p class="warn" id="sampling">{_E(sampling_line(rep.sampling))}</p>'
-        if rep.sampling is not None
+        f'<p class="warn" id="sampling">{_E(sampling_line(sampling))}</p>'
+        if sampling is not None
         else ""
     )
     return (
@@ -170,11 +183,11 @@ def _evidence(ev: Any) -> str:
 
 def _findings(rep: RunReport) -> str:
     out = []
-    for f in rep.findings:
+    for f in rep[SUMMARY].findings:
         out.append(
             f'<div class="finding {_E(f.severity)}"><b>{_E(f.title)}</b>{_evidence(f.evidence)}</div>'
         )
-    for b in rep.bottlenecks:
+    for b in rep[BOTTLENECKS]:
         bn, sev = b.bottleneck, b.bottleneck.severity
         out.append(
             f'<div class="finding {_E(sev)}"><b>[{_E(sev)}] {_E(bn.category)}: {_E(bn.rule)}</b>'
@@ -185,7 +198,7 @@ def _findings(rep: RunReport) -> str:
 
 def _ranks_table(rep: RunReport) -> str:
     rows = []
-    for r in rep.ranks:
+    for r in rep[RANKS]:
         texts = rank_cells(r)
         texts[1] = _E(r.host)
         values = (
@@ -209,7 +222,7 @@ def _ranks_table(rep: RunReport) -> str:
 
 
 def _heatmap(rep: RunReport) -> str:
-    hm = rep.heatmap
+    hm = rep[HEATMAP]
     if not hm.steps:
         return '<p class="muted">No step spans recorded.</p>'
     steps, med, hi = hm.steps, hm.median_ns, hm.max_ns
@@ -242,9 +255,10 @@ _DIM_COLORS = {"dp": "#1f77b4", "tp": "#ff7f0e", "pp": "#2ca02c", "other": "#7f7
 
 
 def _dims(rep: RunReport) -> str:
-    if not rep.dimensions:
+    cs = rep[COMM_SHARE]
+    if not cs.dimensions:
         return '<p class="muted">No collectives recorded.</p>'
-    s = rep.stragglers
+    s = rep[STRAGGLERS]
     bw, left, bh = 500, 60, 16
     h = 20 + bh * len(s.ranks) + 20
     parts = [f'<svg id="comm-dims" width="{left + bw + 200}" height="{h}">']
@@ -252,34 +266,33 @@ def _dims(rep: RunReport) -> str:
         x: float = left
         y = 14 + i * bh
         parts.append(f'<text x="2" y="{y + 12}">rank {r}</text>')
-        for j, d in enumerate(rep.dimensions):
-            v = float(rep.comm_share_by_dim[i, j])
+        for j, d in enumerate(cs.dimensions):
+            v = float(cs.share[i, j])
             wpx = bw * min(max(v, 0.0), 1.0)
             color = _DIM_COLORS.get(d, "#9467bd")
             parts.append(
                 f'<rect x="{x:.1f}" y="{y}" width="{wpx:.1f}" height="{bh - 3}" fill="{color}"><title>rank {r} {_E(d)}: {v:.1%} of step time</title></rect>'
             )
             x += wpx
-        parts.append(
-            f'<text x="{x + 4:.1f}" y="{y + 12}">{fmt_pct(rep.comm_share_total[i])}</text>'
-        )
+        parts.append(f'<text x="{x + 4:.1f}" y="{y + 12}">{fmt_pct(cs.total[i])}</text>')
     legend = " ".join(
-        f'<tspan fill="{_DIM_COLORS.get(d, "#9467bd")}">■ {_E(d)}</tspan>' for d in rep.dimensions
+        f'<tspan fill="{_DIM_COLORS.get(d, "#9467bd")}">■ {_E(d)}</tspan>' for d in cs.dimensions
     )
     parts.append(f'<text x="{left}" y="{h - 4}">{legend} (share of step time)</text></svg>')
     rows = [
         [(str(r), r)]
         + [
-            (fmt_pct(float(rep.comm_share_by_dim[i, j])), float(rep.comm_share_by_dim[i, j]))
-            for j in range(len(rep.dimensions))
+            (fmt_pct(float(cs.share[i, j])), float(cs.share[i, j]))
+            for j in range(len(cs.dimensions))
         ]
         for i, r in enumerate(s.ranks)
     ]
-    return "".join(parts) + html_table(["rank", *rep.dimensions], rows)
+    return "".join(parts) + html_table(["rank", *cs.dimensions], rows)
 
 
 def _sizes(rep: RunReport) -> str:
-    if not rep.by_size:
+    by_size = rep[BY_SIZE]
+    if not by_size:
         return '<p class="muted">No collectives recorded.</p>'
     rows = [
         [
@@ -292,12 +305,12 @@ def _sizes(rep: RunReport) -> str:
             (fmt_gbps(x.algbw_gbps), x.algbw_gbps),
             (fmt_gbps(x.busbw_gbps), x.busbw_gbps),
         ]
-        for x in rep.by_size
+        for x in by_size
     ]
-    top = max((x.p50_ns for x in rep.by_size), default=1.0) or 1.0
+    top = max((x.p50_ns for x in by_size), default=1.0) or 1.0
     bh, left = 16, 260
-    parts = [f'<svg id="latency" width="{left + 420}" height="{bh * len(rep.by_size) + 10}">']
-    for i, x in enumerate(rep.by_size):
+    parts = [f'<svg id="latency" width="{left + 420}" height="{bh * len(by_size) + 10}">']
+    for i, x in enumerate(by_size):
         w = 400 * math.log10(1 + x.p50_ns) / math.log10(1 + top)
         parts.append(
             f'<text x="2" y="{i * bh + 12}">{_E(x.op)} ≤ {_E(fmt_bytes(x.size_bucket))}</text>'
@@ -326,7 +339,7 @@ def _sizes(rep: RunReport) -> str:
 
 
 def _straggler_view(rep: RunReport) -> str:
-    s = rep.stragglers
+    s = rep[STRAGGLERS]
     if s.note:
         head = f'<p class="muted">{_E(s.note)}</p>'
     elif s.stragglers:
@@ -381,18 +394,19 @@ _TRACK_COLORS = {"step": "#cfd8dc", "phase": "#90caf9", "comm": "#ef6c00"}
 
 
 def _timeline(rep: RunReport) -> str:
-    if not rep.timeline or rep.timeline_ns <= 0:
+    tl = rep[TIMELINE]
+    if not tl.items or tl.window_ns <= 0:
         return '<p class="muted">Nothing to show.</p>'
     width, left, rowh = 900, 60, 14
-    ranks = sorted({t.rank for t in rep.timeline})
+    ranks = sorted({t.rank for t in tl.items})
     tracks = ("step", "phase", "comm")
     h = len(ranks) * rowh * 3 + len(ranks) * 6 + 20
-    sc = width / rep.timeline_ns
+    sc = width / tl.window_ns
     parts = [f'<svg id="timeline" width="{left + width + 10}" height="{h}">']
     for i, r in enumerate(ranks):
         y0 = i * (rowh * 3 + 6)
         parts.append(f'<text x="2" y="{y0 + rowh * 2}">rank {r}</text>')
-        for t in rep.timeline:
+        for t in tl.items:
             if t.rank != r:
                 continue
             y = y0 + tracks.index(t.track) * rowh
@@ -403,12 +417,13 @@ def _timeline(rep: RunReport) -> str:
                 f"<title>{_E(t.label)}: {_E(fmt_ns(t.duration_ns))}</title></rect>"
             )
     parts.append(
-        f'<text x="{left}" y="{h - 4}">{_E(fmt_ns(rep.timeline_ns))} window on the aligned clock; rows: step, phases, communication</text></svg>'
+        f'<text x="{left}" y="{h - 4}">{_E(fmt_ns(tl.window_ns))} window on the aligned clock; rows: step, phases, communication</text></svg>'
     )
     return "".join(parts)
 
 
 def _clock(rep: RunReport) -> str:
+    clock = rep[CLOCK]
     rows = [
         [
             (str(c.rank), c.rank),
@@ -422,9 +437,9 @@ def _clock(rep: RunReport) -> str:
             (str(c.collective_samples), c.collective_samples),
             (fmt_ns(c.disagreement_ns), c.disagreement_ns),
         ]
-        for c in rep.clock.ranks
+        for c in clock.ranks
     ]
-    return f"<p>Reference: rank {rep.clock.reference_rank}.</p>" + html_table(
+    return f"<p>Reference: rank {clock.reference_rank}.</p>" + html_table(
         [
             "rank",
             "method",
@@ -439,6 +454,7 @@ def _clock(rep: RunReport) -> str:
 
 
 def _groups(rep: RunReport) -> str:
+    m = rep[COLLECTIVES]
     rows = [
         [
             (_E(g.desc or g.name), g.desc),
@@ -451,9 +467,8 @@ def _groups(rep: RunReport) -> str:
             (fmt_ns(g.skew_max_ns), g.skew_max_ns),
             (fmt_ns(g.wait_ns), g.wait_ns),
         ]
-        for g in rep.group_rows
+        for g in m.groups
     ]
-    m = rep.match
     return (
         f"<p>{m.collectives} collectives ({m.complete} complete, {m.incomplete} incomplete), {m.p2p_pairs} send/recv pairs "
         f"({m.unmatched_p2p} unmatched); total wait {_E(fmt_ns(m.total_wait_ns))}.</p>"
@@ -476,7 +491,7 @@ def _groups(rep: RunReport) -> str:
 
 def _pipeline_traces(rep: RunReport) -> str:
     out = []
-    p = rep.pipeline
+    p = rep[PIPELINE]
     if p:
         theory = f", theory {p.bubble_theory:.1%}" if p.bubble_theory is not None else ""
         rows = "".join(
@@ -489,10 +504,11 @@ def _pipeline_traces(rep: RunReport) -> str:
             "(all stages joined on the aligned clock).</p>"
             f"<table><tr><th>rank</th><th>bubble</th></tr>{rows}</table>"
         )
-    if rep.kineto is not None:
+    kineto = rep[KINETO]
+    if kineto.found:
         from meshprof.render.kineto_view import kineto_html
 
-        out.append(kineto_html(rep.kineto))
+        out.append(kineto_html(kineto))
     return (
         "".join(out)
         or '<p class="muted">No pipeline stages and no torch.profiler traces in this run.</p>'
@@ -501,35 +517,44 @@ def _pipeline_traces(rep: RunReport) -> str:
 
 def _failures(rep: RunReport) -> str:
     """The headline (the first failure, then the others) and one row per failed rank."""
+    failures = rep[FAILURES]
     head = "".join(f"<th>{_E(c)}</th>" for c in FAILURE_COLUMNS)
     rows = "".join(
-        "<tr>" + "".join(f"<td>{_E(c)}</td>" for c in failure_cells(f)) + "</tr>"
-        for f in rep.failures
+        "<tr>" + "".join(f"<td>{_E(c)}</td>" for c in failure_cells(f)) + "</tr>" for f in failures
     )
     return (
-        f'<p class="finding warning"><b>{_E(failure_headline(rep.failures))}</b></p>'
+        f'<p class="finding warning"><b>{_E(failure_headline(failures))}</b></p>'
         f'<table class="sortable"><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>'
     )
 
 
+def _what_if(rep: RunReport) -> str:
+    return what_if_html(rep.get(WHAT_IF_REPLAY))
+
+
+HTML_SECTIONS: tuple[tuple[str, Callable[[RunReport], str]], ...] = (
+    ("Summary", _summary),
+    ("What each rank costs", _what_if),
+    ("Bottlenecks and findings", _findings),
+    ("Per-rank table", _ranks_table),
+    ("Step time per rank and step", _heatmap),
+    ("Communication share by dimension", _dims),
+    ("Collective latency and bandwidth by message size", _sizes),
+    ("Pipeline and profiler traces", _pipeline_traces),
+    ("Stragglers", _straggler_view),
+    ("Timeline excerpt", _timeline),
+    ("Collectives matched across ranks", _groups),
+    ("Clock alignment", _clock),
+)
+"""The page, section by section (heading, body): a new section is one function added here.
+Failures, when there are any, come before them all."""
+
+
 def render_html(rep: RunReport, title: str = "meshprof report") -> str:
     """The report as one HTML document."""
-    sections = [("Failures", _failures(rep))] if rep.failures else []
-    sections += [
-        ("Summary", _summary(rep)),
-        ("What each rank costs", what_if_html(rep.what_if)),
-        ("Bottlenecks and findings", _findings(rep)),
-        ("Per-rank table", _ranks_table(rep)),
-        ("Step time per rank and step", _heatmap(rep)),
-        ("Communication share by dimension", _dims(rep)),
-        ("Collective latency and bandwidth by message size", _sizes(rep)),
-        ("Pipeline and profiler traces", _pipeline_traces(rep)),
-        ("Stragglers", _straggler_view(rep)),
-        ("Timeline excerpt", _timeline(rep)),
-        ("Collectives matched across ranks", _groups(rep)),
-        ("Clock alignment", _clock(rep)),
-    ]
-    return html_page(title, f"<code>{_E(rep.path)}</code>", sections)
+    sections = [("Failures", _failures(rep))] if rep[FAILURES] else []
+    sections += [(heading, body(rep)) for heading, body in HTML_SECTIONS]
+    return html_page(title, f"<code>{_E(rep[SUMMARY].path)}</code>", sections)
 
 
 def html_page(title: str, subject: str, sections: Sequence[tuple[str, str]]) -> str:

@@ -1,4 +1,4 @@
-"""The torch.profiler trace breakdown (:class:`meshprof.analyze.kineto.KinetoReport`) in the terminal
+"""The torch.profiler trace breakdown (:class:`meshprof.analyze.traces.kineto.KinetoReport`) in the terminal
 and in HTML: HTA's figures per rank side by side, the kernel-level straggler, the host split of
 CPU-only traces, unreadable files. Formatting only."""
 
@@ -14,7 +14,7 @@ from rich.table import Table
 from meshprof.render.format import fmt_ns, fmt_pct
 
 if TYPE_CHECKING:
-    from meshprof.analyze.kineto import KinetoBreakdown, KinetoReport
+    from meshprof.analyze.traces.kineto import KinetoBreakdown, KinetoReport
 
 GPU_COLUMNS = (
     "rank",

@@ -1,5 +1,5 @@
 """``meshprof top``'s frame: a header with the summary line, the live stragglers, one table row
-per rank (:class:`~meshprof.live.table.TopTable`) and the last alerts, as a rich renderable."""
+per rank (:class:`~meshprof.analyze.live.top_table.TopTable`) and the last alerts, as a rich renderable."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from meshprof.live.table import SORT_KEYS, TopRow, TopTable
+from meshprof.analyze.live.top_table import SORT_KEYS, TopRow, TopTable
 from meshprof.render.format import MISSING, fmt_bytes, fmt_ns, fmt_pct
 
 BLOCKS = "▁▂▃▄▅▆▇█"

@@ -12,9 +12,8 @@ from typing import TYPE_CHECKING
 from meshprof.render.format import fmt_bytes, fmt_ns
 
 if TYPE_CHECKING:
-    from meshprof.perfmon.commlog import CommLog
-    from meshprof.perfmon.config import PerfmonConfig
-    from meshprof.perfmon.flops import FlopsReport
+    from meshprof.config import PerfmonConfig
+    from meshprof.records.perfmon import CommLog, FlopsReport
 
 
 def _on(flag: bool) -> str:

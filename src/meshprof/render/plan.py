@@ -8,8 +8,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from meshprof.parallel.config import ParallelConfig
-from meshprof.parallel.memory import MemoryBreakdown, MemoryEstimate
+from meshprof.parallel.memory_estimate import MemoryBreakdown, MemoryEstimate
+from meshprof.parallel.parallel_config import ParallelConfig
 from meshprof.render.format import fmt_bytes
 
 MAX_TABLE_RANKS = 64

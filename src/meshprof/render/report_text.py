@@ -1,18 +1,19 @@
 """Text of the cross-rank run report (rich tables for the terminal): the same sections as the
-HTML report, formatted from the typed :class:`~meshprof.analyze.report_types.RunReport`."""
+HTML report, formatted from the typed :class:`~meshprof.report.run_report.RunReport`.
+
+:data:`TEXT_SECTIONS` is the text, in order: one function per part, each formatting the
+sections it reads."""
 
 from __future__ import annotations
 
 import io
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 from rich.console import Console
 from rich.table import Table
 
-if TYPE_CHECKING:
-    from meshprof.analyze.sampling import SamplingInfo
-
-from meshprof.analyze.report_types import RankRow, RunReport
+from meshprof.analyze.run.sampling_error import SamplingInfo
+from meshprof.analyze.run.types import RankRow
 from meshprof.render.failures import FAILURE_COLUMNS, failure_cells, failure_headline
 from meshprof.render.format import (
     fmt_bytes,
@@ -23,6 +24,15 @@ from meshprof.render.format import (
     fmt_signed_pct,
 )
 from meshprof.render.what_if import what_if_lines
+from meshprof.report.run_report import RunReport
+from meshprof.report.stages.conclusions import PROBLEMS, SUMMARY
+from meshprof.report.stages.matching import CLOCK, COLLECTIVES, FAILURES
+from meshprof.report.stages.pipeline import BOTTLENECKS, PIPELINE
+from meshprof.report.stages.sampling_error import SAMPLING
+from meshprof.report.stages.stragglers import STRAGGLERS
+from meshprof.report.stages.tables import COMM_SHARE, RANKS
+from meshprof.report.stages.traces import KINETO
+from meshprof.report.stages.what_if import WHAT_IF_REPLAY
 
 RANK_COLUMNS = (
     "rank",
@@ -80,28 +90,32 @@ def sampling_line(sm: SamplingInfo) -> str:
     )
 
 
-def print_report(rep: RunReport, console: Console) -> None:
-    """Failures, summary, what the costliest ranks cost every step, findings and bottlenecks,
-    per-rank table, stragglers, groups and clocks."""
-    s = rep.stragglers
-    if rep.failures:
-        console.print(
-            f"[bold red]{failure_headline(rep.failures)}[/]", highlight=False, markup=True
-        )
+def _failures(rep: RunReport, console: Console) -> None:
+    """The first failure and one row per rank that did not finish normally."""
+    failures = rep[FAILURES]
+    if failures:
+        console.print(f"[bold red]{failure_headline(failures)}[/]", highlight=False, markup=True)
         ft = _table("failures", FAILURE_COLUMNS, left=("how", "signal", "reason"))
-        for f in rep.failures:
+        for f in failures:
             ft.add_row(*failure_cells(f))
         console.print(ft)
+
+
+def _headline(rep: RunReport, console: Console) -> None:
+    """What was analyzed, the sample, the job's state, the what-if's lead sentences and the
+    ranks not analyzed."""
+    sm, s, m = rep[SUMMARY], rep[STRAGGLERS], rep[COLLECTIVES]
     console.print(
-        f"[bold]meshprof report[/] {rep.path}: {len(rep.loaded_ranks)} of {rep.world_size} ranks, "
-        f"{len(s.steps)} steps, {rep.match.collectives} collectives matched "
-        f"({rep.match.incomplete} incomplete), skew p50 {fmt_ns(rep.match.skew_p50_ns)} p95 {fmt_ns(rep.match.skew_p95_ns)}",
+        f"[bold]meshprof report[/] {sm.path}: {len(sm.loaded_ranks)} of {sm.world_size} ranks, "
+        f"{len(s.steps)} steps, {m.collectives} collectives matched "
+        f"({m.incomplete} incomplete), skew p50 {fmt_ns(m.skew_p50_ns)} p95 {fmt_ns(m.skew_p95_ns)}",
         markup=True,
         highlight=False,
     )
-    if rep.sampling is not None:
-        console.print(sampling_line(rep.sampling), highlight=False, markup=False)
-    md = rep.metadata
+    sampling = rep.get(SAMPLING)
+    if sampling is not None:
+        console.print(sampling_line(sampling), highlight=False, markup=False)
+    md = sm.metadata
     if md.get("status"):
         nodes = md.get("nodes") or []
         where = (
@@ -112,28 +126,36 @@ def print_report(rep: RunReport, console: Console) -> None:
             highlight=False,
             markup=False,
         )
-    for line in what_if_lines(rep.what_if):
+    for line in what_if_lines(rep.get(WHAT_IF_REPLAY)):
         console.print(line, highlight=False, markup=False)
-    for r, why in rep.problems:
-        console.print(f"[red]rank {r} not analyzed:[/] {why}", highlight=False)
-    _print_findings(rep, console)
+    for p in rep[PROBLEMS]:
+        console.print(f"[red]rank {p.rank} not analyzed:[/] {p.reason}", highlight=False)
+
+
+def _ranks(rep: RunReport, console: Console) -> None:
+    """The per-rank table."""
     t = _table("per rank", (*RANK_COLUMNS, "score", "arrived last"), left=("host",))
-    for row in rep.ranks:
+    for row in rep[RANKS]:
         t.add_row(*rank_cells(row))
     console.print(t)
-    _print_pipeline_and_traces(rep, console)
-    _print_tables(rep, console)
+
+
+def print_report(rep: RunReport, console: Console) -> None:
+    """Every part of :data:`TEXT_SECTIONS`, in order."""
+    for part in TEXT_SECTIONS:
+        part(rep, console)
 
 
 def _print_findings(rep: RunReport, console: Console) -> None:
     """Findings, then bottlenecks (or that there are none), then the straggler verdict."""
-    s = rep.stragglers
-    if rep.findings or rep.bottlenecks:
+    s = rep[STRAGGLERS]
+    findings, bottlenecks = rep[SUMMARY].findings, rep[BOTTLENECKS]
+    if findings or bottlenecks:
         console.print("[bold]Findings[/]")
-        for f in rep.findings:
+        for f in findings:
             style = "red" if f.severity == "warning" else "yellow"
             console.print(f"  [{style}]•[/] {f.title}", highlight=False, markup=True)
-        for b in rep.bottlenecks:
+        for b in bottlenecks:
             bn = b.bottleneck
             console.print(
                 f"  • {bn.severity.upper()} {bn.category}: {b.evidence_text}",
@@ -155,7 +177,7 @@ def _print_findings(rep: RunReport, console: Console) -> None:
 
 def _print_tables(rep: RunReport, console: Console) -> None:
     """Compute per phase, communication share by dimension, groups and clocks."""
-    s = rep.stragglers
+    s = rep[STRAGGLERS]
     if s.phases:
         pt = _table(
             "compute per phase (median per step, communication excluded)", ("rank", *s.phases)
@@ -163,17 +185,18 @@ def _print_tables(rep: RunReport, console: Console) -> None:
         for i, r in enumerate(s.ranks):
             pt.add_row(str(r), *(fmt_ns(float(v)) for v in s.phase_ns[i]))
         console.print(pt)
-    if rep.dimensions:
-        dt = _table("communication share of step time by dimension", ("rank", *rep.dimensions))
+    share = rep[COMM_SHARE]
+    if share.dimensions:
+        dt = _table("communication share of step time by dimension", ("rank", *share.dimensions))
         for i, r in enumerate(s.ranks):
-            dt.add_row(str(r), *(fmt_pct(float(v)) for v in rep.comm_share_by_dim[i]))
+            dt.add_row(str(r), *(fmt_pct(float(v)) for v in share.share[i]))
         console.print(dt)
     gt = _table(
         "collectives by group",
         ("group", "dim", "size", "matched", "incomplete", "skew p50", "skew max", "total wait"),
         left=("group", "dim"),
     )
-    for g in rep.group_rows:
+    for g in rep[COLLECTIVES].groups:
         gt.add_row(
             f"{g.desc} ({g.name})",
             g.dimension,
@@ -185,11 +208,12 @@ def _print_tables(rep: RunReport, console: Console) -> None:
             fmt_ns(g.wait_ns),
         )
     console.print(gt)
+    clock = rep[CLOCK]
     ct = _table(
-        f"clock alignment (reference rank {rep.clock.reference_rank})",
+        f"clock alignment (reference rank {clock.reference_rank})",
         ("rank", "method", "offset", "uncertainty"),
     )
-    for rc in rep.clock.ranks:
+    for rc in clock.ranks:
         ct.add_row(
             str(rc.rank),
             rc.method,
@@ -208,7 +232,7 @@ def render_report(rep: RunReport, width: int = 140) -> str:
 
 def _print_pipeline_and_traces(rep: RunReport, console: Console) -> None:
     """The joint pipeline bubble and the torch.profiler trace breakdown, when present."""
-    p = rep.pipeline
+    p = rep[PIPELINE]
     if p:
         theory = f", theory {p.bubble_theory:.1%}" if p.bubble_theory is not None else ""
         stages = ", ".join(f"rank {r} {v:.1%}" for r, v in sorted(p.per_stage.items()))
@@ -218,7 +242,19 @@ def _print_pipeline_and_traces(rep: RunReport, console: Console) -> None:
             highlight=False,
             markup=False,
         )
-    if rep.kineto is not None:
+    kineto = rep[KINETO]
+    if kineto.found:
         from meshprof.render.kineto_view import print_kineto
 
-        print_kineto(rep.kineto, console)
+        print_kineto(kineto, console)
+
+
+TEXT_SECTIONS: tuple[Callable[[RunReport, Console], None], ...] = (
+    _failures,
+    _headline,
+    _print_findings,
+    _ranks,
+    _print_pipeline_and_traces,
+    _print_tables,
+)
+"""The text report, part by part: a new section's text is one function added here."""

@@ -1,12 +1,12 @@
-"""Text and HTML of the what-if attribution (:mod:`meshprof.analyze.what_if`): the sentences the
+"""Text and HTML of the what-if attribution (:mod:`meshprof.analyze.run.what_if`): the sentences the
 report leads with ("rank 37 costs every step 0.90 ms (6.0%), in forward") and the tables behind
-them. Formatting only: every figure is a field of :class:`~meshprof.analyze.what_if.WhatIf`."""
+them. Formatting only: every figure is a field of :class:`~meshprof.analyze.run.what_if.WhatIf`."""
 
 from __future__ import annotations
 
 import html
 
-from meshprof.analyze.what_if import RankCost, WhatIf
+from meshprof.analyze.run.what_if import RankCost, WhatIf
 from meshprof.render.format import fmt_ns, fmt_pct
 
 LEAD = 3

@@ -3,7 +3,7 @@
 ``load_dumps(dir)`` reads ``dir/rank{r}.json`` (meshprof watchdog dumps; ``dir/hang/`` when
 ``dir`` is a run directory) and ``fr_rank{r}.json`` (Flight Recorder JSON dumps, read as JSON
 only, never unpickled) into one :class:`RankState` per rank. Sizes are bytes, ages nanoseconds,
-sequence numbers meshprof's (a group's first collective is 0). :mod:`meshprof.analyze.hang`
+sequence numbers meshprof's (a group's first collective is 0). :mod:`meshprof.analyze.hang.diagnose`
 diagnoses what the states show.
 """
 

@@ -4,13 +4,20 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from meshprof.errors import MeshprofError
 from meshprof.events import CommEvent
+from meshprof.rundir.atomic import atomic_write_text
 from meshprof.stats import OpStats, StatsReport
+
+if TYPE_CHECKING:
+    from meshprof.comm.recorder import CommProfiler
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,3 +84,25 @@ def load_export(path: Path) -> Export:
     if not isinstance(data["meta"], dict):
         raise MeshprofError(f"{path}: malformed meshprof export ('meta' is not an object)")
     return Export(meta=data["meta"], events=events, stats=stats)
+
+
+def write_export(
+    prof: CommProfiler,
+    path: str | os.PathLike[str],
+    since_id: int = 0,
+    until_id: int | None = None,
+) -> Path:
+    """Write the recorder's ``{"meta", "events", "stats"}`` (events with ids in
+    [since_id, until_id)) to ``path`` atomically; returns the path."""
+    data = prof.to_json_dict(since_id, until_id)
+    return atomic_write_text(Path(path), json.dumps(data, default=_json_default))
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, (np.integer,)):
+        return int(o)
+    if isinstance(o, (np.floating,)):
+        return float(o)
+    if isinstance(o, (set, frozenset, tuple)):
+        return list(o)
+    return str(o)

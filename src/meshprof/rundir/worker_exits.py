@@ -1,10 +1,10 @@
 """How torchrun saw this node's workers end: ``DIR/nodes/NODE.workers`` (JSON).
 
-``meshprof run`` starts torchrun as ``python -m meshprof._torchrun`` (torchrun itself, in that
+``meshprof run`` starts torchrun as ``python -m meshprof.launch.torchrun`` (torchrun itself, in that
 process). When workers fail, torchrun raises ``ChildFailedError`` with one ``ProcessFailure``
 per failed worker: global rank, local rank, pid and exit code, negative for a signal (-9: killed
 by SIGKILL). :func:`write_worker_exits` keeps them here for the launcher, which puts them into its
-node record (:func:`meshprof.run_record.finish_manifest`): that is how a rank that died without a
+node record (:func:`meshprof.launch.run_record.finish_manifest`): that is how a rank that died without a
 word (SIGKILL, the OOM killer, a segfault) gets its exit code. Workers that torchrun ended itself
 (SIGTERM after the first failure) are not in it: they write their own exit into their rank file.
 """

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from meshprof.events import MEMORY_DTYPE, SPAN_DTYPE
+from meshprof.process import env_rank
 from meshprof.rundir.crashsafe import TICK_S, CrashSafeStore
 from meshprof.rundir.rankfile import RankData, write_rank_file
 from meshprof.rundir.schema import RANK_FORMAT, ExitStatus, RankMeta
@@ -123,8 +124,7 @@ class RankWriter:
         self.prof = prof
         self.monitor = monitor
         self.interval_s = float(interval_s)
-        env_rank = os.environ.get("RANK", "")
-        self.rank = rank if rank is not None else (int(env_rank) if env_rank.isdigit() else None)
+        self.rank = rank if rank is not None else env_rank()
         self.extra_meta: dict[str, Any] = extra_meta if extra_meta is not None else {}
         self.writes = 0
         """Rank files written so far (unchanged content is not rewritten)."""

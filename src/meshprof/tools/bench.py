@@ -339,12 +339,12 @@ def run_bench_rank(rank: int, world_size: int, config: BenchConfig) -> BenchResu
     import torch
     import torch.distributed as dist
 
-    import meshprof
+    from meshprof.comm import active
 
-    prof = meshprof.get_profiler()
+    prof = active.get_profiler()
     was_on = prof is not None and prof.installed
     if was_on:
-        meshprof.disable()
+        active.disable()
     try:
         backend = str(dist.get_backend())
         cuda = backend == "nccl" and torch.cuda.is_available()
@@ -372,7 +372,7 @@ def run_bench_rank(rank: int, world_size: int, config: BenchConfig) -> BenchResu
         )
     finally:
         if was_on:
-            meshprof.enable()
+            active.enable()
 
 
 def _measure(case: CollectiveCase, config: BenchConfig, cuda: bool) -> BenchRow | None:

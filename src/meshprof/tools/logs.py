@@ -12,7 +12,7 @@ import os
 import sys
 from pathlib import Path
 
-from meshprof.session import process_rank
+from meshprof.process import process_rank
 
 FORMAT = "%(asctime)s [rank %(rank)s] %(levelname)s %(name)s: %(message)s"
 

@@ -22,12 +22,11 @@ from typing import Any
 
 import numpy as np
 
-from meshprof.analyze.bottlenecks import BottleneckThresholds
 from meshprof.analyze.steps.bottlenecks import add_bottlenecks
 from meshprof.analyze.steps.bubble import add_pipeline
 from meshprof.analyze.steps.communication import add_communication
-from meshprof.analyze.steps.flops import add_flops
-from meshprof.analyze.steps.memory import add_memory
+from meshprof.analyze.steps.memory_stats import add_memory
+from meshprof.analyze.steps.mfu import add_flops
 from meshprof.analyze.steps.options import StepOptions
 from meshprof.analyze.steps.phases import add_phases
 from meshprof.analyze.steps.throughput import step_times
@@ -42,6 +41,7 @@ from meshprof.analyze.steps.types import (
     StepAnalysis,
     StepRow,
 )
+from meshprof.config import BottleneckThresholds
 from meshprof.layout import Layout
 
 AnalysisStep = Callable[[StepAnalysis, StepTimeline, StepOptions], StepAnalysis]

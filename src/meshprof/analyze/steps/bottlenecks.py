@@ -1,11 +1,12 @@
-"""Analysis step (last): run the bottleneck rules (:mod:`meshprof.analyze.bottlenecks`) on the
+"""Analysis step (last): run the bottleneck rules (:mod:`meshprof.analyze.steps.rules`) on the
 figures the other steps filled; findings are ordered most severe first."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from meshprof.analyze.bottlenecks import (
+from meshprof.analyze.steps.options import StepOptions
+from meshprof.analyze.steps.rules import (
     SEVERITY_ORDER,
     Bottleneck,
     rule_data_loading,
@@ -14,7 +15,6 @@ from meshprof.analyze.bottlenecks import (
     rule_pipeline,
     rule_tp,
 )
-from meshprof.analyze.steps.options import StepOptions
 from meshprof.analyze.steps.timeline import StepTimeline
 from meshprof.analyze.steps.types import StepAnalysis
 

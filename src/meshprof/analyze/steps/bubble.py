@@ -4,8 +4,8 @@ Per step, bubble = 1 − (union of this stage's forward/backward chunk intervals
 window: the top-level phase, not itself a chunk, that overlaps the chunks most; the step when
 there is none). Averaged over steps; utilization = 1 − bubble. One stage cannot see the whole
 schedule's makespan, so this is a lower bound (the joint figure:
-:func:`meshprof.analyze.pipeline.measure_pipeline_bubble`). Theory:
-:func:`meshprof.analyze.pipeline.pipeline_bubble_theory`.
+:func:`meshprof.analyze.compute.pipeline_bubble.measure_pipeline_bubble`). Theory:
+:func:`meshprof.analyze.compute.pipeline_bubble.pipeline_bubble_theory`.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from meshprof.analyze.intervals import clipped_total
-from meshprof.analyze.pipeline import pipeline_bubble_theory
+from meshprof.analyze.compute.intervals import clipped_total
+from meshprof.analyze.compute.pipeline_bubble import pipeline_bubble_theory
 from meshprof.analyze.steps.options import StepOptions
 from meshprof.analyze.steps.timeline import StepSpan, StepTimeline
 from meshprof.analyze.steps.types import PipelineStats, StepAnalysis

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from meshprof.analyze.bottlenecks import BottleneckThresholds
+from meshprof.config import BottleneckThresholds
 from meshprof.layout import Layout
 
 

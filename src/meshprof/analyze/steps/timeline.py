@@ -15,10 +15,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from meshprof.analyze.intervals import Segments
-from meshprof.events import SPAN_KINDS
+from meshprof.analyze.compute.intervals import Segments
+from meshprof.events import PIPELINE_CHUNKS, SPAN_KINDS
 from meshprof.layout import Layout, dimension_of
-from meshprof.monitor.pipeline_hooks import PIPELINE_CHUNKS
 
 FB_PHASES = ("forward", "backward", "forward_backward")
 """Phases whose time is forward and backward compute (for TP efficiency)."""
@@ -41,7 +40,7 @@ class PhaseSpan(NamedTuple):
     is_fb: bool
     """A forward/backward phase (:data:`FB_PHASES`)."""
     is_chunk: bool
-    """A pipeline micro-batch chunk (:data:`meshprof.monitor.pipeline_hooks.PIPELINE_CHUNKS`)."""
+    """A pipeline micro-batch chunk (:data:`meshprof.events.PIPELINE_CHUNKS`)."""
     comm_ns: int
     """Union of the step's collectives inside the phase (top-level phases; else 0)."""
     comm_by_dim: tuple[int, ...]

@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from meshprof.analyze.bottlenecks import SEVERITY_ORDER, Bottleneck
-from meshprof.analyze.plain import plain_dict
+from meshprof.analyze.compute.plain import plain_dict
+from meshprof.analyze.steps.rules import SEVERITY_ORDER, Bottleneck
 
 
 def _expect(ok: bool, message: str) -> None:
@@ -195,7 +195,7 @@ class StepAnalysis:
         return float(ns / mean) if self.steps and mean > 0 else 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        """``dataclasses.asdict`` with NaN as None (:func:`~meshprof.analyze.plain.plain_dict`:
+        """``dataclasses.asdict`` with NaN as None (:func:`~meshprof.analyze.compute.plain.plain_dict`:
         the same dict without ``asdict``'s deep copy of every leaf, 3-4× faster: at thousands
         of ranks this conversion cost more than the report's cross-rank part)."""
         return plain_dict(self)

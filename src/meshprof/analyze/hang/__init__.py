@@ -1,0 +1,1 @@
+"""Hang diagnosis from the watchdog's and the Flight Recorder's dumps."""

@@ -1,0 +1,509 @@
+"""Alert rules over live snapshots (:class:`~meshprof.records.live.LiveSnapshot`): pure state
+machines that the launcher's watcher (:mod:`meshprof.live.watch`) feeds one snapshot per look.
+
+Rules (each one can be turned off in :class:`AlertConfig`):
+
+* ``straggler`` — a rank is one of the snapshot's live stragglers (its recent compute time
+  exceeds the other ranks' median, :func:`~meshprof.analyze.live.snapshot.find_stragglers`) by more than
+  ``straggler_pct`` % for ``straggler_looks`` consecutive fresh records.
+* ``step_regression`` — a rank's recent step time (median of its last ``recent_steps`` steps)
+  exceeds its own baseline by more than ``step_regression_pct`` %. The baseline is the median
+  duration of the rank's steps ``warmup_steps`` .. ``warmup_steps + baseline_steps - 1`` (read from
+  the record's ``recent_step_ns``; when the watcher looked too late to see those, the oldest
+  ``baseline_steps`` steps after the warmup that it saw).
+* ``throughput_drop`` — a rank's tokens/s (steps/s when its steps carry no tokens) falls more
+  than ``throughput_drop_pct`` % below its baseline: the median of the first ``baseline_looks``
+  fresh records whose whole recent window lies after the warmup. Unlike step time, throughput
+  counts the time between steps (data loading, evaluation, checkpoints).
+* ``memory`` — a rank's memory (CUDA allocated, else the process RSS) exceeds ``memory_pct`` % of
+  its capacity.
+* ``inflight`` — a rank's oldest collective has been in flight longer than ``inflight_s``
+  seconds (its age in the record plus the record's age).
+* ``stall`` — a rank's record is fresh (its publisher still writes) but its step has not
+  advanced for more than max(``stall_factor`` × its median step time, ``stall_floor_s``): stuck in
+  compute, the data loader or a deadlock that releases the GIL, with or without a collective in
+  flight (the alert says which; ranks with none come first, the others usually wait for them).
+  Counted from the end of the rank's last completed step, so not before its first step.
+* ``stale`` — a running rank stopped publishing (see :meth:`RankLive.is_stale`).
+
+An alert is raised once per episode: a (rule, rank) condition raises when it becomes true
+(after ``straggler_looks`` looks for stragglers) and can raise again only after it has been
+false for ``clear_looks`` consecutive looks. Conditions are counted on *fresh* records only (a
+rank's record whose ``updated_ns`` changed since the last look), except ``stale``, which is a
+property of the look itself. The ranks that trip the same rule in the same look make one alert.
+
+``step_regression`` and ``throughput_drop`` are job-wide symptoms (:data:`JOB_WIDE`): in a
+synchronous job every rank's step slows with the slowest one, the ranks that wait for it too
+(the ``straggler`` rule names the one that is slow). Ranks publish at their own moments, so a
+look can see one rank's record written after the slowdown and another's written before it; such
+an alert is therefore held until every other running rank has published a record after the look
+that first tripped it, and then names every rank that tripped meanwhile (one alert, not one per
+look with whichever ranks happened to have published).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+from meshprof.errors import MeshprofError
+from meshprof.records.live import Alert, LiveSnapshot, RankLive
+
+RULES: tuple[str, ...] = (
+    "straggler",
+    "step_regression",
+    "throughput_drop",
+    "memory",
+    "inflight",
+    "stall",
+    "stale",
+)
+"""Every rule's name (the :attr:`Alert.kind` it raises)."""
+
+JOB_WIDE: tuple[str, ...] = ("step_regression", "throughput_drop")
+"""Rules whose alert waits for every running rank's next record (see the module docstring)."""
+
+_MAX_NAMED = 4
+"""Ranks named in one alert's message (the ``ranks`` list holds them all)."""
+
+
+@dataclass(kw_only=True, slots=True)
+class AlertConfig:
+    """Thresholds of the alert rules and what the watcher does with an alert. A threshold of 0
+    turns its rule off. Validated on construction (bad values raise :class:`MeshprofError`)."""
+
+    enabled: bool = True
+    """False: no watcher, no alerts (``meshprof run --no-alerts``)."""
+    straggler_pct: float = 20.0
+    """A live straggler whose compute exceeds the other ranks' median by more than this many
+    percent (the snapshot's straggler list starts at 10 %: noise on a busy machine)."""
+    straggler_looks: int = 3
+    """Consecutive fresh records a rank must be such a straggler in before the alert."""
+    step_regression_pct: float = 20.0
+    """Recent step time above the rank's own baseline by more than this many percent."""
+    throughput_drop_pct: float = 30.0
+    """Tokens/s (or steps/s) below the rank's own baseline by more than this many percent."""
+    memory_pct: float = 90.0
+    """Memory above this percentage of the rank's capacity."""
+    inflight_s: float = 60.0
+    """A collective in flight longer than this many seconds."""
+    stall_factor: float = 10.0
+    """A step that has lasted more than this many times the rank's median step time (and more
+    than ``stall_floor_s``) is stalled."""
+    stall_floor_s: float = 120.0
+    """... and more than this many seconds."""
+    stale: bool = True
+    """Alert when a running rank stops publishing its live state."""
+    warmup_steps: int = 5
+    """Steps ignored at the start (compilation, allocator and cache warm-up) for the baselines."""
+    baseline_steps: int = 10
+    """Steps whose median duration is the step-time baseline."""
+    baseline_looks: int = 3
+    """Fresh records whose median rate is the throughput baseline."""
+    recent_steps: int = 8
+    """Last steps whose median is compared with the step-time baseline."""
+    clear_looks: int = 3
+    """Consecutive looks a condition must be false before it can raise again."""
+    command: str | None = None
+    """Shell command run for an alert with the alert as JSON on stdin (``--alert-cmd``)."""
+    command_interval_s: float = 60.0
+    """At most one command per rule per this many seconds (``--alert-interval``)."""
+    command_timeout_s: float = 30.0
+    """A command still running after this many seconds is killed (one warning)."""
+    poll_s: float = 1.0
+    """Seconds between two looks of the watcher."""
+
+    def __post_init__(self) -> None:
+        for name, option in (
+            ("straggler_pct", "--alert-straggler"),
+            ("step_regression_pct", "--alert-step-regression"),
+            ("throughput_drop_pct", "--alert-throughput-drop"),
+            ("memory_pct", "--alert-memory"),
+            ("inflight_s", "--alert-inflight"),
+            ("stall_factor", "--alert-stall"),
+            ("stall_floor_s", "--alert-stall-floor"),
+            ("command_interval_s", "--alert-interval"),
+        ):
+            v = getattr(self, name)
+            if not v >= 0:
+                raise MeshprofError(f"{option} {v}: must be >= 0 (0 turns it off)")
+        if self.throughput_drop_pct >= 100:
+            raise MeshprofError(
+                f"--alert-throughput-drop {self.throughput_drop_pct}: must be below 100 (%)"
+            )
+        if self.straggler_looks < 0:
+            raise MeshprofError(
+                f"--alert-straggler-looks {self.straggler_looks}: must be >= 0 (0 turns it off)"
+            )
+        for name in ("warmup_steps", "baseline_steps", "baseline_looks", "recent_steps"):
+            if getattr(self, name) < (0 if name == "warmup_steps" else 1):
+                raise MeshprofError(f"alert {name} {getattr(self, name)}: too small")
+        if not (self.poll_s > 0 and self.command_timeout_s > 0 and self.clear_looks >= 1):
+            raise MeshprofError("alert poll_s, command_timeout_s and clear_looks must be positive")
+
+
+@dataclass(slots=True)
+class _Episode:
+    """Hysteresis of one (rule, rank) condition."""
+
+    on: int = 0
+    off: int = 0
+    active: bool = False
+
+    def observe(self, cond: bool, need_on: int, need_off: int) -> bool:
+        """Count one look; True when the condition just became an episode (raise now)."""
+        if cond:
+            self.on, self.off = self.on + 1, 0
+            if not self.active and self.on >= need_on:
+                self.active = True
+                return True
+        else:
+            self.on, self.off = 0, self.off + 1
+            if self.active and self.off >= need_off:
+                self.active = False
+        return False
+
+
+@dataclass(slots=True)
+class RankBaseline:
+    """One rank's baselines (None until known)."""
+
+    step_ns: int | None = None
+    """Median duration of the baseline steps, ns."""
+    rate: float | None = None
+    """Median tokens/s (or steps/s, see :attr:`rate_unit`) of the baseline records."""
+    rate_unit: str = ""
+    """"tokens/s" or "steps/s"."""
+    rate_samples: list[float] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _Trip:
+    """One rank that tripped a rule in this look."""
+
+    rank: int
+    text: str
+    """Its part of the message."""
+    value: float
+    threshold: float | None
+    first: int = 0
+    """Sort group, lower first (the stall rule puts the ranks with no collective in flight,
+    the likely cause, before the ranks waiting in one)."""
+
+
+@dataclass(slots=True)
+class _Pending:
+    """A job-wide alert held until the other ranks have published again."""
+
+    since_ns: int
+    """Time of the look that first tripped it (the snapshot's ``taken_ns``), ns."""
+    trips: list[_Trip] = field(default_factory=list)
+
+
+def rank_rate(rec: RankLive) -> tuple[float, str]:
+    """The rank's throughput over its recent window and its unit: tokens/s when its steps carry
+    tokens, else steps/s."""
+    if rec.tokens_per_s > 0:
+        return rec.tokens_per_s, "tokens/s"
+    return rec.steps_per_s, "steps/s"
+
+
+def inflight_age_ns(rec: RankLive, now_ns: int) -> int:
+    """How long the rank's oldest collective has been in flight at ``now_ns`` (0: none): its age
+    when the record was written plus the record's age."""
+    if rec.inflight is None:
+        return 0
+    return rec.inflight.age_ns + max(now_ns - rec.updated_ns, 0)
+
+
+def stall_ns(rec: RankLive, now_ns: int) -> int:
+    """How long the rank has been in its current step at ``now_ns`` (0 before its first
+    completed step): since its last step ended, by its own clock when the record was written,
+    plus the record's age."""
+    if rec.last_step_end_ns <= 0:
+        return 0
+    return max(rec.updated_ns - rec.last_step_end_ns, 0) + max(now_ns - rec.updated_ns, 0)
+
+
+def _secs(ns: float) -> str:
+    return f"{ns / 1e9:.0f} s" if abs(ns) >= 10e9 else f"{ns / 1e9:.1f} s"
+
+
+def _ms(ns: float) -> str:
+    return f"{ns / 1e6:.0f} ms" if abs(ns) >= 10e6 else f"{ns / 1e6:.1f} ms"
+
+
+class AlertRules:
+    """Evaluates every rule on successive snapshots; keeps the episodes and baselines."""
+
+    def __init__(self, config: AlertConfig | None = None) -> None:
+        self.config = config if config is not None else AlertConfig()
+        self.baselines: dict[int, RankBaseline] = {}
+        self._episodes: dict[tuple[str, int], _Episode] = {}
+        self._seen: dict[int, int] = {}
+        self._pending: dict[str, _Pending] = {}
+
+    def evaluate(self, snap: LiveSnapshot) -> list[Alert]:
+        """The alerts newly raised by this look (at most one per rule)."""
+        cfg = self.config
+        fresh = {
+            r: x
+            for r, x in snap.ranks.items()
+            if x.status == "running" and r not in snap.stale and self._seen.get(r) != x.updated_ns
+        }
+        for r, x in snap.ranks.items():
+            self._seen[r] = x.updated_ns
+        for r, x in fresh.items():
+            self._update_baseline(r, x)
+        stragglers = {s.rank: s for s in snap.stragglers}
+        trips: dict[str, list[_Trip]] = {k: [] for k in RULES}
+        for r, x in fresh.items():
+            s = stragglers.get(r)
+            if s is not None and s.excess_ratio * 100 <= cfg.straggler_pct:
+                s = None
+            if (
+                cfg.straggler_looks > 0
+                and cfg.straggler_pct > 0
+                and self._observe("straggler", r, s is not None, cfg.straggler_looks)
+                and s is not None
+            ):
+                trips["straggler"].append(
+                    _Trip(
+                        r,
+                        f"+{_ms(s.excess_ns)} compute per step (+{s.excess_ratio:.0%})",
+                        s.excess_ns / 1e6,
+                        None,
+                    )
+                )
+            self._rule_step(r, x, trips)
+            self._rule_rate(r, x, trips)
+            self._rule_memory(r, x, trips)
+            self._rule_inflight(r, x, snap.taken_ns, trips)
+            self._rule_stall(r, x, snap.taken_ns, trips)
+        if cfg.stale:
+            for r, x in snap.ranks.items():
+                cond = r in snap.stale
+                if self._observe("stale", r, cond, 1) and cond:
+                    age = max(snap.taken_ns - x.updated_ns, 0) / 1e9
+                    trips["stale"].append(_Trip(r, f"last record {age:.0f} s ago", age, None))
+        for r, x in snap.ranks.items():  # an ended rank's episodes are over
+            if x.status != "running":
+                for rule in RULES:
+                    self._episodes.pop((rule, r), None)
+        for rule in JOB_WIDE:
+            trips[rule] = self._gather(rule, trips[rule], snap)
+        return [
+            a for rule in RULES if (a := self._alert(rule, trips[rule], snap.taken_ns)) is not None
+        ]
+
+    def flush(self, now_ns: int) -> list[Alert]:
+        """The job-wide alerts still held (:meth:`_gather`), raised now at ``now_ns`` (ns): the
+        watcher's last word when the job ends before every rank published again."""
+        held, self._pending = self._pending, {}
+        return [
+            a
+            for rule in JOB_WIDE
+            if rule in held and (a := self._alert(rule, held[rule].trips, now_ns))
+        ]
+
+    def _gather(self, rule: str, new: list[_Trip], snap: LiveSnapshot) -> list[_Trip]:
+        """A job-wide rule's trips to raise now: none while a running, non-stale rank that has
+        not tripped has published nothing since the look that first tripped the rule; then
+        every rank that tripped from that look on."""
+        p = self._pending.get(rule)
+        if p is None:
+            if not new:
+                return []
+            p = self._pending[rule] = _Pending(snap.taken_ns)
+        have = {t.rank for t in p.trips}
+        p.trips += [t for t in new if t.rank not in have]
+        have |= {t.rank for t in new}
+        for r, x in snap.ranks.items():
+            if (
+                r not in have
+                and x.status == "running"
+                and r not in snap.stale
+                and x.updated_ns <= p.since_ns
+            ):
+                return []  # its record may predate the slowdown: wait for its next one
+        del self._pending[rule]
+        return p.trips
+
+    # -- rules -------------------------------------------------------------------------------
+    def _observe(self, rule: str, rank: int, cond: bool, need_on: int = 1) -> bool:
+        ep = self._episodes.get((rule, rank))
+        if ep is None:
+            if not cond:
+                return False
+            ep = self._episodes[(rule, rank)] = _Episode()
+        return ep.observe(cond, need_on, self.config.clear_looks)
+
+    def _rule_step(self, r: int, x: RankLive, trips: dict[str, list[_Trip]]) -> None:
+        pct = self.config.step_regression_pct
+        base = self.baselines.get(r)
+        if pct <= 0 or base is None or base.step_ns is None or base.step_ns <= 0:
+            return
+        recent = x.recent_step_ns[-self.config.recent_steps :]
+        if not recent:
+            return
+        now = statistics.median(recent)
+        up = now / base.step_ns - 1.0
+        if self._observe("step_regression", r, up * 100 > pct):
+            trips["step_regression"].append(
+                _Trip(
+                    r,
+                    f"{_ms(now)} per step vs {_ms(base.step_ns)} at the start (+{up:.0%})",
+                    up * 100,
+                    pct,
+                )
+            )
+
+    def _rule_rate(self, r: int, x: RankLive, trips: dict[str, list[_Trip]]) -> None:
+        pct = self.config.throughput_drop_pct
+        base = self.baselines.get(r)
+        if pct <= 0 or base is None or not base.rate:
+            return
+        rate, unit = rank_rate(x)
+        if unit != base.rate_unit:
+            return
+        drop = 1.0 - rate / base.rate
+        if self._observe("throughput_drop", r, drop * 100 > pct):
+            trips["throughput_drop"].append(
+                _Trip(
+                    r,
+                    f"{rate:.3g} {unit} vs {base.rate:.3g} at the start (-{drop:.0%})",
+                    drop * 100,
+                    pct,
+                )
+            )
+
+    def _rule_memory(self, r: int, x: RankLive, trips: dict[str, list[_Trip]]) -> None:
+        pct = self.config.memory_pct
+        if pct <= 0 or x.memory_capacity_bytes <= 0 or x.memory_bytes < 0:
+            return
+        share = x.memory_bytes / x.memory_capacity_bytes
+        if self._observe("memory", r, share * 100 > pct):
+            trips["memory"].append(
+                _Trip(
+                    r,
+                    f"{x.memory_bytes / 2**30:.1f} of {x.memory_capacity_bytes / 2**30:.1f} GiB "
+                    f"({share:.0%})",
+                    share * 100,
+                    pct,
+                )
+            )
+
+    def _rule_inflight(
+        self, r: int, x: RankLive, now_ns: int, trips: dict[str, list[_Trip]]
+    ) -> None:
+        limit = self.config.inflight_s
+        if limit <= 0:
+            return
+        age_s = inflight_age_ns(x, now_ns) / 1e9
+        if self._observe("inflight", r, age_s > limit) and x.inflight is not None:
+            f = x.inflight
+            trips["inflight"].append(
+                _Trip(
+                    r,
+                    f"{f.op} on {f.group} (seq {f.seq}) in flight for {age_s:.0f} s",
+                    age_s,
+                    limit,
+                )
+            )
+
+    def _rule_stall(self, r: int, x: RankLive, now_ns: int, trips: dict[str, list[_Trip]]) -> None:
+        cfg = self.config
+        if cfg.stall_factor <= 0 or x.step_ns <= 0 or x.last_step_end_ns <= 0:
+            return
+        limit_ns = max(cfg.stall_factor * x.step_ns, cfg.stall_floor_s * 1e9)
+        stuck_ns = stall_ns(x, now_ns)
+        cond = stuck_ns > limit_ns
+        if self._observe("stall", r, cond) and cond:
+            f = x.inflight
+            where = (
+                "no collective in flight"
+                if f is None
+                else f"{f.op} on {f.group} (seq {f.seq}) in flight for "
+                f"{_secs(inflight_age_ns(x, now_ns))}"
+            )
+            trips["stall"].append(
+                _Trip(
+                    r,
+                    f"stuck at step {x.step} for {_secs(stuck_ns)} (limit {_secs(limit_ns)}), "
+                    + where,
+                    stuck_ns / 1e9,
+                    limit_ns / 1e9,
+                    first=0 if f is None else 1,
+                )
+            )
+
+    # -- baselines ---------------------------------------------------------------------------
+    def _update_baseline(self, r: int, x: RankLive) -> None:
+        cfg = self.config
+        b = self.baselines.setdefault(r, RankBaseline())
+        durs = x.recent_step_ns
+        first = x.steps_done - len(durs)  # step index of durs[0]
+        if b.step_ns is None and x.steps_done >= cfg.warmup_steps + cfg.baseline_steps:
+            lo = max(cfg.warmup_steps - first, 0)
+            pick = durs[lo : lo + cfg.baseline_steps]
+            if len(pick) == cfg.baseline_steps:
+                b.step_ns = int(statistics.median(pick))
+        if b.rate is None and durs and first >= cfg.warmup_steps:
+            rate, unit = rank_rate(x)
+            if rate > 0:
+                if b.rate_unit and unit != b.rate_unit:
+                    b.rate_samples.clear()
+                b.rate_unit = unit
+                b.rate_samples.append(rate)
+                if len(b.rate_samples) >= cfg.baseline_looks:
+                    b.rate = statistics.median(b.rate_samples)
+
+    # -- the alert ---------------------------------------------------------------------------
+    def _alert(self, rule: str, trips: list[_Trip], taken_ns: int) -> Alert | None:
+        if not trips:
+            return None
+        trips = sorted(trips, key=lambda t: (t.first, -t.value, t.rank))
+        worst = trips[0]
+        if len(trips) == 1:
+            subject, detail = f"rank {worst.rank}", worst.text
+        else:
+            named = ", ".join(str(r) for r in sorted(t.rank for t in trips)[:_MAX_NAMED])
+            more = ", …" if len(trips) > _MAX_NAMED else ""
+            subject = f"{len(trips)} ranks ({named}{more})"
+            detail = f"worst rank {worst.rank}: {worst.text}"
+        verb = "is a straggler" if len(trips) == 1 else "are stragglers"
+        if (
+            rule == "stall" and len(trips) > 1
+        ):  # each rank's clause: which ones wait in a collective
+            more = "; …" if len(trips) > _MAX_NAMED else ""
+            detail = "; ".join(f"rank {t.rank} {t.text}" for t in trips[:_MAX_NAMED]) + more
+        message = {
+            "straggler": f"{subject} {verb}: {detail}",
+            "step_regression": f"step time regressed on {subject}: {detail}",
+            "throughput_drop": f"throughput dropped on {subject}: {detail}",
+            "memory": f"memory above {self.config.memory_pct:g}% on {subject}: {detail}",
+            "inflight": f"collective stuck on {subject}: {detail}",
+            "stall": f"step stalled on {subject}: {detail}",
+            "stale": f"{subject} stopped publishing live state: {detail}",
+        }[rule]
+        return Alert(
+            kind=rule,
+            message=message,
+            t_ns=taken_ns,
+            ranks=sorted(t.rank for t in trips),
+            severity="critical" if rule in ("inflight", "stale") else "warning",
+            value=worst.value,
+            threshold=worst.threshold,
+        )
+
+
+__all__ = [
+    "JOB_WIDE",
+    "RULES",
+    "AlertConfig",
+    "AlertRules",
+    "RankBaseline",
+    "inflight_age_ns",
+    "rank_rate",
+    "stall_ns",
+]

@@ -1,0 +1,156 @@
+"""What ``meshprof top`` shows, computed from a :class:`~meshprof.records.live.LiveSnapshot`: one
+typed row per rank, sorted by a key and cut to the rows that fit, plus the summary line (ranks,
+stale, ended, median step). The renderer (:mod:`meshprof.render.live_top`) only formats it.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+from meshprof.analyze.live.alerts import inflight_age_ns, rank_rate
+from meshprof.records.live import Alert, LiveSnapshot, LiveStraggler, RankLive
+
+SORT_KEYS: dict[str, str] = {
+    "s": "step",
+    "t": "throughput",
+    "c": "comm",
+    "e": "exposed",
+    "m": "memory",
+    "i": "inflight",
+    "r": "rank",
+}
+"""Key → sort order of ``meshprof top`` (``--sort`` takes the name)."""
+
+_ASCENDING = {"rank", "throughput"}
+"""Orders shown smallest first (the slowest throughput is the interesting one)."""
+
+
+@dataclass(slots=True)
+class TopRow:
+    """One rank in ``meshprof top``."""
+
+    rank: int
+    host: str
+    state: str
+    """"running", "stale" (no record for a while) or "ended"."""
+    exit_how: str
+    step: int
+    """Step in progress (-1: none yet)."""
+    step_ns: int
+    """Median of the recent steps, ns (0: none yet)."""
+    recent_step_ns: list[int]
+    """The recent steps' durations, oldest first."""
+    rate: float
+    rate_unit: str
+    """"tokens/s" or "steps/s"."""
+    comm_share: float
+    exposed_share: float
+    memory_bytes: int
+    """-1: not measured."""
+    memory_capacity_bytes: int
+    inflight_op: str
+    """The oldest collective in flight ("" when none) with its group."""
+    inflight_age_ns: int
+    """How long it has been in flight at the snapshot (0: none)."""
+    record_age_ns: int
+    """Age of the rank's record at the snapshot."""
+    straggler: bool
+
+
+@dataclass(slots=True)
+class TopTable:
+    """The rows ``meshprof top`` shows and its summary line."""
+
+    taken_ns: int
+    sort: str
+    """Name of the sort order (a value of :data:`SORT_KEYS`)."""
+    rows: list[TopRow]
+    """The shown rows: stale ranks first, then by ``sort``."""
+    ranks: int
+    """Ranks with a record."""
+    world_size: int
+    hidden: int
+    """Ranks not shown (``--rows``)."""
+    stale: int
+    ended: bool
+    median_step_ns: int | None
+    """Median over the ranks of their recent step time (None: no steps yet)."""
+    stragglers: list[LiveStraggler] = field(default_factory=list)
+    alerts: list[Alert] = field(default_factory=list)
+    """The most recent alerts, oldest first."""
+
+
+def top_row(rec: RankLive, snap: LiveSnapshot, stragglers: set[int]) -> TopRow:
+    """The row of one rank."""
+    rate, unit = rank_rate(rec)
+    if rec.rank in snap.stale:
+        state = "stale"
+    elif rec.status == "running" and not snap.ended:
+        state = "running"
+    else:
+        state = "ended"  # a rank killed with its job never wrote its "ended" record
+    f = rec.inflight
+    return TopRow(
+        rank=rec.rank,
+        host=rec.hostname,
+        state=state,
+        exit_how=rec.exit_how,
+        step=rec.step,
+        step_ns=rec.step_ns,
+        recent_step_ns=list(rec.recent_step_ns),
+        rate=rate,
+        rate_unit=unit,
+        comm_share=rec.comm_share,
+        exposed_share=rec.exposed_share,
+        memory_bytes=rec.memory_bytes,
+        memory_capacity_bytes=rec.memory_capacity_bytes,
+        inflight_op=f"{f.op} {f.dim}" if f is not None else "",
+        inflight_age_ns=inflight_age_ns(rec, snap.taken_ns) if state == "running" else 0,
+        record_age_ns=max(snap.taken_ns - rec.updated_ns, 0),
+        straggler=rec.rank in stragglers,
+    )
+
+
+def _key(sort: str, r: TopRow) -> float:
+    return {
+        "step": r.step_ns,
+        "throughput": r.rate,
+        "comm": r.comm_share,
+        "exposed": r.exposed_share,
+        "memory": r.memory_bytes,
+        "inflight": r.inflight_age_ns,
+        "rank": r.rank,
+    }[sort]
+
+
+def build_top_table(
+    snap: LiveSnapshot, sort: str = "step", limit: int | None = None, alerts: int = 5
+) -> TopTable:
+    """The table of ``snap`` sorted by ``sort`` (a value of :data:`SORT_KEYS`; largest first,
+    except rank and throughput), stale ranks first, cut to ``limit`` rows (None: all), with the
+    last ``alerts`` alerts."""
+    if sort not in SORT_KEYS.values():
+        raise ValueError(f"unknown sort {sort!r}")
+    strag = {s.rank for s in snap.stragglers}
+    rows = [top_row(x, snap, strag) for x in snap.ranks.values()]
+    sign = 1 if sort in _ASCENDING else -1
+    rows.sort(key=lambda r: (r.state != "stale", sign * _key(sort, r), r.rank))
+    steps = [r.step_ns for r in rows if r.step_ns > 0 and r.state != "stale"]
+    shown = rows if limit is None else rows[: max(limit, 0)]
+    return TopTable(
+        taken_ns=snap.taken_ns,
+        sort=sort,
+        rows=shown,
+        ranks=len(rows),
+        world_size=snap.world_size,
+        hidden=len(rows) - len(shown),
+        stale=len(snap.stale),
+        ended=snap.ended,
+        median_step_ns=int(statistics.median(steps)) if steps else None,
+        stragglers=list(snap.stragglers),
+        alerts=list(snap.alerts[-alerts:]) if alerts > 0 else [],
+    )
+
+
+__all__ = ["SORT_KEYS", "TopRow", "TopTable", "build_top_table", "top_row"]

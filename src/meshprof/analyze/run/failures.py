@@ -1,0 +1,180 @@
+"""Which ranks did not finish normally, how, and whose failure came first.
+
+A pure function over a loaded run (:func:`find_failures`). What it reads, per rank:
+
+- the rank's own exit record (``meta.exit``: exception, exit code, a signal it caught such as
+  torchrun's SIGTERM), written by the rank writer;
+- the launcher's ``rank_exit_codes`` / ``rank_signals`` (merged manifest): torchrun's codes,
+  negative for a signal death (-9: SIGKILL), which a killed rank cannot write itself;
+- ``meta.recovered`` for a rank read from its crash-safe files (it died without its final
+  rank file): the step it was in and its last tick;
+- the ranks with no data at all (``problems``).
+
+Times are on the aligned clock (the rank's wall clock + its offset, ns).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import signal as _signal
+from dataclasses import dataclass
+
+from meshprof.analyze.run.clock import ClockAlignment
+from meshprof.rundir import LoadedRun, RankData
+
+HOWS = ("signal", "exception", "exit", "missing")
+"""How a rank failed: killed by a signal; an unhandled exception; a non-zero exit code; or it
+left no word on how it ended (no rank file, or only crash-safe data and no exit code)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RankFailure:
+    """One rank that did not finish normally."""
+
+    rank: int
+    """Global rank."""
+    how: str
+    """One of :data:`HOWS`."""
+    exit_code: int | None
+    """Its process exit code; negative: the signal it died of (as torchrun reports it); None
+    when unknown."""
+    signal: str | None
+    """The signal's name ("SIGKILL", "SIGTERM") for a signal death, else None."""
+    last_step: int | None
+    """The step the rank was in when it ended (None when it never entered one)."""
+    last_seen_ns: int | None
+    """When it was last seen alive, aligned clock (ns): its exit record's time, or for a killed
+    rank its last crash-safe tick (at most a tick before its death); None without data."""
+    first: bool
+    """True for the failure that came first (the root cause); False for the others."""
+    reason: str
+    """A few words: "killed by SIGKILL", "connection closed by peer", the exception's text."""
+    recovered: bool = False
+    """Its data was recovered from crash-safe files (it never wrote its final rank file)."""
+
+
+#: Phrases of the collective backends' errors when a peer has gone, shortened for people.
+_PEER_GONE = (
+    ("connection closed by peer", "connection closed by peer"),
+    ("connection reset by peer", "connection reset by peer"),
+    ("broken pipe", "connection closed by peer"),
+    ("timed out", "timed out"),
+    ("timeout", "timed out"),
+)
+
+
+def short_reason(error: str, limit: int = 100) -> str:
+    """A failure's error text in a few words: the backend's "peer gone" phrases, else the
+    text's first line (at most ``limit`` characters)."""
+    low = error.lower()
+    for needle, words in _PEER_GONE:
+        if needle in low:
+            return words
+    line = error.strip().splitlines()[0] if error.strip() else ""
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def _signal_name(code: int | None) -> str | None:
+    if code is None or code >= 0:
+        return None
+    try:
+        return _signal.Signals(-code).name
+    except ValueError:
+        return None
+
+
+def _last_step(rd: RankData) -> int | None:
+    m = rd.meta
+    rec = m.recovered or {}
+    candidates: list[int] = []
+    if "step" in rec:
+        candidates.append(int(rec["step"]))
+    elif m.current_step is not None:
+        candidates.append(int(m.current_step))
+    else:
+        if len(rd.events):
+            candidates.append(int(rd.events["step"].max()))
+        steps = rd.spans[rd.spans["kind"] == 0] if len(rd.spans) else rd.spans
+        if len(steps):
+            candidates.append(int(steps["step"].max()) + 1)
+    best = max(candidates, default=-1)
+    return best if best >= 0 else None
+
+
+def _last_seen_local(rd: RankData) -> int | None:
+    m = rd.meta
+    rec = m.recovered or {}
+    if rec:
+        return max(int(rec.get("tick_ns") or 0), int(rec.get("step_ns") or 0)) or None
+    if m.exit is not None and m.exit.t_ns:
+        return int(m.exit.t_ns)
+    return int(m.exported_ns) if m.exported_ns else None
+
+
+def _one(run: LoadedRun, r: int, clock: ClockAlignment) -> RankFailure | None:
+    """Rank r's failure, or None when it finished normally (or is still running)."""
+    manifest = run.manifest
+    rd = run.ranks.get(r)
+    ex = rd.meta.exit if rd is not None else None
+    codes = manifest.rank_exit_codes or {}
+    raw_code = codes.get(str(r))
+    code: int | None = int(raw_code) if isinstance(raw_code, int) else None
+    if code is None and ex is not None and isinstance(ex.code, int):
+        code = 128 - ex.code if ex.how == "signal" and ex.code > 128 else ex.code
+    sig = (manifest.rank_signals or {}).get(str(r)) or _signal_name(code)
+    recovered = rd is not None and rd.meta.recovered is not None
+    if ex is not None and ex.how in ("exception", "exit") and ex.code != 0:
+        how, reason = ex.how, short_reason(ex.error) or f"exit code {ex.code}"
+    elif sig is not None or (ex is not None and ex.how == "signal"):
+        how = "signal"
+        sig = sig or (ex.error if ex is not None else None) or None
+        reason = f"killed by {sig}" if sig else "killed by a signal"
+    elif code is not None and code > 0:
+        how, reason = "exit", f"exit code {code}"
+    elif rd is None:
+        if manifest.status == "running":
+            return None
+        how, reason = "missing", run.problems.get(r, "no rank file")
+    elif recovered and ex is None and manifest.status != "running":
+        how, reason = "missing", "ended without its final rank file"
+    else:
+        return None
+    seen = _last_seen_local(rd) if rd is not None else None
+    return RankFailure(
+        rank=r,
+        how=how,
+        exit_code=code,
+        signal=sig if how == "signal" else None,
+        last_step=_last_step(rd) if rd is not None else None,
+        last_seen_ns=seen + clock.offset(r) if seen is not None else None,
+        first=False,
+        reason=reason,
+        recovered=recovered,
+    )
+
+
+def _consequence(f: RankFailure) -> bool:
+    """Failures that follow another's rather than cause it: torchrun's SIGTERM of the
+    surviving workers, and ranks with no time to order them by."""
+    return f.signal == "SIGTERM" or f.last_seen_ns is None
+
+
+def find_failures(run: LoadedRun, clock: ClockAlignment) -> tuple[RankFailure, ...]:
+    """One entry per rank that did not finish normally, the first failure first (``first``
+    True), then the others by time. The first is the earliest by ``last_seen_ns`` among the
+    failures that are not consequences (torchrun's SIGTERM, ranks without data); with only
+    those, the earliest of them. Empty when every rank ended normally."""
+    found = [f for r in range(run.world_size) if (f := _one(run, r, clock)) is not None]
+    if not found:
+        return ()
+
+    def key(f: RankFailure) -> tuple[bool, int, int]:
+        t = f.last_seen_ns if f.last_seen_ns is not None else 2**62
+        return (_consequence(f), t, f.rank)
+
+    found.sort(key=key)
+    found[0] = dataclasses.replace(found[0], first=True)
+    return tuple(found)
+
+
+__all__ = ["HOWS", "RankFailure", "find_failures", "short_reason"]

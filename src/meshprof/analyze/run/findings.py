@@ -1,0 +1,87 @@
+"""The cross-rank report's findings: stragglers, memory imbalance, missing ranks, unaligned
+clocks and incompletely recorded collectives, each one line with the figures behind it."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from meshprof.analyze.run.clock import ClockAlignment
+from meshprof.analyze.run.match import MatchSummary
+from meshprof.analyze.run.stragglers import StragglerReport
+from meshprof.analyze.run.types import MemoryImbalance, RunFinding
+
+MEMORY_IMBALANCE_THRESHOLD = 0.20
+"""Peak memory above the median rank by more than this fraction is reported as a finding (the
+same default as :class:`meshprof.analyze.steps.rules.BottleneckThresholds.memory_imbalance`)."""
+
+
+def find_findings(
+    stragglers: StragglerReport,
+    memory: MemoryImbalance,
+    problems: tuple[tuple[int, str], ...],
+    clock: ClockAlignment,
+    match: MatchSummary,
+    manifest_state: str = "ok",
+    manifest_problem: str = "",
+) -> tuple[RunFinding, ...]:
+    """Every finding, in this order: a damaged (warning) or missing (info) manifest, stragglers,
+    memory imbalance, missing or damaged ranks, ranks whose clock could not be aligned,
+    collectives not recorded by every member."""
+    out: list[RunFinding] = []
+    if manifest_state != "ok":
+        out.append(
+            RunFinding(
+                "manifest",
+                "warning" if manifest_state == "damaged" else "info",
+                manifest_problem or f"manifest.json: {manifest_state}",
+                {"state": manifest_state, "reason": manifest_problem},
+            )
+        )
+    for x in stragglers.stragglers:
+        phase = f" in phase '{x.phase}'" if x.phase else ""
+        out.append(
+            RunFinding(
+                "straggler",
+                "warning",
+                f"rank {x.rank} is a straggler{phase}: {x.score:+.0%} compute vs the median rank, arrived last in {x.last_share:.0%} of its collectives",
+                dataclasses.asdict(x),
+            )
+        )
+    if memory.max_rank >= 0 and memory.imbalance > MEMORY_IMBALANCE_THRESHOLD:
+        out.append(
+            RunFinding(
+                "memory_imbalance",
+                "warning",
+                f"rank {memory.max_rank} peaks at {memory.imbalance:+.0%} memory vs the median rank",
+                dataclasses.asdict(memory),
+            )
+        )
+    for r, why in problems:
+        out.append(
+            RunFinding(
+                "missing_rank",
+                "warning",
+                f"rank {r} not analyzed: {why}",
+                {"rank": r, "reason": why},
+            )
+        )
+    for c in clock.ranks:
+        if c.method == "none":
+            out.append(
+                RunFinding(
+                    "clock",
+                    "warning",
+                    f"rank {c.rank}: clock not aligned (no timestamp exchange, no shared collective)",
+                    {"rank": c.rank},
+                )
+            )
+    if match.incomplete:
+        out.append(
+            RunFinding(
+                "incomplete",
+                "info",
+                f"{match.incomplete} of {match.collectives} collectives were not recorded by every member",
+                {"incomplete": match.incomplete, "collectives": match.collectives},
+            )
+        )
+    return tuple(out)

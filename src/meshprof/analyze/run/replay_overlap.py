@@ -1,0 +1,169 @@
+"""The what-if replay's levels and level loop for runs whose collectives cannot be ordered one
+collective at a time (the engine is :mod:`meshprof.analyze.run.replay`).
+
+Async ops issued in crossed order on two ranks (1F1B stage pairs: send A then receive B on
+one, send B then receive A on the other, neither waiting) make the collectives' dependency
+graph cyclic, though the program is not: an overlapped event waits for its predecessor's
+*issue*, not its collective. :func:`overlap_levels` levels arrivals and releases separately;
+:func:`levels_numpy_overlap` takes each level's arrivals in issue order, then its releases.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from meshprof.analyze.compute.sorting import stable_argsort
+from meshprof.analyze.run.replay_record import Recorded, index_dtype
+
+
+def overlap_levels(rec: Recorded) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """Levels where an overlapped event follows its predecessor's *issue*, not its collective
+    (the model's own rule; :func:`~meshprof.analyze.run.replay.levels` orders by collectives only, which makes async ops
+    issued in crossed order on two ranks a cycle). Returns the members in replay order (by
+    collective level, then collective), the level boundaries in it, and each member's arrival
+    level in that order; None on a real cycle (inconsistent matching).
+
+    Nodes are the members' arrivals and the collectives' releases; edges (weight): a member's
+    arrival → its collective's release (0); an overlapped member's predecessor's arrival → its
+    arrival (0); each member's collective → the arrival of the next member of its chain that
+    waited for the completions before it (1). The longest path gives the levels (Kahn's order,
+    one Python iteration per wave). A level is taken in two phases by
+    :func:`levels_numpy_overlap`: the arrivals of that level, in chain order, then the
+    releases."""
+    n, ncoll = len(rec.coll), len(rec.const)
+    node_t = index_dtype(n + ncoll)  # node ids: members, then collectives (int32 if they fit)
+    coll = rec.coll.astype(node_t, copy=False)
+    pos = rec.pos
+    idx = np.arange(n, dtype=node_t)
+    ovl = np.asarray(rec.overlapped, dtype=bool)
+    mo = np.flatnonzero((pos > 0) & ovl).astype(node_t)
+    anchors = np.flatnonzero((pos > 0) & ~ovl).astype(node_t)
+    j = np.searchsorted(anchors, idx, side="right")  # the first anchor after each member
+    has = j < len(anchors)
+    nxt = anchors[np.minimum(j, max(len(anchors) - 1, 0))] if len(anchors) else idx
+    del j
+    has &= pos[nxt] - pos == nxt - idx  # ... of the same chain (positions run on within one)
+    e = np.flatnonzero(has)
+    del has
+    base = node_t(n)
+    src = np.concatenate([idx, mo - 1, coll[e] + base])
+    dst = np.concatenate([coll + base, mo, nxt[e]])
+    del idx, nxt, mo
+    w = np.zeros(len(src), dtype=np.int8)
+    w[len(src) - len(e) :] = 1
+    del e
+    lvl = _weighted_kahn(src, dst, w, n + ncoll)
+    if lvl is None:
+        return None
+    arrival, release = lvl[:n], lvl[n:]
+    key = release[coll] * ncoll + coll.astype(np.int64)  # by level, then collective
+    order = stable_argsort(key)
+    del key
+    ml = release[coll[order]]
+    bounds = np.searchsorted(ml, np.arange(int(ml.max(initial=0)) + 2))
+    return order, bounds, arrival[order]
+
+
+def _weighted_kahn(src: np.ndarray, dst: np.ndarray, w: np.ndarray, nn: int) -> np.ndarray | None:
+    """Longest-path level of each of ``nn`` nodes over the edges src → dst of weight ``w``
+    (a wave of nodes at a time, in Kahn's order); None on a cycle. The edge arrays are
+    taken over (each let go once it is sorted)."""
+    o = stable_argsort(src).astype(index_dtype(len(src)), copy=False)
+    indeg = np.bincount(dst, minlength=nn)
+    out_dst, out_w = dst[o], w[o]
+    del dst, w
+    out_at = np.searchsorted(src[o], np.arange(nn + 1))
+    del o, src
+    lvl = np.zeros(nn, dtype=np.int64)
+    frontier = np.flatnonzero(indeg == 0)
+    placed = 0
+    while len(frontier):
+        placed += len(frontier)
+        lo = out_at[frontier]
+        cnt = out_at[frontier + 1] - lo
+        total = int(cnt.sum())
+        if not total:
+            break
+        eidx = np.repeat(lo - (np.cumsum(cnt) - cnt), cnt) + np.arange(total)
+        d = out_dst[eidx]
+        np.maximum.at(lvl, d, np.repeat(lvl[frontier], cnt) + out_w[eidx].astype(np.int64))
+        hit, times = np.unique(d, return_counts=True)
+        indeg[hit] -= times
+        frontier = hit[indeg[hit] == 0]
+    return lvl if placed == nn else None
+
+
+def levels_numpy_overlap(
+    m: dict[str, np.ndarray],
+    bounds: np.ndarray,
+    chain: np.ndarray,
+    const: np.ndarray,
+    rows: list[np.ndarray],
+    e_max: np.ndarray,
+    a_last: np.ndarray,
+    arrival: np.ndarray,
+) -> None:
+    """The level loop for :func:`overlap_levels`' levels: at each level, first the arrivals
+    of the members whose arrival level it is, chain by chain in issue order (an overlapped
+    one follows its predecessor's issue, possibly made in the same level), then the releases
+    and completions of the collectives of that level (this path runs only on runs
+    :func:`~meshprof.analyze.run.replay.levels` cannot order). An arrival waits for its release in the level's scratch
+    columns, or, when its collective is released at a later level (rare: 91 of 1,330 members
+    of the demo job's 1F1B run, none in a synthetic 1,024-rank one), in a column of its own."""
+    c = m["coll"]
+    g = m["gap"]
+    delta = m["new_gap"] - g
+    ovl, waits, after = m["overlapped"], m["waits"], m["after_ns"]
+    orig = m["orig"]
+    n, k1 = len(c), e_max.shape[0]
+    widths = np.diff(bounds)
+    release = np.repeat(np.arange(len(widths), dtype=np.int64), widths)
+    pend = arrival < release  # arrived at an earlier level than its collective's release
+    slot = np.full(n, -1, dtype=np.int64)
+    slot[pend] = np.arange(int(pend.sum()))
+    held = np.empty((k1, int(pend.sum())), dtype=np.int64)
+    scratch = np.empty((k1, max(int(widths.max(initial=0)), 1)), dtype=np.int64)
+    # arrival order: by arrival level, then by original member index (chain, then issue)
+    a_order = stable_argsort(arrival.astype(np.int64) * max(n, 1) + orig)
+    a_cut = np.searchsorted(arrival[a_order], np.arange(len(bounds)))
+    cut = np.asarray(bounds).tolist()
+    cols_k = np.arange(k1)[:, None]
+    for lvl in range(len(cut) - 1):
+        lo, hi = cut[lvl], cut[lvl + 1]
+        js = a_order[a_cut[lvl] : a_cut[lvl + 1]]
+        if len(js):
+            ch = chain[js]
+            # a chain's members in this level, one round per rank within the chain
+            first = np.r_[True, ch[1:] != ch[:-1]]
+            run_start = np.maximum.accumulate(np.where(first, np.arange(len(js)), 0))
+            r_in = np.arange(len(js)) - run_start
+            for t in range(int(r_in.max()) + 1):
+                sel = js[r_in == t]
+                cs = chain[sel]
+                a = np.where(ovl[sel], a_last[:, cs], e_max[:, cs])
+                a += g[sel]
+                cols = np.arange(len(sel))
+                for r in rows:
+                    a[r[sel], cols] += delta[sel]
+                a_last[:, cs] = a
+                later = pend[sel]
+                if later.any():
+                    held[:, slot[sel[later]]] = a[:, later]
+                now = ~later
+                scratch[:, sel[now] - lo] = a[:, now]
+        if hi == lo:
+            continue
+        a = scratch[:, : hi - lo]
+        waited = np.flatnonzero(pend[lo:hi])
+        if len(waited):
+            a[:, waited] = held[:, slot[lo + waited]]
+        cc = c[lo:hi]
+        new = np.r_[True, cc[1:] != cc[:-1]]  # a collective's first member
+        starts = np.flatnonzero(new)
+        rel = np.maximum.reduceat(a, starts, axis=1)
+        np.maximum(rel, const[cc[starts]], out=rel)
+        seg = np.cumsum(new) - 1
+        done = rel[:, seg] + after[lo:hi]
+        done = np.where(waits[lo:hi], done, a + after[lo:hi])
+        # (a chain may have two members in this level: the latest completion wins)
+        np.maximum.at(e_max, (cols_k, chain[lo:hi][None, :]), done)

@@ -1,0 +1,284 @@
+"""Stragglers and imbalance: which rank is slow, and in which phase.
+
+Per step and rank (each rank's own clock; durations need no alignment):
+
+- step time = the step span's duration;
+- communication time = the part of the step covered by the rank's collectives and send/recv
+  (the union of their [issue, completion] intervals, so overlapping async ops count once);
+- compute time = step time − communication time (waiting for others is communication, so a rank
+  that waits is not blamed for it);
+- wait time = the sum of the rank's waits (see :mod:`meshprof.analyze.run.match`) in collectives
+  issued during the step.
+
+On a run loaded as a sample of its collectives (``EventTable.sample_fraction`` f < 1) the
+communication and wait times are the sample's, scaled by 1/f (communication at most the window).
+
+Per rank, compute_i = the median over the steps every loaded rank recorded (the median ignores a
+slow first step). The straggler score is ``compute_i / median_over_ranks(compute) − 1``.
+A rank is named a straggler when its score exceeds ``threshold`` (default 5 %), its excess compute
+exceeds ``min_excess_ns`` (default 50 µs, against timer noise), AND it arrived last in more than
+``last_share_min`` (default half) of the collectives it took part in whose order of arrival is
+resolved. A collective's order is resolved when its arrival skew is at least
+max(2 × the clock alignment's largest uncertainty, min(4 × the lower quartile of all skews,
+``min_excess_ns``)): the lower quartile is how closely members arrive when none waits (timer and
+launch jitter), and a skew of ``min_excess_ns`` is a wait whatever the jitter. Collectives that
+every member reaches within that margin (blocking collectives issued back to back: after the
+first has waited for the slow rank, who is "last" at the next is noise) count for no rank, so
+they do not dilute the share of the rank everybody waits for at the first. (DDP's bucket
+all_reduces are issued asynchronously during backward: every one of them waits for the slow
+rank, so they all count.) On a sampled run the threshold is at least two robust
+standard deviations (1.4826 × MAD) of the scores of 8 or more ranks: compute is then step time
+minus a scaled estimate of communication, and the estimate's noise reaches several per cent. Its
+slow phase is the phase
+whose compute time (duration minus communication inside it, median over steps) exceeds the median
+of that phase across ranks by the most.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from meshprof.analyze.compute import intervals
+from meshprof.analyze.compute.sorting import RowsByKey, stable_argsort
+from meshprof.analyze.run.clock import ClockAlignment
+from meshprof.analyze.run.match import CollectiveMatch, arrived_last_share
+from meshprof.analyze.run.table import EventTable
+from meshprof.records.codec import NOT_IN_JSON, json_key
+from meshprof.rundir import LoadedRun
+
+DEFAULT_THRESHOLD = 0.05
+DEFAULT_LAST_SHARE = 0.5
+DEFAULT_MIN_EXCESS_NS = 50_000
+
+
+@dataclass(frozen=True, slots=True)
+class RankScore:
+    """One rank's place against the others."""
+
+    rank: int
+    """Global rank."""
+    compute_ns: float
+    """Median compute time per step (ns); NaN without steps."""
+    score: float
+    """compute / median(compute) − 1 (0.10 = 10 % more compute than the median rank)."""
+    arrived_last: int
+    """Collectives (≥ 2 members present) this rank arrived at last."""
+    collectives: int
+    """Collectives (≥ 2 members present) this rank took part in whose order of arrival is
+    resolved (skew above :attr:`StragglerReport.resolution_ns`)."""
+    last_share: float = field(init=False)
+    """arrived_last / collectives (0 without collectives)."""
+
+    def __post_init__(self) -> None:
+        share = self.arrived_last / self.collectives if self.collectives else 0.0
+        object.__setattr__(self, "last_share", share)
+
+
+@dataclass(frozen=True, slots=True)
+class Straggler:
+    """A rank named slow, with the evidence."""
+
+    rank: int
+    """Global rank."""
+    score: float
+    """Straggler score (see module docstring)."""
+    excess_ns: float
+    """Compute time per step above the median rank (ns)."""
+    last_share: float
+    """Fraction of its collectives it arrived at last."""
+    phase: str
+    """The phase where it is slow ("" when no phase was recorded)."""
+    phase_excess_ns: float
+    """That phase's compute time above the phase's median across ranks (ns per step)."""
+    phase_median_ns: float
+    """The phase's median compute time across ranks (ns per step)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StragglerReport:
+    """Per-step, per-rank times and the stragglers found in them."""
+
+    ranks: tuple[int, ...] = field(metadata=NOT_IN_JSON)
+    """Rows of the matrices."""
+    steps: tuple[int, ...]
+    """Columns of the matrices: step numbers, sorted."""
+    step_ns: np.ndarray
+    """float [rank, step]: step time (ns), NaN where the rank has no such step."""
+    compute_ns: np.ndarray = field(metadata=NOT_IN_JSON)
+    """float [rank, step]: compute time (ns)."""
+    comm_ns: np.ndarray = field(metadata=NOT_IN_JSON)
+    """float [rank, step]: communication time (ns)."""
+    wait_ns: np.ndarray = field(metadata=NOT_IN_JSON)
+    """float [rank, step]: waiting time (ns)."""
+    common_steps: tuple[int, ...] = field(metadata=NOT_IN_JSON)
+    """Steps every loaded rank recorded (the ones scores use)."""
+    scores: tuple[RankScore, ...]
+    """One per rank, rank order."""
+    phases: tuple[str, ...]
+    """Phase names (columns of :attr:`phase_ns`)."""
+    phase_ns: np.ndarray
+    """float [rank, phase]: median compute time of the phase per step (ns), NaN if absent."""
+    phase_median_ns: np.ndarray = field(metadata=NOT_IN_JSON)
+    """float [phase]: median of :attr:`phase_ns` across ranks (ns), NaN where no rank has it."""
+    stragglers: tuple[Straggler, ...] = field(metadata=json_key("named"))
+    """Ranks named slow, worst first; empty for a balanced run."""
+    threshold: float
+    """Score above which a rank may be named (fraction)."""
+    last_share_min: float
+    """Arrived-last share above which a rank may be named."""
+    resolution_ns: int
+    """Arrival skew (ns) a collective must reach for its last rank to count (order resolved):
+    max(2 × the clock alignment's largest uncertainty, min(4 × lower quartile of the skews,
+    min_excess_ns))."""
+    note: str
+    """Why nothing could be scored, if so."""
+
+
+def _scaled(covered: np.ndarray, window: np.ndarray, fraction: float) -> np.ndarray:
+    """Communication time in windows measured on a sample of the collectives (``fraction`` < 1):
+    scaled up by 1 / fraction (the expected time of the whole run when collectives do not
+    overlap), at most the window; unchanged for the whole run."""
+    if fraction >= 1:
+        return covered
+    return np.minimum(covered / fraction, window)
+
+
+def find_stragglers(
+    run: LoadedRun,
+    table: EventTable,
+    clock: ClockAlignment,
+    match: CollectiveMatch,
+    *,
+    threshold: float = DEFAULT_THRESHOLD,
+    last_share_min: float = DEFAULT_LAST_SHARE,
+    min_excess_ns: float = DEFAULT_MIN_EXCESS_NS,
+) -> StragglerReport:
+    """Per-step times, straggler scores and named stragglers (see the module docstring)."""
+    ranks = tuple(sorted(run.ranks))
+    step_sets = []
+    for r in ranks:
+        sp = run.ranks[r].spans
+        step_sets.append(set(sp["step"][sp["kind"] == 0].tolist()))
+    steps = tuple(sorted(set().union(*step_sets))) if step_sets else ()
+    common = tuple(sorted(set.intersection(*step_sets))) if step_sets else ()
+    scol = {s: i for i, s in enumerate(steps)}
+    common_set = set(common)
+    shape = (len(ranks), len(steps))
+    step_ns, comm_ns, wait_ns = (np.full(shape, np.nan) for _ in range(3))
+    phase_names: list[str] = []
+    phase_seen: set[str] = set()
+    phase_vals: dict[tuple[int, str], list[float]] = {}
+    # the lower quartile of arrival skews: how closely the members arrive when none waits
+    multi = match.present >= 2
+    jitter_ns = float(np.percentile(match.skew_ns[multi], 25)) if multi.any() else 0.0
+    resolution_ns = int(max(2 * clock.max_uncertainty_ns, min(4 * jitter_ns, min_excess_ns)))
+    last = arrived_last_share(match, resolution_ns)
+    by_rank = RowsByKey(table.rank)
+    # member of each table row (-1: none): a rank's members from its rows, without sorting the
+    # members by rank (4 B per row instead of a sort of every member)
+    idx_t = np.int32 if len(match.member_row) < 2**31 else np.int64
+    member_of_row = np.full(len(table), -1, dtype=idx_t)
+    member_of_row[match.member_row] = np.arange(len(match.member_row), dtype=idx_t)
+    f = table.sample_fraction
+    for ri, r in enumerate(ranks):
+        rd = run.ranks[r]
+        mine = by_rank.rows(r)
+        mine_start = table.start_ns[mine]
+        us, ue = intervals.union(mine_start, mine_start + table.duration_ns[mine])
+        del mine_start
+        sp = rd.spans
+        st = sp[sp["kind"] == 0]
+        if len(st):
+            cols = [scol[int(s)] for s in st["step"]]
+            a = st["start_ns"].astype(np.int64)
+            b = a + st["duration_ns"].astype(np.int64)
+            step_ns[ri, cols] = st["duration_ns"]
+            comm_ns[ri, cols] = _scaled(intervals.covered(us, ue, a, b), b - a, f)
+            mm = member_of_row[mine]
+            mm = mm[mm >= 0]
+            arr_local = match.member_arrival_ns[mm] - clock.offset(r)
+            o = stable_argsort(arr_local)  # wait sums below do not depend on the order of ties
+            arr_local, w = arr_local[o], match.member_wait_ns[mm][o]
+            cw = np.r_[0, np.cumsum(w)]
+            waited = cw[np.searchsorted(arr_local, b)] - cw[np.searchsorted(arr_local, a)]
+            wait_ns[ri, cols] = waited / f if f < 1 else waited
+        ph = sp[sp["kind"] == 1]
+        if len(ph):
+            names = rd.span_names
+            pa = ph["start_ns"].astype(np.int64)
+            pb = pa + ph["duration_ns"].astype(np.int64)
+            pc = ph["duration_ns"] - _scaled(intervals.covered(us, ue, pa, pb), pb - pa, f)
+            per: dict[tuple[str, int], float] = {}
+            for n, s, c in zip(ph["name"].tolist(), ph["step"].tolist(), pc.tolist(), strict=True):
+                name = names[n] if n < len(names) else f"#{n}"
+                per[(name, s)] = per.get((name, s), 0.0) + c
+            for (name, s), c in per.items():
+                if name not in phase_seen:
+                    phase_seen.add(name)
+                    phase_names.append(name)
+                if not common or s in common_set:
+                    phase_vals.setdefault((r, name), []).append(c)
+    compute = step_ns - comm_ns
+    ccols = [scol[s] for s in common]
+    med_rank = np.median(compute[:, ccols], axis=1) if ccols else np.full(len(ranks), np.nan)
+    ref = float(np.median(med_rank)) if ccols else float("nan")
+    score = med_rank / ref - 1 if ccols and ref > 0 else np.zeros(len(ranks))
+    scores = tuple(
+        RankScore(r, float(med_rank[i]), float(score[i]), *last.get(r, (0, 0)))
+        for i, r in enumerate(ranks)
+    )
+    phase_ns = np.full((len(ranks), len(phase_names)), np.nan)
+    row_of = {r: i for i, r in enumerate(ranks)}
+    col_of = {name: j for j, name in enumerate(phase_names)}
+    for (r, name), v in phase_vals.items():
+        phase_ns[row_of[r], col_of[name]] = float(np.median(v))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        phase_med = (
+            np.nanmedian(phase_ns, axis=0) if phase_names else np.full(0, np.nan, dtype=float)
+        )
+    stragglers = []
+    named_above = threshold
+    finite = np.asarray([s.score for s in scores if np.isfinite(s.score)], dtype=float)
+    if f < 1 and len(finite) >= 8:
+        mad = float(np.median(np.abs(finite - np.median(finite))))
+        named_above = max(threshold, 2 * 1.4826 * mad)
+    for i, s in enumerate(scores):
+        excess = s.compute_ns - ref if ccols else 0.0
+        if s.score > named_above and excess > min_excess_ns and s.last_share > last_share_min:
+            phase, pex, pmed = "", 0.0, 0.0
+            if phase_names:
+                ex = phase_ns[i] - phase_med
+                if np.any(~np.isnan(ex)):
+                    j = int(np.nanargmax(ex))
+                    phase, pex, pmed = phase_names[j], float(ex[j]), float(phase_med[j])
+            stragglers.append(
+                Straggler(s.rank, s.score, float(excess), s.last_share, phase, pex, pmed)
+            )
+    stragglers.sort(key=lambda x: -x.score)
+    note = (
+        ""
+        if ccols
+        else ("no step spans recorded" if not steps else "no step recorded by every rank")
+    )
+    return StragglerReport(
+        ranks=ranks,
+        steps=steps,
+        step_ns=step_ns,
+        compute_ns=compute,
+        comm_ns=comm_ns,
+        wait_ns=wait_ns,
+        common_steps=common,
+        scores=scores,
+        phases=tuple(phase_names),
+        phase_ns=phase_ns,
+        phase_median_ns=phase_med,
+        stragglers=tuple(stragglers),
+        threshold=named_above,
+        last_share_min=last_share_min,
+        resolution_ns=resolution_ns,
+        note=note,
+    )

@@ -1,0 +1,402 @@
+"""What-if attribution: how much shorter every step would be if one rank (the ranks of one
+process group, of one parallelism dimension) computed like its peers — a replay of the matched
+collectives (:mod:`meshprof.analyze.run.replay`: chains of events per rank and step, compute gaps,
+collectives released by their last arrival), not a heuristic.
+
+A *scenario* replaces some compute gaps by their *peer median* — the median, over the ranks that
+issued the same sequence of collectives in that step (same op, same dimension, same position: the
+rank's peers, e.g. the ranks of one pipeline stage), of the gap at the same position (and of the
+tail, the compute after the last collective) — then replays every chain through every group, so
+a slow TP rank delays its TP group, which delays the DP collectives of the other TP groups and the
+pipeline send/recv to the next stage. The step ends when its last rank ends. The *step saving*
+of a scenario is the replayed step end with the recorded gaps minus with the scenario's, per
+step; the figure is its median over the replayed steps. Scenarios:
+
+- rank r: all of r's gaps and tails ("rank r computed like the median rank");
+- group G: every gap before one of G's collectives, on all its members (the imbalance that G's
+  collectives wait for);
+- dimension D: every gap before a collective of a D group.
+
+A rank's *excess* is the sum of its gaps and tail above the peer medians (median over steps); the
+ranks with the largest excess are replayed (:data:`MAX_RANKS`; every rank in runs of up to
+:data:`ALL_RANKS_UP_TO` ranks), so are the groups with the largest summed excess
+(:data:`MAX_GROUPS`) and every dimension. The steps replayed are evenly spaced over the steps
+every rank recorded: at most :data:`MAX_STEPS`, and fewer (not under :data:`MIN_STEPS`) when
+events × scenarios would exceed :data:`CELL_BUDGET`.
+A rank's *phase* is the step-monitor phase holding most of its excess (each gap is attributed to
+the phase span covering most of it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from meshprof.analyze.compute import intervals
+from meshprof.analyze.compute.heap import release_free_memory
+from meshprof.analyze.compute.sorting import RowsByKey, lexsort2, unique_inverse
+from meshprof.analyze.run.clock import ClockAlignment
+from meshprof.analyze.run.match import CollectiveMatch
+from meshprof.analyze.run.replay import in_order, levels, replay
+from meshprof.analyze.run.replay_overlap import overlap_levels
+from meshprof.analyze.run.replay_record import I64_MIN, Chains, Recorded, build_chains, record
+from meshprof.analyze.run.stragglers import StragglerReport
+from meshprof.analyze.run.table import EventTable
+from meshprof.rundir import LoadedRun
+
+MAX_RANKS = 8
+"""Ranks replayed beyond :data:`ALL_RANKS_UP_TO` ranks: those with the largest excess compute."""
+ALL_RANKS_UP_TO = 32
+"""Every rank is replayed in runs of at most this many ranks."""
+MAX_GROUPS = 4
+"""Process groups replayed: those with the largest summed excess before their collectives."""
+MAX_STEPS = 64
+"""Steps replayed at most: evenly spaced over the steps every rank recorded."""
+MIN_STEPS = 5
+"""Steps replayed at least (when recorded), whatever :data:`CELL_BUDGET` says."""
+CELL_BUDGET = 16_000_000
+"""Events × scenarios replayed at most (beyond :data:`MIN_STEPS`): fewer steps in runs with
+many events per step, so the replay stays a small part of the report."""
+MIN_SHARE = 0.01
+"""Savings below this share of the step are not called out in the report's text."""
+
+
+@dataclass(frozen=True, slots=True)
+class RankCost:
+    """What one rank's extra compute costs every step."""
+
+    rank: int
+    """Global rank."""
+    step_saving_ns: float
+    """How much shorter the step would be if this rank computed like its peers' median (ns,
+    median over the replayed steps); negative when it computes less than them on the step's
+    critical path."""
+    share_of_step: float
+    """step_saving_ns / the median step time (fraction)."""
+    phase: str | None
+    """The step phase holding most of its excess compute; None when no phase was recorded or
+    it has no excess."""
+    excess_ns: float
+    """Its compute gaps and tail above its peers' medians, summed over a step (ns, median over
+    the replayed steps): what it would save alone if nobody else gated."""
+
+
+@dataclass(frozen=True, slots=True)
+class GroupCost:
+    """What the imbalance paid at one process group's collectives costs every step."""
+
+    group: str
+    """Group name (the matching key)."""
+    desc: str
+    """Group description, e.g. "mesh_tp"."""
+    dim: str
+    """Its parallelism dimension."""
+    step_saving_ns: float
+    """How much shorter the step would be if every member's compute before this group's
+    collectives were its peers' median (ns, median over the replayed steps)."""
+    share_of_step: float
+    """step_saving_ns / the median step time (fraction)."""
+    excess_ns: float
+    """Compute above the peer medians before this group's collectives, all members, per step
+    (ns, mean over the replayed steps)."""
+
+
+@dataclass(frozen=True, slots=True)
+class DimCost:
+    """What the imbalance paid at one parallelism dimension's collectives costs every step."""
+
+    dim: str
+    """"dp", "tp", "pp", "world", ... (see :func:`meshprof.layout.dimension_of`)."""
+    step_saving_ns: float
+    """How much shorter the step would be if every rank's compute before this dimension's
+    collectives were its peers' median (ns, median over the replayed steps)."""
+    share_of_step: float
+    """step_saving_ns / the median step time (fraction)."""
+    excess_ns: float
+    """Compute above the peer medians before this dimension's collectives, all ranks, per step
+    (ns, mean over the replayed steps)."""
+
+
+@dataclass(frozen=True, slots=True)
+class WhatIf:
+    """The what-if attribution of a run (see the module docstring)."""
+
+    ranks: tuple[RankCost, ...]
+    """The replayed ranks, largest saving first."""
+    groups: tuple[GroupCost, ...]
+    """The replayed groups, largest saving first."""
+    dims: tuple[DimCost, ...]
+    """Every dimension, largest saving first."""
+    steps: tuple[int, ...]
+    """The step numbers replayed."""
+    step_ns: float
+    """Median step time over the replayed steps (the median over ranks of each step; ns): the
+    denominator of the shares."""
+    ranks_total: int
+    """Ranks with events in the replayed steps (``len(ranks)`` of them were replayed)."""
+    levels: int
+    """Dependency levels of the replay (its Python iterations)."""
+    replay_error_ns: int = 0
+    """Largest |replayed − recorded| step end of a rank with the recorded gaps (ns): the model's
+    self-check, 0 by construction."""
+    min_share: float = MIN_SHARE
+    """Savings below this share are not called out in the report's text."""
+    note: str = ""
+    """Why nothing was replayed, if so."""
+
+    @property
+    def notable(self) -> tuple[RankCost, ...]:
+        """The ranks whose saving is at least :attr:`min_share` of the step, largest first."""
+        return tuple(r for r in self.ranks if r.share_of_step >= self.min_share)
+
+
+def _empty(note: str, steps: tuple[int, ...] = ()) -> WhatIf:
+    return WhatIf((), (), (), steps, float("nan"), 0, 0, note=note)
+
+
+def chosen_steps(common: tuple[int, ...], max_steps: int = MAX_STEPS) -> tuple[int, ...]:
+    """At most ``max_steps`` of the common steps, evenly spaced (first and last included)."""
+    if len(common) <= max_steps:
+        return tuple(common)
+    idx = np.unique(np.linspace(0, len(common) - 1, max_steps).round().astype(np.int64))
+    return tuple(common[i] for i in idx.tolist())
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64 of each value (uint64; wraps)."""
+    z = x.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def what_if(
+    run: LoadedRun,
+    table: EventTable,
+    clock: ClockAlignment,
+    match: CollectiveMatch,
+    stragglers: StragglerReport,
+    *,
+    max_ranks: int = MAX_RANKS,
+    max_groups: int = MAX_GROUPS,
+    max_steps: int = MAX_STEPS,
+) -> WhatIf:
+    """The what-if attribution of a loaded run (see the module docstring)."""
+    n_loaded = len(run.ranks)
+    if n_loaded <= ALL_RANKS_UP_TO:
+        max_ranks = max(max_ranks, n_loaded)
+    dims = sorted({gr.dimension for gr in table.groups})
+    per_step = len(table) / max(len(stragglers.steps), 1)
+    scenarios = 1 + min(max_ranks, n_loaded) + min(max_groups, len(table.groups)) + len(dims)
+    fit = int(CELL_BUDGET // max(per_step * scenarios, 1))
+    steps = chosen_steps(stragglers.common_steps, min(max_steps, max(fit, MIN_STEPS)))
+    if not steps:
+        return _empty(stragglers.note or "no step recorded by every rank")
+    offsets = clock.offsets()
+    n_off = max(int(table.rank.max(initial=0)), max(run.ranks)) + 1
+    off = np.asarray([offsets.get(r, 0) for r in range(n_off)], dtype=np.int64)
+    ch = build_chains(run, table, off, steps)
+    if not len(ch.row):
+        return _empty("no collective inside the steps every rank recorded", steps)
+    rec = record(table, match, off, ch)
+    release_free_memory()  # (the temporaries of each stage back to the OS: a lower peak)
+    lv = levels(rec)
+    arrival: np.ndarray | None = None
+    if lv is None:
+        # async ops issued in crossed order (1F1B stage pairs): levels by issue, not collective
+        two_phase = overlap_levels(rec)
+        if two_phase is None:
+            return _empty("the collectives' order is inconsistent across ranks (a cycle)", steps)
+        lv, arrival = two_phase[:2], two_phase[2]
+    rank = table.rank[ch.row]
+    gid = table.gid[ch.row]
+    dim_of_gid = np.asarray([dims.index(gr.dimension) for gr in table.groups] or [0])
+    dimc = dim_of_gid.astype(np.int16 if len(dims) < 1 << 15 else np.int64)[gid]
+    gmed, tmed = _peer_medians(rec, ch, table.op[ch.row], dimc, len(steps))
+    ex, tex = rec.gap - gmed, rec.tail - tmed
+
+    # candidates: the largest excess
+    c_ex = tex + np.bincount(ch.chain, weights=ex, minlength=len(ch.c_rank))
+    rank_ids = np.unique(ch.c_rank)
+    by_chain_rank = RowsByKey(ch.c_rank)
+    rank_ex = {r: float(np.median(c_ex[by_chain_rank.rows(r)])) for r in rank_ids.tolist()}
+    rank_c = sorted(rank_ex, key=lambda r: (-rank_ex[r], r))[: max(max_ranks, 0)]
+    g_ex = np.bincount(gid, weights=ex, minlength=len(table.groups)) / len(steps)
+    multi = [x for x in np.unique(gid).tolist() if len(table.groups[x].ranks) >= 2]
+    group_c = sorted(multi, key=lambda x: (-g_ex[x], x))[: max(max_groups, 0)]
+    d_ex = np.bincount(dimc, weights=ex, minlength=len(dims)) / len(steps)
+    dim_c = sorted(np.unique(dimc).tolist())
+
+    # scenario rows: 0 recorded, then the ranks, the groups, the dimensions
+    nr, ng = len(rank_c), len(group_c)
+    k = 1 + nr + ng + len(dim_c)
+    rows = [
+        _lookup(rank, rank_c, 1),
+        _lookup(gid, group_c, 1 + nr),
+        _lookup(dimc, dim_c, 1 + nr + ng),
+    ]
+    # every member array in replay order, each original let go as its copy is made (the
+    # aggregates above do not depend on the members' order; _phase's sums are of integers)
+    order, bounds = lv
+    del lv, gid, dimc
+    members: dict[str, np.ndarray] = {
+        "a0": rec.a0,
+        "gap": rec.gap,
+        "coll": rec.coll,
+        "overlapped": rec.overlapped,
+        "waits": rec.waits,
+        "after_ns": rec.after_ns,
+        "chain": ch.chain,
+        "rank": rank,
+        "ex": ex,
+        "new_gap": gmed,
+        **{f"row{i}": r for i, r in enumerate(rows)},
+    }
+    if arrival is not None:
+        members["orig"] = np.arange(len(rec.coll), dtype=np.int64)
+    tail, const, after_all = rec.tail, rec.const, rec.after_all
+    c_rank, c_step, c_start, c_end = ch.c_rank, ch.c_step, ch.c_start, ch.c_end
+    del rec, ch, rank, ex, gmed, rows
+    m = in_order(members, order)
+    del order
+    release_free_memory()
+    ends = replay(
+        m,
+        bounds,
+        k,
+        [m.pop(f"row{i}") for i in range(3)],
+        c_start,
+        const,
+        tail,
+        after_all,
+        _lookup(c_rank, rank_c, 1),
+        tmed,
+        arrival=arrival,
+    )
+    job = np.full((len(steps), k), I64_MIN, dtype=np.int64)
+    np.maximum.at(job, c_step, ends.T)
+    saving = np.median((job[:, :1] - job).astype(np.float64), axis=0).tolist()
+    step_ns = _median_step(stragglers, steps)
+
+    def share(v: float) -> float:
+        return v / step_ns if step_ns > 0 else float("nan")
+
+    ranks_out = [
+        RankCost(
+            r,
+            saving[1 + i],
+            share(saving[1 + i]),
+            _phase(run, r, m, c_rank, c_end, tail, tex, off),
+            rank_ex[r],
+        )
+        for i, r in enumerate(rank_c)
+    ]
+    groups_out = []
+    for i, x in enumerate(group_c):
+        gr, v = table.groups[x], saving[1 + nr + i]
+        groups_out.append(GroupCost(gr.name, gr.desc, gr.dimension, v, share(v), float(g_ex[x])))
+    dims_out = [
+        DimCost(dims[x], saving[1 + nr + ng + i], share(saving[1 + nr + ng + i]), float(d_ex[x]))
+        for i, x in enumerate(dim_c)
+    ]
+    return WhatIf(
+        ranks=tuple(sorted(ranks_out, key=lambda c: (-c.step_saving_ns, c.rank))),
+        groups=tuple(sorted(groups_out, key=lambda c: (-c.step_saving_ns, c.group))),
+        dims=tuple(sorted(dims_out, key=lambda c: (-c.step_saving_ns, c.dim))),
+        steps=steps,
+        step_ns=step_ns,
+        ranks_total=len(rank_ids),
+        levels=len(bounds) - 1,
+        replay_error_ns=int(np.abs(ends[0] - c_end).max()),
+    )
+
+
+def _lookup(values: np.ndarray, chosen: list[int], first: int) -> np.ndarray:
+    """Per value: ``first + i`` when it is ``chosen[i]``, else 0 (values are ≥ 0)."""
+    last = first + len(chosen)
+    lut = np.zeros(
+        max(int(values.max(initial=0)), max(chosen, default=0)) + 1,
+        dtype=np.int16 if last < 1 << 15 else np.int64,
+    )
+    lut[np.asarray(chosen, dtype=np.int64)] = first + np.arange(len(chosen))
+    return lut[values]
+
+
+def _peer_medians(
+    rec: Recorded, ch: Chains, op: np.ndarray, dimc: np.ndarray, n_steps: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each member's gap and each chain's tail as the median over its peers: the chains of the
+    same step with the same sequence of (op, dimension) (a chain without peers keeps its own)."""
+    h = _mix((op.astype(np.int64) << 40) ^ (dimc.astype(np.int64) << 32) ^ rec.pos)
+    nch = len(ch.c_rank)
+    has = np.flatnonzero(rec.c_len > 0)
+    sig = np.zeros(nch, dtype=np.uint64)
+    sig[has] = np.add.reduceat(h, rec.c_first[has])
+    sig = _mix(sig ^ rec.c_len.astype(np.uint64))
+    gmed, tmed = rec.gap.copy(), rec.tail.copy()
+    _, sig_id = unique_inverse(sig.view(np.int64))
+    corder = lexsort2(ch.c_step, sig_id)
+    key = sig_id[corder] * (n_steps + 1) + ch.c_step[corder]
+    bounds = np.flatnonzero(np.r_[True, key[1:] != key[:-1], True])
+    for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
+        if hi - lo < 2:
+            continue
+        cs = corder[lo:hi]
+        tmed[cs] = int(np.rint(np.median(rec.tail[cs])))
+        k = int(rec.c_len[cs[0]])
+        if k:
+            idx = rec.c_first[cs][:, None] + np.arange(k)[None, :]
+            gmed[idx] = np.rint(np.median(rec.gap[idx], axis=0)).astype(np.int64)[None, :]
+    return gmed, tmed
+
+
+def _median_step(s: StragglerReport, steps: tuple[int, ...]) -> float:
+    """Median over the replayed steps of the median step time across ranks (ns)."""
+    col = {x: i for i, x in enumerate(s.steps)}
+    cols = [col[x] for x in steps if x in col]
+    if not cols or not len(s.ranks):
+        return float("nan")
+    per_step = np.nanmedian(s.step_ns[:, cols], axis=0)
+    return float(np.nanmedian(per_step)) if np.isfinite(per_step).any() else float("nan")
+
+
+def _phase(
+    run: LoadedRun,
+    r: int,
+    m: dict[str, np.ndarray],
+    c_rank: np.ndarray,
+    c_end: np.ndarray,
+    tail: np.ndarray,
+    tex: np.ndarray,
+    off: np.ndarray,
+) -> str | None:
+    """The phase holding most of rank r's excess (gaps and tails), on its own clock (``m``:
+    the members' ``rank``, ``a0``, ``gap`` and ``ex``, in any order)."""
+    rd = run.ranks[r]
+    sp = rd.spans
+    ph = sp[sp["kind"] == 1]
+    if not len(ph):
+        return None
+    names = rd.span_names
+    mine = np.flatnonzero(m["rank"] == r)
+    cm_ = np.flatnonzero(c_rank == r)
+    a0, g = m["a0"][mine], m["gap"][mine]
+    lo = np.r_[a0 - g, c_end[cm_] - tail[cm_]] - off[r]
+    hi = np.r_[a0, c_end[cm_]] - off[r]
+    weight = np.r_[m["ex"][mine], tex[cm_]].astype(np.float64)
+    labels = [names[x] if x < len(names) else f"#{x}" for x in ph["name"].tolist()]
+    uniq = sorted(set(labels))
+    lab = np.asarray([uniq.index(x) for x in labels])
+    ps = ph["start_ns"].astype(np.int64)
+    pe = ps + ph["duration_ns"].astype(np.int64)
+    cover = np.zeros((len(uniq), len(lo)), dtype=np.int64)
+    for j in range(len(uniq)):
+        us, ue = intervals.union(ps[lab == j], pe[lab == j])
+        cover[j] = intervals.covered(us, ue, lo, hi)
+    best = cover.argmax(axis=0)
+    where = cover.max(axis=0) > 0
+    per = np.bincount(best[where], weights=weight[where], minlength=len(uniq))
+    if not len(per) or per.max() <= 0:
+        return None
+    return uniq[int(per.argmax())]

@@ -1,0 +1,1 @@
+"""torch.profiler (Kineto) traces: loading, HTA's GPU breakdown, kernel-level stragglers."""

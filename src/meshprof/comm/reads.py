@@ -1,0 +1,219 @@
+"""The read side of the recorder: events, columns, statistics, metadata and JSON export.
+
+:class:`RecordQueries` is the base of :class:`meshprof.comm.recorder.CommProfiler`: everything
+here reads the event log (after a flush) and the running statistics, and never touches the hot
+path. Times are integer nanoseconds; bandwidths GB/s (1e9 bytes per second).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from typing import Any
+
+import numpy as np
+
+from meshprof.config import ProfilerConfig
+from meshprof.event_log import EventLog
+from meshprof.events import (
+    FLAG_ASYNC,
+    STATUS_NAMES,
+    CommEvent,
+    bandwidth_arrays,
+    nccl_tests_size_array,
+    size_bucket_array,
+)
+from meshprof.stats import ALL_GROUPS, ALL_RANKS, Accumulator, Key, StatsReport, compute_stats
+
+
+class RecordQueries:
+    """Queries over what a CommProfiler recorded (its ``log`` and ``acc``)."""
+
+    config: ProfilerConfig
+    log: EventLog
+    acc: Accumulator
+    """Running statistics of every event ever flushed (sampled out and evicted ones included)."""
+    rank: int
+    world_size: int
+    created_ns: int
+    internal_errors: int
+    first_internal_error: str
+
+    def flush(self) -> None:
+        raise NotImplementedError
+
+    def recorder_info(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def recorder_cpu(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def ensure_rank(self) -> int:
+        raise NotImplementedError
+
+    # -- public queries -----------------------------------------------------------------------
+    def events(self, since_id: int = 0, until_id: int | None = None) -> list[CommEvent]:
+        """Retained events (oldest first) as :class:`CommEvent` objects, optionally only those
+        with event id in [since_id, until_id)."""
+        self.flush()
+        return self._to_events(*self._window(since_id, until_id))
+
+    def columns(self) -> tuple[np.ndarray, np.ndarray]:
+        """Retained events as the raw structured array (EVENT_DTYPE) and their ids."""
+        self.flush()
+        return self.log.snapshot()
+
+    def stats(self, since_id: int = 0, until_id: int | None = None) -> StatsReport:
+        """Statistics per op, rank, group and size bucket (see :mod:`meshprof.stats`).
+
+        With a window (event ids), only retained events of the window count."""
+        self.flush()
+        if since_id or until_id is not None:
+            arr, _ = self._window(since_id, until_id)
+            acc = Accumulator(self.config.sketch_relative_error)
+            self.fold(acc, arr)
+            return compute_stats(acc, self._exact_samples(arr))
+        exact = None
+        if self.log.evicted == 0 and self.acc.dropped == 0:
+            arr, _ = self.log.snapshot()
+            exact = self._exact_samples(arr)
+        return compute_stats(self.acc, exact)
+
+    def accumulated_stats_dict(self) -> dict[str, Any]:
+        """The running statistics as plain data, read while no flush is folding into them."""
+        with self.log.locked():
+            return self.acc.to_dict()
+
+    def meta(self) -> dict[str, Any]:
+        import torch
+
+        from meshprof._version import __version__
+
+        self.ensure_rank()
+        self.flush()  # staged events count in the totals
+        return {
+            "meshprof_version": __version__,
+            "torch_version": torch.__version__,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "hostname": socket.gethostname(),
+            "pid": os.getpid(),
+            "created_ns": self.created_ns,
+            "exported_ns": time.time_ns(),
+            "total_events": self.log.total,
+            "retained_events": len(self.log),
+            "evicted_events": self.log.evicted,
+            "dropped_events": self.acc.dropped,
+            "recorder": self.recorder_info(),
+            "recorder_cpu": self.recorder_cpu(),
+            "internal_errors": self.internal_errors,
+            "first_internal_error": self.first_internal_error,
+            "groups": [
+                {"name": g.name, "desc": g.desc, "ranks": list(g.ranks), "backend": g.backend}
+                for g in self.log.groups
+            ],
+            "config": self.config.to_dict(),
+        }
+
+    def to_json_dict(self, since_id: int = 0, until_id: int | None = None) -> dict[str, Any]:
+        return {
+            "meta": self.meta(),
+            "events": [e.to_dict() for e in self.events(since_id, until_id)],
+            "stats": self.stats(since_id, until_id).to_dict(),
+        }
+
+    # -- statistics ---------------------------------------------------------------------------
+    def fold(self, acc: Accumulator, chunk: np.ndarray) -> None:
+        """Add a chunk of EVENT_DTYPE rows to ``acc`` under this recorder's statistics keys."""
+        acc.add_chunk(
+            chunk, self._stats_rank(), self.log.op_name, self._stats_group, self._group_size
+        )
+
+    def _window(self, since_id: int, until_id: int | None) -> tuple[np.ndarray, np.ndarray]:
+        arr, ids = self.log.snapshot()
+        if since_id or until_id is not None:
+            keep = ids >= since_id
+            if until_id is not None:
+                keep &= ids < until_id
+            arr, ids = arr[keep], ids[keep]
+        return arr, ids
+
+    def _group_size(self, g: int) -> int:
+        return self.log.groups[g].size if g < len(self.log.groups) else 1
+
+    def _group_name(self, g: int) -> str:
+        return self.log.groups[g].name if g < len(self.log.groups) else str(g)
+
+    def _stats_group(self, g: int) -> str:
+        """The group part of a statistics key: the name, or ALL_GROUPS without per-group tracking."""
+        return self._group_name(g) if self.config.track_per_group else ALL_GROUPS
+
+    def _stats_rank(self) -> int:
+        """The rank part of a statistics key: this rank, or ALL_RANKS without per-rank tracking."""
+        return max(self.rank, 0) if self.config.track_per_rank else ALL_RANKS
+
+    def _exact_samples(self, arr: np.ndarray) -> dict[Key, np.ndarray]:
+        if len(arr) == 0:
+            return {}
+        sizes = np.array(
+            [self._group_size(g) for g in range(len(self.log.groups) or 1)], dtype=np.int64
+        )[arr["group"]]
+        buckets = size_bucket_array(
+            nccl_tests_size_array(arr["op"], arr["in_bytes"], arr["out_bytes"], sizes)
+        )
+        keys = np.stack(
+            [arr["op"].astype(np.int64), arr["group"].astype(np.int64), buckets], axis=1
+        )
+        uniq, inverse = np.unique(keys, axis=0, return_inverse=True)
+        inverse = inverse.reshape(-1)
+        rank = self._stats_rank()
+        out: dict[Key, np.ndarray] = {}
+        dur = arr["duration_ns"]
+        for k, (opc, g, b) in enumerate(uniq.tolist()):
+            key = (rank, self.log.op_name(opc), self._stats_group(g), int(b))
+            sel = dur[(inverse == k) & (dur >= 0)]
+            out[key] = np.concatenate([out[key], sel]) if key in out else sel
+        return out
+
+    # -- events -------------------------------------------------------------------------------
+    def _to_events(self, arr: np.ndarray, ids: np.ndarray) -> list[CommEvent]:
+        if len(arr) == 0:
+            return []
+        groups = self.log.groups
+        sizes = np.array([g.size for g in groups] or [1], dtype=np.int64)[arr["group"]]
+        alg, bus = bandwidth_arrays(
+            arr["op"], arr["in_bytes"], arr["out_bytes"], arr["duration_ns"], sizes
+        )
+        rank = max(self.ensure_rank(), 0)
+        ws = self.world_size if self.world_size > 0 else 1
+        out = []
+        for i, row in enumerate(arr.tolist()):
+            opc, status, dtype, flags, g, peer, seq, in_b, out_b, start, dur, step = row
+            gi = groups[g]
+            eid = int(ids[i])
+            out.append(
+                CommEvent(
+                    op=self.log.op_name(opc),
+                    rank=rank,
+                    world_size=ws,
+                    group_name=gi.name,
+                    group_desc=gi.desc,
+                    group_ranks=gi.ranks,
+                    seq=seq,
+                    dtype=self.log.dtypes[dtype] if dtype < len(self.log.dtypes) else "",
+                    in_bytes=in_b,
+                    out_bytes=out_b,
+                    start_ns=start,
+                    duration_ns=dur,
+                    algbw_gbps=float(alg[i]),
+                    busbw_gbps=float(bus[i]),
+                    status=STATUS_NAMES[status],
+                    error=self.log.errors.get(eid, ""),
+                    metadata=self.log.metadata.get(eid) or {},
+                    peer=peer,
+                    step=step,
+                    async_op=bool(flags & FLAG_ASYNC),
+                )
+            )
+        return out

@@ -1,0 +1,160 @@
+"""Start N local ranks of a function in real process groups, with a hard timeout.
+
+The local launcher of the CLI (``meshprof bench --nproc``, ``meshprof doctor --nproc``,
+``meshprof demo``) and of the tests, benchmarks and examples: a run-time part of meshprof, not
+test infrastructure, so it sits beside :mod:`meshprof.launch.launcher` (the torchrun wrapper).
+Workers are started from a fork server that has already imported torch, so a rank starts in a
+fraction of a second; a worker that raises, dies or outlives the timeout fails the whole call
+(every worker is killed), so nothing that uses it can hang.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing as mp
+import os
+import queue
+import socket
+import time
+import traceback
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+_CTX: Any = None
+
+
+def _context() -> Any:
+    global _CTX
+    if _CTX is None:
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload(["torch", "torch.distributed", "numpy"])
+        _CTX = ctx
+    return _CTX
+
+
+def under_torchrun() -> bool:
+    """True inside a worker started by torchrun (or any launcher that sets the env:// variables)."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class WorkerError(RuntimeError):
+    """A rank raised or died; the message carries its traceback."""
+
+
+def _worker(
+    rank: int,
+    world_size: int,
+    port: int,
+    backend: str | None,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    env: dict[str, str],
+    results: Any,
+    pg_timeout_s: float,
+) -> None:
+    os.environ.update(env)
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world_size),
+    )
+    try:
+        import torch
+
+        torch.set_num_threads(1)
+        if backend is not None:
+            import torch.distributed as dist
+
+            dist.init_process_group(
+                backend, rank=rank, world_size=world_size, timeout=timedelta(seconds=pg_timeout_s)
+            )
+        try:
+            out = fn(rank, world_size, *args)
+        finally:
+            if backend is not None:
+                import torch.distributed as dist
+
+                if dist.is_initialized():
+                    with contextlib.suppress(Exception):
+                        dist.destroy_process_group()
+        results.put((rank, True, out))
+    except BaseException:
+        results.put((rank, False, traceback.format_exc()))
+
+
+def run_ranks(
+    fn: Callable[..., Any],
+    world_size: int,
+    args: tuple[Any, ...] = (),
+    *,
+    backend: str | None = "gloo",
+    timeout: float = 120.0,
+    env: dict[str, str] | None = None,
+    pg_timeout_s: float = 60.0,
+) -> list[Any]:
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` local processes; return the results
+    in rank order.
+
+    With ``backend`` set, each worker joins a process group of that backend first (gloo on CPU)
+    and leaves it after ``fn``. ``fn`` and its results must be picklable (a module-level function).
+    Raises :class:`WorkerError` when a rank fails and :class:`TimeoutError` after ``timeout``
+    seconds; every worker is gone when this returns or raises.
+    """
+    ctx = _context()
+    results = ctx.Queue()
+    port = free_port()
+    procs = [
+        ctx.Process(
+            target=_worker,
+            args=(r, world_size, port, backend, fn, args, dict(env or {}), results, pg_timeout_s),
+            daemon=True,
+        )
+        for r in range(world_size)
+    ]
+    for p in procs:
+        p.start()
+    out: dict[int, Any] = {}
+    deadline = time.monotonic() + timeout
+    try:
+        while len(out) < world_size:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(
+                    f"ranks {sorted(set(range(world_size)) - set(out))} did not finish within {timeout:.0f} s"
+                )
+            try:
+                rank, ok, value = results.get(timeout=min(remaining, 0.5))
+            except queue.Empty:
+                dead = [r for r, p in enumerate(procs) if p.exitcode is not None and r not in out]
+                if dead:
+                    # give a dying worker's message a moment to arrive
+                    try:
+                        rank, ok, value = results.get(timeout=2.0)
+                    except queue.Empty:
+                        raise WorkerError(
+                            f"rank {dead[0]} exited with code {procs[dead[0]].exitcode} and no result"
+                        ) from None
+                else:
+                    continue
+            if not ok:
+                raise WorkerError(f"rank {rank} failed:\n{value}")
+            out[rank] = value
+        return [out[r] for r in range(world_size)]
+    finally:
+        for p in procs:
+            p.join(timeout=5 if len(out) == world_size else 0.1)
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=5)

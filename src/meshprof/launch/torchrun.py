@@ -1,0 +1,52 @@
+"""``python -m meshprof.launch.torchrun <torchrun options>``: torchrun, keeping how workers failed.
+
+``meshprof run`` starts this instead of ``python -m torch.distributed.run``: it is torchrun
+itself (``torch.distributed.run.main`` in this process: same options, output and exit code).
+When workers fail, torchrun raises ``ChildFailedError``; before it propagates as usual, each
+failure (global rank, local rank, pid, exit code: negative for a signal) is written to
+``$MESHPROF_WORKER_EXITS`` (:mod:`meshprof.rundir.worker_exits`) for the launcher.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+
+ENV_WORKER_EXITS = "MESHPROF_WORKER_EXITS"
+
+
+def save_failures(error: BaseException, path: str) -> None:
+    """Write ``error.failures`` (a ChildFailedError's) to ``path``; never raises."""
+    from meshprof.rundir.worker_exits import WorkerExit, write_worker_exits
+
+    with contextlib.suppress(Exception):
+        exits = [
+            WorkerExit(
+                rank=int(rank),
+                local_rank=int(f.local_rank),
+                pid=int(f.pid),
+                exit_code=int(f.exitcode),
+                time_ns=int(f.timestamp) * 1_000_000_000,
+                message=str(f.message or ""),
+            )
+            for rank, f in sorted(getattr(error, "failures", {}).items())
+        ]
+        write_worker_exits(path, exits)
+
+
+def main(argv: list[str] | None = None) -> None:
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import main as torchrun_main
+
+    try:
+        torchrun_main(sys.argv[1:] if argv is None else argv)
+    except ChildFailedError as e:
+        path = os.environ.get(ENV_WORKER_EXITS, "")
+        if path:
+            save_failures(e, path)
+        raise
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,212 @@
+"""The one codec between meshprof's typed values and JSON.
+
+:func:`to_json` turns a value into JSON-ready data (what ``json.dumps`` takes), by its type:
+
+* a dataclass: an object of its fields in declaration order, each under its name, except the
+  fields whose metadata is :data:`NOT_IN_JSON` (left out) or :func:`json_key` (written under
+  another key);
+  a dataclass that defines ``to_dict()`` is written as what that returns (the type's own JSON
+  form, e.g. a flattened view or a fast path for a type with thousands of instances);
+* ``None``, ``bool``, ``int``, ``str`` as they are; a ``float`` as itself, NaN and ±inf as null;
+* tuples and lists as arrays, dicts as objects with string keys, numpy arrays as (nested)
+  arrays, numpy scalars as numbers, enums as their value, paths as strings, anything else as
+  ``str(value)``.
+
+:func:`from_json` builds a typed value back from JSON data by the type's annotations
+(dataclasses with their fields' types, ``X | None``, tuples, lists, dicts, enums, numbers,
+strings), so a record read from a file or another process is checked once, at the edge: a value
+of the wrong type raises :class:`RecordError`, which names the place (``meta.writer.writes:
+expected int, got "3"``). Unknown keys are ignored and missing keys take the field's default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+import types
+import typing
+from collections.abc import Mapping
+from pathlib import PurePath
+from typing import Any, TypeVar
+
+import numpy as np
+
+from meshprof.errors import MeshprofError
+
+T = TypeVar("T")
+
+_SKIP = "meshprof_json_skip"
+_NAME = "meshprof_json_name"
+
+
+class RecordError(MeshprofError):
+    """JSON data that does not fit the record type it is read as."""
+
+
+NOT_IN_JSON: Mapping[str, Any] = types.MappingProxyType({_SKIP: True})
+"""Field metadata: :func:`to_json` leaves the field out (large arrays the JSON does not carry,
+say): ``x: np.ndarray = field(metadata=NOT_IN_JSON)``."""
+
+
+def json_key(name: str) -> Mapping[str, Any]:
+    """Field metadata: :func:`to_json` writes the field under the key ``name`` (and
+    :func:`from_json` reads it from there): ``field(metadata=json_key("named"))``."""
+    return types.MappingProxyType({_NAME: name})
+
+
+_PLANS: dict[type, tuple[tuple[str, str], ...]] = {}
+
+
+def _plan(cls: type) -> tuple[tuple[str, str], ...]:
+    """(attribute, JSON key) of the fields :func:`to_json` writes, cached per type."""
+    plan = _PLANS.get(cls)
+    if plan is None:
+        plan = tuple(
+            (f.name, str(f.metadata.get(_NAME, f.name)))
+            for f in dataclasses.fields(cls)
+            if not f.metadata.get(_SKIP)
+        )
+        _PLANS[cls] = plan
+    return plan
+
+
+def to_json(value: Any) -> Any:
+    """``value`` as JSON-ready data (see the module docstring)."""
+    t = type(value)
+    if t is str or t is int or t is bool or value is None:
+        return value
+    if t is float:
+        return value if math.isfinite(value) else None
+    if t is list or t is tuple:
+        return [to_json(v) for v in value]
+    if t is dict:
+        return {k if type(k) is str else str(k): to_json(v) for k, v in value.items()}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        custom = getattr(value, "to_dict", None)
+        if custom is not None:
+            return to_json(custom())
+        return {key: to_json(getattr(value, attr)) for attr, key in _plan(t)}
+    if isinstance(value, enum.Enum):
+        return to_json(value.value)
+    if isinstance(value, np.ndarray):
+        return to_json(value.tolist())
+    if isinstance(value, np.floating | float):
+        return float(value) if math.isfinite(value) else None
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, np.bool_):
+        return bool(value)
+    if isinstance(value, Mapping):
+        return {str(k): to_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [to_json(v) for v in value]
+    if isinstance(value, PurePath):
+        return str(value)
+    return str(value)
+
+
+def from_json(cls: type[T], data: Any, where: str = "") -> T:
+    """A ``cls`` built from JSON ``data``; :class:`RecordError` names what does not fit."""
+    return typing.cast(T, _decode(cls, data, where or getattr(cls, "__name__", "value")))
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _describe(data: Any) -> str:
+    text = repr(data)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _decode(tp: Any, data: Any, where: str) -> Any:
+    if tp is Any or tp is object:
+        return data
+    origin = typing.get_origin(tp)
+    if origin is typing.Union or origin is types.UnionType:
+        options = typing.get_args(tp)
+        if data is None and type(None) in options:
+            return None
+        errors = []
+        for option in options:
+            if option is type(None):
+                continue
+            try:
+                return _decode(option, data, where)
+            except RecordError as e:
+                errors.append(str(e))
+        raise RecordError(
+            errors[0] if len(errors) == 1 else f"{where}: {_describe(data)} fits none of {tp}"
+        )
+    if origin is typing.Literal:
+        if data in typing.get_args(tp):
+            return data
+        raise RecordError(f"{where}: expected one of {typing.get_args(tp)}, got {_describe(data)}")
+    if origin in (list, tuple, set, frozenset) or tp in (list, tuple):
+        if not isinstance(data, list | tuple):
+            raise RecordError(f"{where}: expected an array, got {_describe(data)}")
+        args = typing.get_args(tp)
+        if origin is tuple and args and args[-1] is not Ellipsis:
+            if len(args) != len(data):
+                raise RecordError(f"{where}: expected {len(args)} items, got {len(data)}")
+            return tuple(
+                _decode(a, v, f"{where}[{i}]")
+                for i, (a, v) in enumerate(zip(args, data, strict=True))
+            )
+        item = args[0] if args else Any
+        items = [_decode(item, v, f"{where}[{i}]") for i, v in enumerate(data)]
+        return (origin or tp)(items) if (origin or tp) is not list else items
+    if origin is dict or tp is dict or origin is Mapping:
+        if not isinstance(data, dict):
+            raise RecordError(f"{where}: expected an object, got {_describe(data)}")
+        args = typing.get_args(tp)
+        kt, vt = args if args else (Any, Any)
+        return {
+            _decode(kt, k, f"{where}.{k}"): _decode(vt, v, f"{where}.{k}") for k, v in data.items()
+        }
+    if isinstance(tp, type):
+        if dataclasses.is_dataclass(tp):
+            return _decode_dataclass(tp, data, where)
+        if issubclass(tp, enum.Enum):
+            try:
+                return tp(data)
+            except ValueError:
+                names = ", ".join(str(m.value) for m in tp)
+                raise RecordError(
+                    f"{where}: expected one of {names}, got {_describe(data)}"
+                ) from None
+        if tp is float:
+            if isinstance(data, int | float) and not isinstance(data, bool):
+                return float(data)
+            if data is None:
+                return math.nan
+        elif tp is int:
+            if isinstance(data, int) and not isinstance(data, bool):
+                return data
+        elif tp is bool or tp is str:
+            if isinstance(data, tp):
+                return data
+        elif isinstance(data, tp):
+            return data
+        raise RecordError(f"{where}: expected {tp.__name__}, got {_describe(data)}")
+    return data
+
+
+def _decode_dataclass(cls: type, data: Any, where: str) -> Any:
+    if not isinstance(data, dict):
+        raise RecordError(f"{where}: expected an object, got {_describe(data)}")
+    hints = _hints(cls)
+    kwargs: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        if not f.init:
+            continue
+        key = str(f.metadata.get(_NAME, f.name))
+        if key in data:
+            kwargs[f.name] = _decode(hints[f.name], data[key], f"{where}.{key}")
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise RecordError(f"{where}: the key {key!r} is missing")
+    return cls(**kwargs)
+
+
+__all__ = ["NOT_IN_JSON", "RecordError", "from_json", "json_key", "to_json"]

@@ -1,0 +1,225 @@
+"""The live state of a running job (``RUN_DIR/live/``): the per-rank record each rank publishes
+every second (:class:`RankLive`), the alerts (:class:`Alert`) and the snapshot the live views
+read (:class:`LiveSnapshot`). Times are wall-clock ns (``time.time_ns``) of the writing host;
+durations are ns. The files are read and written by :mod:`meshprof.rundir.live`."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+LIVE_FORMAT = "meshprof-live/1"
+
+#: A rank whose record is older than this many intervals (plus :data:`STALE_GRACE_S`) is stale.
+STALE_INTERVALS = 3.0
+STALE_GRACE_S = 2.0
+
+#: Upper bounds (seconds) of the collective-latency histogram buckets (+Inf is implied).
+HIST_BOUNDS_S: tuple[float, ...] = (
+    1e-5,
+    5e-5,
+    1e-4,
+    5e-4,
+    1e-3,
+    5e-3,
+    1e-2,
+    5e-2,
+    0.1,
+    0.5,
+    1.0,
+    5.0,
+    30.0,
+)
+
+
+@dataclass(slots=True)
+class InflightLive:
+    """The oldest collective in flight on a rank."""
+
+    op: str
+    group: str
+    """Group description (e.g. "mesh_tp"), else its name."""
+    dim: str
+    """Parallel dimension of the group (dp, tp, pp, world, other)."""
+    seq: int
+    age_ns: int
+    """How long it has been in flight when the record was written."""
+
+
+@dataclass(slots=True)
+class OpSeries:
+    """Cumulative counters of one (op, dim) pair since the rank started recording."""
+
+    op: str
+    dim: str
+    count: int = 0
+    sum_ns: int = 0
+    """Sum of the collectives' durations (issue to completion), ns."""
+    buckets: list[int] = field(default_factory=lambda: [0] * (len(HIST_BOUNDS_S) + 1))
+    """Non-cumulative counts per :data:`HIST_BOUNDS_S` bucket, the last one is > the last bound."""
+
+
+@dataclass(slots=True)
+class DimLive:
+    """Communication of one parallel dimension over the recent window."""
+
+    dim: str
+    comm_ns: int
+    """Sum of the dimension's collective durations in the window's steps, ns."""
+    exposed_ns: int
+    """The part of it the training thread was blocked on (not hidden by compute), ns."""
+    comm_share: float
+    """comm_ns / the window's step time."""
+    exposed_share: float
+    """exposed_ns / the window's step time."""
+
+
+@dataclass(slots=True)
+class RankLive:
+    """One rank's live state (``RUN_DIR/live/rank{R}.json``)."""
+
+    rank: int
+    updated_ns: int
+    """When this record was written (wall clock of the rank's host)."""
+    interval_s: float
+    """How often the rank publishes."""
+    format: str = LIVE_FORMAT
+    world_size: int = -1
+    pid: int = -1
+    hostname: str = ""
+    node_id: str = ""
+    stage: int = -1
+    """Pipeline stage (the pp coordinate of the layout); live stragglers are looked for among
+    the ranks of one stage. -1: no layout known (all ranks compared together)."""
+    started_ns: int = 0
+    status: str = "running"
+    """"running", or "ended" once the rank wrote its last record (see ``exit_how``)."""
+    exit_how: str = ""
+    """How the process ended ("normal", "exception", "signal", "exit"); "" while running."""
+    step: int = -1
+    """Number of the step in progress (or the next one)."""
+    steps_done: int = 0
+    """Steps completed so far."""
+    recent_step_ns: list[int] = field(default_factory=list)
+    """Durations of the most recent steps, oldest first (at most 32)."""
+    step_ns: int = 0
+    """Median of ``recent_step_ns`` (0 before the first step)."""
+    last_step_end_ns: int = 0
+    """When the last completed step ended (wall clock of the rank's host; 0 before the first
+    step): the record's ``updated_ns`` minus this is how long the rank has been in its step."""
+    compute_ns: int = 0
+    """Median over the recent steps of step time − exposed communication."""
+    steps_per_s: float = 0.0
+    """Completed steps per second over the recent window (requests per second when each step
+    is a request)."""
+    tokens_per_s: float = 0.0
+    """Tokens per second over the recent window (0 when steps carry no token counts)."""
+    comm_share: float = 0.0
+    """Communication time / step time over the recent window."""
+    exposed_share: float = 0.0
+    """Exposed communication / step time over the recent window."""
+    dims: list[DimLive] = field(default_factory=list)
+    memory_bytes: int = -1
+    """Device memory allocated (CUDA) or the process RSS (CPU) at the last step end; -1: none."""
+    memory_peak_bytes: int = -1
+    memory_capacity_bytes: int = -1
+    """Device (CUDA) or host (CPU) memory in total."""
+    collectives: int = 0
+    """Collectives completed since recording started."""
+    inflight: InflightLive | None = None
+    """The oldest collective in flight, None when none is."""
+    series: list[OpSeries] = field(default_factory=list)
+    """Cumulative counters and latency histogram per (op, dim)."""
+    internal_errors: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON record."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RankLive:
+        """Tolerant of unknown and missing keys (older/newer writers)."""
+        known = {f.name for f in fields(cls)}
+        kw = {k: v for k, v in d.items() if k in known}
+        kw["dims"] = [DimLive(**_known(DimLive, x)) for x in d.get("dims") or []]
+        kw["series"] = [OpSeries(**_known(OpSeries, x)) for x in d.get("series") or []]
+        inf = d.get("inflight")
+        kw["inflight"] = (
+            InflightLive(**_known(InflightLive, inf)) if isinstance(inf, dict) else None
+        )
+        return cls(**kw)
+
+    @property
+    def age_ns(self) -> int:
+        """How old this record is now."""
+        return max(time.time_ns() - self.updated_ns, 0)
+
+    def is_stale(self, now_ns: int | None = None) -> bool:
+        """A running rank whose record is older than :data:`STALE_INTERVALS` intervals plus
+        :data:`STALE_GRACE_S` (it died, hangs with the GIL held, or its node is gone)."""
+        if self.status != "running":
+            return False
+        now = time.time_ns() if now_ns is None else now_ns
+        limit = (STALE_INTERVALS * max(self.interval_s, 0.0) + STALE_GRACE_S) * 1e9
+        return now - self.updated_ns > limit
+
+
+def _known(cls: type, d: dict[str, Any]) -> dict[str, Any]:
+    names = {f.name for f in fields(cls)}
+    return {k: v for k, v in d.items() if k in names}
+
+
+@dataclass(slots=True)
+class Alert:
+    """One alert raised by a live rule."""
+
+    kind: str
+    """Rule: "straggler", "step_regression", "memory", "inflight", "throughput_drop", ..."""
+    message: str
+    """One line for people."""
+    t_ns: int
+    """When it was raised (wall clock)."""
+    ranks: list[int] = field(default_factory=list)
+    severity: str = "warning"
+    """"warning" or "critical"."""
+    value: float | None = None
+    """The measured value that tripped the rule (its unit depends on the rule)."""
+    threshold: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Alert:
+        return cls(**_known(cls, d))
+
+
+@dataclass(slots=True)
+class LiveStraggler:
+    """A rank that computes longer than the others over the recent window (the others wait)."""
+
+    rank: int
+    compute_ns: int
+    """Its median step time − exposed communication over the recent steps."""
+    median_compute_ns: int
+    """The median of that over the other fresh ranks."""
+    excess_ns: int
+    excess_ratio: float
+    """excess_ns / median_compute_ns."""
+
+
+@dataclass(slots=True)
+class LiveSnapshot:
+    """What a live view shows: every rank's record, the live stragglers and the alerts."""
+
+    taken_ns: int
+    ranks: dict[int, RankLive]
+    stale: list[int]
+    """Running ranks whose records stopped coming (see :meth:`RankLive.is_stale`)."""
+    stragglers: list[LiveStraggler]
+    alerts: list[Alert]
+    ended: bool
+    """Every rank ended (or the run's manifest says the job finished)."""
+    world_size: int
+    """From the records (or the manifest); -1 when unknown."""

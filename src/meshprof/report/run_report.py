@@ -1,0 +1,76 @@
+"""The cross-rank run report: the sections of :data:`~meshprof.report.stages.REPORT_STAGES`, in
+stage order, each a typed value read with its key (``report[STRAGGLERS]``).
+
+Its JSON (``meshprof report --json``) is derived from the sections' types by
+:func:`meshprof.records.codec.to_json`: one key per section written to JSON, the leading
+sections first (``Stage.lead``), each group in stage order.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, TextIO, TypeVar
+
+from meshprof.records.codec import to_json
+from meshprof.report.stage import Key, Stage
+
+T = TypeVar("T")
+
+
+class RunReport:
+    """The report's sections by key (read-only)."""
+
+    __slots__ = ("_json", "_values")
+
+    def __init__(self, values: Mapping[str, Any], stages: Sequence[Stage[Any]]) -> None:
+        self._values = dict(values)
+        written = [
+            s
+            for s in stages
+            if s.json
+            and s.name in self._values
+            and (s.json_if_none or self._values[s.name] is not None)
+        ]
+        # the leading sections first, then the others, each in stage order
+        self._json = tuple(s.name for s in sorted(written, key=lambda s: not s.lead))
+
+    def __getitem__(self, key: Key[T]) -> T:
+        """The section ``key`` (KeyError when the report has none)."""
+        return self._values[key.name]  # type: ignore[no-any-return]
+
+    def get(self, key: Key[T]) -> T | None:
+        """The section ``key``, None when the report has none."""
+        return self._values.get(key.name)
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, Key) and key.name in self._values
+
+    def names(self) -> tuple[str, ...]:
+        """The sections' keys, in stage order."""
+        return tuple(self._values)
+
+    def json_sections(self) -> Iterator[tuple[str, Any]]:
+        """(key, value) of every section ``--json`` writes, in order."""
+        for name in self._json:
+            yield name, self._values[name]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON-ready report (the ``--json`` object)."""
+        return {name: to_json(v) for name, v in self.json_sections()}
+
+    def write_json(self, out: TextIO) -> None:
+        """Write ``json.dumps(self.to_dict(), default=str)``, byte for byte, one section (and one
+        item of a list section) at a time: the whole dict of a report at thousands of ranks
+        holds millions of objects (~100 MiB at 4,096 ranks), more than the rest of the report."""
+        out.write("{")
+        for i, (name, value) in enumerate(self.json_sections()):
+            out.write((", " if i else "") + json.dumps(name) + ": ")
+            if isinstance(value, tuple | list):
+                out.write("[")
+                for j, item in enumerate(value):
+                    out.write((", " if j else "") + json.dumps(to_json(item), default=str))
+                out.write("]")
+            else:
+                out.write(json.dumps(to_json(value), default=str))
+        out.write("}")

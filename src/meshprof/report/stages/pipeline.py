@@ -1,0 +1,75 @@
+"""The pipeline bubble of all stages on the aligned clock, and the bottlenecks: the step
+monitor's rules on every rank merged across ranks, and the cross-rank rules
+(:mod:`meshprof.analyze.compute.pipeline_bubble`, :mod:`meshprof.analyze.run.run_bottlenecks`)."""
+
+from __future__ import annotations
+
+from meshprof.analyze.compute.pipeline_bubble import (
+    PipelineBubble,
+    StageTimeline,
+    measure_pipeline_bubble,
+)
+from meshprof.analyze.run.clock import ClockAlignment
+from meshprof.analyze.run.run_bottlenecks import RunBottleneck, run_bottlenecks
+from meshprof.analyze.run.stragglers import StragglerReport
+from meshprof.analyze.run.types import MemoryImbalance
+from meshprof.analyze.steps import StepAnalysis
+from meshprof.report.stage import Key, ReportOptions, stage
+from meshprof.rundir import LoadedRun, resolve_layout
+
+PIPELINE: Key[PipelineBubble | None] = Key("pipeline")
+BOTTLENECKS: Key[tuple[RunBottleneck, ...]] = Key("bottlenecks")
+
+
+@stage(PIPELINE)
+def pipeline(run: LoadedRun, clock: ClockAlignment) -> PipelineBubble | None:
+    """The bubble of every pipeline group, from its stages' spans on the aligned clock (None
+    without pipeline parallelism)."""
+    mon: dict[str, object] = {}
+    layout = None
+    for rd in run.ranks.values():
+        mon, layout = rd.meta.monitor or {}, resolve_layout(rd.meta, run.manifest)
+        if layout is not None:
+            break
+    if layout is None or layout.pp <= 1:
+        return None
+    stages = [
+        StageTimeline(
+            r,
+            rd.spans,
+            rd.span_names or list((rd.meta.monitor or {}).get("span_names", [])),
+            clock.offset(r),
+        )
+        for r, rd in sorted(run.ranks.items())
+    ]
+    return measure_pipeline_bubble(
+        stages,
+        layout,
+        str(mon.get("schedule", "") or ""),
+        int(str(mon.get("microbatches", 0) or 0)),
+        int(str(mon.get("virtual_stages", 1) or 1)),
+        warmup_steps=int(str(mon.get("warmup_steps", 0) or 0)),
+    )
+
+
+@stage(BOTTLENECKS)
+def bottlenecks(
+    stragglers: StragglerReport,
+    memory: MemoryImbalance,
+    rank_analyses_by_rank: dict[int, StepAnalysis],
+    pipeline: PipelineBubble | None,
+    options: ReportOptions,
+) -> tuple[RunBottleneck, ...]:
+    """Every bottleneck, most severe first."""
+    sampled = memory.max_rank >= 0
+    return run_bottlenecks(
+        stragglers,
+        memory.imbalance if sampled else None,
+        memory.max_rank if sampled else None,
+        rank_analyses_by_rank,
+        pipeline,
+        extra=options.bottlenecks,
+    )
+
+
+STAGES = (pipeline, bottlenecks)
