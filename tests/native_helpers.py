@@ -10,7 +10,7 @@ import pytest
 def require_native() -> None:
     """Build (or load from the cache) the native recorder before the ranks start; skip the
     calling test when it cannot be built here."""
-    from meshprof.comm import native_build
+    from meshprof.comm import native_ext as native_build
     from meshprof.errors import MeshprofError
 
     try:

@@ -58,7 +58,19 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 """Bottom to top. A module may import its own layer and the layers below, never above."""
 
 SAME_FEATURE = frozenset(
-    {"__init__", "types", "bench", "doctor", "hang", "plan", "failures", "what_if", "diff", "live"}
+    {
+        "__init__",
+        "types",
+        "bench",
+        "doctor",
+        "hang",
+        "plan",
+        "failures",
+        "what_if",
+        "diff",
+        "live",
+        "manifest",
+    }
 )
 """Basenames that may repeat: ``__init__``, ``types`` (a room's result types), and the names
 of features that have a module in several layers with the same meaning (``analyze/run/

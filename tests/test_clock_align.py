@@ -11,6 +11,7 @@ from data.meshprof_synth import MS, US, real_worker, shift_rank_file, synthetic_
 from meshprof.analyze.run.clock import align_clocks, exchange_estimate
 from meshprof.analyze.run.table import build_event_table
 from meshprof.launch.spawn import run_ranks
+from meshprof.records.rank_meta import ClockSync
 from meshprof.rundir import load_run
 
 OFFSETS = [0, 35 * MS, -52 * MS, 18 * MS]
@@ -51,10 +52,10 @@ def test_exchange_only_bound_holds(tmp_path):
         d1, d2 = int(rng.integers(20 * US, 900 * US)), int(rng.integers(20 * US, 900 * US))
         samples.append([t + true_off, t + d1, t + d1 + d2 + true_off])
         t += 5 * MS
-    off, rtt = exchange_estimate({"samples": samples})
+    off, rtt = exchange_estimate(ClockSync(samples=samples))
     assert rtt == min(s[2] - s[0] for s in samples)
     assert abs(off - (-true_off)) <= rtt // 2 + 1
-    assert exchange_estimate({"samples": []}) is None
+    assert exchange_estimate(ClockSync(samples=[])) is None
     assert exchange_estimate(None) is None
 
 

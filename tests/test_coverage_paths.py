@@ -288,7 +288,7 @@ def _worker(rank: int, ws: int, names: list[str]) -> dict[str, Any]:
     out["native"] = prof.backend_name == "native" or bool(prof.config.native)
     out["typed"] = out["autograd"] = []
     if out["native"]:
-        from meshprof.comm.native_build import load
+        from meshprof.comm.native_ext import load
 
         out["typed"] = list(load().typed_ops())
         out["autograd"] = list(load().autograd_ops())

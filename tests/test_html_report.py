@@ -12,6 +12,7 @@ import pytest
 from data.meshprof_synth import real_worker
 from meshprof.analyze.steps.rules import Bottleneck
 from meshprof.launch.spawn import run_ranks
+from meshprof.records.finding import FindingKind, Severity
 from meshprof.render.html import render_html
 from meshprof.report.analysis import analyze_run
 from meshprof.rundir import load_run
@@ -33,9 +34,17 @@ def report(tmp_path_factory):
     run_ranks(real_worker, 2, (str(d), 1, 0.03, 4, EVIL), timeout=90)
     rep = analyze_run(
         load_run(d),
-        bottlenecks=[
-            Bottleneck("communication", "high", "exposed <i>comm</i>", 0.4, 0.3, "share 0.4", "")
-        ],
+        bottlenecks=(
+            Bottleneck(
+                kind=FindingKind.COMMUNICATION,
+                severity=Severity.HIGH,
+                rule="exposed <i>comm</i>",
+                value=0.4,
+                threshold=0.3,
+                title="share 0.4",
+                suggestion="",
+            ),
+        ),
     )
     return d, rep
 

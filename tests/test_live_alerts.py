@@ -18,6 +18,7 @@ from meshprof.analyze.live.alerts import AlertConfig, AlertRules
 from meshprof.analyze.live.snapshot import read_snapshot
 from meshprof.errors import MeshprofError
 from meshprof.live.watch import AlertWatcher
+from meshprof.records.finding import FindingKind
 from meshprof.records.live import Alert, InflightLive, RankLive
 from meshprof.rundir.live import read_alerts, write_rank_live
 
@@ -60,7 +61,7 @@ def test_straggler_after_n_fresh_looks_once_per_episode(tmp_path: Path) -> None:
     assert at(1, 150 * MS) == [] and at(2, 150 * MS) == []
     assert at(2.5, 150 * MS, published=2) == []  # the same records again: not a new look
     (a,) = at(3, 150 * MS)
-    assert a.kind == "straggler" and a.ranks == [2] and a.severity == "warning"
+    assert a.kind == "straggler" and a.ranks == (2,) and a.severity == "warning"
     # the others' median is 100.5 ms: +49.5 ms (+49%)
     assert a.value == pytest.approx(49.5)
     assert a.message == "rank 2 is a straggler: +50 ms compute per step (+49%)"
@@ -87,7 +88,7 @@ def test_step_regression_against_the_ranks_own_early_steps(tmp_path: Path) -> No
     # +15 %: below the 20 % threshold
     assert look(rules, tmp_path, 3, [_steps(23, warm + base + [115 * MS] * 8)]) == []
     (a,) = look(rules, tmp_path, 4, [_steps(31, warm + base + [115 * MS] * 8 + [125 * MS] * 8)])
-    assert a.kind == "step_regression" and a.ranks == [0]
+    assert a.kind == "step_regression" and a.ranks == (0,)
     assert a.value == pytest.approx(25.0) and a.threshold == 20.0
     assert (
         a.message == "step time regressed on rank 0: 125 ms per step vs 100 ms at the start (+25%)"
@@ -122,7 +123,7 @@ def test_step_regression_is_one_alert_for_ranks_that_publish_at_other_moments(
     assert at(2, rank(0, 1.5, base), rank(1, 1.9, slow), rank(2, 1.6, base)) == []  # held
     assert at(3, rank(0, 2.5, slow), rank(1, 2.9, slow), rank(2, 1.6, base)) == []  # wait for 2
     (a,) = at(4, rank(0, 3.5, slow), rank(1, 3.9, slow), rank(2, 3.6, base))
-    assert a.kind == "step_regression" and a.ranks == [0, 1] and a.t_ns == T0 + 4 * 10**9
+    assert a.kind == "step_regression" and a.ranks == (0, 1) and a.t_ns == T0 + 4 * 10**9
     assert a.message.startswith("step time regressed on 2 ranks (0, 1): worst rank")
     assert a.value == pytest.approx(50.0)
     assert at(5, rank(0, 4.5, slow), rank(1, 4.9, slow), rank(2, 4.6, base)) == []  # same episodes
@@ -134,7 +135,7 @@ def test_step_regression_is_one_alert_for_ranks_that_publish_at_other_moments(
         write_rank_live(run, rank(1, t - 0.4, durs))
         assert w.look(now_ns=T0 + t * 10**9) == []
     w.stop()
-    assert [(a.kind, a.ranks) for a in w.raised] == [("step_regression", [1])]
+    assert [(a.kind, a.ranks) for a in w.raised] == [("step_regression", (1,))]
 
 
 def test_step_baseline_when_the_watcher_looked_late(tmp_path: Path) -> None:
@@ -163,7 +164,7 @@ def test_throughput_drop_tokens_and_steps(tmp_path: Path) -> None:
     assert rules.baselines[1].rate == 10.0 and rules.baselines[1].rate_unit == "steps/s"
     assert at(5, 30, 800.0) == []  # -27 %
     (a,) = at(6, 33, 700.0, sps=6.0)  # rank 0: -36 % tokens/s; rank 1: -40 % steps/s
-    assert a.kind == "throughput_drop" and a.ranks == [0, 1]
+    assert a.kind == "throughput_drop" and a.ranks == (0, 1)
     assert a.value == pytest.approx(40.0)  # the worst first
     assert a.message.startswith(
         "throughput dropped on 2 ranks (0, 1): worst rank 1: 6 steps/s vs 10 at the start (-40%)"
@@ -183,7 +184,7 @@ def test_memory_inflight_and_grouping(tmp_path: Path) -> None:
     alerts = look(rules, tmp_path, 1, recs)
     assert [a.kind for a in alerts] == ["memory"]  # 55 s in flight: not yet
     (m,) = alerts
-    assert m.ranks == [0, 1] and m.value == pytest.approx(95.0)
+    assert m.ranks == (0, 1) and m.value == pytest.approx(95.0)
     assert m.message == ("memory above 90% on 2 ranks (0, 1): worst rank 0: 9.5 of 10.0 GiB (95%)")
     # the record is 3 s old at the look and the collective was 58 s old then: 61 s
     stuck.age_ns = 58 * 10**9
@@ -191,7 +192,7 @@ def test_memory_inflight_and_grouping(tmp_path: Path) -> None:
     for r in recs[:2] + recs[3:]:
         r.updated_ns = 0
     (a,) = look(rules, tmp_path, 5, recs)
-    assert a.kind == "inflight" and a.ranks == [2] and a.severity == "critical"
+    assert a.kind == "inflight" and a.ranks == (2,) and a.severity == "critical"
     assert a.value == pytest.approx(61.0)
     assert (
         a.message
@@ -227,14 +228,14 @@ def test_stall_fresh_records_whose_step_does_not_advance(tmp_path: Path) -> None
     assert at(11.9, both) == []  # 1.9 s in step 42
     # the record was written at 12.3 s (2.3 s after the step ended) and is 0.2 s old
     (a,) = at(12.5, both, published=12.3)
-    assert a.kind == "stall" and a.ranks == [0] and a.severity == "warning"
+    assert a.kind == "stall" and a.ranks == (0,) and a.severity == "warning"
     assert a.value == pytest.approx(2.5) and a.threshold == pytest.approx(2.0)
     assert a.message == (
         "step stalled on rank 0: stuck at step 42 for 2.5 s (limit 2.0 s), no collective in flight"
     )
     assert at(14, both) == []  # the same episode
     (b,) = at(15.5, both)  # rank 1 over its 5 s
-    assert b.ranks == [1] and b.threshold == pytest.approx(5.0)
+    assert b.ranks == (1,) and b.threshold == pytest.approx(5.0)
     assert b.message == (
         "step stalled on rank 1: stuck at step 42 for 5.5 s (limit 5.0 s), "
         "all_reduce on mesh_dp (seq 7) in flight for 5.5 s"
@@ -244,7 +245,7 @@ def test_stall_fresh_records_whose_step_does_not_advance(tmp_path: Path) -> None
     moving = {0: (100 * MS, 16.0, 43), 1: (500 * MS, 16.0, 43)}
     assert at(16.5, moving) == [] and at(17.0, moving) == []
     (c,) = at(30, {0: (100 * MS, 26.0, 44), 1: (500 * MS, 20.0, 44)})
-    assert c.kind == "stall" and c.ranks == [0, 1] and c.value == pytest.approx(4.0)
+    assert c.kind == "stall" and c.ranks == (0, 1) and c.value == pytest.approx(4.0)
     assert c.message == (
         "step stalled on 2 ranks (0, 1): rank 0 stuck at step 44 for 4.0 s (limit 2.0 s), "
         "no collective in flight; rank 1 stuck at step 44 for 10 s (limit 5.0 s), "
@@ -279,7 +280,7 @@ def test_stale_rank_and_ended_ranks(tmp_path: Path) -> None:
         )  # 1 × 3 + 2 s grace: stale when over 5 s old
     r0.updated_ns = 0
     (a,) = look(rules, tmp_path, 7, [r0, r1])
-    assert a.kind == "stale" and a.ranks == [1] and a.severity == "critical"
+    assert a.kind == "stale" and a.ranks == (1,) and a.severity == "critical"
     assert a.message == "rank 1 stopped publishing live state: last record 6 s ago"
     r0.updated_ns = 0
     assert look(rules, tmp_path, 8, [r0, r1]) == []
@@ -349,11 +350,13 @@ def test_failing_or_slow_command_is_one_warning(tmp_path: Path) -> None:
     w = AlertWatcher(
         tmp_path, AlertConfig(command="echo nope >&2; exit 3", command_interval_s=0), stream=err
     )
-    w.emit(Alert("memory", "m", T0, [0]))
+    w.emit(Alert(kind=FindingKind("memory"), title="m", t_ns=T0, ranks=(0,)))
     w.config.command = "sleep 5"
     w.config.command_timeout_s = 0.3
     t0 = time.monotonic()
-    w.emit(Alert("stale", "s", T0, [1]))  # never blocks the caller
+    w.emit(
+        Alert(kind=FindingKind("stale"), title="s", t_ns=T0, ranks=(1,))
+    )  # never blocks the caller
     assert time.monotonic() - t0 < 0.2
     w.stop()
     lines = err.getvalue().splitlines()
@@ -399,14 +402,14 @@ def test_real_job_slow_rank_raises_alerts_and_top_shows_it(cli, tmp_path: Path) 
         a = wait_for(straggler_alert)
         slow_ns = int(Path(f"{stop}.slow").read_text())
         # raised for the rank made slow, after it became slow, with about the injected excess
-        assert a.ranks == [1] and a.t_ns > slow_ns
+        assert a.ranks == (1,) and a.t_ns > slow_ns
         assert a.value == pytest.approx(60.0, abs=25.0)  # ms of compute per step
         reg = wait_for(
             lambda: next((x for x in read_alerts(out) if x.kind == "step_regression"), None)
         )
         # rank 0 waits for rank 1: its steps slow too, and the one alert names both ranks
         # whichever of them published first after the slowdown
-        assert reg.t_ns > slow_ns and reg.ranks == [0, 1]
+        assert reg.t_ns > slow_ns and reg.ranks == (0, 1)
         # steps went from ~30 ms to ~90 ms (+200 %; more on a loaded machine's slower start)
         assert 50.0 <= reg.value <= 300.0
         # top while it runs
@@ -486,7 +489,7 @@ def test_a_reused_run_dir_starts_without_the_last_runs_live_state(tmp_path: Path
         write_rank_live(tmp_path, RankLive(rank=r, updated_ns=T0, interval_s=1.0))
     (tmp_path / "live" / "notes.txt").write_text("kept")
     w = AlertWatcher(tmp_path, AlertConfig(), stream=io.StringIO())
-    w.emit(Alert("stale", "old", T0, [2]))
+    w.emit(Alert(kind=FindingKind("stale"), title="old", t_ns=T0, ranks=(2,)))
     assert clear_live(tmp_path) == 4
     assert read_rank_lives(tmp_path) == {} and read_alerts(tmp_path) == []
     assert (tmp_path / "live" / "notes.txt").read_text() == "kept"

@@ -13,6 +13,7 @@ import torch.distributed as dist
 
 from live_helpers import wait_for
 from meshprof.analyze.live.snapshot import read_snapshot, snapshot_to_dict
+from meshprof.records.finding import FindingKind
 from meshprof.records.live import HIST_BOUNDS_S, Alert, RankLive
 from meshprof.rundir.live import append_alert, live_file, read_alerts, write_rank_live
 from meshprof.session.recording import RecordingSession, SessionConfig
@@ -78,7 +79,9 @@ def test_snapshot_marks_stale_ranks_and_reads_alerts(tmp_path: Path) -> None:
         tmp_path, RankLive(rank=3, updated_ns=now, interval_s=1.0, compute_ns=101_000_000)
     )
     (tmp_path / "live" / "rank00009.json").write_text("{not json")  # half a file is skipped
-    append_alert(tmp_path, Alert("straggler", "rank 2 is slow", now, [2]))
+    append_alert(
+        tmp_path, Alert(kind=FindingKind("straggler"), title="rank 2 is slow", t_ns=now, ranks=(2,))
+    )
     snap = read_snapshot(tmp_path, now_ns=now)
     assert snap.stale == [1] and not snap.ended and sorted(snap.ranks) == [0, 1, 2, 3]
     assert [s.rank for s in snap.stragglers] == [2]

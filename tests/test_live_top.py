@@ -13,6 +13,7 @@ from rich.console import Console
 
 from meshprof.analyze.live.snapshot import read_snapshot
 from meshprof.analyze.live.top_table import build_top_table
+from meshprof.records.finding import FindingKind
 from meshprof.records.live import Alert, InflightLive, RankLive
 from meshprof.render.live_top import render_top, sparkline
 from meshprof.rundir.live import append_alert, write_rank_live
@@ -52,7 +53,15 @@ def make_run(run: Path, now: int, ended: bool = False) -> None:
                 else None,
             ),
         )
-    append_alert(run, Alert("straggler", "rank 3 is a straggler: +50 ms", now - 10**9, [3]))
+    append_alert(
+        run,
+        Alert(
+            kind=FindingKind("straggler"),
+            title="rank 3 is a straggler: +50 ms",
+            t_ns=now - 10**9,
+            ranks=(3,),
+        ),
+    )
 
 
 def test_sparkline_scales_min_to_max() -> None:

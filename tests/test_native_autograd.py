@@ -129,7 +129,7 @@ def _worker(rank: int, ws: int, with_meshprof: bool) -> dict[str, Any]:
     prof = meshprof.enable() if with_meshprof else None
     out = _scenarios(rank)
     if prof is not None:
-        from meshprof.comm.native_build import load
+        from meshprof.comm.native_ext import load
 
         prof.flush()
         out["recorded"] = sorted({e.op for e in prof.events()})

@@ -88,7 +88,7 @@ def _failed_build_worker(rank: int, ws: int) -> dict[str, Any]:
     import torch.distributed as dist
 
     import meshprof
-    from meshprof.comm import native_build
+    from meshprof.comm import native_ext as native_build
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -136,7 +136,7 @@ def test_failed_build_warns_once_and_keeps_recording(tmp_path: Path) -> None:
 def test_meshprof_run_falls_back_when_the_build_fails(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from meshprof.comm import native_build
+    from meshprof.comm import native_ext as native_build
     from meshprof.commands.run import prepare_native
 
     def no_compiler() -> None:
@@ -157,7 +157,7 @@ def test_meshprof_run_falls_back_when_the_build_fails(
 
 # -- one build per host ------------------------------------------------------------------------
 def _counting_compile(count_file: Path, fail: bool) -> None:
-    from meshprof.comm import native_build
+    from meshprof.comm import native_ext as native_build
 
     with open(count_file, "a") as f:
         f.write(f"{os.getpid()}\n")
@@ -171,7 +171,7 @@ def _counting_compile(count_file: Path, fail: bool) -> None:
 def _build_proc(tmp: str, barrier: Any, out: Any) -> None:
     """Two rounds, each started by all processes together: a build that fails, then one that
     succeeds, each in an empty cache. Reports (round, result, entered, returned) times."""
-    from meshprof.comm import native_build
+    from meshprof.comm import native_ext as native_build
 
     for name, fail in (("failing", True), ("working", False)):
         os.environ["TORCH_EXTENSIONS_DIR"] = os.path.join(tmp, name)
@@ -214,7 +214,7 @@ def test_processes_starting_together_build_once(tmp_path: Path) -> None:
 def test_cache_name_encodes_the_torch_build() -> None:
     import torch
 
-    from meshprof.comm import native_build
+    from meshprof.comm import native_ext as native_build
 
     name = native_build.extension_name()
     assert name.isidentifier()
@@ -239,7 +239,7 @@ def _handover_worker(
     import torch.distributed as dist
 
     import meshprof
-    from meshprof.comm import native_build
+    from meshprof.comm import native_ext as native_build
 
     open_at = open_at_by_rank[rank]
     gate = threading.Event()

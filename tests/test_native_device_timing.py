@@ -170,7 +170,8 @@ def test_native_cuda_timing_never_synchronizes_the_host() -> None:
     native kernel, with the host-sync checker on. Numbers against torch.profiler's kernel times:
     ``benchmarks/gpu_native_check.py``."""
     torch = pytest.importorskip("torch")
-    from meshprof.comm import native, native_build
+    from meshprof.comm import native
+    from meshprof.comm import native_ext as native_build
 
     if not torch.cuda.is_available() or not native_build.build_with_cuda():
         pytest.skip("needs CUDA and the CUDA toolkit (CUDA_HOME)")

@@ -119,7 +119,7 @@ for r, rd in one.ranks.items():
         a, b = getattr(rd, name), getattr(other, name)
         same = same and a.dtype == b.dtype and np.array_equal(a, b)
     same = same and rd.meta == other.meta and rd.span_names == other.span_names
-world = [rd.meta.groups[0]["ranks"] for rd in many.ranks.values()]
+world = [rd.meta.groups[0].ranks for rd in many.ranks.values()]
 print(json.dumps({{
     "forked": started[-1] is not None,
     "same": bool(same),

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from meshprof import native_build
 from meshprof.analyze.run import replay_native as replay_c
 from meshprof.report.analysis import analyze_run
 from meshprof.rundir import load_run
@@ -67,7 +68,7 @@ def test_compiled_loop_equals_numpy(
 def test_without_a_compiler_the_numpy_loop_runs(
     fresh: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.setattr(replay_c, "_compiler", lambda: None)
+    monkeypatch.setattr(native_build, "c_compiler", lambda: None)
     assert fresh.load() is None
     assert not (tmp_path / "cache").exists() or not list((tmp_path / "cache").glob("*.so"))
     write_run(tmp_path / "run", 8, collectives=200, steps=3, slow=0.0, seed=1, layout=(1, 4, 2),
@@ -78,7 +79,7 @@ def test_without_a_compiler_the_numpy_loop_runs(
 def test_a_failed_build_or_forced_numpy_gives_none(
     fresh: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.setattr(replay_c, "_compiler", lambda: "/bin/false")  # a compiler that fails
+    monkeypatch.setattr(native_build, "c_compiler", lambda: "/bin/false")  # a compiler that fails
     assert fresh.load() is None
     monkeypatch.setattr(replay_c, "_tried", False)
     monkeypatch.setenv("MESHPROF_REPLAY", "numpy")

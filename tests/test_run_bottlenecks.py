@@ -7,10 +7,20 @@ from types import SimpleNamespace
 
 from meshprof.analyze.run.run_bottlenecks import merge_rank_bottlenecks
 from meshprof.analyze.steps.rules import Bottleneck
+from meshprof.records.finding import FindingKind, Severity
 
 
 def _b(category: str, severity: str, evidence: str) -> Bottleneck:
-    return Bottleneck(category, severity, "rule", 0.5, 0.3, evidence, "fix", {"x": 1})
+    return Bottleneck(
+        kind=FindingKind(category),
+        severity=Severity(severity),
+        rule="rule",
+        value=0.5,
+        threshold=0.3,
+        title=evidence,
+        suggestion="fix",
+        metrics={"x": 1},
+    )
 
 
 def test_merge_keeps_worst_rank_and_lists_every_rank() -> None:

@@ -16,6 +16,7 @@ import pytest
 
 from meshprof.events import OP_NAMES
 from meshprof.launch.spawn import run_ranks
+from meshprof.records.finding import FindingKind
 from meshprof.rundir import load_rank_file, load_run, rank_file
 
 
@@ -289,7 +290,9 @@ def test_files_a_session_writes_follow_the_umask(tmp_path: Path) -> None:
         session.writer.persist_crashsafe()
         assert session.write() is not None
         write_dump(session.prof, tmp_path / "hang", "signal")
-        append_alert(tmp_path, Alert("memory", "m", time.time_ns(), [0]))
+        append_alert(
+            tmp_path, Alert(kind=FindingKind("memory"), title="m", t_ns=time.time_ns(), ranks=(0,))
+        )
         write_rank_live(tmp_path, RankLive(rank=1, updated_ns=time.time_ns(), interval_s=1.0))
         running = modes()
         session.stop()

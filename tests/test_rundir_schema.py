@@ -17,6 +17,7 @@ from meshprof.analyze.run.match import match_collectives
 from meshprof.analyze.run.table import build_event_table
 from meshprof.events import OP_NAMES
 from meshprof.layout import Layout
+from meshprof.records.rank_meta import MonitorSettings
 from meshprof.rundir import (
     Manifest,
     RankData,
@@ -62,7 +63,7 @@ def test_golden_rank_meta_fields() -> None:
         assert meta.exit == ExitStatus("normal", 0, "", meta.exit.t_ns if meta.exit else 0)
         assert meta.steps_detected == 3 and meta.step_detection == "optimizer"
         assert meta.total_events == meta.retained_events == 9 and meta.evicted_events == 0
-        assert meta.groups == [
+        assert [g.to_dict() for g in meta.groups or []] == [
             {"name": "0", "desc": "default_pg", "ranks": [0, 1], "backend": "gloo"}
         ]
         assert meta.layout == {"dp": 2, "tp": 1, "pp": 1} and not meta.layout_assumed
@@ -145,7 +146,7 @@ def test_rank_file_round_trip_keeps_unknown_keys(tmp_path: Path) -> None:
 
 
 def test_resolve_layout_precedence() -> None:
-    mon = RankMeta(monitor={"layout": {"dp": 1, "tp": 2, "pp": 1}}, layout={"dp": 2})
+    mon = RankMeta(monitor=MonitorSettings(layout={"dp": 1, "tp": 2, "pp": 1}), layout={"dp": 2})
     manifest = Manifest(layout={"pp": 2})
     assert resolve_layout(mon, manifest) == Layout(tp=2)
     assert resolve_layout(RankMeta(layout={"dp": 2}), manifest) == Layout(dp=2)

@@ -22,6 +22,7 @@ from meshprof.comm import active, recorder
 from meshprof.config import ProfilerConfig
 from meshprof.events import CommEvent
 from meshprof.monitor import step_monitor
+from meshprof.records.rank_meta import MonitorSettings
 from meshprof.render.stats_text import render_stats
 from meshprof.render.step_report import render_analysis
 from meshprof.rundir.json_export import write_export
@@ -53,7 +54,9 @@ class StepMonitor(step_monitor.StepMonitor):
         """Analyze the recorded steps with this monitor's settings (:meth:`to_meta`), as the
         run report analyzes its rank file (:mod:`meshprof.analyze.steps`)."""
         rec = self.recorded()
-        options = StepOptions.from_meta(self.to_meta(), rank=rec.rank, layout=self.layout)
+        options = StepOptions.from_meta(
+            MonitorSettings.from_dict(self.to_meta()), rank=rec.rank, layout=self.layout
+        )
         return analyze_recorded(
             rec.spans, rec.span_names, rec.events, rec.groups, rec.memory, options
         )

@@ -224,7 +224,7 @@ def shift_rank_file(path: Path, shift_ns: int) -> None:
     ev["start_ns"] += shift_ns
     sp["start_ns"] += shift_ns
     mm["t_ns"] += shift_ns
-    cs = dict(rd.meta.clock_sync or {})
+    cs = rd.meta.clock_sync.to_dict() if rd.meta.clock_sync is not None else {}
     cs["samples"] = [[a + shift_ns, b, c + shift_ns] for a, b, c in cs.get("samples", [])]
     write_rank_file(path.parent, RankData(rd.rank, ev, sp, mm, rd.meta.updated(clock_sync=cs)))
 

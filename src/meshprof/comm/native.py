@@ -2,7 +2,7 @@
 cached: the same records as the Python kernel, about 20× cheaper per collective.
 
 The default kernel wherever it can run (:mod:`meshprof.comm.selection`); built once per host and
-torch build by :mod:`meshprof.comm.native_build` (``torch.utils.cpp_extension``, about 30 s;
+torch build by :mod:`meshprof.comm.native_ext` (``torch.utils.cpp_extension``, about 30 s;
 needs a C++ compiler). The C++ kernel
 runs at the same ``BackendSelect`` key for every ``c10d::`` op, assigns seq with the same rules,
 samples with the same hash and takes completion from the Work's future (a C++ callback, no GIL)
@@ -40,7 +40,7 @@ from meshprof.comm.completion import (
     patch_work_wait,
     wrap_wait_native,
 )
-from meshprof.comm.native_build import load
+from meshprof.comm.native_ext import load
 from meshprof.comm.ops import available_specs
 from meshprof.comm.patching import Patches
 from meshprof.errors import MeshprofError

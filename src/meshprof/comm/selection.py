@@ -5,7 +5,7 @@
 * ``None`` (default): the native (C++) kernel wherever it can run (:func:`native_supports_device`).
   When its build for this torch is cached it is installed at once. When it is not, the Python
   kernel records from the first collective and a background thread builds the extension (once
-  per host, :mod:`meshprof.comm.native_build`); when the build ends the recording is handed over
+  per host, :mod:`meshprof.comm.native_ext`); when the build ends the recording is handed over
   to the native kernel (:class:`HandoverKernel`). A failed build warns once and the Python kernel
   goes on.
 * ``True``: native, built now if needed (warns and uses Python when it cannot be built or run).
@@ -28,7 +28,7 @@ import time
 import warnings
 from typing import TYPE_CHECKING, Any
 
-from meshprof.comm import native_build
+from meshprof.comm import native_ext
 from meshprof.comm.backend import GroupRef, KernelBackend, RecorderCore, SeqCounters
 from meshprof.comm.completion import InflightOp
 from meshprof.comm.python_kernel import PythonKernel
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 
 def native_supports_device() -> bool:
     """Whether the native kernel is the *default* here: no CUDA. With CUDA the native kernel's
-    device timing (CUDA build, :func:`meshprof.comm.native_build.build_with_cuda`) is opt-in
+    device timing (CUDA build, :func:`meshprof.comm.native_ext.build_with_cuda`) is opt-in
     (``native=True``) until it is verified on a GPU; the default stays the Python kernel and its
     CUDA-event timing. Flip this once ``benchmarks/gpu_native_check.py`` has passed."""
     import torch
@@ -50,7 +50,7 @@ def native_supports_device() -> bool:
 
 def native_can_time_device() -> bool:
     """With CUDA present, the native kernel can time on the device: its CUDA build is possible."""
-    return native_build.build_with_cuda()
+    return native_ext.build_with_cuda()
 
 
 def native_runs_here(device_timing: bool = True) -> bool:
@@ -80,7 +80,7 @@ def choose_backend(prof: RecorderCore) -> KernelBackend:
             )
             return PythonKernel(prof)
     try:
-        ready = native_build.loaded() or native_build.cached()
+        ready = native_ext.loaded() or native_ext.cached()
     except Exception as e:  # no source file, an unreadable cache: never break enable()
         _warn(f"the native recorder cannot be used ({type(e).__name__}: {e})")
         return PythonKernel(prof)
@@ -132,7 +132,7 @@ class HandoverKernel:
     def install(self) -> None:
         self.python.install()
         _silence_override_warning(self.python)
-        native_build.build_in_background(self._built)
+        native_ext.build_in_background(self._built)
 
     def _built(self, error: MeshprofError | None) -> None:
         """The background build ended (on its thread): arm the switch, or warn once."""
@@ -234,8 +234,8 @@ def planned_recorder(native: bool | None = None) -> dict[str, Any]:
     mode = native_from_env() if native is None else native
     out: dict[str, Any] = {
         "kernel": "python",
-        "native_built": native_build.cached(),
-        "native_cache": str(native_build.build_dir()),
+        "native_built": native_ext.cached(),
+        "native_cache": str(native_ext.build_dir()),
         "reason": "",
     }
     if mode is False:

@@ -1,5 +1,5 @@
 """``meshprof build-native``: build the native (C++) recorder now (CI, images) and say where it
-is cached (once per host and torch build; see :mod:`meshprof.comm.native_build`)."""
+is cached (once per host and torch build; see :mod:`meshprof.comm.native_ext`)."""
 
 from __future__ import annotations
 
@@ -21,20 +21,20 @@ def register(sub: argparse._SubParsersAction) -> None:
 def build_with_progress(prefix: str = "meshprof") -> str:
     """Build (or find cached) the native recorder, with a progress line on stderr while it
     compiles. Returns "" on success, else why it failed (one line)."""
-    from meshprof.comm import native_build
+    from meshprof.comm import native_ext
     from meshprof.errors import MeshprofError
 
-    if native_build.cached():
+    if native_ext.cached():
         return ""
     t0 = time.monotonic()
     print(
         f"{prefix}: building the native recorder once for this torch build "
-        f"(~1 min) in {native_build.build_dir()} ...",
+        f"(~1 min) in {native_ext.build_dir()} ...",
         file=sys.stderr,
         flush=True,
     )
     try:
-        native_build.ensure_built()
+        native_ext.ensure_built()
     except MeshprofError as e:
         print(f"{prefix}: {e}", file=sys.stderr, flush=True)
         return str(e)
@@ -43,19 +43,19 @@ def build_with_progress(prefix: str = "meshprof") -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from meshprof.comm import native_build
+    from meshprof.comm import native_ext
     from meshprof.errors import MeshprofError
 
     error = build_with_progress("meshprof build-native")
     if not error:
         try:
-            native_build.load()  # it must also import, not just compile
+            native_ext.load()  # it must also import, not just compile
         except MeshprofError as e:
             error = str(e)
     out = {
         "built": not error,
-        "native_cache": str(native_build.build_dir()),
-        "library": str(native_build.library_path()),
+        "native_cache": str(native_ext.build_dir()),
+        "library": str(native_ext.library_path()),
         "error": error,
     }
     if args.json:

@@ -310,9 +310,9 @@ def prepare_native(force: bool) -> None:
     from meshprof.config import native_from_env
 
     if force:
-        import meshprof.comm.native_build
+        import meshprof.comm.native_ext
 
-        meshprof.comm.native_build.load()  # MeshprofError: one line, exit code 2
+        meshprof.comm.native_ext.load()  # MeshprofError: one line, exit code 2
         os.environ["MESHPROF_NATIVE"] = "1"
         return
     if native_from_env() is False or not native_supports_device():
@@ -435,8 +435,8 @@ def print_run_summary(run_dir: Path) -> None:
     if len(nodes) > 1:
         for n in nodes:
             console.print(
-                f"  node {n.get('node_rank')} ({n.get('host')}): ranks {n.get('ranks')}, "
-                f"{n.get('status')}, exit code {n.get('exit_code')}"
+                f"  node {n.node_rank} ({n.host}): ranks {n.ranks}, "
+                f"{n.status}, exit code {n.exit_code}"
             )
     t = Table(title="ranks", title_justify="left")
     for col in ("rank", "host", "events", "steps", "exit"):

@@ -4,17 +4,17 @@ torchrun starts this in every worker. It turns meshprof on, then runs the user's
 script as ``__main__`` with the ``sys.argv`` the script expects:
 
 1. the collective recorder (:func:`meshprof.enable`);
-2. the step monitor, with automatic step detection (``$MESHPROF_STEP_DETECT``, default auto):
+2. the step monitor, with automatic step detection (``step_detect``, default auto):
    every step of the first optimizer that steps ends a training step, or, in a script that does
    not train, each outermost module forward call is a step (see ``RecordingSession``);
 3. the rank writer (:class:`meshprof.rundir.writer.RankWriter`): the rank file is written every
-   ``$MESHPROF_FLUSH_INTERVAL`` seconds, at exit, on an unhandled exception and on SIGTERM;
-4. the hang watchdog (``$MESHPROF_HANG_TIMEOUT`` > 0), dumping into ``$MESHPROF_RUN_DIR/hang``;
+   ``flush_interval_s`` seconds, at exit, on an unhandled exception and on SIGTERM;
+4. the hang watchdog (``hang_timeout_s`` > 0), dumping into ``RUN_DIR/hang``;
 5. a wrapper around ``torch.distributed.init_process_group`` that, once the default group
    exists, runs the clock synchronization exchange and writes a first rank file.
 
-All of it is one :class:`meshprof.session.recording.RecordingSession` configured from the environment
-(:func:`session_config`). Setup problems are reported on stderr and never stop the script; the
+All of it is one :class:`meshprof.session.recording.RecordingSession` configured from the
+launcher's :class:`~meshprof.records.worker_settings.WorkerSettings` (:func:`session_config`). Setup problems are reported on stderr and never stop the script; the
 script's exit code and exceptions pass through unchanged.
 """
 
@@ -28,28 +28,21 @@ from pathlib import Path
 from typing import Any
 
 from meshprof.layout import parse_layout
+from meshprof.records.worker_settings import WorkerSettings
 from meshprof.session.recording import RecordingSession, SessionConfig, warn_part_failed
 
 USAGE = "usage: python -m meshprof.launch.bootstrap (script.py | -m module) [args]"
 
 
-def _env_float(name: str, default: float) -> float:
-    try:
-        return float(os.environ.get(name, "") or default)
-    except ValueError:
-        return default
-
-
 def session_config(target: dict[str, Any]) -> SessionConfig:
-    """The worker's recording session, from the launcher's ``$MESHPROF_*`` settings and
+    """The worker's recording session, from the launcher's :class:`WorkerSettings` and
     torchrun's environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``GROUP_RANK``)."""
-    from meshprof.launch import launcher as launch
-
+    settings = WorkerSettings.from_env(os.environ) or WorkerSettings(run_dir="meshprof-runs/worker")
     meta: dict[str, Any] = {
         "target": target,
         "local_rank": int(os.environ.get("LOCAL_RANK", "0") or 0),
         "node_rank": int(os.environ.get("GROUP_RANK", "0") or 0),
-        "node_id": os.environ.get(launch.ENV_NODE_ID, ""),
+        "node_id": settings.node_id,
         "torchrun_restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0),
         "bootstrap_start_ns": time.time_ns(),
     }
@@ -57,31 +50,29 @@ def session_config(target: dict[str, Any]) -> SessionConfig:
     if world.isdigit():
         meta["world_size"] = int(world)
     layout: dict[str, int] | None = None
-    text = os.environ.get(launch.ENV_LAYOUT, "")
-    if text:
+    if settings.layout:
         try:
-            layout = parse_layout(text, f"{launch.ENV_LAYOUT}={text!r}")
+            layout = parse_layout(settings.layout, f"--layout {settings.layout!r}")
         except Exception as e:
-            warn_part_failed("reading $MESHPROF_LAYOUT", e)
+            warn_part_failed("reading the layout", e)
     elif world.isdigit():
         # no layout given: assume pure data parallelism over all ranks (said in the meta)
         layout = {"dp": int(world), "tp": 1, "pp": 1}
         meta["layout_assumed"] = True
     profiler = None
-    max_events = os.environ.get(launch.ENV_MAX_EVENTS, "")
-    if max_events.isdigit():
+    if settings.max_events is not None:
         from meshprof.config import ProfilerConfig
 
-        profiler = ProfilerConfig(max_events=int(max_events))
+        profiler = ProfilerConfig(max_events=settings.max_events)
     return SessionConfig(
-        run_dir=Path(os.environ.get(launch.ENV_RUN_DIR) or "meshprof-runs/worker"),
-        flush_interval_s=_env_float(launch.ENV_FLUSH_INTERVAL, 30.0),
-        live_interval_s=_env_float(launch.ENV_LIVE_INTERVAL, 1.0),
+        run_dir=Path(settings.run_dir),
+        flush_interval_s=settings.flush_interval_s,
+        live_interval_s=settings.live_interval_s,
         profiler=profiler,
         layout=layout,
-        step_detection=os.environ.get(launch.ENV_STEP_DETECT, "") or "auto",
+        step_detection=settings.step_detect or "auto",
         wrap_init_process_group=True,
-        hang_timeout_s=_env_float(launch.ENV_HANG_TIMEOUT, 0.0),
+        hang_timeout_s=settings.hang_timeout_s,
         meta=meta,
     )
 

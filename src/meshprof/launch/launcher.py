@@ -5,7 +5,8 @@ The launcher runs ``python -m meshprof.launch.torchrun <torchrun options> -m mes
 :mod:`meshprof.launch.torchrun`, which also keeps how failed workers ended; multi-node included)
 starts the workers, and each worker runs :mod:`meshprof.launch.bootstrap`, which turns the recorder, the step
 monitor and the rank writer on before running the user's unmodified script. Settings reach the
-workers through environment variables (:data:`ENV_*`). The launcher writes the run directory's
+workers as one JSON record in one environment variable
+(:class:`~meshprof.records.worker_settings.WorkerSettings`). The launcher writes the run directory's
 manifest at start and again at the end (:mod:`meshprof.launch.run_record`), and, when a worker's watchdog writes a dump into ``DIR/hang/``, asks the other local
 workers to dump too (SIGUSR1), ends the job and reports the hang.
 """
@@ -32,21 +33,15 @@ from meshprof.launch.run_record import (
     start_manifest,
     write_merged_manifest,
 )
-from meshprof.launch.torchrun import ENV_WORKER_EXITS
+from meshprof.records.worker_settings import WORKER_ENV, WorkerSettings
 from meshprof.rundir.hang_dumps import dump_files
 from meshprof.rundir.manifest import write_node_record
 from meshprof.rundir.schema import HANG_DIR
 from meshprof.rundir.worker_exits import read_worker_exits, worker_exits_path
 
-ENV_RUN_DIR = "MESHPROF_RUN_DIR"
-ENV_FLUSH_INTERVAL = "MESHPROF_FLUSH_INTERVAL"
-ENV_HANG_TIMEOUT = "MESHPROF_HANG_TIMEOUT"
-ENV_HANG_ACTION = "MESHPROF_HANG_ACTION"
-ENV_LIVE_INTERVAL = "MESHPROF_LIVE_INTERVAL"
-ENV_STEP_DETECT = "MESHPROF_STEP_DETECT"
 ENV_LAYOUT = "MESHPROF_LAYOUT"
-ENV_MAX_EVENTS = "MESHPROF_MAX_EVENTS"
-ENV_NODE_ID = "MESHPROF_NODE_ID"
+"""The job's dp × tp × pp layout when ``--layout`` is not given (``dp=2,tp=4,pp=2`` or
+``2x4x2``); the workers get it in their :class:`~meshprof.records.worker_settings.WorkerSettings`."""
 
 #: Seconds to wait for the other workers' dumps after the first one appears.
 HANG_DUMP_WAIT_S = 15.0
@@ -86,16 +81,18 @@ def worker_env(
 ) -> dict[str, str]:
     """The environment of torchrun and its workers: the caller's, plus meshprof's settings."""
     env = dict(os.environ if base is None else base)
-    env[ENV_RUN_DIR] = str(run_dir)
-    env[ENV_NODE_ID] = node_id()
-    env[ENV_WORKER_EXITS] = str(worker_exits_path(run_dir, node_id()))
-    env[ENV_FLUSH_INTERVAL] = repr(float(opts.flush_interval_s))
-    env[ENV_HANG_TIMEOUT] = repr(float(opts.hang_timeout_s))
-    env[ENV_HANG_ACTION] = opts.hang_action
-    env[ENV_STEP_DETECT] = opts.step_detect
-    env[ENV_LIVE_INTERVAL] = repr(float(opts.live_interval_s))
-    if opts.max_events is not None:
-        env[ENV_MAX_EVENTS] = str(opts.max_events)
+    settings = WorkerSettings(
+        run_dir=str(run_dir),
+        node_id=node_id(),
+        worker_exits=str(worker_exits_path(run_dir, node_id())),
+        flush_interval_s=float(opts.flush_interval_s),
+        hang_timeout_s=float(opts.hang_timeout_s),
+        step_detect=opts.step_detect,
+        live_interval_s=float(opts.live_interval_s),
+        max_events=opts.max_events,
+        layout=env.get(ENV_LAYOUT, ""),
+    )
+    env[WORKER_ENV] = settings.to_env()
     # Workers import meshprof from wherever this launcher did (a checkout without install works).
     src = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -264,15 +261,7 @@ def _watchdog_available() -> bool:
 
 
 __all__ = [
-    "ENV_FLUSH_INTERVAL",
-    "ENV_HANG_ACTION",
-    "ENV_HANG_TIMEOUT",
     "ENV_LAYOUT",
-    "ENV_MAX_EVENTS",
-    "ENV_NODE_ID",
-    "ENV_RUN_DIR",
-    "ENV_STEP_DETECT",
-    "ENV_WORKER_EXITS",
     "EXIT_HANG",
     "LaunchResult",
     "RunOptions",

@@ -270,8 +270,8 @@ def _exit_status(w: WorkerExit) -> ExitStatus:
 def _last_seen_ns(rd: RankData) -> int:
     """When a rank was last seen alive (wall clock ns): its last crash-safe tick when it was
     recovered from them, else its rank file's last write."""
-    rec = rd.meta.recovered or {}
-    return int(rec.get("tick_ns") or rd.meta.exported_ns or 0)
+    rec = rd.meta.recovered
+    return int((rec.tick_ns if rec is not None else None) or rd.meta.exported_ns or 0)
 
 
 __all__ = [

@@ -3,8 +3,9 @@
 ``meshprof run`` starts this instead of ``python -m torch.distributed.run``: it is torchrun
 itself (``torch.distributed.run.main`` in this process: same options, output and exit code).
 When workers fail, torchrun raises ``ChildFailedError``; before it propagates as usual, each
-failure (global rank, local rank, pid, exit code: negative for a signal) is written to
-``$MESHPROF_WORKER_EXITS`` (:mod:`meshprof.rundir.worker_exits`) for the launcher.
+failure (global rank, local rank, pid, exit code: negative for a signal) is written to the file
+its :class:`~meshprof.records.worker_settings.WorkerSettings` names (:mod:`meshprof.rundir.worker_exits`)
+for the launcher.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import contextlib
 import os
 import sys
 
-ENV_WORKER_EXITS = "MESHPROF_WORKER_EXITS"
+from meshprof.records.worker_settings import WorkerSettings
 
 
 def save_failures(error: BaseException, path: str) -> None:
@@ -42,9 +43,9 @@ def main(argv: list[str] | None = None) -> None:
     try:
         torchrun_main(sys.argv[1:] if argv is None else argv)
     except ChildFailedError as e:
-        path = os.environ.get(ENV_WORKER_EXITS, "")
-        if path:
-            save_failures(e, path)
+        settings = WorkerSettings.from_env(os.environ)
+        if settings is not None and settings.worker_exits:
+            save_failures(e, settings.worker_exits)
         raise
 
 

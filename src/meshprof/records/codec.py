@@ -86,7 +86,7 @@ def to_json(value: Any) -> Any:
         custom = getattr(value, "to_dict", None)
         if custom is not None:
             return to_json(custom())
-        return {key: to_json(getattr(value, attr)) for attr, key in _plan(t)}
+        return dataclass_to_json(value)
     if isinstance(value, enum.Enum):
         return to_json(value.value)
     if isinstance(value, np.ndarray):
@@ -106,13 +106,31 @@ def to_json(value: Any) -> Any:
     return str(value)
 
 
+def dataclass_to_json(value: Any) -> dict[str, Any]:
+    """A dataclass instance as the JSON object of its fields (the rule of :func:`to_json`, also
+    for a type that defines ``to_dict`` and builds it from this)."""
+    return {key: to_json(getattr(value, attr)) for attr, key in _plan(type(value))}
+
+
 def from_json(cls: type[T], data: Any, where: str = "") -> T:
     """A ``cls`` built from JSON ``data``; :class:`RecordError` names what does not fit."""
     return typing.cast(T, _decode(cls, data, where or getattr(cls, "__name__", "value")))
 
 
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
 def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
+    got = _HINTS.get(cls)
+    if got is None:
+        got = _HINTS[cls] = typing.get_type_hints(cls)
+    return got
+
+
+def decode(tp: Any, data: Any, where: str) -> Any:
+    """JSON ``data`` as a value of the type ``tp`` (an annotation: ``int``, ``list[str]``,
+    ``X | None``, a dataclass, ...); :class:`RecordError` names ``where`` it does not fit."""
+    return _decode(tp, data, where)
 
 
 def _describe(data: Any) -> str:
@@ -155,6 +173,8 @@ def _decode(tp: Any, data: Any, where: str) -> Any:
                 for i, (a, v) in enumerate(zip(args, data, strict=True))
             )
         item = args[0] if args else Any
+        if (origin or tp) is list and isinstance(data, list) and _all_exactly(data, item):
+            return data  # kept, not copied: the loader shares long member lists across ranks
         items = [_decode(item, v, f"{where}[{i}]") for i, v in enumerate(data)]
         return (origin or tp)(items) if (origin or tp) is not list else items
     if origin is dict or tp is dict or origin is Mapping:
@@ -167,6 +187,11 @@ def _decode(tp: Any, data: Any, where: str) -> Any:
         }
     if isinstance(tp, type):
         if dataclasses.is_dataclass(tp):
+            if isinstance(data, tp):  # already the value (built in code, not read)
+                return data
+            own = getattr(tp, "from_json_data", None)
+            if own is not None:  # a record that reads itself (keeps unknown keys, say)
+                return own(data, where)
             return _decode_dataclass(tp, data, where)
         if issubclass(tp, enum.Enum):
             try:
@@ -184,6 +209,8 @@ def _decode(tp: Any, data: Any, where: str) -> Any:
         elif tp is int:
             if isinstance(data, int) and not isinstance(data, bool):
                 return data
+            if isinstance(data, float) and data.is_integer():  # 1e9 written as a float
+                return int(data)
         elif tp is bool or tp is str:
             if isinstance(data, tp):
                 return data
@@ -191,6 +218,15 @@ def _decode(tp: Any, data: Any, where: str) -> Any:
             return data
         raise RecordError(f"{where}: expected {tp.__name__}, got {_describe(data)}")
     return data
+
+
+def _all_exactly(data: list[Any], item: Any) -> bool:
+    """Every element of ``data`` is already of the primitive type ``item`` (or ``item`` is Any)."""
+    if item is Any:
+        return True
+    if item in (int, str, bool):
+        return all(type(v) is item for v in data)
+    return False
 
 
 def _decode_dataclass(cls: type, data: Any, where: str) -> Any:
@@ -209,4 +245,12 @@ def _decode_dataclass(cls: type, data: Any, where: str) -> Any:
     return cls(**kwargs)
 
 
-__all__ = ["NOT_IN_JSON", "RecordError", "from_json", "json_key", "to_json"]
+__all__ = [
+    "NOT_IN_JSON",
+    "RecordError",
+    "dataclass_to_json",
+    "decode",
+    "from_json",
+    "json_key",
+    "to_json",
+]

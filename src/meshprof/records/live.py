@@ -6,8 +6,11 @@ durations are ns. The files are read and written by :mod:`meshprof.rundir.live`.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
+
+from meshprof.records.codec import dataclass_to_json, from_json, json_key
+from meshprof.records.finding import Finding, Severity
 
 LIVE_FORMAT = "meshprof-live/1"
 
@@ -38,11 +41,13 @@ class InflightLive:
     """The oldest collective in flight on a rank."""
 
     op: str
+    """The collective (``all_reduce``, ``send``, ...)."""
     group: str
     """Group description (e.g. "mesh_tp"), else its name."""
     dim: str
     """Parallel dimension of the group (dp, tp, pp, world, other)."""
     seq: int
+    """Its sequence number in the group."""
     age_ns: int
     """How long it has been in flight when the record was written."""
 
@@ -52,8 +57,11 @@ class OpSeries:
     """Cumulative counters of one (op, dim) pair since the rank started recording."""
 
     op: str
+    """The collective (``all_reduce``, ``send``, ...)."""
     dim: str
+    """Parallel dimension of the group (dp, tp, pp, world, other)."""
     count: int = 0
+    """Collectives completed."""
     sum_ns: int = 0
     """Sum of the collectives' durations (issue to completion), ns."""
     buckets: list[int] = field(default_factory=lambda: [0] * (len(HIST_BOUNDS_S) + 1))
@@ -65,6 +73,7 @@ class DimLive:
     """Communication of one parallel dimension over the recent window."""
 
     dim: str
+    """Parallel dimension of the group (dp, tp, pp, world, other)."""
     comm_ns: int
     """Sum of the dimension's collective durations in the window's steps, ns."""
     exposed_ns: int
@@ -80,19 +89,26 @@ class RankLive:
     """One rank's live state (``RUN_DIR/live/rank{R}.json``)."""
 
     rank: int
+    """Global rank."""
     updated_ns: int
     """When this record was written (wall clock of the rank's host)."""
     interval_s: float
     """How often the rank publishes."""
     format: str = LIVE_FORMAT
+    """``"meshprof-live/1"``."""
     world_size: int = -1
+    """Ranks in the job (-1: unknown yet)."""
     pid: int = -1
+    """The rank's process id."""
     hostname: str = ""
+    """The rank's host."""
     node_id: str = ""
+    """The launcher (node) the rank runs under."""
     stage: int = -1
     """Pipeline stage (the pp coordinate of the layout); live stragglers are looked for among
     the ranks of one stage. -1: no layout known (all ranks compared together)."""
     started_ns: int = 0
+    """When the rank started recording."""
     status: str = "running"
     """"running", or "ended" once the rank wrote its last record (see ``exit_how``)."""
     exit_how: str = ""
@@ -120,9 +136,11 @@ class RankLive:
     exposed_share: float = 0.0
     """Exposed communication / step time over the recent window."""
     dims: list[DimLive] = field(default_factory=list)
+    """Communication per parallel dimension over the recent window."""
     memory_bytes: int = -1
     """Device memory allocated (CUDA) or the process RSS (CPU) at the last step end; -1: none."""
     memory_peak_bytes: int = -1
+    """Peak device (CUDA) or resident (CPU) memory so far; -1: none."""
     memory_capacity_bytes: int = -1
     """Device (CUDA) or host (CPU) memory in total."""
     collectives: int = 0
@@ -132,23 +150,17 @@ class RankLive:
     series: list[OpSeries] = field(default_factory=list)
     """Cumulative counters and latency histogram per (op, dim)."""
     internal_errors: int = 0
+    """Errors the publisher caught in itself (publishing went on)."""
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON record."""
-        return asdict(self)
+        return dataclass_to_json(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RankLive:
-        """Tolerant of unknown and missing keys (older/newer writers)."""
-        known = {f.name for f in fields(cls)}
-        kw = {k: v for k, v in d.items() if k in known}
-        kw["dims"] = [DimLive(**_known(DimLive, x)) for x in d.get("dims") or []]
-        kw["series"] = [OpSeries(**_known(OpSeries, x)) for x in d.get("series") or []]
-        inf = d.get("inflight")
-        kw["inflight"] = (
-            InflightLive(**_known(InflightLive, inf)) if isinstance(inf, dict) else None
-        )
-        return cls(**kw)
+        """A record read back (unknown keys ignored, missing ones take their defaults; a value
+        of the wrong type raises :class:`~meshprof.records.codec.RecordError`)."""
+        return from_json(cls, d, "live record")
 
     @property
     def age_ns(self) -> int:
@@ -165,34 +177,36 @@ class RankLive:
         return now - self.updated_ns > limit
 
 
-def _known(cls: type, d: dict[str, Any]) -> dict[str, Any]:
-    names = {f.name for f in fields(cls)}
-    return {k: v for k, v in d.items() if k in names}
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Alert(Finding):
+    """One alert raised by a live rule (kind: straggler, step_regression, throughput_drop,
+    memory, inflight, stall, stale; severity warning or critical); ``title`` is written
+    ``message`` in the JSON line."""
 
-
-@dataclass(slots=True)
-class Alert:
-    """One alert raised by a live rule."""
-
-    kind: str
-    """Rule: "straggler", "step_regression", "memory", "inflight", "throughput_drop", ..."""
-    message: str
+    title: str = field(metadata=json_key("message"))
     """One line for people."""
+    severity: Severity = Severity.WARNING
+    """``warning`` or ``critical``."""
     t_ns: int
     """When it was raised (wall clock)."""
-    ranks: list[int] = field(default_factory=list)
-    severity: str = "warning"
-    """"warning" or "critical"."""
     value: float | None = None
     """The measured value that tripped the rule (its unit depends on the rule)."""
     threshold: float | None = None
+    """The rule's threshold, in the value's unit."""
+
+    @property
+    def message(self) -> str:
+        """One line for people (the title)."""
+        return self.title
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The JSON line of ``alerts.jsonl``."""
+        return dataclass_to_json(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Alert:
-        return cls(**_known(cls, d))
+        """An alert read back (unknown keys ignored)."""
+        return from_json(cls, d, "alert")
 
 
 @dataclass(slots=True)
@@ -200,11 +214,13 @@ class LiveStraggler:
     """A rank that computes longer than the others over the recent window (the others wait)."""
 
     rank: int
+    """Global rank."""
     compute_ns: int
     """Its median step time − exposed communication over the recent steps."""
     median_compute_ns: int
     """The median of that over the other fresh ranks."""
     excess_ns: int
+    """compute_ns − median_compute_ns."""
     excess_ratio: float
     """excess_ns / median_compute_ns."""
 
@@ -214,11 +230,15 @@ class LiveSnapshot:
     """What a live view shows: every rank's record, the live stragglers and the alerts."""
 
     taken_ns: int
+    """When the snapshot was read (wall clock)."""
     ranks: dict[int, RankLive]
+    """Every rank's latest record, by rank."""
     stale: list[int]
     """Running ranks whose records stopped coming (see :meth:`RankLive.is_stale`)."""
     stragglers: list[LiveStraggler]
+    """The live stragglers, largest excess first."""
     alerts: list[Alert]
+    """The latest alerts, oldest first."""
     ended: bool
     """Every rank ended (or the run's manifest says the job finished)."""
     world_size: int

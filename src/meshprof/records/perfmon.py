@@ -14,6 +14,7 @@ class CommLogRow:
     """One collective of the logged step and who issued it."""
 
     event: CommEvent
+    """The collective as recorded."""
     module: str
     """Dotted module name ("" when none applies)."""
     phase: str
@@ -28,9 +29,13 @@ class CommLog:
     """What ``comm_step{N}.json`` holds."""
 
     step: int
+    """The step logged."""
     rank: int
+    """Global rank."""
     world_size: int
+    """Ranks in the job."""
     rows: list[CommLogRow]
+    """One row per collective of the step."""
     by_module: dict[str, dict[str, int]]
     """"<module> [<phase>]" -> op -> count."""
     dtensor_comm_counts: dict[str, int]
@@ -77,7 +82,9 @@ class FlopsReport:
     """What ``flops_step{N}.json`` holds."""
 
     step: int
+    """The step logged."""
     rank: int
+    """Global rank."""
     total_flops: int
     """FLOPs of the whole step (forward and backward)."""
     step_time_ns: int
@@ -89,6 +96,7 @@ class FlopsReport:
     mfu: float | None
     """achieved / peak (0..1); None without a peak."""
     modules: dict[str, ModuleFlops]
+    """FLOPs per module (dotted name)."""
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON document (``modules`` as ``{name: {"total", "ops"}}``)."""

@@ -103,10 +103,10 @@ def run_tables(
         rd = run.ranks[r]
         lay = run.layout_of(r)
         for g in rd.groups:
-            name = str(g.get("name", ""))
+            name = str(g.name or "")
             if name not in ginfo:
-                ranks = tuple(int(x) for x in g.get("ranks", ()))
-                desc = str(g.get("desc", ""))
+                ranks = tuple(int(x) for x in g.ranks or ())
+                desc = str(g.desc or "")
                 ginfo[name] = (desc, dimension_of(ranks, lay, desc), ranks)
                 gnames.append(name)
         for c in np.unique(rd.events["op"]).tolist():
@@ -131,9 +131,7 @@ def run_tables(
         ev = rd.events
         n = len(ev)
         off = int(offsets.get(r, 0))
-        local = np.asarray(
-            [gcode[str(g.get("name", ""))] for g in rd.groups] or [0], dtype=np.int32
-        )
+        local = np.asarray([gcode[str(g.name or "")] for g in rd.groups] or [0], dtype=np.int32)
         gl = ev["group"].astype(np.int64)
         ok_g = gl < len(rd.groups)
         gid = np.where(ok_g, local[np.minimum(gl, len(local) - 1)], -1)

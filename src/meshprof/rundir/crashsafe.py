@@ -456,8 +456,8 @@ def is_newer_than(recovered: RankData, rank_file_data: RankData | None) -> bool:
     m = rank_file_data.meta
     if m.exit is not None:
         return False
-    rec = recovered.meta.recovered or {}
-    return int(rec.get("tick_ns") or 0) > int(m.exported_ns or 0)
+    rec = recovered.meta.recovered
+    return int((rec.tick_ns if rec is not None else None) or 0) > int(m.exported_ns or 0)
 
 
 def finalize_crashsafe(

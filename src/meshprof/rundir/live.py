@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from meshprof.records.codec import RecordError
 from meshprof.records.live import Alert, RankLive
 from meshprof.rundir.atomic import FILE_MODE, atomic_write_text
 
@@ -70,7 +71,7 @@ def _read_record(p: Path, tries: int = 3) -> RankLive | None:
         except (ValueError, UnicodeDecodeError):
             if i + 1 < tries:
                 time.sleep(0.005)  # raced the writer: read again
-        except (OSError, TypeError):
+        except (OSError, TypeError, RecordError):  # unreadable, or not a live record
             return None
     return None
 
@@ -129,7 +130,7 @@ def read_alerts(run_dir: str | os.PathLike[str], last: int = 100) -> list[Alert]
     out: list[Alert] = []
     with contextlib.suppress(OSError):
         for line in path.read_text("utf-8").splitlines()[-last:]:
-            with contextlib.suppress(ValueError, TypeError):
+            with contextlib.suppress(ValueError, TypeError, RecordError):
                 d = json.loads(line)
                 if isinstance(d, dict):
                     out.append(Alert.from_dict(d))

@@ -6,6 +6,7 @@ writing its final rank file is read from its crash-safe files when they are newe
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,14 +78,15 @@ def _load_or_reason(
 def _share_members(rd: RankData, shared: dict[tuple[str, int], list[Any]]) -> None:
     """Every rank file lists the members of each of its groups: share one list per group
     (4,096 ranks each holding the world group's 4,096 members would be 16M Python ints)."""
-    for g in rd.meta.groups or ():
-        ranks = g.get("ranks") if isinstance(g, dict) else None
+    groups = rd.meta.groups or []
+    for i, g in enumerate(groups):
+        ranks = g.ranks
         if not isinstance(ranks, list):
             continue
-        key = (str(g.get("name", "")), len(ranks))
+        key = (str(g.name or ""), len(ranks))
         have = shared.setdefault(key, ranks)
         if have is not ranks and have == ranks:
-            g["ranks"] = have
+            groups[i] = dataclasses.replace(g, ranks=have)  # (the meta's own list)
 
 
 _THREADED_MIN_BYTES = 4 << 20

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from meshprof.errors import MeshprofError
+from meshprof.records.codec import RecordError
 from meshprof.rundir.atomic import atomic_write_text
 from meshprof.rundir.schema import MANIFEST, NODES_DIR, RUN_FORMAT, Manifest, node_record_path
 
@@ -60,7 +61,12 @@ def read_manifest(run_dir: str | Path, strict: bool = True) -> Manifest:
         if not strict:
             return Manifest()
         raise MeshprofError(f"{path}: damaged manifest (not a JSON object)")
-    return Manifest.from_dict(raw)
+    try:
+        return Manifest.from_dict(raw, "manifest")
+    except RecordError as e:
+        if not strict:
+            return Manifest()
+        raise MeshprofError(f"{path}: damaged manifest ({e})") from None
 
 
 def write_node_record(run_dir: str | Path, node_id: str, record: Mapping[str, Any]) -> Path:

@@ -24,6 +24,8 @@ import numpy as np
 
 from meshprof.errors import MeshprofError
 from meshprof.events import CUSTOM_BASE, EVENT_DTYPE, MEMORY_DTYPE, OP_NAMES, SPAN_DTYPE
+from meshprof.records.codec import RecordError
+from meshprof.records.rank_meta import GroupRecord
 from meshprof.rundir.atomic import atomic_write_bytes
 from meshprof.rundir.schema import RANK_FILE_RE, RankMeta, rank_file
 
@@ -47,8 +49,8 @@ class RankData:
         return int(self.meta.world_size if self.meta.world_size is not None else -1)
 
     @property
-    def groups(self) -> list[dict[str, Any]]:
-        """[{name, desc, ranks, backend}] indexed by the events' ``group`` code."""
+    def groups(self) -> list[GroupRecord]:
+        """The process groups, indexed by the events' ``group`` code."""
         return list(self.meta.groups or [])
 
     @property
@@ -384,7 +386,10 @@ def load_rank_file(
         raise MeshprofError(f"{path}: rank file of another meshprof format (column layout differs)")
     if not isinstance(raw, dict):
         raise MeshprofError(f"{path}: damaged rank file (meta is not a JSON object)")
-    meta = RankMeta.from_dict(raw)
+    try:
+        meta = RankMeta.from_dict(raw, "meta")
+    except RecordError as e:
+        raise MeshprofError(f"{path}: damaged rank file ({e})") from None
     rank = int(meta.rank if meta.rank is not None else (int(m.group(1)) if m else -1))
     if file_events < 0:
         file_events = len(events)

@@ -149,11 +149,11 @@ def _findings_of(
 ) -> tuple[FindingChange, ...]:
     out = [
         FindingChange(
-            "bottleneck",
-            b.bottleneck.category,
-            None,
-            b.bottleneck.severity,
-            f"{b.bottleneck.category}: {b.evidence_text}",
+            source="bottleneck",
+            kind=b.bottleneck.kind,
+            rank=None,
+            severity=b.bottleneck.severity,
+            title=f"{b.bottleneck.kind}: {b.evidence_text}",
         )
         for b in bottlenecks
     ]
@@ -161,7 +161,12 @@ def _findings_of(
         rank = f.evidence.get("rank", f.evidence.get("max_rank"))
         out.append(
             FindingChange(
-                "finding", f.kind, rank if isinstance(rank, int) else None, f.severity, f.title
+                source="finding",
+                kind=f.kind,
+                rank=rank if isinstance(rank, int) else None,
+                ranks=f.ranks,
+                severity=f.severity,
+                title=f.title,
             )
         )
     return tuple(out)

@@ -12,8 +12,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from meshprof.analyze.compute.plain import plain_dict
 from meshprof.records.codec import to_json
+from meshprof.records.finding import Finding
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,21 +152,16 @@ class Throughput:
     recorded tokens."""
 
 
-@dataclass(frozen=True, slots=True)
-class FindingChange:
-    """A bottleneck or finding present in one run only."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FindingChange(Finding):
+    """A bottleneck or finding present in one run only (``kind``: the bottleneck's category or
+    the finding's kind; ``severity``: in the run that has it)."""
 
     source: str
     """"bottleneck" (a rule of :mod:`meshprof.analyze.steps.rules`) or "finding" (of the
     cross-rank report)."""
-    kind: str
-    """The bottleneck's category or the finding's kind."""
     rank: int | None
     """The rank a finding names (None for bottlenecks and run-wide findings)."""
-    severity: str
-    """Its severity in the run that has it."""
-    title: str
-    """One line for people."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,7 +238,7 @@ class RunDiff:
                 "collectives": [dataclasses.asdict(c) for c in self.collectives],
                 "comm_share": [dataclasses.asdict(s) for s in self.comm_share],
                 "memory": dataclasses.asdict(self.memory),
-                "throughput": plain_dict(self.throughput),
-                "bottlenecks": plain_dict(self.bottlenecks),
+                "throughput": self.throughput,
+                "bottlenecks": self.bottlenecks,
             }
         )

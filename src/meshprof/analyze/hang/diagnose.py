@@ -29,6 +29,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from meshprof.errors import MeshprofError
+from meshprof.records.finding import Finding, FindingKind, Severity
 from meshprof.rundir.hang_dumps import Collective, RankState, load_dumps
 
 # Ops whose per-rank input size must agree across the group (others may differ legitimately).
@@ -37,20 +38,18 @@ _SAME_INPUT = frozenset(
 )
 
 
-@dataclass(frozen=True, slots=True)
-class HangFinding:
-    """One thing that went wrong (a hang or desync; not the run report's ``Finding``)."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HangFinding(Finding):
+    """One thing that went wrong in a hang or desync (kind: missing, op_mismatch,
+    dtype_mismatch, size_mismatch, order, stuck, no_dump); ``ranks`` are the ranks at fault
+    (missing ranks, the minority of a mismatch, ranks without a dump), ``title`` the finding in
+    plain words."""
 
-    kind: str
-    """"missing", "op_mismatch", "dtype_mismatch", "size_mismatch", "order", "stuck", "no_dump"."""
+    severity: Severity = Severity.CRITICAL
     group: str
     """Process group name ("" when not about one group)."""
     seq: int
     """Sequence number in the group (-1 when not about one collective)."""
-    ranks: tuple[int, ...]
-    """The ranks at fault (missing ranks, the minority of a mismatch, ranks without a dump)."""
-    message: str
-    """The finding in plain words."""
     values: tuple[tuple[int, str], ...] = ()
     """(rank, what that rank did) for the ranks compared."""
     op: str = ""
@@ -60,6 +59,11 @@ class HangFinding:
     consequence_of: int | None = None
     """Index in :attr:`HangDiagnosis.findings` of the finding this one follows from (None for a
     root cause or an independent finding)."""
+
+    @property
+    def message(self) -> str:
+        """The finding in plain words (its title)."""
+        return self.title
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,12 +206,12 @@ def _mismatch(
         if locs:
             msg += f" {locs}."
         return HangFinding(
-            kind,
-            group,
-            seq,
-            tuple(odd),
-            msg,
-            tuple((r, c.signature()) for r, c in sorted(by_rank.items())),
+            kind=FindingKind(kind),
+            group=group,
+            seq=seq,
+            ranks=tuple(odd),
+            title=msg,
+            values=tuple((r, c.signature()) for r, c in sorted(by_rank.items())),
         )
     return None
 
@@ -238,12 +242,12 @@ def _order_finding(
     ):
         parts = "; ".join(f"rank {r}: {' → '.join(w)}" for r, w in windows.items())
         return HangFinding(
-            "order",
-            group,
-            seq,
-            tuple(windows),
-            f"ranks called the collectives of group {group} in a different order from seq {seq} on: {parts}.",
-            tuple((r, " → ".join(w)) for r, w in windows.items()),
+            kind=FindingKind.ORDER,
+            group=group,
+            seq=seq,
+            ranks=tuple(windows),
+            title=f"ranks called the collectives of group {group} in a different order from seq {seq} on: {parts}.",
+            values=tuple((r, " → ".join(w)) for r, w in windows.items()),
         )
     return None
 
@@ -417,7 +421,7 @@ def order_by_cause(
         msg = f"{_wait_phrase(f, pf, states)}" + (
             f", because {'; '.join(why)}." if why else f" (after finding {new_index[up] + 1})."
         )
-        out.append(replace(f, message=msg, consequence_of=new_index[up]))
+        out.append(replace(f, title=msg, consequence_of=new_index[up]))
     top = base[order[0]]
     chain = [
         _wait_phrase(base[i], _parent_finding(base, parent, i), states)
@@ -513,13 +517,13 @@ def diagnose_states(
             )
             findings.append(
                 HangFinding(
-                    "missing",
-                    c.group,
-                    c.seq,
-                    tuple(absent),
-                    f"{_fmt_ranks(absent)} never entered {c.op} seq {c.seq} of group {c.group}, "
+                    kind=FindingKind.MISSING,
+                    group=c.group,
+                    seq=c.seq,
+                    ranks=tuple(absent),
+                    title=f"{_fmt_ranks(absent)} never entered {c.op} seq {c.seq} of group {c.group}, "
                     f"which {_fmt_ranks(inside)} {'is' if len(inside) == 1 else 'are'} waiting in: {parts}.",
-                    tuple((r, str(states[r].location or "")) for r in absent),
+                    values=tuple((r, str(states[r].location or "")) for r in absent),
                     op=c.op,
                     waiting=tuple(inside),
                 )
@@ -527,11 +531,11 @@ def diagnose_states(
         if no_dump:
             findings.append(
                 HangFinding(
-                    "no_dump",
-                    c.group,
-                    c.seq,
-                    tuple(no_dump),
-                    f"{_fmt_ranks(no_dump)} of group {c.group} left no dump while {_fmt_ranks(inside)} "
+                    kind=FindingKind.NO_DUMP,
+                    group=c.group,
+                    seq=c.seq,
+                    ranks=tuple(no_dump),
+                    title=f"{_fmt_ranks(no_dump)} of group {c.group} left no dump while {_fmt_ranks(inside)} "
                     f"waited in {c.op} seq {c.seq}: dead, exited, or stuck outside Python.",
                     op=c.op,
                     waiting=tuple(inside),
@@ -541,11 +545,11 @@ def diagnose_states(
             age = max((x.age_ns for x in entered.values() if x.state == "inflight"), default=0)
             findings.append(
                 HangFinding(
-                    "stuck",
-                    c.group,
-                    c.seq,
-                    tuple(inside),
-                    f"all members of group {c.group} entered {c.signature()} seq {c.seq} with matching "
+                    kind=FindingKind.STUCK,
+                    group=c.group,
+                    seq=c.seq,
+                    ranks=tuple(inside),
+                    title=f"all members of group {c.group} entered {c.signature()} seq {c.seq} with matching "
                     f"arguments and it has not finished after {age / 1e9:.1f} s "
                     f"(a slow or dead link, or a peer stuck inside the backend).",
                     op=c.op,

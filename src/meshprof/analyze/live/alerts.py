@@ -47,6 +47,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from meshprof.errors import MeshprofError
+from meshprof.records.finding import FindingKind, Severity
 from meshprof.records.live import Alert, LiveSnapshot, RankLive
 
 RULES: tuple[str, ...] = (
@@ -487,11 +488,11 @@ class AlertRules:
             "stale": f"{subject} stopped publishing live state: {detail}",
         }[rule]
         return Alert(
-            kind=rule,
-            message=message,
+            kind=FindingKind(rule),
+            title=message,
             t_ns=taken_ns,
-            ranks=sorted(t.rank for t in trips),
-            severity="critical" if rule in ("inflight", "stale") else "warning",
+            ranks=tuple(sorted(t.rank for t in trips)),
+            severity=Severity.CRITICAL if rule in ("inflight", "stale") else Severity.WARNING,
             value=worst.value,
             threshold=worst.threshold,
         )

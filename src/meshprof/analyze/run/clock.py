@@ -33,6 +33,7 @@ import numpy as np
 
 from meshprof.analyze.compute.sorting import group_seq_key, lexsort2, stable_argsort
 from meshprof.analyze.run.table import EventTable
+from meshprof.records.rank_meta import ClockSync
 from meshprof.rundir import LoadedRun
 
 #: Ops after which every member has seen every other member's arrival and completes together.
@@ -96,12 +97,13 @@ class ClockAlignment:
         return {rc.rank: rc.offset_ns for rc in self.ranks}
 
 
-def exchange_estimate(clock_sync: dict | None) -> tuple[int, int] | None:
-    """(offset_ns, rtt_ns) from the min-RTT sample of a ``clock_sync`` dict, None without one."""
-    if not clock_sync:
+def exchange_estimate(clock_sync: ClockSync | None) -> tuple[int, int] | None:
+    """(offset_ns, rtt_ns) from the min-RTT sample of a rank's timestamp exchange, None without
+    one."""
+    if clock_sync is None:
         return None
     best: tuple[int, int] | None = None
-    for s in clock_sync.get("samples") or ():
+    for s in clock_sync.samples or ():
         try:
             t_send, t_ref, t_recv = (int(x) for x in s)
         except (TypeError, ValueError):
@@ -350,9 +352,9 @@ def align_clocks(run: LoadedRun, table: EventTable) -> ClockAlignment:
     ranks = sorted(run.ranks)
     ref = 0
     for rd in run.ranks.values():
-        cs = rd.meta.clock_sync or {}
-        if "ref_rank" in cs:
-            ref = int(cs["ref_rank"])
+        cs = rd.meta.clock_sync
+        if cs is not None and cs.ref_rank is not None:
+            ref = int(cs.ref_rank)
             break
     if ref not in run.ranks:
         # without the reference's file the exchange still relates ranks to its clock; collectives

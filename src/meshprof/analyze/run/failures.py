@@ -85,10 +85,10 @@ def _signal_name(code: int | None) -> str | None:
 
 def _last_step(rd: RankData) -> int | None:
     m = rd.meta
-    rec = m.recovered or {}
+    rec = m.recovered
     candidates: list[int] = []
-    if "step" in rec:
-        candidates.append(int(rec["step"]))
+    if rec is not None and rec.step is not None:
+        candidates.append(int(rec.step))
     elif m.current_step is not None:
         candidates.append(int(m.current_step))
     else:
@@ -103,9 +103,9 @@ def _last_step(rd: RankData) -> int | None:
 
 def _last_seen_local(rd: RankData) -> int | None:
     m = rd.meta
-    rec = m.recovered or {}
-    if rec:
-        return max(int(rec.get("tick_ns") or 0), int(rec.get("step_ns") or 0)) or None
+    rec = m.recovered
+    if rec is not None:
+        return max(int(rec.tick_ns or 0), int(rec.step_ns or 0)) or None
     if m.exit is not None and m.exit.t_ns:
         return int(m.exit.t_ns)
     return int(m.exported_ns) if m.exported_ns else None

@@ -9,6 +9,7 @@ from meshprof.analyze.run.clock import ClockAlignment
 from meshprof.analyze.run.match import MatchSummary
 from meshprof.analyze.run.stragglers import StragglerReport
 from meshprof.analyze.run.types import MemoryImbalance, RunFinding
+from meshprof.records.finding import FindingKind, Severity
 
 MEMORY_IMBALANCE_THRESHOLD = 0.20
 """Peak memory above the median rank by more than this fraction is reported as a finding (the
@@ -31,57 +32,61 @@ def find_findings(
     if manifest_state != "ok":
         out.append(
             RunFinding(
-                "manifest",
-                "warning" if manifest_state == "damaged" else "info",
-                manifest_problem or f"manifest.json: {manifest_state}",
-                {"state": manifest_state, "reason": manifest_problem},
+                kind=FindingKind.MANIFEST,
+                severity=Severity.WARNING if manifest_state == "damaged" else Severity.INFO,
+                title=manifest_problem or f"manifest.json: {manifest_state}",
+                evidence={"state": manifest_state, "reason": manifest_problem},
             )
         )
     for x in stragglers.stragglers:
         phase = f" in phase '{x.phase}'" if x.phase else ""
         out.append(
             RunFinding(
-                "straggler",
-                "warning",
-                f"rank {x.rank} is a straggler{phase}: {x.score:+.0%} compute vs the median rank, arrived last in {x.last_share:.0%} of its collectives",
-                dataclasses.asdict(x),
+                kind=FindingKind.STRAGGLER,
+                severity=Severity.WARNING,
+                title=f"rank {x.rank} is a straggler{phase}: {x.score:+.0%} compute vs the median rank, arrived last in {x.last_share:.0%} of its collectives",
+                ranks=(x.rank,),
+                evidence=dataclasses.asdict(x),
             )
         )
     if memory.max_rank >= 0 and memory.imbalance > MEMORY_IMBALANCE_THRESHOLD:
         out.append(
             RunFinding(
-                "memory_imbalance",
-                "warning",
-                f"rank {memory.max_rank} peaks at {memory.imbalance:+.0%} memory vs the median rank",
-                dataclasses.asdict(memory),
+                kind=FindingKind.MEMORY_IMBALANCE,
+                severity=Severity.WARNING,
+                title=f"rank {memory.max_rank} peaks at {memory.imbalance:+.0%} memory vs the median rank",
+                ranks=(memory.max_rank,),
+                evidence=dataclasses.asdict(memory),
             )
         )
     for r, why in problems:
         out.append(
             RunFinding(
-                "missing_rank",
-                "warning",
-                f"rank {r} not analyzed: {why}",
-                {"rank": r, "reason": why},
+                kind=FindingKind.MISSING_RANK,
+                severity=Severity.WARNING,
+                title=f"rank {r} not analyzed: {why}",
+                ranks=(r,),
+                evidence={"rank": r, "reason": why},
             )
         )
     for c in clock.ranks:
         if c.method == "none":
             out.append(
                 RunFinding(
-                    "clock",
-                    "warning",
-                    f"rank {c.rank}: clock not aligned (no timestamp exchange, no shared collective)",
-                    {"rank": c.rank},
+                    kind=FindingKind.CLOCK,
+                    severity=Severity.WARNING,
+                    title=f"rank {c.rank}: clock not aligned (no timestamp exchange, no shared collective)",
+                    ranks=(c.rank,),
+                    evidence={"rank": c.rank},
                 )
             )
     if match.incomplete:
         out.append(
             RunFinding(
-                "incomplete",
-                "info",
-                f"{match.incomplete} of {match.collectives} collectives were not recorded by every member",
-                {"incomplete": match.incomplete, "collectives": match.collectives},
+                kind=FindingKind.INCOMPLETE,
+                severity=Severity.INFO,
+                title=f"{match.incomplete} of {match.collectives} collectives were not recorded by every member",
+                evidence={"incomplete": match.incomplete, "collectives": match.collectives},
             )
         )
     return tuple(out)

@@ -7,9 +7,9 @@ members × scenarios (milliseconds). It is plain C with no Python or numpy heade
 with the system C compiler on first use (~0.3 s) into a cache directory and loaded with ctypes;
 ``meshprof report`` does not import torch (the native recorder's extension would cost seconds).
 
-Cache: ``$MESHPROF_CACHE_DIR`` else ``$XDG_CACHE_HOME/meshprof`` else ``~/.cache/meshprof``,
-file ``replay-<hash of the source>.so``, built under a file lock so concurrent reports build
-once. No compiler, a failed build or an unwritable cache: :func:`load` returns None and the
+Cache: :func:`meshprof.native_build.cache_dir`, file ``replay-<hash of the source>.so``, built
+once per host by :func:`meshprof.native_build.build_c_library` (under a file lock, so concurrent
+reports build once). No compiler, a failed build or an unwritable cache: :func:`load` returns None and the
 numpy loop runs (same results: ``tests/test_report_memory.py`` compares the two).
 ``MESHPROF_REPLAY=numpy`` forces the numpy loop.
 """
@@ -17,15 +17,13 @@ numpy loop runs (same results: ``tests/test_report_memory.py`` compares the two)
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
-import shutil
-import subprocess
-import sysconfig
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from meshprof.native_build import build_c_library, cache_dir, source_hash
 
 SOURCE = Path(__file__).with_name("replay_levels.c")
 BLOCK_MEMBERS = 1 << 16
@@ -34,47 +32,6 @@ BLOCK_MEMBERS = 1 << 16
 
 _loaded: Any = None
 _tried = False
-
-
-def cache_dir() -> Path:
-    env = os.environ.get("MESHPROF_CACHE_DIR")
-    if env:
-        return Path(env)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "meshprof"
-
-
-def _compiler() -> str | None:
-    cc = os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc"
-    exe = str(cc).split()[0] if cc else "cc"
-    return shutil.which(exe) or shutil.which("cc") or shutil.which("gcc")
-
-
-def _build(target: Path) -> bool:
-    cc = _compiler()
-    if cc is None:
-        return False
-    import fcntl
-
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target.with_suffix(".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            if target.exists():
-                return True
-            tmp = target.with_suffix(f".{os.getpid()}.tmp")
-            proc = subprocess.run(
-                [cc, "-O2", "-shared", "-fPIC", "-o", str(tmp), str(SOURCE)],
-                capture_output=True,
-                timeout=120,
-            )
-            if proc.returncode != 0 or not tmp.exists():
-                tmp.unlink(missing_ok=True)
-                return False
-            os.replace(tmp, target)
-            return True
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def load() -> Any:
@@ -86,9 +43,8 @@ def load() -> Any:
         return _loaded
     _tried = True
     try:
-        digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]
-        target = cache_dir() / f"replay-{digest}.so"
-        if not target.exists() and not _build(target):
+        target = cache_dir() / f"replay-{source_hash(SOURCE)}.so"
+        if not target.exists() and not build_c_library([SOURCE], target):
             return None
         fn = ctypes.CDLL(str(target)).meshprof_replay_levels
     except Exception:

@@ -15,19 +15,12 @@ from typing import TYPE_CHECKING, Any
 
 from meshprof.analyze.steps.rules import Bottleneck, evaluate_cross_rank
 from meshprof.config import BottleneckThresholds
+from meshprof.records.finding import severity_order
 
 if TYPE_CHECKING:
     from meshprof.analyze.compute.pipeline_bubble import PipelineBubble
     from meshprof.analyze.run.stragglers import StragglerReport
     from meshprof.analyze.steps.types import StepAnalysis
-
-SEVERITY_ORDER = {"critical": 0, "high": 1, "medium": 2, "low": 3}
-"""Severities, most severe first (unknown severities sort last)."""
-
-
-def severity_rank(severity: str) -> int:
-    """Sort key of a severity: 0 for critical, 3 for low, 9 for anything else."""
-    return SEVERITY_ORDER.get(severity, 9)
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,11 +39,11 @@ class RunBottleneck:
     def evidence_text(self) -> str:
         """The rule's evidence, prefixed by the rank it is from and followed by the other ranks
         it fired on, e.g. ``rank 3: exposed communication 41% (fired on 2 ranks: 1, 3)``."""
-        text = self.bottleneck.evidence
+        text = self.bottleneck.title
         if self.rank is not None:
             text = f"rank {self.rank}: {text}"
         ranks = self.ranks or ()
-        if len(ranks) > 1 and "fired on" not in text and self.bottleneck.category != "pipeline":
+        if len(ranks) > 1 and "fired on" not in text and self.bottleneck.kind != "pipeline":
             text += f" (fired on {len(ranks)} ranks: {', '.join(map(str, sorted(ranks)))})"
         return text
 
@@ -70,10 +63,10 @@ def merge_rank_bottlenecks(analyses: Mapping[int, StepAnalysis]) -> dict[str, Ru
     worst: dict[str, tuple[int, Bottleneck]] = {}
     for r, a in analyses.items():
         for b in a.bottlenecks:
-            fired.setdefault(b.category, []).append(r)
-            cur = worst.get(b.category)
-            if cur is None or severity_rank(b.severity) < severity_rank(cur[1].severity):
-                worst[b.category] = (r, b)
+            fired.setdefault(b.kind, []).append(r)
+            cur = worst.get(b.kind)
+            if cur is None or severity_order(b.severity) < severity_order(cur[1].severity):
+                worst[b.kind] = (r, b)
     return {c: RunBottleneck(b, r, tuple(fired[c])) for c, (r, b) in worst.items()}
 
 
@@ -135,5 +128,5 @@ def run_bottlenecks(
         if joint is not None:
             merged["pipeline"] = joint
     out = list(merged.values()) + cross_rank_bottlenecks(stragglers, memory_imbalance, memory_rank)
-    out.sort(key=lambda b: severity_rank(b.bottleneck.severity))
+    out.sort(key=lambda b: severity_order(b.bottleneck.severity))
     return tuple(out) + tuple(RunBottleneck(b, None, None) for b in extra)

@@ -137,10 +137,10 @@ def build_event_table(
         layout = resolve_layout(rd.meta, run.manifest)
         gmap = []
         for g in rd.groups:
-            name = str(g.get("name", ""))
+            name = str(g.name or "")
             if name not in gindex:
-                ranks = tuple(int(x) for x in g.get("ranks", ()))
-                desc = str(g.get("desc", ""))
+                ranks = tuple(int(x) for x in g.ranks or ())
+                desc = str(g.desc or "")
                 gindex[name] = len(groups)
                 groups.append(GroupRef(name, desc, ranks, dimension_of(ranks, layout, desc)))
             gmap.append(gindex[name])
@@ -170,7 +170,7 @@ def build_event_table(
             dur_hi = max(dur_hi, lo_hi["duration_ns"][1])
             s_hi = max(_range(ev["in_bytes"], idx)[1], _range(ev["out_bytes"], idx)[1])
             if np.isin(size_code[op_raw], _SIZE_TIMES_N).any():  # S = in · n or out · n
-                s_hi *= max((len(g.get("ranks", ())) for g in rd.groups), default=1)
+                s_hi *= max((len(g.ranks or ()) for g in rd.groups), default=1)
             size_hi = max(size_hi, s_hi)
         # (the op maps, not the mapped columns: 12 B per row for the whole run otherwise)
         kept.append((r, ev, idx, omap, gm, size_code, len(op_raw)))

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from meshprof.records.codec import NOT_IN_JSON
+from meshprof.records.finding import Finding
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,16 +116,12 @@ class GroupRow:
     """Total wait of all members (ns)."""
 
 
-@dataclass(frozen=True, slots=True)
-class RunFinding:
-    """A conclusion of the cross-rank report with the numbers that support it."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunFinding(Finding):
+    """A conclusion of the cross-rank report (kind: manifest, straggler, memory_imbalance,
+    missing_rank, clock, incomplete; severity: warning or info) with the numbers that support
+    it."""
 
-    kind: str
-    """"manifest", "straggler", "memory_imbalance", "missing_rank", "clock", "incomplete"."""
-    severity: str
-    """"warning" or "info"."""
-    title: str
-    """One line for people."""
     evidence: dict[str, Any] = field(default_factory=dict)
     """The figures behind it (ns, bytes, fractions), by name."""
 

@@ -7,7 +7,6 @@ from dataclasses import replace
 
 from meshprof.analyze.steps.options import StepOptions
 from meshprof.analyze.steps.rules import (
-    SEVERITY_ORDER,
     Bottleneck,
     rule_data_loading,
     rule_exposed_comm,
@@ -17,6 +16,7 @@ from meshprof.analyze.steps.rules import (
 )
 from meshprof.analyze.steps.timeline import StepTimeline
 from meshprof.analyze.steps.types import StepAnalysis
+from meshprof.records.finding import severity_order
 
 
 def add_bottlenecks(a: StepAnalysis, t: StepTimeline, o: StepOptions) -> StepAnalysis:
@@ -35,5 +35,5 @@ def add_bottlenecks(a: StepAnalysis, t: StepTimeline, o: StepOptions) -> StepAna
         rule_data_loading(a.data_loading_share, th),
     ]
     out = [b for b in found if b is not None]
-    out.sort(key=lambda b: SEVERITY_ORDER.get(b.severity, 9))
+    out.sort(key=lambda b: severity_order(b.severity))
     return replace(a, bottlenecks=out)

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from meshprof.config import BottleneckThresholds
 from meshprof.layout import Layout
+from meshprof.records.rank_meta import MonitorSettings
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -36,21 +35,21 @@ class StepOptions:
 
     @classmethod
     def from_meta(
-        cls, meta: Mapping[str, Any], *, rank: int = 0, layout: Layout | None = None
+        cls, meta: MonitorSettings | None, *, rank: int = 0, layout: Layout | None = None
     ) -> StepOptions:
         """The options a step monitor wrote into a rank file's meta
         (:meth:`meshprof.monitor.StepMonitor.to_meta`); missing entries take the defaults."""
-        th = meta.get("thresholds")
+        m = meta if meta is not None else MonitorSettings()
         return cls(
             rank=rank,
             layout=layout,
-            schedule=str(meta.get("schedule", "") or ""),
-            microbatches=int(meta.get("microbatches", 0) or 0),
-            virtual_stages=int(meta.get("virtual_stages", 1) or 1),
-            flops_per_step=meta.get("flops_per_step"),
-            peak_tflops=meta.get("peak_tflops"),
-            thresholds=BottleneckThresholds(**th)
-            if isinstance(th, dict)
+            schedule=str(m.schedule or ""),
+            microbatches=int(m.microbatches or 0),
+            virtual_stages=int(m.virtual_stages or 1),
+            flops_per_step=m.flops_per_step,
+            peak_tflops=m.peak_tflops,
+            thresholds=BottleneckThresholds(**m.thresholds)
+            if m.thresholds is not None
             else BottleneckThresholds(),
-            warmup_steps=int(meta.get("warmup_steps", 0) or 0),
+            warmup_steps=int(m.warmup_steps or 0),
         )

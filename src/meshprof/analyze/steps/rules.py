@@ -9,38 +9,52 @@ ratio ≤ 1.25 → low, ≤ 1.5 → medium, ≤ 2 → high, otherwise critical. 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from meshprof.config import BottleneckThresholds
+from meshprof.records.codec import dataclass_to_json, json_key
+from meshprof.records.finding import Finding, FindingKind, Severity
 
-SEVERITIES = ("low", "medium", "high", "critical")
-SEVERITY_ORDER = {"critical": 0, "high": 1, "medium": 2, "low": 3}
-"""Sort key of a severity: most severe first."""
+SEVERITIES = (Severity.LOW, Severity.MEDIUM, Severity.HIGH, Severity.CRITICAL)
+"""A rule's severities, least severe first."""
 
 
-@dataclass(frozen=True, slots=True)
-class Bottleneck:
-    """One finding: what is slow, how sure we are (the numbers), and what to do."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Bottleneck(Finding):
+    """One finding of a rule: what is slow (``kind``: communication, memory, pipeline,
+    tensor_parallel, data_loading, load_imbalance, memory_imbalance; written ``category`` in
+    JSON), how bad (low → critical), the numbers behind it in words (``title``; written
+    ``evidence``), and what to do."""
 
-    category: str
-    """communication, memory, pipeline, tensor_parallel, data_loading, load_imbalance, memory_imbalance."""
-    severity: str
-    """low, medium, high or critical."""
+    kind: FindingKind = field(metadata=json_key("category"))
+    """What is slow (communication, memory, pipeline, ...)."""
+    title: str = field(metadata=json_key("evidence"))
+    """The numbers behind the finding, in words."""
     rule: str
     """The rule, e.g. "exposed_comm > 30% of step"."""
     value: float
     """The measured value the rule compared (a fraction)."""
     threshold: float
-    evidence: str
-    """The numbers behind the finding, in words."""
+    """The rule's threshold (a fraction)."""
     suggestion: str
     """A concrete change to try."""
     metrics: dict[str, Any] = field(default_factory=dict)
     """Extra numbers (ranks, dimensions, milliseconds)."""
 
+    @property
+    def category(self) -> str:
+        """The bottleneck's category (its kind)."""
+        return str(self.kind)
+
+    @property
+    def evidence(self) -> str:
+        """The numbers behind the finding, in words (its title)."""
+        return self.title
+
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The JSON object (``category``, ``severity``, ``evidence``, ...)."""
+        return dataclass_to_json(self)  # type: ignore[no-any-return]
 
 
 RATIO_BANDS = (1.25, 1.5, 2.0)
@@ -49,12 +63,12 @@ MEMORY_BANDS = (0.93, 0.96, 0.98)
 """Upper edges of low, medium and high for peak memory / capacity."""
 
 
-def severity(x: float, bands: tuple[float, float, float] = RATIO_BANDS) -> str:
+def severity(x: float, bands: tuple[float, float, float] = RATIO_BANDS) -> Severity:
     """low, medium or high when ``x`` is at most the band's upper edge, else critical."""
     for name, edge in zip(SEVERITIES, bands, strict=False):
         if x <= edge:
             return name
-    return "critical"
+    return Severity.CRITICAL
 
 
 #: category -> (the rule, formatted with its threshold; the suggestion, formatted with the
@@ -104,7 +118,7 @@ def _finding(
     category: str,
     value: float,
     threshold: float,
-    severity: str,
+    severity: Severity,
     evidence: str,
     hint: object = "",
     metrics: dict[str, Any] | None = None,
@@ -112,12 +126,12 @@ def _finding(
     """The finding of a rule that fired (texts from :data:`_TEXT`)."""
     rule, suggestion = _TEXT[category]
     return Bottleneck(
-        category=category,
+        kind=FindingKind(category),
         severity=severity,
         rule=rule.format(threshold),
         value=value,
         threshold=threshold,
-        evidence=evidence,
+        title=evidence,
         suggestion=suggestion.format(hint),
         metrics=metrics if metrics is not None else {},
     )

@@ -88,7 +88,7 @@ class StepTimeline:
 def _group_fields(g: Any) -> tuple[tuple[int, ...], str]:
     if isinstance(g, dict):
         return tuple(g.get("ranks", ())), str(g.get("desc", ""))
-    return tuple(getattr(g, "ranks", ())), str(getattr(g, "desc", ""))
+    return tuple(getattr(g, "ranks", None) or ()), str(getattr(g, "desc", None) or "")
 
 
 @dataclass(frozen=True, slots=True)

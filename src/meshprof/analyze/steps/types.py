@@ -13,8 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from meshprof.analyze.compute.plain import plain_dict
-from meshprof.analyze.steps.rules import SEVERITY_ORDER, Bottleneck
+from meshprof.analyze.steps.rules import Bottleneck
+from meshprof.records.codec import dataclass_to_json
+from meshprof.records.finding import severity_order
 
 
 def _expect(ok: bool, message: str) -> None:
@@ -195,10 +196,9 @@ class StepAnalysis:
         return float(ns / mean) if self.steps and mean > 0 else 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        """``dataclasses.asdict`` with NaN as None (:func:`~meshprof.analyze.compute.plain.plain_dict`:
-        the same dict without ``asdict``'s deep copy of every leaf, 3-4× faster: at thousands
-        of ranks this conversion cost more than the report's cross-rank part)."""
-        return plain_dict(self)
+        """The JSON object (:func:`meshprof.records.codec.dataclass_to_json`: the fields, NaN
+        as null)."""
+        return dataclass_to_json(self)
 
     def check(self) -> None:
         """Raise AssertionError (with the numbers) unless the analysis is self-consistent:
@@ -241,7 +241,7 @@ class StepAnalysis:
         if m is not None:
             _expect(m.peak_bytes >= m.current_bytes and m.peak_bytes >= m.mean_bytes, f"peak: {m}")
             _expect(0 <= m.mean_over_peak <= 1 + _EPS, f"mean/peak is not a fraction: {m}")
-        ranks = [SEVERITY_ORDER.get(b.severity, 9) for b in self.bottlenecks]
+        ranks = [severity_order(b.severity) for b in self.bottlenecks]
         _expect(ranks == sorted(ranks), f"bottlenecks not ordered by severity: {ranks}")
 
     def _shares(self) -> list[tuple[str, float]]:

@@ -14,6 +14,7 @@ from meshprof.analyze.run.run_bottlenecks import RunBottleneck, run_bottlenecks
 from meshprof.analyze.run.stragglers import StragglerReport
 from meshprof.analyze.run.types import MemoryImbalance
 from meshprof.analyze.steps import StepAnalysis
+from meshprof.records.rank_meta import MonitorSettings
 from meshprof.report.stage import Key, ReportOptions, stage
 from meshprof.rundir import LoadedRun, resolve_layout
 
@@ -25,10 +26,11 @@ BOTTLENECKS: Key[tuple[RunBottleneck, ...]] = Key("bottlenecks")
 def pipeline(run: LoadedRun, clock: ClockAlignment) -> PipelineBubble | None:
     """The bubble of every pipeline group, from its stages' spans on the aligned clock (None
     without pipeline parallelism)."""
-    mon: dict[str, object] = {}
+    mon = MonitorSettings()
     layout = None
     for rd in run.ranks.values():
-        mon, layout = rd.meta.monitor or {}, resolve_layout(rd.meta, run.manifest)
+        mon = rd.meta.monitor or MonitorSettings()
+        layout = resolve_layout(rd.meta, run.manifest)
         if layout is not None:
             break
     if layout is None or layout.pp <= 1:
@@ -37,7 +39,7 @@ def pipeline(run: LoadedRun, clock: ClockAlignment) -> PipelineBubble | None:
         StageTimeline(
             r,
             rd.spans,
-            rd.span_names or list((rd.meta.monitor or {}).get("span_names", [])),
+            rd.span_names or list((rd.meta.monitor or MonitorSettings()).span_names or []),
             clock.offset(r),
         )
         for r, rd in sorted(run.ranks.items())
@@ -45,10 +47,10 @@ def pipeline(run: LoadedRun, clock: ClockAlignment) -> PipelineBubble | None:
     return measure_pipeline_bubble(
         stages,
         layout,
-        str(mon.get("schedule", "") or ""),
-        int(str(mon.get("microbatches", 0) or 0)),
-        int(str(mon.get("virtual_stages", 1) or 1)),
-        warmup_steps=int(str(mon.get("warmup_steps", 0) or 0)),
+        str(mon.schedule or ""),
+        int(mon.microbatches or 0),
+        int(mon.virtual_stages or 1),
+        warmup_steps=int(mon.warmup_steps or 0),
     )
 
 

@@ -25,9 +25,9 @@ def analyze_ranks(
     wanted = sorted(run.ranks) if only_ranks is None else sorted(set(only_ranks) & set(run.ranks))
     for r in wanted:
         rd = run.ranks[r]
-        mon = rd.meta.monitor or {}
+        mon = rd.meta.monitor
         options = StepOptions.from_meta(mon, rank=r, layout=resolve_layout(rd.meta, run.manifest))
-        names = rd.span_names or list(mon.get("span_names", []))
+        names = rd.span_names or list((mon.span_names if mon is not None else None) or [])
         out[r] = analyze_recorded(rd.spans, names, rd.events, rd.groups, rd.memory, options)
         if after_rank is not None:
             after_rank(r)

@@ -9,8 +9,8 @@ stamp next to the library; a later process imports the library directly (no comp
 ninja: :func:`cached`, :func:`load`).
 
 One build per host: the build runs under an exclusive lock on ``<root>/<name>.lock``
-(``fcntl.flock``), so ranks that start together build once and the others wait for it, then
-import it. When the build fails, the processes that were waiting for that attempt do not retry
+(:func:`meshprof.native_build.host_lock`, shared with the replay's C loop), so ranks that start
+together build once and the others wait for it, then import it. When the build fails, the processes that were waiting for that attempt do not retry
 (the failure is stamped with its time); a background build in a process started within
 :data:`RETRY_FAILED_AFTER_S` of a failure does not retry either (every test or rank process of a
 machine without a compiler would otherwise try), while an explicit build (``meshprof
@@ -31,11 +31,12 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from meshprof.errors import MeshprofError
+from meshprof.native_build import host_lock
 
 SOURCE = Path(__file__).with_name("native_kernel.cpp")
 HEADERS = ("native_device.h", "native_args.h")
@@ -125,29 +126,6 @@ def _compile() -> None:
     )
 
 
-@contextlib.contextmanager
-def _host_lock(path: Path) -> Iterator[bool]:
-    """Exclusive lock on ``path`` across processes; yields whether another holder made us
-    wait. Without ``fcntl`` (not POSIX) it does not lock."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - Windows
-        yield False
-        return
-    with open(path, "a") as f:
-        waited = False
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            waited = True
-            fcntl.flock(f, fcntl.LOCK_EX)  # releases the GIL while it waits
-        try:
-            yield waited
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
 def ensure_built(compile_fn: Callable[[], None] | None = None, retry_failed: bool = True) -> Path:
     """Build this torch build's extension once per host (under the lock) unless it is cached;
     returns its directory. MeshprofError says why it could not be built. ``compile_fn``
@@ -157,7 +135,7 @@ def ensure_built(compile_fn: Callable[[], None] | None = None, retry_failed: boo
     if cached():
         return d
     started = time.time()
-    with _host_lock(build_root() / f"{extension_name()}.lock") as waited:
+    with host_lock(build_root() / f"{extension_name()}.lock") as waited:
         if cached():  # another process built it while we waited
             return d
         failed = d / _FAILED
