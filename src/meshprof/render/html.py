@@ -35,6 +35,7 @@ from meshprof.report.stages.sampling_error import SAMPLING
 from meshprof.report.stages.stragglers import STRAGGLERS
 from meshprof.report.stages.tables import BY_SIZE, COMM_SHARE, HEATMAP, MEMORY, RANKS, TIMELINE
 from meshprof.report.stages.traces import KINETO
+from meshprof.report.stages.waits import WAIT_CAUSES
 from meshprof.report.stages.what_if import WHAT_IF_REPLAY
 from meshprof.rundir.atomic import atomic_write_text
 
@@ -528,6 +529,31 @@ def _failures(rep: RunReport) -> str:
     )
 
 
+def _waits(rep: RunReport) -> str:
+    causes = rep[WAIT_CAUSES]
+    if not causes:
+        return '<p class="muted">No rank waited for another in the collectives.</p>'
+    rows = [
+        [
+            (str(c.rank), c.rank),
+            (fmt_ns(c.caused_ns), c.caused_ns),
+            (fmt_pct(c.share), c.share),
+            (str(c.collectives), c.collectives),
+            (_E(c.group), c.group),
+            (fmt_ns(c.group_ns), c.group_ns),
+        ]
+        for c in causes
+    ]
+    return (
+        "<p>The ranks the others waited for in the collectives (each member's wait charged to "
+        "the rank that arrived last), largest first.</p>"
+        + html_table(
+            ["rank", "others waited", "share of all waiting", "collectives", "most in", "there"],
+            rows,
+        )
+    )
+
+
 def _what_if(rep: RunReport) -> str:
     return what_if_html(rep.get(WHAT_IF_REPLAY))
 
@@ -544,6 +570,7 @@ HTML_SECTIONS: tuple[tuple[str, Callable[[RunReport], str]], ...] = (
     ("Stragglers", _straggler_view),
     ("Timeline excerpt", _timeline),
     ("Collectives matched across ranks", _groups),
+    ("Who waits for whom", _waits),
     ("Clock alignment", _clock),
 )
 """The page, section by section (heading, body): a new section is one function added here.

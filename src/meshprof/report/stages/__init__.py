@@ -20,12 +20,14 @@ from meshprof.report.stages import (
     stragglers,
     tables,
     traces,
+    waits,
     what_if,
 )
 
 REPORT_STAGES: tuple[Stage[Any], ...] = (
     *rank_analyses.STAGES[:1],  # beside the others, from the start
     *matching.STAGES,  # table, clock, failures, match, collectives
+    *waits.STAGES,
     *stragglers.STAGES,
     *what_if.STAGES,
     *tables.STAGES,  # ranks, memory, comm share, timeline, by size, heatmap
