@@ -24,30 +24,31 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     export = load_export(Path(args.file))
     if args.json:
-        out: dict[str, Any] = {"meta": export.meta, "stats": export.stats.to_dict()}
+        out: dict[str, Any] = {"meta": export.meta.to_dict(), "stats": export.stats.to_dict()}
         print(json.dumps(out))
         return 0
     meta = export.meta
     # piped output gets a width the 12-column table fits in, not rich's default of 80
     console = Console(width=None if sys.stdout.isatty() else 160)
-    rank, world = meta.get("rank", -1), meta.get("world_size", -1)
-    where = f"rank {rank} of {world}" if isinstance(rank, int) and rank >= 0 else "no process group"
+    rank = meta.rank if meta.rank is not None else -1
+    world = meta.world_size if meta.world_size is not None else -1
+    where = f"rank {rank} of {world}" if rank >= 0 else "no process group"
+    total = meta.total_events if meta.total_events is not None else len(export.events)
     console.print(
-        f"[bold]{args.file}[/]: {where}, "
-        f"{meta.get('total_events', len(export.events))} events "
-        f"({meta.get('evicted_events', 0)} evicted), meshprof {meta.get('meshprof_version', '?')}"
+        f"[bold]{args.file}[/]: {where}, {total} events "
+        f"({meta.evicted_events or 0} evicted), meshprof {meta.meshprof_version or '?'}"
     )
-    cpu = meta.get("recorder_cpu")
-    if isinstance(cpu, dict) and cpu.get("total_ns") is not None:
-        per = cpu.get("per_collective_ns")
+    cpu = meta.recorder_cpu
+    if cpu is not None and cpu.total_ns is not None:
+        per = cpu.per_collective_ns
         per_txt = f", {per / 1e3:.2f} µs per collective" if per is not None else ""
         console.print(
-            f"recorder threads: {cpu['total_ns'] / 1e6:.1f} ms CPU{per_txt}, "
-            f"{cpu.get('per_second_ms', 0.0):.2f} ms per second"
+            f"recorder threads: {cpu.total_ns / 1e6:.1f} ms CPU{per_txt}, "
+            f"{cpu.per_second_ms or 0.0:.2f} ms per second"
         )
     print_stats(export.stats, console)
-    if meta.get("internal_errors"):
+    if meta.internal_errors:
         console.print(
-            f"[yellow]meshprof internal errors: {meta['internal_errors']} (first: {meta.get('first_internal_error')})[/]"
+            f"[yellow]meshprof internal errors: {meta.internal_errors} (first: {meta.first_internal_error})[/]"
         )
     return 0

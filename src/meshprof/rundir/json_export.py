@@ -13,6 +13,8 @@ import numpy as np
 
 from meshprof.errors import MeshprofError
 from meshprof.events import CommEvent
+from meshprof.records.codec import RecordError
+from meshprof.records.rank_meta import RankMeta
 from meshprof.rundir.atomic import atomic_write_text
 from meshprof.stats import OpStats, StatsReport
 
@@ -24,9 +26,12 @@ if TYPE_CHECKING:
 class Export:
     """A loaded export file."""
 
-    meta: dict[str, Any]
+    meta: RankMeta
+    """Who recorded (the fields of a rank file's meta that the recorder knows)."""
     events: list[CommEvent]
+    """The recorded events."""
     stats: StatsReport
+    """The statistics at the export."""
 
 
 def _stats_from_dict(d: dict[str, Any]) -> StatsReport:
@@ -83,7 +88,11 @@ def load_export(path: Path) -> Export:
         ) from None
     if not isinstance(data["meta"], dict):
         raise MeshprofError(f"{path}: malformed meshprof export ('meta' is not an object)")
-    return Export(meta=data["meta"], events=events, stats=stats)
+    try:
+        meta = RankMeta.from_dict(data["meta"], "meta")
+    except RecordError as e:
+        raise MeshprofError(f"{path}: malformed meshprof export ({e})") from None
+    return Export(meta=meta, events=events, stats=stats)
 
 
 def write_export(
