@@ -70,6 +70,7 @@ SAME_FEATURE = frozenset(
         "diff",
         "live",
         "manifest",
+        "ledger",
     }
 )
 """Basenames that may repeat: ``__init__``, ``types`` (a room's result types), and the names

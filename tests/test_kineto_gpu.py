@@ -290,9 +290,11 @@ def test_run_directory_with_gpu_traces(tmp_path: Path, cli, wide: None) -> None:
         x["basis"] == "device" and x["comm_comp_overlap_pct"] is not None for x in k["ranks"]
     )
     html = tmp_path / "r.html"
-    res = cli("report", str(tmp_path), "--html", str(html))
+    res = cli("report", str(tmp_path), "--html", str(html), "--full")
     assert res.returncode == 0, res.stderr
     assert "overlap" in res.stdout and "kernel-level straggler: rank 0" in res.stdout
+    brief = cli("report", str(tmp_path)).stdout
+    assert "torch.profiler traces: 2 rank(s) read" in brief and "straggler: rank 0" in brief
     assert "kernel-level straggler: rank 0" in html.read_text()
 
 

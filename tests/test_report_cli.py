@@ -51,7 +51,16 @@ def test_console_summary(tmp_path, cli):
     synthetic_run(tmp_path, 2, [0, 5 * MS], slow_rank=-1)
     p = cli.process("report", str(tmp_path))
     assert p.returncode == 0, p.stderr
+    assert "stragglers: none" in p.stdout and "clocks aligned within" in p.stdout
+    assert p.stdout.index("Verdict") < p.stdout.index("across ranks")  # the verdict first
+    assert max(len(line) for line in p.stdout.splitlines()) <= 80  # a pipe: 80 columns
+    p = cli.process("report", str(tmp_path), "--full")
+    assert p.returncode == 0, p.stderr
     assert "No straggler" in p.stdout and "clock alignment" in p.stdout
+    p = cli.process("report", str(tmp_path), "--ranks", "1,7")
+    assert "not in this report: ranks 7" in p.stdout and "step time" in p.stdout
+    p = cli.process("report", str(tmp_path), "--ranks", "one")
+    assert p.returncode == 2 and "--ranks" in p.stderr
 
 
 def test_bad_input_exit_2(tmp_path, cli):
@@ -165,5 +174,8 @@ def test_streamed_json_is_json_dumps_of_to_dict(sample):
     buf = io.StringIO()
     rep.write_json(buf)
     assert buf.getvalue() == json.dumps(rep.to_dict(), default=str)
-    assert next(iter(json.loads(buf.getvalue()))) == ("sampling" if sample < 1 else "summary")
+    keys = list(json.loads(buf.getvalue()))
+    assert keys[:3] == (
+        ["verdict", "sampling", "summary"] if sample < 1 else ["verdict", "summary", "ledger"]
+    )
     assert rep[RANK_ANALYSES]  # the streamed list is not empty

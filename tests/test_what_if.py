@@ -162,8 +162,10 @@ def test_real_gloo_run_sleeping_rank(tmp_path, cli):
     assert d["what_if_dims"][0]["step_saving_ns"] > 0.5 * extra_s * 1e9
     info = d["what_if_info"]
     assert info["ranks_replayed"] == 3 and info["steps"] and info["replay_error_ns"] == 0
-    text = cli("report", tmp_path).stdout
+    text = cli("report", tmp_path, "--full").stdout
     assert "rank 1 costs every step" in text.split("Findings")[0]
+    brief = cli("report", tmp_path).stdout  # the verdict leads with it
+    assert "1. rank 1 computes longer than its peers" in brief.split("time (")[0]
 
 
 def _overlapped_run(

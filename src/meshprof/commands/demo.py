@@ -168,14 +168,14 @@ def run(args: argparse.Namespace) -> int:
 def _report(out: Path, console: Console) -> None:
     """The cross-rank report of the demo's run directory: terminal summary, HTML and trace."""
     from meshprof.render.perfetto import build_trace, write_trace
-    from meshprof.render.report_text import print_report
+    from meshprof.render.report_brief import print_brief
     from meshprof.report.analysis import analyze_run_parts
     from meshprof.rundir import load_run
 
     run_ = load_run(out)
     parts = analyze_run_parts(run_)
     rep = parts.report
-    print_report(rep, console)
+    print_brief(rep, console)
     written = []
     try:
         from meshprof.render.html import write_html

@@ -24,6 +24,29 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("dir", help="run directory (manifest.json + rankNNNNN.npz files)")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    p.add_argument(
+        "--full",
+        action="store_true",
+        help="print every table (one row per rank and group) after the verdict, instead of the "
+        "brief view (spreads across ranks, outliers, groups by kind)",
+    )
+    p.add_argument(
+        "--ranks",
+        metavar="R,R",
+        help="after the brief view, the per-rank rows of these ranks (e.g. 3,17)",
+    )
+    p.add_argument(
+        "--gpu-hour-price",
+        type=float,
+        default=None,
+        metavar="PRICE",
+        help="price of one GPU-hour: the verdict gives each cause's cost in money too",
+    )
+    p.add_argument(
+        "--all-causes",
+        action="store_true",
+        help="the verdict lists every cause, also those under 2%% of the step",
+    )
     p.add_argument("--html", metavar="FILE", help="write a self-contained HTML report")
     p.add_argument("--trace", metavar="FILE", help="write a merged Perfetto/Chrome JSON trace")
     p.add_argument(
@@ -77,6 +100,21 @@ def _rank_files(run_dir: str) -> int:
         return sum(1 for f in Path(run_dir).iterdir() if RANK_FILE_RE.match(f.name))
     except OSError:
         return 0
+
+
+def _ranks_option(text: str | None) -> list[int]:
+    """``--ranks 3,17`` as rank numbers ([] when not given)."""
+    if text is None:
+        return []
+    try:
+        ranks = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise MeshprofError(
+            f"--ranks must be rank numbers separated by commas, got {text!r}"
+        ) from None
+    if not ranks or min(ranks) < 0:
+        raise MeshprofError(f"--ranks must be rank numbers >= 0, got {text!r}")
+    return ranks
 
 
 def _jobs(text: str | None) -> int | None:
@@ -204,6 +242,9 @@ def run(args: argparse.Namespace) -> int:
             raise MeshprofError(f"--{opt} {target}: is a directory (give a file name)")
     if args.trace_max_events is not None and args.trace_max_events < 0:
         raise MeshprofError(f"--trace-max-events must be >= 0, got {args.trace_max_events}")
+    if args.gpu_hour_price is not None and not args.gpu_hour_price >= 0:
+        raise MeshprofError(f"--gpu-hour-price must be >= 0, got {args.gpu_hour_price}")
+    wanted = _ranks_option(args.ranks)
     jobs = _jobs(args.jobs)
     fraction, reason = _sample_fraction(args)
     try:
@@ -223,6 +264,8 @@ def run(args: argparse.Namespace) -> int:
         hta_rounding=args.hta_rounding,
         release_events=True,
         workers=jobs if jobs is not None else default_workers(len(loaded.ranks)),
+        gpu_hour_price=args.gpu_hour_price,
+        all_causes=args.all_causes,
     )
     # the event table and the match outlive the report only for the trace
     parts = analyze_run_parts(loaded, options) if args.trace else None
@@ -244,10 +287,17 @@ def run(args: argparse.Namespace) -> int:
         rep.write_json(sys.stdout)  # (section by section: no whole dict of the report)
         sys.stdout.write("\n")
         return 0
-    from meshprof.render.report_text import print_report
+    console = Console(width=None if sys.stdout.isatty() else (160 if args.full else 80))
+    if args.full:
+        from meshprof.render.report_text import print_report
 
-    console = Console()
-    print_report(rep, console)
+        print_report(rep, console)
+    else:
+        from meshprof.render.report_brief import print_brief, print_rank_rows
+
+        print_brief(rep, console)
+        if wanted:
+            print_rank_rows(rep, console, wanted)
     for w in written:
         console.print(f"wrote {w}", highlight=False)
     return 0

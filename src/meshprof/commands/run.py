@@ -454,10 +454,10 @@ def print_run_summary(run_dir: Path) -> None:
     for r, why in sorted(run_.problems.items()):
         console.print(f"[yellow]rank {r}: {why}[/]")
     try:
-        from meshprof.render.report_text import print_report
+        from meshprof.render.report_brief import print_brief
         from meshprof.report.analysis import analyze_run
 
-        print_report(analyze_run(run_), console)
+        print_brief(analyze_run(run_), console)
     except Exception as e:
         from meshprof.render.stats_text import print_stats
 

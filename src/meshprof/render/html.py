@@ -26,6 +26,7 @@ from meshprof.render.format import (
     sort_value,
 )
 from meshprof.render.report_text import RANK_COLUMNS, rank_cells, sampling_line
+from meshprof.render.verdict import ledger_html, verdict_html
 from meshprof.render.what_if import what_if_html
 from meshprof.report.run_report import RunReport
 from meshprof.report.stages.conclusions import PROBLEMS, SUMMARY
@@ -559,6 +560,8 @@ def _what_if(rep: RunReport) -> str:
 
 
 HTML_SECTIONS: tuple[tuple[str, Callable[[RunReport], str]], ...] = (
+    ("Verdict", verdict_html),
+    ("Where the time went", ledger_html),
     ("Summary", _summary),
     ("What each rank costs", _what_if),
     ("Bottlenecks and findings", _findings),

@@ -23,6 +23,7 @@ from meshprof.render.format import (
     fmt_rate,
     fmt_signed_pct,
 )
+from meshprof.render.verdict import print_ledger, print_verdict
 from meshprof.render.what_if import what_if_lines
 from meshprof.report.run_report import RunReport
 from meshprof.report.stages.conclusions import PROBLEMS, SUMMARY
@@ -252,6 +253,8 @@ def _print_pipeline_and_traces(rep: RunReport, console: Console) -> None:
 TEXT_SECTIONS: tuple[Callable[[RunReport, Console], None], ...] = (
     _failures,
     _headline,
+    print_verdict,
+    print_ledger,
     _print_findings,
     _ranks,
     _print_pipeline_and_traces,

@@ -3,7 +3,7 @@ stage order, each a typed value read with its key (``report[STRAGGLERS]``).
 
 Its JSON (``meshprof report --json``) is derived from the sections' types by
 :func:`meshprof.records.codec.to_json`: one key per section written to JSON, the leading
-sections first (``Stage.lead``), each group in stage order.
+sections first (``Stage.lead``), the others in stage order.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ class RunReport:
             and s.name in self._values
             and (s.json_if_none or self._values[s.name] is not None)
         ]
-        # the leading sections first, then the others, each in stage order
-        self._json = tuple(s.name for s in sorted(written, key=lambda s: not s.lead))
+        # the leading sections first (by their rank), then the others, each in stage order
+        self._json = tuple(s.name for s in sorted(written, key=lambda s: s.lead or 1 << 30))
 
     def __getitem__(self, key: Key[T]) -> T:
         """The section ``key`` (KeyError when the report has none)."""

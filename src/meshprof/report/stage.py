@@ -48,6 +48,10 @@ class ReportOptions:
     workers: int = 1
     """Processes for the stages that run beside the others (the per-rank step analyses); 1:
     in this process, on a second thread."""
+    gpu_hour_price: float | None = None
+    """Price of one GPU-hour (any currency): the verdict gives each cause's cost in it."""
+    all_causes: bool = False
+    """The verdict lists every cause, also those under 2% of the step."""
 
 
 INPUTS = frozenset({"run", "options"})
@@ -71,9 +75,9 @@ class Stage(Generic[T]):
     """A section written by ``report --json`` (under :attr:`key`)."""
     json_if_none: bool = True
     """Written as null when the result is None (else the key is left out)."""
-    lead: bool = False
-    """Written first in ``report --json`` (the sections a reader needs before the rest: what
-    the report is about, the sample it was computed on)."""
+    lead: int = 0
+    """Written first in ``report --json`` when > 0, smallest first (the sections a reader needs
+    before the rest: the verdict, the sample the report rests on, what it is about)."""
     beside: bool = False
     """Independent of the cross-rank stages (it takes only ``run`` and ``options``): the executor
     starts it first, on worker processes or a second thread, and waits for it where needed."""
@@ -107,7 +111,7 @@ def stage(
     section: bool = True,
     json: bool = True,
     json_if_none: bool = True,
-    lead: bool = False,
+    lead: int = 0,
     beside: bool = False,
     per_rank: bool = False,
     reads_events: bool = False,

@@ -11,6 +11,7 @@ the figures are in each step's module:
 * communication (total, exposed, hidden) per parallel dimension, DP and TP efficiency, the
   per-step rows — :mod:`.communication`;
 * the stage-local pipeline bubble — :mod:`.bubble`;
+* the time ledger (wall time by cause, summing exactly) — :mod:`.ledger`;
 * memory — :mod:`.memory`; FLOPs and MFU — :mod:`.flops`;
 * bottleneck findings — :mod:`.bottlenecks` (last: it reads the others' figures).
 """
@@ -25,6 +26,7 @@ import numpy as np
 from meshprof.analyze.steps.bottlenecks import add_bottlenecks
 from meshprof.analyze.steps.bubble import add_pipeline
 from meshprof.analyze.steps.communication import add_communication
+from meshprof.analyze.steps.ledger import add_ledger
 from meshprof.analyze.steps.memory_stats import add_memory
 from meshprof.analyze.steps.mfu import add_flops
 from meshprof.analyze.steps.options import StepOptions
@@ -51,6 +53,7 @@ STEPS: tuple[AnalysisStep, ...] = (
     add_phases,
     add_communication,
     add_pipeline,
+    add_ledger,
     add_memory,
     add_flops,
     add_bottlenecks,

@@ -189,6 +189,11 @@ class StepAnalysis:
     flops: FlopsStats | None = None
     bottlenecks: list[Bottleneck] = field(default_factory=list)
     per_step: list[StepRow] = field(default_factory=list)
+    ledger: dict[str, int] = field(default_factory=dict)
+    """The analysed steps' wall time by cause (:class:`meshprof.records.ledger.TimeCause`
+    values -> ns), summing to :attr:`ledger_wall_ns` (:mod:`meshprof.analyze.steps.ledger`)."""
+    ledger_wall_ns: int = 0
+    """The analysed steps' total wall time (ns)."""
 
     def share_of_step(self, ns: float) -> float:
         """``ns`` as a fraction of the mean step time (0 without analyzed steps)."""
@@ -241,6 +246,12 @@ class StepAnalysis:
         if m is not None:
             _expect(m.peak_bytes >= m.current_bytes and m.peak_bytes >= m.mean_bytes, f"peak: {m}")
             _expect(0 <= m.mean_over_peak <= 1 + _EPS, f"mean/peak is not a fraction: {m}")
+        if self.ledger:
+            _expect(min(self.ledger.values()) >= 0, f"negative ledger part: {self.ledger}")
+            _expect(
+                sum(self.ledger.values()) == self.ledger_wall_ns,
+                f"ledger parts {sum(self.ledger.values())} != wall {self.ledger_wall_ns}",
+            )
         ranks = [severity_order(b.severity) for b in self.bottlenecks]
         _expect(ranks == sorted(ranks), f"bottlenecks not ordered by severity: {ranks}")
 

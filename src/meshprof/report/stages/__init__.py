@@ -13,13 +13,16 @@ from typing import Any
 from meshprof.report.stage import Stage, check_stages
 from meshprof.report.stages import (
     conclusions,
+    ledger,
     matching,
+    overview,
     pipeline,
     rank_analyses,
     sampling_error,
     stragglers,
     tables,
     traces,
+    verdict,
     waits,
     what_if,
 )
@@ -31,9 +34,12 @@ REPORT_STAGES: tuple[Stage[Any], ...] = (
     *stragglers.STAGES,
     *what_if.STAGES,
     *tables.STAGES,  # ranks, memory, comm share, timeline, by size, heatmap
+    *overview.STAGES,
     *sampling_error.STAGES,
     *conclusions.STAGES,  # problems, findings, summary
     *pipeline.STAGES,  # pipeline bubble, bottlenecks
+    *ledger.STAGES,
+    *verdict.STAGES,
     *rank_analyses.STAGES[1:],
     *traces.STAGES,
 )

@@ -59,7 +59,7 @@ def manifest_fields(run: LoadedRun) -> dict[str, object]:
     }
 
 
-@stage(SUMMARY, lead=True)
+@stage(SUMMARY, lead=3)
 def summary(
     run: LoadedRun,
     stragglers: StragglerReport,

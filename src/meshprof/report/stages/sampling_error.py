@@ -14,7 +14,7 @@ from meshprof.rundir import LoadedRun
 SAMPLING: Key[SamplingInfo | None] = Key("sampling")
 
 
-@stage(SAMPLING, json_if_none=False, lead=True)
+@stage(SAMPLING, json_if_none=False, lead=2)
 def sampling(
     run: LoadedRun,
     table: EventTable,

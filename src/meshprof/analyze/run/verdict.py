@@ -1,0 +1,190 @@
+"""The verdict: the causes of lost time of the run, each with what it costs, the evidence and
+the next thing to try — the report's first answer, largest cost first.
+
+Causes and their cost per step (ns; its share is of the step time ``step_ns``):
+
+* **a straggler** — each rank the what-if names (:attr:`meshprof.analyze.run.what_if.WhatIf.
+  notable`): how much shorter every step would be if it computed like its peers (the replay's
+  saving; it includes everybody's waiting for it);
+* **exposed communication of a dimension**, **the pipeline bubble**, **data loading**, **the
+  optimizer step and checkpoints**, **unattributed time** — the time ledger's part
+  (:mod:`meshprof.analyze.run.ledger`) per rank and step;
+* **waiting for late ranks** — the ledger's straggler wait, named only when no straggler is
+  (the waiting then has no single culprit: the stragglers rotate).
+
+A cause is listed when its share is at least :data:`MIN_SHARE` (``include_small``: all). Its
+GPU-hours are its cost per step × the steps recorded × the GPUs (ranks) of the job: the time every
+GPU of the job spent on it; with a price per GPU-hour, its money. Deterministic: the same report
+gives the same verdict.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from meshprof.analyze.run.ledger import Ledger
+from meshprof.analyze.run.stragglers import StragglerReport
+from meshprof.analyze.run.waits import WaitCause
+from meshprof.analyze.run.what_if import WhatIf
+from meshprof.records.ledger import TimeCause
+
+MIN_SHARE = 0.02
+"""Causes below this share of the step are left out (unless asked for)."""
+
+NS_PER_HOUR = 3_600 * 10**9
+
+_ACTIONS = {
+    TimeCause.EXPOSED_DP: "overlap the gradient reduction with backward (DDP buckets, FSDP2 "
+    "prefetch), accumulate more micro-batches, or compress gradients",
+    TimeCause.EXPOSED_TP: "keep TP groups inside a node, lower the TP degree, or overlap TP "
+    "communication (async TP, sequence parallel)",
+    TimeCause.EXPOSED_PP: "more micro-batches or an interleaved schedule, so sends and receives "
+    "hide behind compute",
+    TimeCause.EXPOSED_OTHER: "batch the step's world-group collectives (grad norm, metrics, "
+    "barriers) or move them off the step",
+    TimeCause.BUBBLE: "more micro-batches per step (m ≥ 4·p), an interleaved 1F1B schedule, or "
+    "stages of balanced layers",
+    TimeCause.STRAGGLER_WAIT: "no rank is slower over the steps: see who the others wait for "
+    "(wait_causes) and the skew per group (jitter, noisy hosts)",
+    TimeCause.DATA_LOADING: "more DataLoader workers, pin_memory and prefetch, or preprocessing "
+    "out of the training loop",
+    TimeCause.OPTIMIZER: "a fused (foreach) optimizer; checkpoints saved asynchronously or less "
+    "often",
+    TimeCause.IDLE: "wrap the step's code in phases (StepMonitor.phase) to see where this goes",
+}
+"""The next thing to try for each ledger cause."""
+
+_TITLES = {
+    TimeCause.EXPOSED_DP: "exposed data-parallel communication",
+    TimeCause.EXPOSED_TP: "exposed tensor-parallel communication",
+    TimeCause.EXPOSED_PP: "exposed pipeline communication",
+    TimeCause.EXPOSED_OTHER: "exposed communication of other groups",
+    TimeCause.BUBBLE: "pipeline bubble",
+    TimeCause.STRAGGLER_WAIT: "waiting for late ranks",
+    TimeCause.DATA_LOADING: "data loading",
+    TimeCause.OPTIMIZER: "optimizer step and checkpoints",
+    TimeCause.IDLE: "time outside the recorded phases",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class VerdictItem:
+    """One cause of lost time."""
+
+    cause: str
+    """``straggler``, or a :class:`~meshprof.records.ledger.TimeCause` value."""
+    title: str
+    """What it is, for people ("rank 37 computes longer than its peers")."""
+    ns_per_step: float
+    """What it costs every step (ns)."""
+    share_of_step: float
+    """ns_per_step / the step time (fraction)."""
+    gpu_hours: float
+    """What it cost over the recorded steps, on every GPU of the job (hours)."""
+    money: float | None
+    """gpu_hours × the price per GPU-hour given (None without one)."""
+    ranks: tuple[int, ...]
+    """The ranks it is about (empty: all)."""
+    since_step: int | None
+    """The first step it was seen in (the first analysed step)."""
+    evidence: str
+    """The figures behind it, in words."""
+    action: str
+    """The next thing to try."""
+
+
+@dataclass(frozen=True, slots=True)
+class VerdictInputs:
+    """What the verdict reads: sections of the report."""
+
+    what_if: WhatIf | None
+    """The what-if replay."""
+    ledger: Ledger
+    """The time ledger."""
+    stragglers: StragglerReport
+    """The straggler report (scores, phases)."""
+    world_size: int
+    """GPUs of the job."""
+    hosts: dict[int, str]
+    """Rank -> host name, for the evidence."""
+    wait_causes: tuple[WaitCause, ...] = ()
+    """Who the others waited for (:mod:`meshprof.analyze.run.waits`)."""
+
+
+def verdict(
+    v: VerdictInputs, *, gpu_hour_price: float | None = None, include_small: bool = False
+) -> tuple[VerdictItem, ...]:
+    """The causes of lost time, largest first."""
+    led, s = v.ledger, v.stragglers
+    rank_steps = led.steps
+    wall_per_step = led.job.wall_ns / rank_steps if rank_steps else 0.0
+    step_ns = (
+        v.what_if.step_ns if v.what_if is not None and v.what_if.step_ns > 0 else wall_per_step
+    )
+    steps_run = len(s.steps)
+    gpus = max(v.world_size, len(led.ranks), 1)
+    since = s.common_steps[0] if s.common_steps else (s.steps[0] if s.steps else None)
+    floor = 0.0 if include_small else MIN_SHARE
+
+    def item(
+        cause: str,
+        title: str,
+        ns: float,
+        ranks: tuple[int, ...],
+        ev: str,
+        act: str,
+        share: float | None = None,
+    ) -> VerdictItem:
+        hours = ns * steps_run * gpus / NS_PER_HOUR
+        return VerdictItem(
+            cause=cause,
+            title=title,
+            ns_per_step=ns,
+            share_of_step=share if share is not None else (ns / step_ns if step_ns > 0 else 0.0),
+            gpu_hours=hours,
+            money=hours * gpu_hour_price if gpu_hour_price is not None else None,
+            ranks=ranks,
+            since_step=since,
+            evidence=ev,
+            action=act,
+        )
+
+    out: list[VerdictItem] = []
+    named = {x.rank: x for x in s.stragglers}
+    if v.what_if is not None:
+        for c in v.what_if.notable:
+            x = named.get(c.rank)
+            phase = f" in {c.phase}" if c.phase else ""
+            host = v.hosts.get(c.rank, "")
+            ev = f"{c.excess_ns / 1e6:.2f} ms more compute per step than its peers{phase}"
+            if x is not None:
+                ev += f"; {x.score:+.0%} compute vs the median rank, arrived last in {x.last_share:.0%} of its collectives"
+            act = (
+                f"look at rank {c.rank}{f' ({host})' if host else ''}{phase}: device clocks and "
+                "heat, its data (sequence lengths), other processes"
+            )
+            out.append(item("straggler", f"rank {c.rank} computes longer than its peers",
+                            c.step_saving_ns, (c.rank,), ev, act))  # fmt: skip
+    per_step = {k: (n / rank_steps if rank_steps else 0.0) for k, n in led.job.parts.items()}
+    for cause in TimeCause:
+        if cause is TimeCause.COMPUTE or (cause is TimeCause.STRAGGLER_WAIT and named):
+            continue
+        ns = per_step.get(cause.value, 0.0)
+        if ns <= 0:
+            continue
+        share = led.job.parts[cause.value] / led.job.wall_ns if led.job.wall_ns else 0.0
+        worst = max(led.ranks, key=lambda r: r.parts[cause.value] / max(r.wall_ns, 1))
+        worst_share = worst.parts[cause.value] / max(worst.wall_ns, 1)
+        ev = f"{share:.1%} of the job's GPU time; most on rank {worst.rank} ({worst_share:.1%})"
+        ranks: tuple[int, ...] = ()
+        if cause is TimeCause.STRAGGLER_WAIT and v.wait_causes:
+            top = v.wait_causes[0]
+            ev += f"; rank {top.rank} was the last to arrive for {top.share:.0%} of the waiting"
+            ranks = tuple(c.rank for c in v.wait_causes[:3])
+        out.append(item(cause.value, _TITLES[cause], ns, ranks, ev, _ACTIONS[cause], share))
+    kept = [x for x in out if x.share_of_step >= floor]
+    kept.sort(key=lambda x: (-x.ns_per_step, x.cause, x.ranks))
+    return tuple(kept)
+
+
+__all__ = ["MIN_SHARE", "VerdictInputs", "VerdictItem", "verdict"]
