@@ -71,6 +71,7 @@ SAME_FEATURE = frozenset(
         "live",
         "manifest",
         "ledger",
+        "verdict",
     }
 )
 """Basenames that may repeat: ``__init__``, ``types`` (a room's result types), and the names

@@ -38,6 +38,7 @@ def test_healthy_job(cli):
     names = [c["name"] for c in data["checks"]]
     assert names == [
         "environment",
+        "native recorder",
         "process group (gloo)",
         "world",
         "connectivity",

@@ -316,3 +316,66 @@ def test_handover_mid_run_loses_nothing_and_counts_nothing_twice() -> None:
     assert 10 <= a["switched_at"] < 35 <= b["switched_at"] < iters
     # both ranks agree on every (op, seq) although they switched at different iterations
     assert [k[:2] for k in a["keys"]] == [k[:2] for k in b["keys"]]
+
+
+# -- quiet: torch's and the compiler's messages stay out of the training's output ---------------
+def _python(code: str, **env: str) -> Any:
+    import subprocess
+    import sys
+
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **env},
+    )
+
+
+def test_cpu_node_with_a_cuda_toolkit_is_quiet(tmp_path: Path) -> None:
+    """torch logs "No CUDA runtime is found" when its extension tools are imported on a node with
+    a CUDA toolkit and no GPU; every rank would print it. meshprof keeps it for doctor."""
+    cuda_home = tmp_path / "cuda"
+    cuda_home.mkdir()
+    env = {"CUDA_HOME": str(cuda_home), "CUDA_VISIBLE_DEVICES": ""}
+    # A CPU wheel never looks for CUDA_HOME: pose as a CUDA build (as on a GPU cluster's CPU node).
+    cuda_build = (
+        "import torch; torch.cuda._is_compiled = lambda: True; torch.version.cuda = '12.8'; "
+        "torch.cuda.is_available = lambda: False\n"
+    )
+    plain = _python(cuda_build + "import torch.utils.cpp_extension", **env)
+    if "No CUDA runtime" not in plain.stderr:
+        pytest.skip("this torch does not log 'No CUDA runtime is found'")
+    p = _python(
+        cuda_build
+        + "import os; os.environ.pop('TORCH_EXTENSIONS_DIR', None)\n"
+        + "from meshprof.comm import native_ext as n; n.build_root(); print(n.IMPORT_MESSAGES)",
+        **env,
+    )
+    assert p.returncode == 0, p.stderr
+    assert "No CUDA runtime" not in p.stderr
+    assert "No CUDA runtime" in p.stdout
+
+
+def test_a_failing_build_writes_its_log_not_the_terminal(tmp_path: Path) -> None:
+    """The compiler runs in a child whose output goes to build.log; the error names the log and
+    doctor reports the failure."""
+    ext = tmp_path / "ext"
+    p = _python(
+        "from meshprof.comm import native_ext as n\n"
+        "from meshprof.errors import MeshprofError\n"
+        "try:\n    n.ensure_built()\nexcept MeshprofError as e:\n    print('ERR', e)\n"
+        "print('DIR', n.build_dir())\n"
+        "print('FAILURE', n.last_failure())\n",
+        TORCH_EXTENSIONS_DIR=str(ext),
+        CXX=str(tmp_path / "no-such-compiler"),
+        MESHPROF_NATIVE_VERBOSE="",
+    )
+    assert p.returncode == 0, p.stderr
+    lines = dict(ln.split(" ", 1) for ln in p.stdout.splitlines() if " " in ln)
+    assert "build.log" in lines["ERR"], p.stdout
+    log = Path(lines["DIR"]) / "build.log"
+    assert log.is_file() and log.stat().st_size > 0
+    assert "no-such-compiler" in log.read_text(errors="replace")
+    assert "no-such-compiler" not in p.stderr  # nothing of the build on the terminal
+    assert lines["FAILURE"] != "None"

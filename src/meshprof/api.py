@@ -21,6 +21,7 @@ from meshprof.analyze.steps import StepAnalysis, StepOptions, analyze_recorded
 from meshprof.comm import active, recorder
 from meshprof.config import ProfilerConfig
 from meshprof.events import CommEvent
+from meshprof.layout import group_label
 from meshprof.monitor import step_monitor
 from meshprof.records.rank_meta import MonitorSettings
 from meshprof.render.stats_text import render_stats
@@ -35,9 +36,16 @@ class CommProfiler(recorder.CommProfiler):
     """The collective recorder (:class:`meshprof.comm.recorder.CommProfiler`) with its
     statistics as text and its JSON export."""
 
-    def summary(self, since_id: int = 0, until_id: int | None = None) -> str:
-        """The statistics (per op, group, rank and message size) as a text table."""
-        return render_stats(self.stats(since_id, until_id), header=f"rank {self.ensure_rank()}")
+    def summary(self, since_id: int = 0, until_id: int | None = None, layout: object = None) -> str:
+        """The statistics (per op, group, rank and message size) as a text table; groups are
+        named by dimension and description (``layout``: the job's, see
+        :func:`meshprof.layout.dimension_of`)."""
+        labels = {g.name: group_label(g.name, g.ranks, layout, g.desc) for g in self.log.groups}
+        return render_stats(
+            self.stats(since_id, until_id),
+            header=f"rank {self.ensure_rank()}",
+            group_labels=labels,
+        )
 
     def export_json(
         self, path: str | os.PathLike[str], since_id: int = 0, until_id: int | None = None

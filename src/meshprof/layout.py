@@ -124,6 +124,16 @@ def dimension_of(group_ranks: Iterable[int], layout: object, desc: str = "") -> 
         return _dimension(members, lay, desc)
 
 
+def group_label(name: str, group_ranks: Iterable[int], layout: object, desc: str = "") -> str:
+    """How tables name a process group: its dimension (:func:`dimension_of`) and its
+    description, e.g. "pp mesh_pp", "world default_pg"; the group's own name stands in for a
+    missing description ("dp #3"). Names such as "7" mean nothing to a reader."""
+    dim = dimension_of(group_ranks, layout, desc)
+    if desc and desc != "undefined" and desc != dim:
+        return f"{dim} {desc}"
+    return f"{dim} #{name}"
+
+
 @functools.lru_cache(maxsize=4096)
 def _dimension_cached(group_ranks: tuple[int, ...], lay: Layout | None, desc: str) -> str:
     return _dimension(group_ranks, lay, desc)

@@ -43,6 +43,9 @@ HEADERS = ("native_device.h", "native_args.h")
 """Headers ``native_kernel.cpp`` includes (their bytes are in the cache name's hash too)."""
 _STAMP = "built"
 _FAILED = "failed"
+LOG = "build.log"
+"""The build's output (compiler, ninja, torch's messages), beside the library; ``meshprof
+doctor`` reports its warnings."""
 
 #: Seconds after a failed build during which background builds do not try again.
 RETRY_FAILED_AFTER_S = 3600.0
@@ -73,9 +76,7 @@ def build_with_cuda() -> bool:
 
     if not torch.cuda.is_available():
         return False
-    from torch.utils.cpp_extension import CUDA_HOME
-
-    return bool(CUDA_HOME)
+    return bool(_cpp_extension().CUDA_HOME)
 
 
 def build_root() -> Path:
@@ -83,9 +84,7 @@ def build_root() -> Path:
     env = os.environ.get("TORCH_EXTENSIONS_DIR")
     if env:
         return Path(env)
-    from torch.utils.cpp_extension import get_default_build_root
-
-    return Path(get_default_build_root())
+    return Path(_cpp_extension().get_default_build_root())
 
 
 def build_dir() -> Path:
@@ -109,21 +108,101 @@ def loaded() -> bool:
     return _module is not None
 
 
-def _compile() -> None:
-    """Compile (or let ninja bring up to date) the extension into :func:`build_dir`."""
-    from torch.utils.cpp_extension import load as load_ext
+#: What importing ``torch.utils.cpp_extension`` logged in this process (e.g. torch's "No CUDA
+#: runtime is found" on a CPU node with a CUDA toolkit): kept here, not printed on every rank.
+IMPORT_MESSAGES: list[str] = []
 
+
+def _cpp_extension() -> Any:
+    """``torch.utils.cpp_extension``, imported with its import-time log records (a warning per
+    rank on a CPU node with ``CUDA_HOME``) kept in :data:`IMPORT_MESSAGES` instead of printed.
+    Only that logger is touched: other threads' output is not."""
+    mod = sys.modules.get("torch.utils.cpp_extension")
+    if mod is not None:
+        return mod
+    import logging
+
+    log = logging.getLogger("torch.utils.cpp_extension")
+
+    class _Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if len(IMPORT_MESSAGES) < 32:
+                IMPORT_MESSAGES.append(f"{record.levelname}: {record.getMessage()}")
+
+    keep, propagate = _Keep(), log.propagate
+    log.addHandler(keep)
+    log.propagate = False
+    try:
+        import torch.utils.cpp_extension as mod
+    finally:
+        log.removeHandler(keep)
+        log.propagate = propagate
+    return mod
+
+
+def _compile_here() -> None:
+    """Compile (or let ninja bring up to date) the extension into :func:`build_dir`, in this
+    process (the child that :func:`_compile` starts)."""
     d = build_dir()
     d.mkdir(parents=True, exist_ok=True)
     cuda = build_with_cuda()
-    load_ext(
+    for m in IMPORT_MESSAGES:
+        print(m, flush=True)
+    _cpp_extension().load(
         name=extension_name(),
         sources=[str(SOURCE)],
         extra_cflags=["-O2"] + (["-DMESHPROF_WITH_CUDA"] if cuda else []),
         with_cuda=cuda,
         build_directory=str(d),
-        verbose=bool(os.environ.get("MESHPROF_NATIVE_VERBOSE")),
+        verbose=True,
     )
+
+
+def _compile() -> None:
+    """Compile the extension in a child Python whose output (compiler warnings, ninja, torch's
+    messages) goes to :data:`LOG` in the build directory, never to the training's terminal;
+    ``$MESHPROF_NATIVE_VERBOSE`` also copies it to stderr. Raises RuntimeError with the log's
+    last lines when the build fails."""
+    import subprocess
+
+    d = build_dir()
+    d.mkdir(parents=True, exist_ok=True)
+    log = d / LOG
+    with open(log, "wb") as out:
+        proc = subprocess.run(
+            [sys.executable, "-c", "from meshprof.comm.native_ext import _compile_here as c; c()"],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            check=False,
+        )
+    text = log.read_text(errors="replace")
+    if os.environ.get("MESHPROF_NATIVE_VERBOSE"):
+        sys.stderr.write(text)
+    if proc.returncode != 0:
+        tail = " | ".join(ln.strip() for ln in text.strip().splitlines()[-4:])
+        raise RuntimeError(f"exit {proc.returncode}, see {log}: {tail}")
+
+
+def last_failure() -> str | None:
+    """Why the last build of this torch build's extension failed (None: it did not, or it was
+    not tried)."""
+    try:
+        return (build_dir() / _FAILED).read_text(errors="replace").strip() or None
+    except OSError:
+        return None
+
+
+def build_warnings(limit: int = 10) -> list[str]:
+    """The warning lines of the last build's :data:`LOG` (compiler and torch warnings), at most
+    ``limit``; empty when there is no log or nothing to report."""
+    try:
+        text = (build_dir() / LOG).read_text(errors="replace")
+    except OSError:
+        return []
+    keys = ("warning", "No CUDA runtime")
+    out = [ln.strip() for ln in text.splitlines() if any(k in ln for k in keys)]
+    return out[:limit]
 
 
 def ensure_built(compile_fn: Callable[[], None] | None = None, retry_failed: bool = True) -> Path:

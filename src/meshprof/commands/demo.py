@@ -45,6 +45,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--timeout", type=float, default=600.0, help="give up after this many seconds (default 600)"
     )
+    p.add_argument(
+        "--full",
+        action="store_true",
+        help="also print rank 0's collective tables, the per-dimension totals and its step analysis",
+    )
     add_json_option(p)
     layout_options.add_layout_args(p)
     layout_options.add_model_args(p)
@@ -151,9 +156,10 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(doc))
         return 0
-    print(results[0]["summary"], end="")
-    console.print(_dimension_table(results))
-    print(results[0]["analysis"], end="")
+    if args.full:
+        print(results[0]["summary"], end="")
+        console.print(_dimension_table(results))
+        print(results[0]["analysis"], end="")
     console.print(
         "[bold]loss per step[/] (global batch, nats/token): " + " ".join(f"{x:.3f}" for x in losses)
     )

@@ -148,7 +148,7 @@ def demo_worker(rank: int, world_size: int, cfg: DemoConfig, out_dir: str) -> di
         "train_s": train_s,
         "train_collectives": len(events),
         "dimensions": dimension_totals(events, cfg.parallel),
-        "summary": prof.summary(first_train_event) if rank == 0 else "",
+        "summary": prof.summary(first_train_event, layout=cfg.parallel) if rank == 0 else "",
         "analysis": mon.report() if rank == 0 else "",
     }
 

@@ -24,7 +24,7 @@ from meshprof.render.format import (
     fmt_signed_pct,
     is_missing,
 )
-from meshprof.render.html import html_page, html_table
+from meshprof.render.html_parts import html_page, html_table
 from meshprof.rundir.atomic import atomic_write_text
 
 _E = html.escape

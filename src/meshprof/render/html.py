@@ -12,7 +12,7 @@ from __future__ import annotations
 import html
 import json
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,8 +22,20 @@ from meshprof.render.format import (
     fmt_gbps,
     fmt_ns,
     fmt_pct,
-    ratio_color,
-    sort_value,
+)
+from meshprof.render.html_parts import (
+    PAGE_CSS,
+    TOP_K,
+    big_table,
+    html_page,
+    html_table,
+)
+from meshprof.render.html_pictures import (
+    comm_dims,
+    phase_heatmap,
+    skew_histogram,
+    step_heatmap,
+    straggler_view,
 )
 from meshprof.render.report_text import RANK_COLUMNS, rank_cells, sampling_line
 from meshprof.render.verdict import ledger_html, verdict_html
@@ -34,7 +46,7 @@ from meshprof.report.stages.matching import CLOCK, COLLECTIVES, FAILURES
 from meshprof.report.stages.pipeline import BOTTLENECKS, PIPELINE
 from meshprof.report.stages.sampling_error import SAMPLING
 from meshprof.report.stages.stragglers import STRAGGLERS
-from meshprof.report.stages.tables import BY_SIZE, COMM_SHARE, HEATMAP, MEMORY, RANKS, TIMELINE
+from meshprof.report.stages.tables import BY_SIZE, MEMORY, RANKS, TIMELINE
 from meshprof.report.stages.traces import KINETO
 from meshprof.report.stages.waits import WAIT_CAUSES
 from meshprof.report.stages.what_if import WHAT_IF_REPLAY
@@ -43,66 +55,8 @@ from meshprof.rundir.atomic import atomic_write_text
 if TYPE_CHECKING:
     from meshprof.analyze.traces.kineto import KinetoReport
 
-PAGE_CSS = """
-body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0 auto;max-width:1200px;padding:16px;color:#222}
-h1{font-size:22px}h2{font-size:18px;margin-top:28px;border-bottom:1px solid #ddd;padding-bottom:4px}
-table{border-collapse:collapse;font-size:13px;margin:8px 0}th,td{padding:3px 8px;border-bottom:1px solid #eee;text-align:right}
-th{background:#f4f4f4;cursor:pointer;user-select:none}td:first-child,th:first-child{text-align:left}
-.cards{display:flex;flex-wrap:wrap;gap:10px}.card{border:1px solid #ddd;border-radius:6px;padding:8px 12px;min-width:140px}
-.card b{display:block;font-size:18px}.warn{color:#b00020}.ok{color:#1b5e20}.muted{color:#777;font-size:12px}
-.finding{border-left:4px solid #e0a000;padding:4px 10px;margin:6px 0;background:#fffaf0}
-.finding.warning,.finding.high,.finding.critical{border-color:#b00020;background:#fff5f5}
-code{background:#f4f4f4;padding:0 3px}svg text{font-size:11px;font-family:inherit}
-"""
-"""The pages' inline style sheet (the run report, the run comparison)."""
-
-SORT_JS = """
-(function(){
-  document.querySelectorAll('table.sortable').forEach(function(t){
-    t.querySelectorAll('th').forEach(function(th, col){
-      th.addEventListener('click', function(){
-        var body = t.tBodies[0]; var rows = Array.prototype.slice.call(body.rows);
-        var asc = th.getAttribute('data-asc') !== '1'; th.setAttribute('data-asc', asc ? '1' : '0');
-        rows.sort(function(a, b){
-          var x = a.cells[col].getAttribute('data-v') || a.cells[col].textContent;
-          var y = b.cells[col].getAttribute('data-v') || b.cells[col].textContent;
-          var nx = parseFloat(x), ny = parseFloat(y);
-          var c = (!isNaN(nx) && !isNaN(ny)) ? nx - ny : x.localeCompare(y);
-          return asc ? c : -c;
-        });
-        rows.forEach(function(r){ body.appendChild(r); });
-      });
-    });
-  });
-  var s = document.getElementById('js-status'); if (s) { s.textContent = 'interactive: click a column header to sort'; }
-})();
-"""
-"""Inline script: click a header of a ``table.sortable`` to sort by that column."""
 
 _E = html.escape
-
-
-def html_table(
-    headers: list[str], rows: Sequence[Sequence[tuple[str, Any]]], cls: str = "sortable"
-) -> str:
-    """rows: cells as (escaped text, sort value)."""
-    out = [
-        f'<table class="{cls}"><thead><tr>'
-        + "".join(f"<th>{_E(h)}</th>" for h in headers)
-        + "</tr></thead><tbody>"
-    ]
-    for row in rows:
-        cells = []
-        for text, v in row:
-            dv = (
-                f' data-v="{_E(sort_value(v) if isinstance(v, float | int) else str(v))}"'
-                if v is not None
-                else ""
-            )
-            cells.append(f"<td{dv}>{text}</td>")
-        out.append("<tr>" + "".join(cells) + "</tr>")
-    out.append("</tbody></table>")
-    return "".join(out)
 
 
 def _summary(rep: RunReport) -> str:
@@ -220,76 +174,24 @@ def _ranks_table(rep: RunReport) -> str:
             r.last_share,
         )
         rows.append([*zip(texts, values, strict=True), (str(r.events), r.events)])
-    return html_table([*RANK_COLUMNS, "straggler score", "arrived last", "events"], rows)
-
-
-def _heatmap(rep: RunReport) -> str:
-    hm = rep[HEATMAP]
-    if not hm.steps:
-        return '<p class="muted">No step spans recorded.</p>'
-    steps, med, hi = hm.steps, hm.median_ns, hm.max_ns
-    cw = max(4, min(24, 900 // max(len(steps), 1)))
-    ch, left, top = 18, 60, 14
-    w, h = left + cw * len(steps) + 10, top + ch * len(hm.ranks) + 20
-    parts = [
-        f'<svg id="heatmap" width="{w}" height="{h}" role="img" aria-label="step time heatmap">'
-    ]
-    for i, r in enumerate(hm.ranks):
-        parts.append(f'<text x="2" y="{top + i * ch + 13}">rank {r}</text>')
-        for j, st in enumerate(steps):
-            v = hm.step_ns[i][j]
-            ratio = (
-                (v - med) / (hi - med)
-                if hi > med and not math.isnan(v)
-                else (0.0 if not math.isnan(v) else float("nan"))
-            )
-            parts.append(
-                f'<rect x="{left + j * cw}" y="{top + i * ch}" width="{cw - 1}" height="{ch - 1}" fill="{ratio_color(ratio)}">'
-                f"<title>rank {r}, step {st}: {_E(fmt_ns(v))}</title></rect>"
-            )
-    parts.append(
-        f'<text x="{left}" y="{h - 4}">steps {steps[0]}…{steps[-1]}; white = median ({_E(fmt_ns(med))}), red = slowest ({_E(fmt_ns(hi))})</text></svg>'
+    ranks = rep[RANKS]
+    named = {x.rank: k for k, x in enumerate(rep[STRAGGLERS].stragglers)}
+    keep = sorted(
+        range(len(ranks)),
+        key=lambda i: (
+            named.get(ranks[i].rank, len(named)),
+            -abs(ranks[i].score) if math.isfinite(ranks[i].score) else 0.0,
+        ),
     )
-    return "".join(parts)
-
-
-_DIM_COLORS = {"dp": "#1f77b4", "tp": "#ff7f0e", "pp": "#2ca02c", "other": "#7f7f7f"}
-
-
-def _dims(rep: RunReport) -> str:
-    cs = rep[COMM_SHARE]
-    if not cs.dimensions:
-        return '<p class="muted">No collectives recorded.</p>'
-    s = rep[STRAGGLERS]
-    bw, left, bh = 500, 60, 16
-    h = 20 + bh * len(s.ranks) + 20
-    parts = [f'<svg id="comm-dims" width="{left + bw + 200}" height="{h}">']
-    for i, r in enumerate(s.ranks):
-        x: float = left
-        y = 14 + i * bh
-        parts.append(f'<text x="2" y="{y + 12}">rank {r}</text>')
-        for j, d in enumerate(cs.dimensions):
-            v = float(cs.share[i, j])
-            wpx = bw * min(max(v, 0.0), 1.0)
-            color = _DIM_COLORS.get(d, "#9467bd")
-            parts.append(
-                f'<rect x="{x:.1f}" y="{y}" width="{wpx:.1f}" height="{bh - 3}" fill="{color}"><title>rank {r} {_E(d)}: {v:.1%} of step time</title></rect>'
-            )
-            x += wpx
-        parts.append(f'<text x="{x + 4:.1f}" y="{y + 12}">{fmt_pct(cs.total[i])}</text>')
-    legend = " ".join(
-        f'<tspan fill="{_DIM_COLORS.get(d, "#9467bd")}">■ {_E(d)}</tspan>' for d in cs.dimensions
+    note = (
+        f'<p class="muted">The stragglers, then the ranks furthest from the median compute '
+        f'({TOP_K} in all); "show all" lists the {len(ranks):,}.</p>'
+        if len(ranks) > TOP_K
+        else ""
     )
-    parts.append(f'<text x="{left}" y="{h - 4}">{legend} (share of step time)</text></svg>')
-    rows = [
-        [(str(r), r)]
-        + [
-            (fmt_pct(float(cs.share[i, j])), float(cs.share[i, j]))
-            for j in range(len(cs.dimensions))
-        ]
-        for i, r in enumerate(s.ranks)
-    ]
-    return "".join(parts) + html_table(["rank", *cs.dimensions], rows)
+    return note + big_table(
+        "ranks-table", [*RANK_COLUMNS, "straggler score", "arrived last", "events"], rows, keep
+    )
 
 
 def _sizes(rep: RunReport) -> str:
@@ -338,58 +240,6 @@ def _sizes(rep: RunReport) -> str:
         + '<p class="muted">median latency (log scale)</p>'
         + "".join(parts)
     )
-
-
-def _straggler_view(rep: RunReport) -> str:
-    s = rep[STRAGGLERS]
-    if s.note:
-        head = f'<p class="muted">{_E(s.note)}</p>'
-    elif s.stragglers:
-        head = "".join(
-            f'<p class="warn" id="straggler-{x.rank}">Straggler: <b>rank {x.rank}</b>, {x.score:+.1%} compute vs median, '
-            f"arrived last in {x.last_share:.0%} of its collectives; slow phase <b>{_E(x.phase or '-')}</b> "
-            f"(+{_E(fmt_ns(x.phase_excess_ns))} per step over the median {_E(fmt_ns(x.phase_median_ns))}).</p>"
-            for x in s.stragglers
-        )
-    else:
-        head = f'<p class="ok" id="no-straggler">No straggler: no rank has a score above {s.threshold:.0%} while arriving last in most collectives.</p>'
-    scale = max([abs(x.score) for x in s.scores if math.isfinite(x.score)] + [s.threshold * 2])
-    bh, mid, half = 18, 300, 250
-    parts = [f'<svg id="scores" width="{mid + half + 80}" height="{bh * len(s.scores) + 24}">']
-    for i, x in enumerate(s.scores):
-        v = x.score if math.isfinite(x.score) else 0.0
-        w = half * abs(v) / scale
-        xpos = mid if v >= 0 else mid - w
-        color = "#b00020" if any(t.rank == x.rank for t in s.stragglers) else "#888"
-        parts.append(f'<text x="2" y="{i * bh + 13}">rank {x.rank}</text>')
-        parts.append(
-            f'<rect x="{xpos:.1f}" y="{i * bh + 2}" width="{w:.1f}" height="{bh - 4}" fill="{color}"><title>score {v:+.1%}</title></rect>'
-        )
-        parts.append(f'<text x="{mid + half + 5}" y="{i * bh + 13}">{v:+.1%}</text>')
-    tx = mid + half * s.threshold / scale
-    parts.append(
-        f'<line x1="{tx:.1f}" x2="{tx:.1f}" y1="0" y2="{bh * len(s.scores)}" stroke="#b00020" stroke-dasharray="3,3"/>'
-    )
-    parts.append(
-        f'<text x="{mid - 60}" y="{bh * len(s.scores) + 16}">straggler score (dashed: threshold {s.threshold:.0%})</text></svg>'
-    )
-    table = ""
-    if s.phases:
-        med = s.phase_median_ns
-        rows = []
-        for i, r in enumerate(s.ranks):
-            cells: list[tuple[str, float | str | None]] = [(str(r), r)]
-            for j in range(len(s.phases)):
-                v = float(s.phase_ns[i, j])
-                ex = v - float(med[j])
-                style = ' class="warn"' if med[j] > 0 and ex > s.threshold * med[j] else ""
-                cells.append((f"<span{style}>{_E(fmt_ns(v))}</span>", v))
-            rows.append(cells)
-        table = (
-            "<p>Compute time per phase (median per step, communication excluded):</p>"
-            + html_table(["rank", *s.phases], rows)
-        )
-    return head + "".join(parts) + table
 
 
 _TRACK_COLORS = {"step": "#cfd8dc", "phase": "#90caf9", "comm": "#ef6c00"}
@@ -441,7 +291,9 @@ def _clock(rep: RunReport) -> str:
         ]
         for c in clock.ranks
     ]
-    return f"<p>Reference: rank {clock.reference_rank}.</p>" + html_table(
+    keep = sorted(range(len(clock.ranks)), key=lambda i: -clock.ranks[i].uncertainty_ns)
+    return f"<p>Reference: rank {clock.reference_rank}.</p>" + big_table(
+        "clock-table",
         [
             "rank",
             "method",
@@ -452,6 +304,7 @@ def _clock(rep: RunReport) -> str:
             "exchange vs collectives",
         ],
         rows,
+        keep,
     )
 
 
@@ -471,10 +324,12 @@ def _groups(rep: RunReport) -> str:
         ]
         for g in m.groups
     ]
+    keep = sorted(range(len(m.groups)), key=lambda i: -m.groups[i].wait_ns)
     return (
         f"<p>{m.collectives} collectives ({m.complete} complete, {m.incomplete} incomplete), {m.p2p_pairs} send/recv pairs "
         f"({m.unmatched_p2p} unmatched); total wait {_E(fmt_ns(m.total_wait_ns))}.</p>"
-        + html_table(
+        + big_table(
+            "groups-table",
             [
                 "group",
                 "name",
@@ -487,6 +342,7 @@ def _groups(rep: RunReport) -> str:
                 "total wait",
             ],
             rows,
+            keep,
         )
     )
 
@@ -566,11 +422,13 @@ HTML_SECTIONS: tuple[tuple[str, Callable[[RunReport], str]], ...] = (
     ("What each rank costs", _what_if),
     ("Bottlenecks and findings", _findings),
     ("Per-rank table", _ranks_table),
-    ("Step time per rank and step", _heatmap),
-    ("Communication share by dimension", _dims),
+    ("Step time per rank and step", step_heatmap),
+    ("Compute per rank and phase", phase_heatmap),
+    ("Communication share by dimension", comm_dims),
     ("Collective latency and bandwidth by message size", _sizes),
     ("Pipeline and profiler traces", _pipeline_traces),
-    ("Stragglers", _straggler_view),
+    ("Stragglers", straggler_view),
+    ("Arrival skew", skew_histogram),
     ("Timeline excerpt", _timeline),
     ("Collectives matched across ranks", _groups),
     ("Who waits for whom", _waits),
@@ -585,21 +443,6 @@ def render_html(rep: RunReport, title: str = "meshprof report") -> str:
     sections = [("Failures", _failures(rep))] if rep[FAILURES] else []
     sections += [(heading, body(rep)) for heading, body in HTML_SECTIONS]
     return html_page(title, f"<code>{_E(rep[SUMMARY].path)}</code>", sections)
-
-
-def html_page(title: str, subject: str, sections: Sequence[tuple[str, str]]) -> str:
-    """One self-contained HTML document: ``title: subject`` as its heading (``subject`` is HTML,
-    escaped by the caller), then one section per (heading, HTML body), with sortable tables."""
-    body = "".join(
-        f'<section id="{_E(t.lower().replace(" ", "-"))}"><h2>{_E(t)}</h2>{c}</section>'
-        for t, c in sections
-    )
-    return (
-        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-        f'<meta name="viewport" content="width=device-width,initial-scale=1"><title>{_E(title)}</title><style>{PAGE_CSS}</style></head>'
-        f'<body><h1>{_E(title)}: {subject}</h1><p class="muted" id="js-status">static</p>{body}'
-        f"<script>{SORT_JS}</script></body></html>\n"
-    )
 
 
 def write_kineto_html(path: Path, folder: str, k: KinetoReport) -> Path:

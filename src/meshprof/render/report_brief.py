@@ -145,9 +145,11 @@ def _groups(rep: RunReport, console: Console) -> None:
 def _rest(rep: RunReport, console: Console) -> None:
     """Findings the verdict does not already say, the traces, and where the rest is."""
     said = {"straggler", "memory_imbalance"}
-    other = [f for f in rep[SUMMARY].findings if f.kind not in said]
-    for f in other[:3]:
-        say(console, f"note: {f.title}", indent="  ")
+    summary = rep[SUMMARY]
+    other = [f for f in summary.findings if f.kind not in said]
+    root = summary.path.rstrip("/") + "/"
+    for f in other[:3]:  # paths inside the run directory as the reader typed them: shorter
+        say(console, f"note: {f.title.replace(root, '')}", indent="  ")
     mem = [f for f in rep[SUMMARY].findings if f.kind == "memory_imbalance"]
     for f in mem[:1]:
         say(console, f"memory: {f.title}", indent="  ")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+from collections.abc import Mapping
 
 from rich.console import Console
 from rich.table import Table
@@ -11,7 +12,11 @@ from meshprof.render.format import fmt_bytes, fmt_gbps, fmt_ns
 from meshprof.stats import OpStats, StatsReport
 
 
-def stats_table(title: str, rows: list[OpStats], first_col: str) -> Table:
+def stats_table(
+    title: str, rows: list[OpStats], first_col: str, labels: Mapping[str, str] | None = None
+) -> Table:
+    """One table of ``rows``; ``labels`` names their keys (a group's dimension and
+    description for its name)."""
     t = Table(title=title, title_justify="left", show_lines=False)
     t.add_column(first_col)
     for name in (
@@ -30,6 +35,7 @@ def stats_table(title: str, rows: list[OpStats], first_col: str) -> Table:
         t.add_column(name, justify="right")
     for s in rows:
         key = fmt_bytes(int(s.key)) if first_col == "size ≤" else s.key
+        key = (labels or {}).get(key, key)
         t.add_row(
             key,
             str(s.count),
@@ -47,15 +53,26 @@ def stats_table(title: str, rows: list[OpStats], first_col: str) -> Table:
     return t
 
 
-def render_stats(report: StatsReport, header: str = "", width: int = 140) -> str:
-    """The per-op, per-group, per-rank and per-size tables as plain text."""
+def render_stats(
+    report: StatsReport,
+    header: str = "",
+    width: int = 140,
+    group_labels: Mapping[str, str] | None = None,
+) -> str:
+    """The per-op, per-group, per-rank and per-size tables as plain text; ``group_labels``
+    maps a group's name to what the table shows (:func:`meshprof.layout.group_label`)."""
     buf = io.StringIO()
     console = Console(file=buf, width=width, force_terminal=False, color_system=None)
-    print_stats(report, console, header)
+    print_stats(report, console, header, group_labels)
     return buf.getvalue()
 
 
-def print_stats(report: StatsReport, console: Console, header: str = "") -> None:
+def print_stats(
+    report: StatsReport,
+    console: Console,
+    header: str = "",
+    group_labels: Mapping[str, str] | None = None,
+) -> None:
     note = (
         "percentiles: exact"
         if report.percentiles == "exact"
@@ -63,7 +80,7 @@ def print_stats(report: StatsReport, console: Console, header: str = "") -> None
     )
     prefix = f"{header} — " if header else ""
     console.print(stats_table(f"{prefix}collectives by op ({note})", report.by_op, "op"))
-    console.print(stats_table("by process group", report.by_group, "group"))
+    console.print(stats_table("by process group", report.by_group, "group", group_labels))
     if len(report.by_rank) > 1:
         console.print(stats_table("by rank", report.by_rank, "rank"))
     console.print(

@@ -131,6 +131,38 @@ def check_environment(ctx: _Ctx) -> None:
     )
 
 
+def check_native(ctx: _Ctx) -> None:
+    """The native recorder on this host: built or not, why a build failed, the warnings its
+    build logged (``build.log``, kept out of the training's output) and what torch logged when
+    its extension tools were imported (e.g. "No CUDA runtime is found")."""
+    from meshprof.comm import native_ext
+
+    failure = native_ext.last_failure()
+    built = native_ext.cached()
+    warns = native_ext.build_warnings()
+    notes = list(native_ext.IMPORT_MESSAGES)
+    if built:
+        detail = f"built in {native_ext.build_dir()}"
+    elif failure:
+        detail = f"the build failed: {failure}"
+    else:
+        detail = (
+            "not built yet (the first run builds it in the background; now: meshprof build-native)"
+        )
+    if warns:
+        detail += f"; {len(warns)} warning line(s) in {native_ext.LOG}, first: {warns[0][:160]}"
+    if notes:
+        detail += f"; torch said: {notes[0][:160]}"
+    ctx.add(
+        "native recorder",
+        built or not failure,
+        detail,
+        built=built,
+        build_warnings=warns,
+        torch_messages=notes,
+    )
+
+
 def check_init(ctx: _Ctx) -> bool:
     import torch.distributed as dist
 
@@ -428,6 +460,10 @@ def doctor_rank(rank: int, world_size: int, cfg: DoctorConfig) -> list[Check]:
         check_environment(ctx)
     except Exception as e:
         ctx.add("environment", False, _err(e))
+    try:
+        check_native(ctx)
+    except Exception as e:
+        ctx.add("native recorder", False, _err(e))
     started_here = not dist.is_initialized()
     if not check_init(ctx):
         for fn in CHECKS:

@@ -23,6 +23,7 @@ from meshprof.analyze.run.types import (
     MemoryImbalance,
     RankRow,
     SizeRow,
+    SkewHistogram,
     StepHeatmap,
 )
 from meshprof.events import OP_CODES, bandwidth_arrays, size_bucket_array
@@ -343,3 +344,20 @@ def step_heatmap(s: StragglerReport, max_steps: int = HEATMAP_STEPS) -> StepHeat
         median_ns=med,
         max_ns=hi,
     )
+
+
+SKEW_EDGES_NS = (0, *(round(10 ** (3 + i / 4)) for i in range(29)))
+"""Skew histogram edges: 0, then 1 µs to 10 s, four per decade."""
+
+
+def skew_histogram(m: CollectiveMatch) -> SkewHistogram:
+    """The arrival skews of the collectives with at least two members present, binned on
+    :data:`SKEW_EDGES_NS`."""
+    skew = m.skew_ns[m.present >= 2]
+    idx = np.searchsorted(np.asarray(SKEW_EDGES_NS, dtype=np.int64), skew, side="right") - 1
+    counts = (
+        np.bincount(idx, minlength=len(SKEW_EDGES_NS))
+        if len(skew)
+        else np.zeros(len(SKEW_EDGES_NS), dtype=np.int64)
+    )
+    return SkewHistogram(SKEW_EDGES_NS, tuple(int(c) for c in counts[: len(SKEW_EDGES_NS)]))

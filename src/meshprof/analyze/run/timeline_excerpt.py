@@ -7,6 +7,7 @@ turns :class:`MergedTimeline` into JSON.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,10 +34,37 @@ TIMELINE_COMM_ITEMS = 20_000
 """Collective bars the excerpt shows in all (about: at most 400 per rank, at least 8)."""
 
 
+EXCERPT_RANKS = 16
+"""Ranks the timeline excerpt shows at most."""
+
+
+def excerpt_ranks(s: StragglerReport, limit: int = EXCERPT_RANKS) -> tuple[int, ...]:
+    """The ranks worth a look, at most ``limit``: every rank of a small run; else the stragglers,
+    then the ranks furthest from the median compute (|score|), then the lowest ranks."""
+    if len(s.ranks) <= limit:
+        return tuple(s.ranks)
+    chosen: list[int] = [x.rank for x in s.stragglers]
+    by_score = sorted(
+        (x for x in s.scores if x.score == x.score), key=lambda x: (-abs(x.score), x.rank)
+    )
+    for x in [*by_score, *s.scores]:
+        if len(chosen) >= limit:
+            break
+        if x.rank not in chosen:
+            chosen.append(x.rank)
+    return tuple(sorted(chosen[:limit]))
+
+
 def timeline_excerpt(
-    run: LoadedRun, table: EventTable, clock: ClockAlignment, s: StragglerReport
+    run: LoadedRun,
+    table: EventTable,
+    clock: ClockAlignment,
+    s: StragglerReport,
+    ranks: Sequence[int] | None = None,
 ) -> tuple[tuple[TimelineItem, ...], int]:
-    """Two steps from the middle of the run (or the first 50 ms of events without steps)."""
+    """Two steps from the middle of the run (or the first 50 ms of events without steps), of
+    ``ranks`` (default: all; the window is every rank's)."""
+    shown = set(s.ranks if ranks is None else ranks)
     starts: list[int] = []
     ends: list[int] = []
     pick = s.common_steps or s.steps
@@ -59,8 +87,10 @@ def timeline_excerpt(
     rows_of = RowsByKey(table.rank)
     # at most 400 collectives per rank, and about TIMELINE_COMM_ITEMS in all (a short excerpt:
     # 4,096 ranks × 400 bars would be 1.6M items)
-    per_rank = max(8, min(400, TIMELINE_COMM_ITEMS // max(len(s.ranks), 1)))
+    per_rank = max(8, min(400, TIMELINE_COMM_ITEMS // max(len(shown), 1)))
     for r in s.ranks:
+        if r not in shown:
+            continue
         rd = run.ranks[r]
         off = clock.offset(r)
         names = rd.span_names

@@ -215,3 +215,14 @@ class TimelineExcerpt:
     """The bars."""
     window_ns: int
     """Length of the excerpt window (ns)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SkewHistogram:
+    """How many collectives (≥ 2 members present) had each arrival skew (last − first arrival)."""
+
+    edges_ns: tuple[int, ...]
+    """Bin edges (ns): bin i holds skews in [edges_ns[i], edges_ns[i + 1]); the first bin starts
+    at 0, the last one is open-ended."""
+    counts: tuple[int, ...]
+    """Collectives per bin (one more bin than edges: the last is ≥ the last edge)."""

@@ -4,6 +4,7 @@ timeline excerpt (:mod:`meshprof.analyze.run.tables`, :mod:`.timeline_excerpt`).
 from __future__ import annotations
 
 from meshprof.analyze.run.clock import ClockAlignment
+from meshprof.analyze.run.match import CollectiveMatch
 from meshprof.analyze.run.stragglers import StragglerReport
 from meshprof.analyze.run.table import EventTable
 from meshprof.analyze.run.tables import (
@@ -12,15 +13,17 @@ from meshprof.analyze.run.tables import (
     rank_rows,
     recorded_by_size,
     size_rows,
+    skew_histogram,
     step_heatmap,
     with_recorded,
 )
-from meshprof.analyze.run.timeline_excerpt import timeline_excerpt
+from meshprof.analyze.run.timeline_excerpt import excerpt_ranks, timeline_excerpt
 from meshprof.analyze.run.types import (
     CommShareByDimension,
     MemoryImbalance,
     RankRow,
     SizeRow,
+    SkewHistogram,
     StepHeatmap,
     TimelineExcerpt,
 )
@@ -32,6 +35,7 @@ MEMORY: Key[MemoryImbalance] = Key("memory")
 COMM_SHARE: Key[CommShareByDimension] = Key("comm_share_by_dimension")
 BY_SIZE: Key[tuple[SizeRow, ...]] = Key("by_size")
 HEATMAP: Key[StepHeatmap] = Key("heatmap")
+SKEW: Key[SkewHistogram] = Key("skew_histogram")
 TIMELINE: Key[TimelineExcerpt] = Key("timeline")
 
 
@@ -63,7 +67,7 @@ def timeline(
     run: LoadedRun, table: EventTable, clock: ClockAlignment, stragglers: StragglerReport
 ) -> TimelineExcerpt:
     """Two steps of the merged timeline, on the aligned clock."""
-    items, window_ns = timeline_excerpt(run, table, clock, stragglers)
+    items, window_ns = timeline_excerpt(run, table, clock, stragglers, excerpt_ranks(stragglers))
     return TimelineExcerpt(items, window_ns)
 
 
@@ -79,4 +83,10 @@ def heatmap(stragglers: StragglerReport) -> StepHeatmap:
     return step_heatmap(stragglers)
 
 
-STAGES = (ranks, memory, comm_share, timeline, by_size, heatmap)
+@stage(SKEW)
+def skew(match: CollectiveMatch) -> SkewHistogram:
+    """How the collectives' arrival skews are distributed."""
+    return skew_histogram(match)
+
+
+STAGES = (ranks, memory, comm_share, timeline, by_size, heatmap, skew)
