@@ -50,15 +50,17 @@ def run(args: argparse.Namespace) -> int:
     host, port = str(server.server_address[0]), int(server.server_address[1])
     shown = f"[{host}]" if ":" in host else host
     print(f"meshprof serve: http://{shown}:{port}/ ({run_dir}; Ctrl-C stops)", flush=True)
-    old = None
+    old = {}
     if threading.current_thread() is threading.main_thread():
-        old = signal.signal(signal.SIGTERM, _interrupt)
+        # SIGINT too: a process started in the background by a non-interactive shell inherits
+        # SIGINT ignored, and Python then leaves it so (Ctrl-C, kill -INT would not stop it)
+        old = {s: signal.signal(s, _interrupt) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         live.start()
         serve_until_interrupted(server)
     finally:
-        if old is not None:
-            with contextlib.suppress(ValueError):
-                signal.signal(signal.SIGTERM, old)
+        for s, h in old.items():
+            with contextlib.suppress(ValueError, TypeError):
+                signal.signal(s, h)
     print("meshprof serve: stopped", file=sys.stderr)
     return 0
