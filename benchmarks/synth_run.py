@@ -160,6 +160,7 @@ def simulate(
     extra_ns: Mapping[int, int] | None = None,
     extra_phase: int = 1,
     jitter: bool = True,
+    slow_from: int = 0,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Arrival and completion times relative to each step's start: (ranks, steps, slots) int64,
     and each step's end (ranks, steps). The slow rank's compute is longer in ``slow_phases``
@@ -168,7 +169,8 @@ def simulate(
     ``extra_phase``.
     ``jitter=False``: no random noise (every rank's data loading, gaps, completions and step
     tail are the same), so the only imbalance is the one injected; the random draws are the
-    same either way."""
+    same either way. ``slow_from``: the slow rank is slow from this step on (a fault that starts
+    mid-run)."""
     _, members = groups_for(n, layout)
     k = len(t.kind)
     noise = 1 if jitter else 0
@@ -178,9 +180,9 @@ def simulate(
         rng.integers(200 * US, 400 * US, size=(n, steps)).astype(np.int64) - 300 * US
     )
     prev = data_ns
-    factor = np.ones(n)
+    factor = np.ones((n, steps))
     if 0 <= slow_rank < n:
-        factor[slow_rank] += slow
+        factor[slow_rank, slow_from:] += slow
     extra = np.zeros((n, k), dtype=np.int64)  # extra compute before each slot (ns)
     in_phase = np.flatnonzero(t.phase == extra_phase)
     for r, x in (extra_ns or {}).items():
@@ -190,10 +192,11 @@ def simulate(
     dur = _duration(t.nbytes)
     pp_m = members["pairs"] if members["pp"].shape[1] >= 2 else None
     for j in range(k):
-        gap = t.gap_ns[j] * (factor if t.phase[j] in slow_phases else np.ones(n))
+        gap = t.gap_ns[j] * (factor if t.phase[j] in slow_phases else np.ones((n, steps)))
         a = (
             prev
-            + (gap.astype(np.int64) + extra[:, j])[:, None]
+            + gap.astype(np.int64)
+            + extra[:, j][:, None]
             + noise * rng.integers(0, 5 * US, size=(n, steps))
         )
         kind = KINDS[t.kind[j]]
@@ -226,12 +229,13 @@ def write_run(
     extra_ns: Mapping[int, int] | None = None,
     extra_phase: int = 1,
     jitter: bool = True,
+    slow_from: int = 0,
 ) -> dict:
     """Write the run directory; returns a summary (events per rank, layout, truth:
     ``slow_rank``, ``clock_offsets_ns`` = each rank's clock minus the true clock,
     ``aligned_offsets_ns`` = what clock alignment should find: its negation, and
     ``job_step_end_ns``: per step, the true time from the step's start to the end of its last
-    rank). ``extra_ns``, ``extra_phase``, ``jitter``: see :func:`simulate`."""
+    rank). ``extra_ns``, ``extra_phase``, ``jitter``, ``slow_from``: see :func:`simulate`."""
     rng = np.random.default_rng(seed)
     k = max(collectives // steps, 2)
     t = make_template(k, rng)
@@ -249,6 +253,7 @@ def write_run(
         extra_ns=extra_ns,
         extra_phase=extra_phase,
         jitter=jitter,
+        slow_from=slow_from,
     )
     period = int(end.max()) + 1 * MS
     step_start = BASE_NS + np.arange(steps, dtype=np.int64) * period  # true clock

@@ -189,7 +189,7 @@ def _report(out: Path, console: Console) -> None:
         written.append(write_html(out / "report.html", rep))
     except ImportError as e:  # jinja2 missing: the html extra
         console.print(f"no HTML report ({e}); pip install 'meshprof[html]'")
-    trace = build_trace(run_, parts.table, parts.clock, parts.match)
+    trace = build_trace(parts.run, parts.table, parts.clock, parts.match)
     written.append(write_trace(out / "trace.json", trace))
     console.print(
         "wrote " + ", ".join(str(w) for w in written) + f" — later: meshprof report {out}",

@@ -11,6 +11,7 @@ from typing import Any
 from rich.console import Console
 
 from meshprof.analyze.run.stragglers import DEFAULT_THRESHOLD
+from meshprof.analyze.run.window import parse_steps, parse_time, run_start_ns, steps_between
 from meshprof.errors import MeshprofError, NotATraceError, NoUsableRankFileError
 from meshprof.report.analysis import analyze_run, analyze_run_parts
 from meshprof.report.stage import ReportOptions
@@ -47,6 +48,19 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="the verdict lists every cause, also those under 2%% of the step",
     )
+    p.add_argument(
+        "--steps",
+        metavar="A:B",
+        help="analyse steps A to B-1 only (A:, :B too); 'all': the whole run even when something "
+        "changed mid-run (by default the report analyses the steps since the latest change)",
+    )
+    p.add_argument(
+        "--since",
+        metavar="TIME",
+        help="analyse the steps that started at or after TIME: 14:02:11 (the run's day), "
+        "2026-11-25T14:02:11, or a duration after the run's start (90s, 5m, 2h)",
+    )
+    p.add_argument("--until", metavar="TIME", help="... and before TIME (as --since)")
     p.add_argument("--html", metavar="FILE", help="write a self-contained HTML report")
     p.add_argument("--trace", metavar="FILE", help="write a merged Perfetto/Chrome JSON trace")
     p.add_argument(
@@ -245,6 +259,9 @@ def run(args: argparse.Namespace) -> int:
     if args.gpu_hour_price is not None and not args.gpu_hour_price >= 0:
         raise MeshprofError(f"--gpu-hour-price must be >= 0, got {args.gpu_hour_price}")
     wanted = _ranks_option(args.ranks)
+    window = parse_steps(args.steps) if args.steps else None
+    if args.steps and (args.since or args.until):
+        raise MeshprofError("--steps and --since/--until: give one or the other")
     jobs = _jobs(args.jobs)
     fraction, reason = _sample_fraction(args)
     try:
@@ -258,8 +275,17 @@ def run(args: argparse.Namespace) -> int:
         )
     except NoUsableRankFileError as e:
         return _traces_only(args, e)
+    if args.since or args.until:
+        start = run_start_ns(loaded)
+        window = steps_between(
+            loaded,
+            parse_time(args.since, start) if args.since else None,
+            parse_time(args.until, start) if args.until else None,
+        )
     # nothing below reads the raw event rows: the analysis lets them go once tabled
     options = ReportOptions(
+        window=window,
+        regime=args.steps is None or args.steps.strip() not in ("all", ":"),
         threshold=args.threshold,
         hta_rounding=args.hta_rounding,
         release_events=True,
@@ -280,8 +306,8 @@ def run(args: argparse.Namespace) -> int:
         from meshprof.render.perfetto import build_trace, write_trace
 
         cap = DEFAULT_MAX_EVENTS if args.trace_max_events is None else args.trace_max_events
-        trace = build_trace(loaded, parts.table, parts.clock, parts.match, max_events=cap)
-        _merge_kineto(trace, loaded, parts.clock)
+        trace = build_trace(parts.run, parts.table, parts.clock, parts.match, max_events=cap)
+        _merge_kineto(trace, parts.run, parts.clock)
         written.append(write_trace(Path(args.trace), trace))
     if args.json:
         rep.write_json(sys.stdout)  # (section by section: no whole dict of the report)

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from meshprof.render.changes import changes_html
 from meshprof.render.failures import FAILURE_COLUMNS, failure_cells, failure_headline
 from meshprof.render.format import (
     fmt_bytes,
@@ -41,6 +42,7 @@ from meshprof.render.report_text import RANK_COLUMNS, rank_cells, sampling_line
 from meshprof.render.verdict import ledger_html, verdict_html
 from meshprof.render.what_if import what_if_html
 from meshprof.report.run_report import RunReport
+from meshprof.report.stages.changes import CHANGES
 from meshprof.report.stages.conclusions import PROBLEMS, SUMMARY
 from meshprof.report.stages.matching import CLOCK, COLLECTIVES, FAILURES
 from meshprof.report.stages.pipeline import BOTTLENECKS, PIPELINE
@@ -415,9 +417,14 @@ def _what_if(rep: RunReport) -> str:
     return what_if_html(rep.get(WHAT_IF_REPLAY))
 
 
+def _changes(rep: RunReport) -> str:
+    return changes_html(rep[CHANGES])
+
+
 HTML_SECTIONS: tuple[tuple[str, Callable[[RunReport], str]], ...] = (
     ("Verdict", verdict_html),
     ("Where the time went", ledger_html),
+    ("When things changed", _changes),
     ("Summary", _summary),
     ("What each rank costs", _what_if),
     ("Bottlenecks and findings", _findings),

@@ -13,11 +13,13 @@ from collections.abc import Callable
 from rich.console import Console
 
 from meshprof.analyze.run.overview import Spread
+from meshprof.render.changes import changes_lines
 from meshprof.render.failures import failure_headline
 from meshprof.render.format import fmt_bytes, fmt_ns, fmt_pct, fmt_signed_pct
 from meshprof.render.report_text import sampling_line
 from meshprof.render.verdict import print_ledger, print_verdict, say
 from meshprof.report.run_report import RunReport
+from meshprof.report.stages.changes import CHANGES
 from meshprof.report.stages.conclusions import PROBLEMS, SUMMARY
 from meshprof.report.stages.matching import CLOCK, COLLECTIVES, FAILURES
 from meshprof.report.stages.overview import OVERVIEW
@@ -73,6 +75,8 @@ def _headline(rep: RunReport, console: Console) -> None:
     sampling = rep.get(SAMPLING)
     if sampling is not None:
         say(console, sampling_line(sampling))
+    for line in changes_lines(rep[CHANGES], limit=2):
+        say(console, line)
 
 
 def _spread_line(sp: Spread) -> str:

@@ -14,6 +14,7 @@ from rich.table import Table
 
 from meshprof.analyze.run.sampling_error import SamplingInfo
 from meshprof.analyze.run.types import RankRow
+from meshprof.render.changes import changes_lines
 from meshprof.render.failures import FAILURE_COLUMNS, failure_cells, failure_headline
 from meshprof.render.format import (
     fmt_bytes,
@@ -26,6 +27,7 @@ from meshprof.render.format import (
 from meshprof.render.verdict import print_ledger, print_verdict
 from meshprof.render.what_if import what_if_lines
 from meshprof.report.run_report import RunReport
+from meshprof.report.stages.changes import CHANGES
 from meshprof.report.stages.conclusions import PROBLEMS, SUMMARY
 from meshprof.report.stages.matching import CLOCK, COLLECTIVES, FAILURES
 from meshprof.report.stages.pipeline import BOTTLENECKS, PIPELINE
@@ -116,6 +118,8 @@ def _headline(rep: RunReport, console: Console) -> None:
     sampling = rep.get(SAMPLING)
     if sampling is not None:
         console.print(sampling_line(sampling), highlight=False, markup=False)
+    for line in changes_lines(rep[CHANGES], limit=10):
+        console.print(line, highlight=False, markup=False)
     md = sm.metadata
     if md.get("status"):
         nodes = md.get("nodes") or []

@@ -17,7 +17,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+from meshprof.analyze.run.changes import Timeline
 from meshprof.analyze.run.stragglers import DEFAULT_THRESHOLD
+from meshprof.analyze.run.window import StepWindow
 from meshprof.errors import MeshprofError
 
 T = TypeVar("T")
@@ -52,6 +54,14 @@ class ReportOptions:
     """Price of one GPU-hour (any currency): the verdict gives each cause's cost in it."""
     all_causes: bool = False
     """The verdict lists every cause, also those under 2% of the step."""
+    window: StepWindow | None = None
+    """Analyse these steps only (``--steps``, ``--since``, ``--until``)."""
+    regime: bool = True
+    """Without a window: when something changed mid-run, analyse the latest regime (the steps
+    since the latest change point; ``--steps all`` turns it off)."""
+    timeline: Timeline | None = None
+    """Set by :func:`meshprof.report.analysis.analyze_run`: the change points and the window
+    it chose (the ``changes`` section)."""
 
 
 INPUTS = frozenset({"run", "options"})

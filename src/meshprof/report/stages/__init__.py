@@ -12,6 +12,7 @@ from typing import Any
 
 from meshprof.report.stage import Stage, check_stages
 from meshprof.report.stages import (
+    changes,
     conclusions,
     ledger,
     matching,
@@ -29,6 +30,7 @@ from meshprof.report.stages import (
 
 REPORT_STAGES: tuple[Stage[Any], ...] = (
     *rank_analyses.STAGES[:1],  # beside the others, from the start
+    *changes.STAGES,  # found before the stages: the window they run on
     *matching.STAGES,  # table, clock, failures, match, collectives
     *waits.STAGES,
     *stragglers.STAGES,
