@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from meshprof.analyze.compute.sorting import RowsByKey, stable_argsort
+from meshprof.analyze.compute.sorting import RowsByKey, stable_argsort, unique_inverse
 from meshprof.analyze.run.match import CollectiveMatch
 from meshprof.analyze.run.table import EventTable
 from meshprof.rundir import LoadedRun
@@ -126,13 +126,16 @@ class Recorded:
     """int64 [collective]: latest arrival of its members outside the replayed steps (int64 min
     when none)."""
     waits: np.ndarray
-    """bool [member]: completed at or after the recorded release."""
+    """bool [member]: completed at or after the recorded release (never a send of an eager
+    pair direction: see :func:`record`)."""
     after_ns: np.ndarray
     """int64 [member]: completion − release when it waits, else its duration."""
     pos: np.ndarray
     """int32 (int64 beyond 2³¹) [member]: position in its chain."""
-    overlapped: np.ndarray
-    """bool [member]: issued while an earlier event of its chain was in flight."""
+    join: np.ndarray
+    """int32 (int64 beyond 2³¹) [member]: the member of its chain from which on its completion is
+    waited for: the first later one issued at or after it completed (the next member for a
+    blocking op); -1 when none was."""
     gap: np.ndarray
     """int64 [member]: compute gap (see the module docstring)."""
     c_first: np.ndarray
@@ -144,18 +147,36 @@ class Recorded:
     tail: np.ndarray
     """int64 [chain]: time from the latest completion (else the last issue) to the step end."""
 
+    @property
+    def overlapped(self) -> np.ndarray:
+        """bool [member]: issued while its chain's previous member was in flight."""
+        n = len(self.join)
+        out = np.zeros(n, dtype=bool)
+        if n:
+            out[1:] = (self.pos[1:] > 0) & (self.join[:-1] != np.arange(1, n))
+        return out
+
 
 def record(table: EventTable, match: CollectiveMatch, off: np.ndarray, ch: Chains) -> Recorded:
-    """The recorded gaps, releases, transfer times and tails of the chains' members."""
+    """The recorded gaps, releases, transfer times and tails of the chains' members.
+
+    A member's *release* contribution is its arrival, except for the sends of an *eager*
+    direction (a (sender, receiver) pair of which some send completed before its receive was
+    issued: the send does not wait for its receiver), which never wait and contribute their
+    completion (the receiver cannot have the data before)."""
     rows = ch.row
     n, nch = len(rows), len(ch.c_rank)
     a0 = table.start_ns[rows] + off[table.rank[rows]]
-    dur = table.duration_ns[rows]
+    dur = table.duration_ns[rows].astype(np.int64)
     e0 = a0 + dur
-    coll, const, release0 = _collectives(table, match, off, rows, a0)
+    coll, const, first_pair, n_pairs = _collectives(table, match, off, rows)
+    lead = _eager_sends(table, match, off, rows, coll, first_pair, n_pairs)
+    release0 = const.copy()
+    np.maximum.at(release0, coll, np.where(lead, e0, a0))
     after_ns = release0[coll]  # (in place: a member array fewer at the peak)
     del release0
-    waits = e0 >= after_ns
+    waits = (e0 >= after_ns) & ~lead
+    del lead
     np.subtract(e0, after_ns, out=after_ns)
     np.copyto(after_ns, dur, where=~waits)
     del dur
@@ -165,41 +186,133 @@ def record(table: EventTable, match: CollectiveMatch, off: np.ndarray, ch: Chain
     c_first[ch.chain[first_idx]] = first_idx
     c_len[ch.chain[first_idx]] = np.diff(np.r_[first_idx, n])
     pos = (np.arange(n) - c_first[ch.chain]).astype(index_dtype(n))
+    join, joined = _joins(a0, e0, ch, c_first, c_len)
     start_m = ch.c_start[ch.chain]
-    e0 -= start_m
-    emax_rel = _segmented_cummax(e0, ch.chain)
-    del e0
-    before = np.empty(n, dtype=np.int64)  # latest completion before each member, else start
+    # what each member waited for: its previous member's issue and the completions of the
+    # earlier members that had completed when it was issued (the step's start for the first)
+    before = np.empty(n, dtype=np.int64)
     if n:
         before[0] = 0
-        before[1:] = emax_rel[:-1]
+        before[1:] = a0[:-1]
+    np.maximum(before, joined, out=before)
+    del joined
     first = pos == 0
-    before[first] = 0
-    before += start_m
-    del start_m
-    overlapped = before > a0
-    overlapped[first] = False
-    del first
-    if n:  # the previous issue where overlapped
-        before[1:][overlapped[1:]] = a0[:-1][overlapped[1:]]
+    before[first] = start_m[first]
+    del first, start_m
     gap = np.subtract(a0, before, out=before)
     has = c_len > 0
     last = np.maximum(c_first + c_len - 1, 0)
+    e_rel = e0 - ch.c_start[ch.chain]
+    emax_rel = _segmented_cummax(e_rel, ch.chain)
+    del e_rel
     c_emax = np.where(has, emax_rel[last] + ch.c_start, ch.c_start) if n else ch.c_start
+    del emax_rel
     c_alast = np.where(has, a0[last], ch.c_start) if n else ch.c_start
     after_all = ch.c_end >= c_emax
     tail = ch.c_end - np.where(after_all, c_emax, c_alast)
     return Recorded(
-        a0, coll, const, waits, after_ns, pos, overlapped, gap, c_first, c_len, after_all, tail
+        a0, coll, const, waits, after_ns, pos, join, gap, c_first, c_len, after_all, tail
     )
 
 
+def _joins(
+    a0: np.ndarray, e0: np.ndarray, ch: Chains, c_first: np.ndarray, c_len: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each member's join (see :attr:`Recorded.join`) and, per member, the latest completion of
+    the earlier members joined at or before it (int64 min when none), by one search over the
+    chains laid end to end on one increasing time axis."""
+    n = len(a0)
+    if not n:
+        return np.zeros(0, dtype=index_dtype(0)), np.zeros(0, dtype=np.int64)
+    start_m = ch.c_start[ch.chain]
+    a_rel, e_rel = a0 - start_m, e0 - start_m
+    span = np.zeros(len(c_first), dtype=np.int64)
+    np.maximum.at(span, ch.chain, e_rel + 1)
+    base = np.cumsum(span) - span  # each chain's origin on the axis: chains do not overlap
+    b_m = base[ch.chain]
+    del span, start_m
+    key_a = a_rel + b_m
+    key_e = e_rel + b_m
+    j = np.searchsorted(key_a, key_e, side="left")
+    idx = np.arange(n)
+    np.maximum(j, idx + 1, out=j)
+    end = (c_first + c_len)[ch.chain]
+    ok = j < end
+    join = np.where(ok, j, -1).astype(index_dtype(n))
+    # the joined completions' running maximum, chain by chain (values of chain c lie in
+    # [base_c - 1, next base), so one running maximum over the axis never crosses chains)
+    acc = b_m - 1
+    np.maximum.at(acc, j[ok], key_e[ok])
+    np.maximum.accumulate(acc, out=acc)
+    joined = np.where(acc >= b_m, acc - b_m + (a0 - a_rel), np.int64(I64_MIN))
+    return join, joined
+
+
+def _eager_sends(
+    table: EventTable,
+    match: CollectiveMatch,
+    off: np.ndarray,
+    rows: np.ndarray,
+    coll: np.ndarray,
+    first_pair: int,
+    n_pairs: int,
+) -> np.ndarray:
+    """bool [member]: the sends of the *eager* (sender, receiver) directions (a send completes
+    without waiting for its receiver), judged over every matched message of the direction
+    (aligned clock). A send issued a time Δ before its receive votes eager when it completed
+    before the receive was issued, or when its duration is nearer the direction's transfer time
+    (the median duration of its sends issued after their receive: the send then takes the
+    transfer whatever the semantics) than Δ + that time; else it votes rendezvous. A direction
+    is eager when most of its votes are, one without votes when most of the run's are; a run
+    without votes is taken as rendezvous (an eager send taken as rendezvous is off by at most
+    its transfer time; the other way round, a send that waited for a slow receiver would keep
+    that wait in every scenario)."""
+    lead = np.zeros(len(rows), dtype=bool)
+    if not n_pairs:
+        return lead
+    sr, rr = match.p2p_send_row, match.p2p_recv_row
+    a_s = table.start_ns[sr] + off[table.rank[sr]]
+    a_r = table.start_ns[rr] + off[table.rank[rr]]
+    d_s = table.duration_ns[sr].astype(np.int64)
+    width = int(table.rank.max(initial=0)) + 1
+    direction = table.rank[sr].astype(np.int64) * width + table.peer[sr].astype(np.int64)
+    dirs, inv = unique_inverse(direction)
+    delta = a_r - a_s
+    later = delta <= 0
+    xfer = np.full(len(dirs), np.nan)
+    by = RowsByKey(inv)
+    for d in range(len(dirs)):
+        mine = by.rows(d)
+        f = mine[later[mine]]
+        if len(f):
+            xfer[d] = float(np.median(d_s[f]))
+    x = xfer[inv]
+    strong = a_s + d_s < a_r
+    known = (delta > 0) & np.isfinite(x)
+    with np.errstate(invalid="ignore"):
+        nearer = np.abs(d_s - x) < np.abs(d_s - (delta + x))
+    eager_vote = strong | (known & nearer)
+    rdv_vote = known & ~strong & ~nearer
+    ev = np.bincount(inv, weights=eager_vote.astype(np.float64), minlength=len(dirs))
+    rv = np.bincount(inv, weights=rdv_vote.astype(np.float64), minlength=len(dirs))
+    run_eager = ev.sum() > rv.sum()
+    eager_dir = np.where(ev + rv > 0, ev > rv, run_eager)
+    pair = coll.astype(np.int64) - first_pair
+    in_pair = np.flatnonzero((pair >= 0) & (pair < n_pairs))
+    if not len(in_pair):
+        return lead
+    p = pair[in_pair]
+    is_send = rows[in_pair].astype(np.int64) == sr[p]
+    lead[in_pair[is_send]] = eager_dir[inv[p[is_send]]]
+    return lead
+
+
 def _collectives(
-    table: EventTable, match: CollectiveMatch, off: np.ndarray, rows: np.ndarray, a0: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Each member's collective code, and per collective the latest arrival of its members that
-    are not replayed (int64 min when none) and its recorded release (the latest arrival of all
-    its members)."""
+    table: EventTable, match: CollectiveMatch, off: np.ndarray, rows: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, int, int]:
+    """Each member's collective code and, per collective, the latest arrival of its members
+    that are not replayed (int64 min when none); the code of the first send/recv pair and the
+    number of pairs."""
     nc, npairs = len(match), len(match.p2p_send_row)
     coll_of_row = np.full(len(table), -1, dtype=index_dtype(nc + npairs + len(rows)))
     coll_of_row[match.member_row] = match.member_coll
@@ -213,12 +326,6 @@ def _collectives(
     def aligned(rr: np.ndarray) -> np.ndarray:
         return table.start_ns[rr] + off[table.rank[rr]]
 
-    release0 = np.empty(total, dtype=np.int64)
-    release0[:nc] = match.last_arrival_ns
-    release0[nc : nc + npairs] = np.maximum(
-        aligned(match.p2p_send_row), aligned(match.p2p_recv_row)
-    )
-    release0[nc + npairs :] = a0[alone]
     # members outside the replayed steps keep their recorded arrival (rare: collectives that
     # straddle a step boundary, or a step some rank did not record)
     const = np.full(total, I64_MIN, dtype=np.int64)
@@ -239,7 +346,16 @@ def _collectives(
         ]
         cand = cand[~kept[cand]]
         np.maximum.at(const, coll_of_row[cand], aligned(cand))
-    return coll, const, release0
+    return coll, const, nc, npairs
+
+
+def fold_joins(
+    e_join: np.ndarray, held: np.ndarray, chain_of: np.ndarray, slots: np.ndarray
+) -> None:
+    """The replay's held completions join their chains: ``e_join[:, chain_of[i]]`` =
+    max(itself, ``held[:, slots[i]]``) for every i (a chain may take several)."""
+    if len(slots):
+        np.maximum.at(e_join, (slice(None), chain_of), held[:, slots])  # type: ignore[arg-type]
 
 
 def _segmented_cummax(v: np.ndarray, seg: np.ndarray) -> np.ndarray:

@@ -35,10 +35,10 @@ import numpy as np
 
 from meshprof.analyze.compute import intervals
 from meshprof.analyze.compute.heap import release_free_memory
-from meshprof.analyze.compute.sorting import RowsByKey, lexsort2, unique_inverse
+from meshprof.analyze.compute.sorting import RowsByKey, lexsort2, stable_argsort, unique_inverse
 from meshprof.analyze.run.clock import ClockAlignment
 from meshprof.analyze.run.match import CollectiveMatch
-from meshprof.analyze.run.replay import in_order, levels, replay
+from meshprof.analyze.run.replay import in_order, join_plan, levels, replay
 from meshprof.analyze.run.replay_overlap import overlap_levels
 from meshprof.analyze.run.replay_record import I64_MIN, Chains, Recorded, build_chains, record
 from meshprof.analyze.run.stragglers import StragglerReport
@@ -213,8 +213,15 @@ def what_if(
     gid = table.gid[ch.row]
     dim_of_gid = np.asarray([dims.index(gr.dimension) for gr in table.groups] or [0])
     dimc = dim_of_gid.astype(np.int16 if len(dims) < 1 << 15 else np.int64)[gid]
-    gmed, tmed = _peer_medians(rec, ch, table.op[ch.row], dimc, len(steps))
-    ex, tex = rec.gap - gmed, rec.tail - tmed
+    stage = _stages(table, n_off)
+    pr = _peer_references(rec, ch, table.op[ch.row], dimc, stage, len(steps))
+    ex, tex = rec.gap - pr.ref, rec.tail - pr.tref
+    sys_ex, sys_tex = _systematic(ex, tex, rec, ch, pr.sig)
+    # a scenario takes the rank's systematic excess off its gaps (its step-to-step noise,
+    # which no fix removes, stays)
+    gmed = np.maximum(rec.gap - sys_ex, 0)
+    tmed = np.maximum(rec.tail - sys_tex, 0)
+    del sys_ex
 
     # candidates: the largest excess
     c_ex = tex + np.bincount(ch.chain, weights=ex, minlength=len(ch.c_rank))
@@ -240,11 +247,11 @@ def what_if(
     # aggregates above do not depend on the members' order; _phase's sums are of integers)
     order, bounds = lv
     del lv, gid, dimc
+    join_kind, j_pos, j_slot = join_plan(rec.join, order)
     members: dict[str, np.ndarray] = {
         "a0": rec.a0,
         "gap": rec.gap,
         "coll": rec.coll,
-        "overlapped": rec.overlapped,
         "waits": rec.waits,
         "after_ns": rec.after_ns,
         "chain": ch.chain,
@@ -259,7 +266,8 @@ def what_if(
     c_rank, c_step, c_start, c_end = ch.c_rank, ch.c_step, ch.c_start, ch.c_end
     del rec, ch, rank, ex, gmed, rows
     m = in_order(members, order)
-    del order
+    m["join"] = join_kind
+    del order, join_kind
     release_free_memory()
     ends = replay(
         m,
@@ -272,6 +280,7 @@ def what_if(
         after_all,
         _lookup(c_rank, rank_c, 1),
         tmed,
+        (j_pos, j_slot),
         arrival=arrival,
     )
     job = np.full((len(steps), k), I64_MIN, dtype=np.int64)
@@ -323,18 +332,69 @@ def _lookup(values: np.ndarray, chosen: list[int], first: int) -> np.ndarray:
     return lut[values]
 
 
-def _peer_medians(
-    rec: Recorded, ch: Chains, op: np.ndarray, dimc: np.ndarray, n_steps: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """Each member's gap and each chain's tail as the median over its peers: the chains of the
-    same step with the same sequence of (op, dimension) (a chain without peers keeps its own)."""
+def _stages(table: EventTable, n: int) -> np.ndarray:
+    """Each rank's pipeline stage: its position in its pipeline-parallel group ("pp"
+    dimension; 0 for ranks in none)."""
+    stage = np.zeros(max(n, 1), dtype=np.int64)
+    for gr in table.groups:
+        if gr.dimension == "pp":
+            for i, r in enumerate(gr.ranks):
+                if 0 <= r < n:
+                    stage[r] = i
+    return stage
+
+
+def _others_median(x: np.ndarray) -> np.ndarray:
+    """Per column of ``x`` [peer, position]: each row's median over the *other* rows (float;
+    a lone row keeps its own values)."""
+    p = x.shape[0]
+    if p < 2:
+        return x.astype(np.float64)
+    o = np.argsort(x, axis=0, kind="stable")
+    s = np.take_along_axis(x, o, axis=0).astype(np.float64)
+    at = np.empty_like(o)  # each row's place in its column's order
+    np.put_along_axis(at, o, np.broadcast_to(np.arange(p)[:, None], o.shape), axis=0)
+
+    def kth(j: int) -> np.ndarray:  # the j-th smallest of the others
+        return np.where(j < at, s[j][None, :], s[j + 1][None, :])
+
+    q = p - 1
+    if q % 2:
+        return kth(q // 2)
+    return (kth(q // 2 - 1) + kth(q // 2)) / 2
+
+
+@dataclass(frozen=True, slots=True)
+class _Peers:
+    """What each member and chain is compared with (see :func:`_peer_references`)."""
+
+    ref: np.ndarray
+    """int64 [member]: its peers' median gap at its position (its own gap without peers)."""
+    tref: np.ndarray
+    """int64 [chain]: its peers' median tail."""
+    peers: np.ndarray
+    """int64 [chain]: peers compared with (0: none)."""
+    sig: np.ndarray
+    """int64 [chain]: its signature (op sequence and pipeline stage) id."""
+
+
+def _peer_references(
+    rec: Recorded, ch: Chains, op: np.ndarray, dimc: np.ndarray, stage: np.ndarray, n_steps: int
+) -> _Peers:
+    """Each member's gap and each chain's tail as the median over its *peers*: the other chains
+    of the same step on the same pipeline stage with the same sequence of (op, dimension)
+    (ranks of different stages are never peers: at one position one may be in a forward and
+    the other in a backward; the rank itself is left out, so that with one peer a slow rank is
+    compared with a normal one, not with the mean of the two)."""
     h = _mix((op.astype(np.int64) << 40) ^ (dimc.astype(np.int64) << 32) ^ rec.pos)
     nch = len(ch.c_rank)
     has = np.flatnonzero(rec.c_len > 0)
     sig = np.zeros(nch, dtype=np.uint64)
     sig[has] = np.add.reduceat(h, rec.c_first[has])
     sig = _mix(sig ^ rec.c_len.astype(np.uint64))
-    gmed, tmed = rec.gap.copy(), rec.tail.copy()
+    sig = _mix(sig ^ stage[ch.c_rank].astype(np.uint64))
+    ref, tref = rec.gap.copy(), rec.tail.copy()
+    peers = np.zeros(nch, dtype=np.int64)
     _, sig_id = unique_inverse(sig.view(np.int64))
     corder = lexsort2(ch.c_step, sig_id)
     key = sig_id[corder] * (n_steps + 1) + ch.c_step[corder]
@@ -343,12 +403,36 @@ def _peer_medians(
         if hi - lo < 2:
             continue
         cs = corder[lo:hi]
-        tmed[cs] = int(np.rint(np.median(rec.tail[cs])))
+        peers[cs] = hi - lo - 1
+        tref[cs] = np.rint(_others_median(rec.tail[cs][:, None])[:, 0]).astype(np.int64)
         k = int(rec.c_len[cs[0]])
         if k:
             idx = rec.c_first[cs][:, None] + np.arange(k)[None, :]
-            gmed[idx] = np.rint(np.median(rec.gap[idx], axis=0)).astype(np.int64)[None, :]
-    return gmed, tmed
+            ref[idx] = np.rint(_others_median(rec.gap[idx])).astype(np.int64)
+    return _Peers(ref, tref, peers, sig_id)
+
+
+def _systematic(
+    ex: np.ndarray, tex: np.ndarray, rec: Recorded, ch: Chains, sig: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each member's and chain's *systematic* excess: the median over the replayed steps of
+    the excess at the same position of the same rank's chains of the same signature (what the
+    rank does more than its peers every step, without the step's own noise)."""
+    e, te = ex.copy(), tex.copy()
+    key = ch.c_rank * (int(sig.max(initial=0)) + 1) + sig
+    corder = stable_argsort(key)
+    ks = key[corder]
+    bounds = np.flatnonzero(np.r_[True, ks[1:] != ks[:-1], True])
+    for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
+        if hi - lo < 2:
+            continue
+        cs = corder[lo:hi]
+        te[cs] = int(np.rint(np.median(tex[cs])))
+        k = int(rec.c_len[cs[0]])
+        if k:
+            idx = rec.c_first[cs][:, None] + np.arange(k)[None, :]
+            e[idx] = np.rint(np.median(ex[idx], axis=0)).astype(np.int64)[None, :]
+    return e, te
 
 
 def _median_step(s: StragglerReport, steps: tuple[int, ...]) -> float:
