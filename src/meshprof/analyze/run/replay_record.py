@@ -10,11 +10,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from meshprof.analyze.compute.sorting import RowsByKey, stable_argsort, unique_inverse
+from meshprof.analyze.run.clock import SYNC_OPS
 from meshprof.analyze.run.match import CollectiveMatch
 from meshprof.analyze.run.table import EventTable
 from meshprof.rundir import LoadedRun
 
 I64_MIN = int(np.iinfo(np.int64).min)
+MUST_WAIT = SYNC_OPS | {"recv", "recv_object_list"}
+"""Ops none of whose members can complete before the last one arrives (a receive: before its
+send)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,10 +130,11 @@ class Recorded:
     """int64 [collective]: latest arrival of its members outside the replayed steps (int64 min
     when none)."""
     waits: np.ndarray
-    """bool [member]: completed at or after the recorded release (never a send of an eager
-    pair direction: see :func:`record`)."""
+    """bool [member]: completed at or after the recorded release, or a member of an op in
+    :data:`MUST_WAIT` (never a send of an eager pair direction: see :func:`record`)."""
     after_ns: np.ndarray
-    """int64 [member]: completion − release when it waits, else its duration."""
+    """int64 [member]: completion − release when it waits (slightly negative where the clocks'
+    alignment errs), else its duration."""
     pos: np.ndarray
     """int32 (int64 beyond 2³¹) [member]: position in its chain."""
     join: np.ndarray
@@ -157,7 +162,13 @@ class Recorded:
         return out
 
 
-def record(table: EventTable, match: CollectiveMatch, off: np.ndarray, ch: Chains) -> Recorded:
+def record(
+    table: EventTable,
+    match: CollectiveMatch,
+    off: np.ndarray,
+    ch: Chains,
+    sig: np.ndarray | None = None,
+) -> Recorded:
     """The recorded gaps, releases, transfer times and tails of the chains' members.
 
     A member's *release* contribution is its arrival, except for the sends of an *eager*
@@ -175,8 +186,13 @@ def record(table: EventTable, match: CollectiveMatch, off: np.ndarray, ch: Chain
     np.maximum.at(release0, coll, np.where(lead, e0, a0))
     after_ns = release0[coll]  # (in place: a member array fewer at the peak)
     del release0
-    waits = (e0 >= after_ns) & ~lead
-    del lead
+    # a member of a synchronizing collective or a receive cannot complete before the release:
+    # it waits whatever the clocks say (a completion seen a little before the release is the
+    # clock alignment's error, which would otherwise freeze its whole wait into its duration)
+    must = np.isin(table.op[rows], [i for i, o in enumerate(table.ops) if o in MUST_WAIT])
+    must &= coll < first_pair + n_pairs  # (matched, not alone)
+    waits = ((e0 >= after_ns) | must) & ~lead
+    del lead, must
     np.subtract(e0, after_ns, out=after_ns)
     np.copyto(after_ns, dur, where=~waits)
     del dur
@@ -186,7 +202,7 @@ def record(table: EventTable, match: CollectiveMatch, off: np.ndarray, ch: Chain
     c_first[ch.chain[first_idx]] = first_idx
     c_len[ch.chain[first_idx]] = np.diff(np.r_[first_idx, n])
     pos = (np.arange(n) - c_first[ch.chain]).astype(index_dtype(n))
-    join, joined = _joins(a0, e0, ch, c_first, c_len)
+    join, joined = _joins(a0, e0, ch, c_first, c_len, sig)
     start_m = ch.c_start[ch.chain]
     # what each member waited for: its previous member's issue and the completions of the
     # earlier members that had completed when it was issued (the step's start for the first)
@@ -216,11 +232,18 @@ def record(table: EventTable, match: CollectiveMatch, off: np.ndarray, ch: Chain
 
 
 def _joins(
-    a0: np.ndarray, e0: np.ndarray, ch: Chains, c_first: np.ndarray, c_len: np.ndarray
+    a0: np.ndarray,
+    e0: np.ndarray,
+    ch: Chains,
+    c_first: np.ndarray,
+    c_len: np.ndarray,
+    sig: np.ndarray | None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Each member's join (see :attr:`Recorded.join`) and, per member, the latest completion of
     the earlier members joined at or before it (int64 min when none), by one search over the
-    chains laid end to end on one increasing time axis."""
+    chains laid end to end on one increasing time axis. ``sig``: per chain, a code equal for
+    chains of the same program (same ops in the same order): a position's join is then the
+    latest one seen there."""
     n = len(a0)
     if not n:
         return np.zeros(0, dtype=index_dtype(0)), np.zeros(0, dtype=np.int64)
@@ -237,6 +260,8 @@ def _joins(
     idx = np.arange(n)
     np.maximum(j, idx + 1, out=j)
     end = (c_first + c_len)[ch.chain]
+    if sig is not None:
+        j = _harmonized(j, idx, end, a0, e0, ch, c_first, c_len, sig)
     ok = j < end
     join = np.where(ok, j, -1).astype(index_dtype(n))
     # the joined completions' running maximum, chain by chain (values of chain c lie in
@@ -246,6 +271,77 @@ def _joins(
     np.maximum.accumulate(acc, out=acc)
     joined = np.where(acc >= b_m, acc - b_m + (a0 - a_rel), np.int64(I64_MIN))
     return join, joined
+
+
+def _harmonized(
+    j: np.ndarray,
+    idx: np.ndarray,
+    end: np.ndarray,
+    a0: np.ndarray,
+    e0: np.ndarray,
+    ch: Chains,
+    c_first: np.ndarray,
+    c_len: np.ndarray,
+    sig: np.ndarray,
+) -> np.ndarray:
+    """The joins made the same at each position of the chains of one signature (one program
+    waits for an op at one place): the latest first issue after its completion seen there,
+    moved on to later issues while waiting for the op there makes the compute before that
+    issue vary more over the chains (its standard deviation more than 100 ns higher) than
+    waiting for the previous issue (and the previous member's completion, if that is a
+    blocking op: one always completed before the next issue): an async op that completed
+    during the compute was not waited for (with it the compute would be measured from its
+    completion). A blocking op stays joined at the next issue (with it, the compute is what it
+    is; without, it would add the op's varying duration). A position held by one chain keeps
+    its own join."""
+    n = len(j)
+    pos = idx - c_first[ch.chain]
+    width = int(c_len.max(initial=1))
+    _, key = unique_inverse(sig[ch.chain].astype(np.int64) * width + pos)
+    ng = int(key.max(initial=-1)) + 1
+    none = n + 1
+    off = np.where(j < end, j - idx, none)
+    d = np.zeros(ng, dtype=np.int64)  # per group: the offset of the join
+    np.maximum.at(d, key, off)
+    if not n:
+        return j
+    lo = np.full(ng, none, dtype=np.int64)
+    np.minimum.at(lo, key, off)
+    blocking = (lo == 1) & (d == 1)  # always completed before the next issue
+    # what each issue waited for besides the op tested: the previous issue, and the previous
+    # member's completion when that is a blocking op's
+    prev_issue = np.r_[np.int64(0), a0[:-1]]
+    prev_done = np.r_[np.int64(I64_MIN), np.where(blocking[key[:-1]], e0[:-1], I64_MIN)]
+    size = np.bincount(key, minlength=ng)
+    active = (size >= 2) & (d < none) & ~blocking
+    while active.any():
+        m = np.flatnonzero(active[key])
+        g = key[m]
+        at = m + d[g]
+        past = at >= end[m]
+        if past.any():
+            d[np.unique(g[past])] = none
+            active[g[past]] = False
+            keep = ~active[g] | past
+            m, g, at = m[~keep], g[~keep], at[~keep]
+            if not len(m):
+                break
+        base = np.maximum(prev_issue[at], np.where(at - 1 == m, I64_MIN, prev_done[at]))
+        without = (a0[at] - base).astype(np.float64)
+        with_it = (a0[at] - np.maximum(base, e0[m])).astype(np.float64)
+        moved = _spread(with_it, g, ng) > _spread(without, g, ng) + 100
+        d[moved] += 1
+        active &= moved
+    step = d[key]
+    return np.where(step < none, idx + step, end)
+
+
+def _spread(x: np.ndarray, g: np.ndarray, ng: int) -> np.ndarray:
+    """Per group code: the standard deviation of ``x`` over its members (0 for none)."""
+    cnt = np.maximum(np.bincount(g, minlength=ng), 1)
+    mean = np.bincount(g, weights=x, minlength=ng) / cnt
+    dev = x - mean[g]
+    return np.sqrt(np.bincount(g, weights=dev * dev, minlength=ng) / cnt)
 
 
 def _eager_sends(
@@ -259,10 +355,11 @@ def _eager_sends(
 ) -> np.ndarray:
     """bool [member]: the sends of the *eager* (sender, receiver) directions (a send completes
     without waiting for its receiver), judged over every matched message of the direction
-    (aligned clock). A send issued a time Δ before its receive votes eager when it completed
-    before the receive was issued, or when its duration is nearer the direction's transfer time
-    (the median duration of its sends issued after their receive: the send then takes the
-    transfer whatever the semantics) than Δ + that time; else it votes rendezvous. A direction
+    (aligned clock). A send that completed before its receive was issued votes eager; one issued
+    a time Δ before its receive, Δ more than half the direction's transfer time (the median
+    duration of its sends issued after their receive: the send then takes the transfer
+    whatever the semantics), votes eager when its duration is nearer that time than Δ + that
+    time, else rendezvous. A direction
     is eager when most of its votes are, one without votes when most of the run's are; a run
     without votes is taken as rendezvous (an eager send taken as rendezvous is off by at most
     its transfer time; the other way round, a send that waited for a slow receiver would keep
@@ -288,7 +385,8 @@ def _eager_sends(
             xfer[d] = float(np.median(d_s[f]))
     x = xfer[inv]
     strong = a_s + d_s < a_r
-    known = (delta > 0) & np.isfinite(x)
+    known = np.isfinite(x)
+    known[known] = delta[known] > x[known] / 2  # (a shorter lead says little against noise)
     with np.errstate(invalid="ignore"):
         nearer = np.abs(d_s - x) < np.abs(d_s - (delta + x))
     eager_vote = strong | (known & nearer)

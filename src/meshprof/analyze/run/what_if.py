@@ -3,32 +3,49 @@ process group, of one parallelism dimension) computed like its peers — a repla
 collectives (:mod:`meshprof.analyze.run.replay`: chains of events per rank and step, compute gaps,
 collectives released by their last arrival), not a heuristic.
 
-A *scenario* replaces some compute gaps by their *peer median* — the median, over the ranks that
-issued the same sequence of collectives in that step (same op, same dimension, same position: the
-rank's peers, e.g. the ranks of one pipeline stage), of the gap at the same position (and of the
-tail, the compute after the last collective) — then replays every chain through every group, so
-a slow TP rank delays its TP group, which delays the DP collectives of the other TP groups and the
-pipeline send/recv to the next stage. The step ends when its last rank ends. The *step saving*
-of a scenario is the replayed step end with the recorded gaps minus with the scenario's, per
-step; the figure is its median over the replayed steps. Scenarios:
+*Peers*: the ranks of the same pipeline stage (position in their pipeline-parallel group) that
+issued the same sequence of collectives (same op, same dimension, same position) in the step;
+ranks of different stages are never peers (at one position one may be in a forward, the other
+in a backward). A member's *excess* is its compute gap minus the median of its peers' gaps at
+its position (itself left out: with one peer, a slow rank is compared with a normal one); a
+chain's tail (compute after its last collective) likewise. Its *systematic excess* is the
+median of its excess over the replayed steps (the same rank, signature and position), kept
+where it exceeds :data:`Z` standard errors of that median and is positive, else 0: what the
+rank does more than its peers every step, without the step-to-step noise that no fix removes.
 
-- rank r: all of r's gaps and tails ("rank r computed like the median rank");
+A *scenario* takes the systematic excess off some gaps (a tail's off the step's first gap: the
+compute after the last collective delays the rank's next step), then replays every chain
+through every group, so a slow TP rank delays its TP group, which delays the DP collectives of
+the other TP groups and the pipeline send/recv to the next stage. The step ends when its last
+rank ends. The *step saving* of a scenario is the replayed step end with the recorded gaps
+minus with the scenario's, per step (never negative: a scenario only takes compute off); the
+figure is its median over the replayed steps (for a rank, those where its chain was measured:
+its signature repeated), with a 95 % distribution-free interval (:func:`median_interval`).
+Scenarios:
+
+- rank r: all of r's gaps and tails ("rank r computed like its peers");
 - group G: every gap before one of G's collectives, on all its members (the imbalance that G's
   collectives wait for);
 - dimension D: every gap before a collective of a D group.
 
-A rank's *excess* is the sum of its gaps and tail above the peer medians (median over steps); the
+A cost is *notable* (named in the report's text) when its interval lies above zero and it is at
+least :data:`MIN_SHARE` of the step; a rank without peers is not measured (listed in
+:attr:`WhatIf.unmeasured`; when no rank has one, the note says so and nothing is replayed).
+
+A rank's *excess* is the sum of its gaps' and tail's excess (median over steps); the
 ranks with the largest excess are replayed (:data:`MAX_RANKS`; every rank in runs of up to
 :data:`ALL_RANKS_UP_TO` ranks), so are the groups with the largest summed excess
 (:data:`MAX_GROUPS`) and every dimension. The steps replayed are evenly spaced over the steps
-every rank recorded: at most :data:`MAX_STEPS`, and fewer (not under :data:`MIN_STEPS`) when
-events × scenarios would exceed :data:`CELL_BUDGET`.
+every rank recorded but the first (it starts from the ranks' launch, not from a step's end;
+kept when fewer than 3): at most :data:`MAX_STEPS`, and fewer (not under :data:`MIN_STEPS`)
+when events × scenarios would exceed :data:`CELL_BUDGET`.
 A rank's *phase* is the step-monitor phase holding most of its excess (each gap is attributed to
 the phase span covering most of it).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -60,6 +77,8 @@ CELL_BUDGET = 16_000_000
 many events per step, so the replay stays a small part of the report."""
 MIN_SHARE = 0.01
 """Savings below this share of the step are not called out in the report's text."""
+Z = 2.0
+"""Standard errors a systematic excess must exceed (see :func:`_systematic`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +99,19 @@ class RankCost:
     excess_ns: float
     """Its compute gaps and tail above its peers' medians, summed over a step (ns, median over
     the replayed steps): what it would save alone if nobody else gated."""
+    ci_low_ns: float = float("nan")
+    """Lower end of the 95 % interval of the step saving (ns): an order statistic of the
+    per-step savings (see :func:`median_interval`)."""
+    ci_high_ns: float = float("nan")
+    """Upper end of that interval (ns)."""
+    peers: int = 0
+    """Ranks it was compared with (the most over the replayed steps): the other ranks of its
+    pipeline stage that issued the same collectives; 0: none, its cost is not measured."""
+
+    @property
+    def measurable(self) -> bool:
+        """Compared with peers, and the interval of its saving lies above zero."""
+        return self.peers > 0 and self.ci_low_ns > 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +132,10 @@ class GroupCost:
     excess_ns: float
     """Compute above the peer medians before this group's collectives, all members, per step
     (ns, mean over the replayed steps)."""
+    ci_low_ns: float = float("nan")
+    """Lower end of the 95 % interval of the step saving (ns; see :attr:`RankCost.ci_low_ns`)."""
+    ci_high_ns: float = float("nan")
+    """Upper end of that interval (ns)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +152,10 @@ class DimCost:
     excess_ns: float
     """Compute above the peer medians before this dimension's collectives, all ranks, per step
     (ns, mean over the replayed steps)."""
+    ci_low_ns: float = float("nan")
+    """Lower end of the 95 % interval of the step saving (ns; see :attr:`RankCost.ci_low_ns`)."""
+    ci_high_ns: float = float("nan")
+    """Upper end of that interval (ns)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,11 +184,21 @@ class WhatIf:
     """Savings below this share are not called out in the report's text."""
     note: str = ""
     """Why nothing was replayed, if so."""
+    unmeasured: tuple[int, ...] = ()
+    """Replayed ranks without peers (no other rank of their pipeline stage issued the same
+    collectives): their compute is compared with nobody's, their cost is not measured."""
 
     @property
     def notable(self) -> tuple[RankCost, ...]:
-        """The ranks whose saving is at least :attr:`min_share` of the step, largest first."""
-        return tuple(r for r in self.ranks if r.share_of_step >= self.min_share)
+        """The ranks whose cost stands above the run's noise: measurable (compared with peers,
+        the 95 % interval of its saving above zero) and at least :attr:`min_share` of the
+        step; largest first."""
+        return tuple(r for r in self.ranks if r.measurable and r.share_of_step >= self.min_share)
+
+    def notable_cost(self, c: GroupCost | DimCost) -> bool:
+        """A group's or dimension's saving stands above the noise (interval above zero) and is
+        at least :attr:`min_share` of the step."""
+        return c.ci_low_ns > 0 and c.share_of_step >= self.min_share
 
 
 def _empty(note: str, steps: tuple[int, ...] = ()) -> WhatIf:
@@ -190,7 +240,10 @@ def what_if(
     per_step = len(table) / max(len(stragglers.steps), 1)
     scenarios = 1 + min(max_ranks, n_loaded) + min(max_groups, len(table.groups)) + len(dims)
     fit = int(CELL_BUDGET // max(per_step * scenarios, 1))
-    steps = chosen_steps(stragglers.common_steps, min(max_steps, max(fit, MIN_STEPS)))
+    common = stragglers.common_steps
+    if len(common) >= 3:  # the first step starts from the ranks' launch, not a step's end
+        common = common[1:]
+    steps = chosen_steps(common, min(max_steps, max(fit, MIN_STEPS)))
     if not steps:
         return _empty(stragglers.note or "no step recorded by every rank")
     offsets = clock.offsets()
@@ -199,35 +252,42 @@ def what_if(
     ch = build_chains(run, table, off, steps)
     if not len(ch.row):
         return _empty("no collective inside the steps every rank recorded", steps)
-    rec = record(table, match, off, ch)
+    gid = table.gid[ch.row]
+    dim_of_gid = np.asarray([dims.index(gr.dimension) for gr in table.groups] or [0])
+    dimc = dim_of_gid.astype(np.int16 if len(dims) < 1 << 15 else np.int64)[gid]
+    sig = _signatures(ch, table.op[ch.row], dimc, _stages(table, n_off))
+    rec = record(table, match, off, ch, sig)
     release_free_memory()  # (the temporaries of each stage back to the OS: a lower peak)
     lv = levels(rec)
     arrival: np.ndarray | None = None
     if lv is None:
-        # async ops issued in crossed order (1F1B stage pairs): levels by issue, not collective
+        # ops issued in crossed order (1F1B stage pairs): levels by issue, not collective
         two_phase = overlap_levels(rec)
         if two_phase is None:
             return _empty("the collectives' order is inconsistent across ranks (a cycle)", steps)
         lv, arrival = two_phase[:2], two_phase[2]
     rank = table.rank[ch.row]
-    gid = table.gid[ch.row]
-    dim_of_gid = np.asarray([dims.index(gr.dimension) for gr in table.groups] or [0])
-    dimc = dim_of_gid.astype(np.int16 if len(dims) < 1 << 15 else np.int64)[gid]
-    stage = _stages(table, n_off)
-    pr = _peer_references(rec, ch, table.op[ch.row], dimc, stage, len(steps))
+    pr = _peer_references(rec, ch, sig, len(steps))
     ex, tex = rec.gap - pr.ref, rec.tail - pr.tref
-    sys_ex, sys_tex = _systematic(ex, tex, rec, ch, pr.sig)
+    sys_ex, sys_tex, measured = _systematic(ex, tex, rec, ch, sig)
     # a scenario takes the rank's systematic excess off its gaps (its step-to-step noise,
     # which no fix removes, stays)
     gmed = np.maximum(rec.gap - sys_ex, 0)
-    tmed = np.maximum(rec.tail - sys_tex, 0)
     del sys_ex
+    # the compute after the step's last collective delays the rank's next step: taken off
+    # its step's start (its first gap), so that it saves what it would in the next step
+    # (nothing where the rank then waits anyway), not the step's last end
+    has = rec.c_len > 0
+    gmed[rec.c_first[has]] -= sys_tex[has]
+    tmed = np.where(has, rec.tail, np.maximum(rec.tail - sys_tex, 0))
 
     # candidates: the largest excess
     c_ex = tex + np.bincount(ch.chain, weights=ex, minlength=len(ch.c_rank))
     rank_ids = np.unique(ch.c_rank)
     by_chain_rank = RowsByKey(ch.c_rank)
     rank_ex = {r: float(np.median(c_ex[by_chain_rank.rows(r)])) for r in rank_ids.tolist()}
+    rank_peers = {r: int(pr.peers[by_chain_rank.rows(r)].max()) for r in rank_ids.tolist()}
+    del pr
     rank_c = sorted(rank_ex, key=lambda r: (-rank_ex[r], r))[: max(max_ranks, 0)]
     g_ex = np.bincount(gid, weights=ex, minlength=len(table.groups)) / len(steps)
     multi = [x for x in np.unique(gid).tolist() if len(table.groups[x].ranks) >= 2]
@@ -285,7 +345,18 @@ def what_if(
     )
     job = np.full((len(steps), k), I64_MIN, dtype=np.int64)
     np.maximum.at(job, c_step, ends.T)
-    saving = np.median((job[:, :1] - job).astype(np.float64), axis=0).tolist()
+    by_step = (job[:, :1] - job).astype(np.float64)
+    # a rank's saving over the steps where its chain was measured (its signature repeated:
+    # a first step unlike the others is not one of them), when there are any
+    use = np.ones((len(steps), k), dtype=bool)
+    for i, r in enumerate(rank_c):
+        mine = by_chain_rank.rows(r)
+        got = np.zeros(len(steps), dtype=bool)
+        got[c_step[mine[measured[mine]]]] = True
+        if got.any():
+            use[:, 1 + i] = got
+    saving = [float(np.median(by_step[use[:, j], j])) for j in range(k)]
+    lo_hi = [median_interval(by_step[use[:, j], j]) for j in range(k)]
     step_ns = _median_step(stragglers, steps)
 
     def share(v: float) -> float:
@@ -298,17 +369,23 @@ def what_if(
             share(saving[1 + i]),
             _phase(run, r, m, c_rank, c_end, tail, tex, off),
             rank_ex[r],
+            *lo_hi[1 + i],
+            rank_peers[r],
         )
         for i, r in enumerate(rank_c)
     ]
     groups_out = []
     for i, x in enumerate(group_c):
-        gr, v = table.groups[x], saving[1 + nr + i]
-        groups_out.append(GroupCost(gr.name, gr.desc, gr.dimension, v, share(v), float(g_ex[x])))
-    dims_out = [
-        DimCost(dims[x], saving[1 + nr + ng + i], share(saving[1 + nr + ng + i]), float(d_ex[x]))
-        for i, x in enumerate(dim_c)
-    ]
+        gr, j = table.groups[x], 1 + nr + i
+        groups_out.append(
+            GroupCost(gr.name, gr.desc, gr.dimension, saving[j], share(saving[j]),
+                      float(g_ex[x]), *lo_hi[j])
+        )  # fmt: skip
+    dims_out = []
+    for i, x in enumerate(dim_c):
+        j = 1 + nr + ng + i
+        dims_out.append(DimCost(dims[x], saving[j], share(saving[j]), float(d_ex[x]), *lo_hi[j]))
+    unmeasured = tuple(sorted(r for r in rank_c if not rank_peers[r]))
     return WhatIf(
         ranks=tuple(sorted(ranks_out, key=lambda c: (-c.step_saving_ns, c.rank))),
         groups=tuple(sorted(groups_out, key=lambda c: (-c.step_saving_ns, c.group))),
@@ -318,7 +395,33 @@ def what_if(
         ranks_total=len(rank_ids),
         levels=len(bounds) - 1,
         replay_error_ns=int(np.abs(ends[0] - c_end).max()),
+        unmeasured=unmeasured,
+        note=NO_PEERS if len(unmeasured) == len(rank_ids) else "",
     )
+
+
+NO_PEERS = (
+    "no rank has a peer (another rank of its pipeline stage that issued the same collectives): "
+    "compute is compared between peers, so no rank's cost can be measured"
+)
+
+
+def median_interval(x: np.ndarray, level: float = 0.95) -> tuple[float, float]:
+    """A distribution-free interval for the median of ``x`` (the per-step savings): the
+    order statistics x₍ₖ₎ and x₍ₙ₋ₖ₊₁₎ with the largest k whose binomial coverage
+    1 − 2·P(Bin(n, ½) < k) is at least ``level``; the whole range (k = 1) when no k reaches it
+    (fewer than 6 steps: 94 % with 5). NaN for no values."""
+    v = np.sort(np.asarray(x, dtype=np.float64))
+    n = len(v)
+    if not n:
+        return float("nan"), float("nan")
+    cdf, rank = 0.0, 1
+    for i in range(n // 2):  # cdf = P(Bin(n, 1/2) <= i)
+        cdf += math.comb(n, i) / 2.0**n
+        if 1 - 2 * cdf < level:
+            break
+        rank = i + 2
+    return float(v[rank - 1]), float(v[n - rank])
 
 
 def _lookup(values: np.ndarray, chosen: list[int], first: int) -> np.ndarray:
@@ -374,30 +477,38 @@ class _Peers:
     """int64 [chain]: its peers' median tail."""
     peers: np.ndarray
     """int64 [chain]: peers compared with (0: none)."""
-    sig: np.ndarray
-    """int64 [chain]: its signature (op sequence and pipeline stage) id."""
 
 
-def _peer_references(
-    rec: Recorded, ch: Chains, op: np.ndarray, dimc: np.ndarray, stage: np.ndarray, n_steps: int
-) -> _Peers:
-    """Each member's gap and each chain's tail as the median over its *peers*: the other chains
-    of the same step on the same pipeline stage with the same sequence of (op, dimension)
-    (ranks of different stages are never peers: at one position one may be in a forward and
-    the other in a backward; the rank itself is left out, so that with one peer a slow rank is
-    compared with a normal one, not with the mean of the two)."""
-    h = _mix((op.astype(np.int64) << 40) ^ (dimc.astype(np.int64) << 32) ^ rec.pos)
-    nch = len(ch.c_rank)
-    has = np.flatnonzero(rec.c_len > 0)
+def _signatures(ch: Chains, op: np.ndarray, dimc: np.ndarray, stage: np.ndarray) -> np.ndarray:
+    """Per chain, a code (int64, dense) equal for chains of the same pipeline stage that
+    issued the same sequence of (op, dimension)."""
+    n, nch = len(ch.chain), len(ch.c_rank)
+    first = np.flatnonzero(np.r_[True, ch.chain[1:] != ch.chain[:-1]]) if n else ch.chain
+    c_first = np.zeros(nch, dtype=np.int64)
+    c_len = np.zeros(nch, dtype=np.int64)
+    c_first[ch.chain[first]] = first
+    c_len[ch.chain[first]] = np.diff(np.r_[first, n])
+    pos = np.arange(n) - c_first[ch.chain]
+    h = _mix((op.astype(np.int64) << 40) ^ (dimc.astype(np.int64) << 32) ^ pos)
+    has = np.flatnonzero(c_len > 0)
     sig = np.zeros(nch, dtype=np.uint64)
-    sig[has] = np.add.reduceat(h, rec.c_first[has])
-    sig = _mix(sig ^ rec.c_len.astype(np.uint64))
+    sig[has] = np.add.reduceat(h, c_first[has])
+    sig = _mix(sig ^ c_len.astype(np.uint64))
     sig = _mix(sig ^ stage[ch.c_rank].astype(np.uint64))
+    return unique_inverse(sig.view(np.int64))[1]
+
+
+def _peer_references(rec: Recorded, ch: Chains, sig: np.ndarray, n_steps: int) -> _Peers:
+    """Each member's gap and each chain's tail as the median over its *peers*: the other chains
+    of the same step and signature (:func:`_signatures`: the same pipeline stage and sequence
+    of (op, dimension); ranks of different stages are never peers: at one position one may be
+    in a forward and the other in a backward; the rank itself is left out, so that with one
+    peer a slow rank is compared with a normal one, not with the mean of the two)."""
+    nch = len(ch.c_rank)
     ref, tref = rec.gap.copy(), rec.tail.copy()
     peers = np.zeros(nch, dtype=np.int64)
-    _, sig_id = unique_inverse(sig.view(np.int64))
-    corder = lexsort2(ch.c_step, sig_id)
-    key = sig_id[corder] * (n_steps + 1) + ch.c_step[corder]
+    corder = lexsort2(ch.c_step, sig)
+    key = sig[corder] * (n_steps + 1) + ch.c_step[corder]
     bounds = np.flatnonzero(np.r_[True, key[1:] != key[:-1], True])
     for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
         if hi - lo < 2:
@@ -409,16 +520,22 @@ def _peer_references(
         if k:
             idx = rec.c_first[cs][:, None] + np.arange(k)[None, :]
             ref[idx] = np.rint(_others_median(rec.gap[idx])).astype(np.int64)
-    return _Peers(ref, tref, peers, sig_id)
+    return _Peers(ref, tref, peers)
 
 
 def _systematic(
     ex: np.ndarray, tex: np.ndarray, rec: Recorded, ch: Chains, sig: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """Each member's and chain's *systematic* excess: the median over the replayed steps of
-    the excess at the same position of the same rank's chains of the same signature (what the
-    rank does more than its peers every step, without the step's own noise)."""
-    e, te = ex.copy(), tex.copy()
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each member's and chain's *systematic* excess: at each position of a rank's chains of
+    one signature, the median over the replayed steps of its excess there, when that stands
+    above the steps' noise (more than :data:`Z` standard errors of the median: 1.2533 × the
+    standard deviation over steps / √steps), else 0 (also where the rank's chains of that
+    signature are in one step only). Never negative: a scenario only takes off compute. Also
+    returns, per chain, whether it was measured (another chain of its rank has its
+    signature)."""
+    e = np.zeros_like(ex)
+    te = np.zeros_like(tex)
+    measured = np.zeros(len(tex), dtype=bool)
     key = ch.c_rank * (int(sig.max(initial=0)) + 1) + sig
     corder = stable_argsort(key)
     ks = key[corder]
@@ -427,12 +544,21 @@ def _systematic(
         if hi - lo < 2:
             continue
         cs = corder[lo:hi]
-        te[cs] = int(np.rint(np.median(tex[cs])))
+        measured[cs] = True
+        te[cs] = int(np.rint(_above_noise(tex[cs][:, None])[0]))
         k = int(rec.c_len[cs[0]])
         if k:
             idx = rec.c_first[cs][:, None] + np.arange(k)[None, :]
-            e[idx] = np.rint(np.median(ex[idx], axis=0)).astype(np.int64)[None, :]
-    return e, te
+            e[idx] = np.rint(_above_noise(ex[idx])).astype(np.int64)[None, :]
+    return e, te, measured
+
+
+def _above_noise(x: np.ndarray) -> np.ndarray:
+    """Per column of ``x`` [step, position]: the median over steps where it exceeds
+    :data:`Z` standard errors of the median, else 0."""
+    med = np.median(x, axis=0)
+    se = 1.2533 * np.std(x, axis=0, ddof=1) / np.sqrt(x.shape[0])
+    return np.where(med > Z * se, med, 0.0)
 
 
 def _median_step(s: StragglerReport, steps: tuple[int, ...]) -> float:
