@@ -603,7 +603,7 @@ def slow_fix_candidates(job: Job) -> dict[str, list[str]]:
 def random_job(rng: np.random.Generator, max_ranks: int = 64, seed: int | None = None) -> Job:
     """A job of the family the accuracy benchmark draws from: dp, tp, pp in 1..8 (at most
     ``max_ranks`` ranks), every schedule, p2p mode and DP mode, clock offsets, jitter, one to
-    three slow ranks or a slow link."""
+    three slow ranks (at most a quarter of the ranks), a slow link, or none."""
     while True:
         dp, tp, pp = (int(x) for x in rng.choice([1, 1, 2, 2, 3, 4, 4, 8], size=3))
         if dp * tp * pp <= max_ranks and dp * tp * pp >= 2:
@@ -631,8 +631,9 @@ def random_job(rng: np.random.Generator, max_ranks: int = 64, seed: int | None =
         dim = str(rng.choice(dims))
         links = ((Job(dp=dp, tp=tp, pp=pp).group_of(int(rng.integers(n)), dim), 3.0),)
     else:
+        # a few slow ranks (at most a quarter of the job: the others are the reference)
         k = int(rng.choice([1, 1, 1, 2, 3]))
-        who = rng.choice(n, size=min(k, n), replace=False)
+        who = rng.choice(n, size=min(k, max(1, n // 4)), replace=False)
         slow = tuple((int(r), float(rng.uniform(0.1, 0.5))) for r in who)
     return Job(
         dp=dp,

@@ -175,7 +175,8 @@ def replay(
     members, each giving the scenario (1..k-1;
     0: none; the arrays are reused: their 0s become k) in which the member's gap becomes
     ``new_gap``; ``tail_row`` over chains likewise
-    for ``new_tail``. ``c_start``, ``const``, ``tail``, ``after_all``: the chains' starts and
+    for ``new_tail``. ``c_start``, ``const``, ``tail``, ``after_all``: the chains' starts (or
+    int64 [scenario, chain]: the first scenarios' own starts, the others as scenario 0's) and
     the :class:`Recorded` fields of those names. ``compiled``: run the level loop in C
     (:mod:`meshprof.analyze.run.replay_native`) when it can be built here, else in numpy (same results).
     ``arrival``: each member's arrival level, in replay order, when the levels came from
@@ -189,7 +190,11 @@ def replay(
         rows.append(r)
     chain = m["chain"].astype(index_dtype(len(c_start)), copy=False)
     # scenario k is a spare row absorbing the members in no scenario of a row array
-    a_last = np.repeat(c_start[None, :].astype(np.int64, copy=False), k + 1, axis=0)
+    if c_start.ndim == 1:
+        a_last = np.repeat(c_start[None, :].astype(np.int64, copy=False), k + 1, axis=0)
+    else:  # per scenario: the first rows given, the others (and the spare row) as row 0
+        a_last = np.repeat(c_start[:1].astype(np.int64, copy=False), k + 1, axis=0)
+        a_last[: len(c_start)] = c_start
     e_max = a_last.copy()
     e_join = a_last.copy()
     j_pos, j_slot = joins

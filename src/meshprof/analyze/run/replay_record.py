@@ -289,11 +289,13 @@ def _harmonized(
     moved on to later issues while waiting for the op there makes the compute before that
     issue vary more over the chains (its standard deviation more than 100 ns higher) than
     waiting for the previous issue (and the previous member's completion, if that is a
-    blocking op: one always completed before the next issue): an async op that completed
-    during the compute was not waited for (with it the compute would be measured from its
-    completion). A blocking op stays joined at the next issue (with it, the compute is what it
-    is; without, it would add the op's varying duration). A position held by one chain keeps
-    its own join."""
+    blocking op): an async op that completed during the compute was not waited for (with it
+    the compute would be measured from its completion). An op always completed before the next
+    issue is blocking and stays joined there (with it, the compute is what it is; without, it
+    would add the op's varying duration), unless measuring the compute before the next issue
+    from its completion makes that vary more from step to step on each rank (25 % and 100 ns)
+    than from its issue: then it is an async op whose flight covered the compute. A position
+    held by one chain keeps its own join."""
     n = len(j)
     pos = idx - c_first[ch.chain]
     width = int(c_len.max(initial=1))
@@ -308,11 +310,24 @@ def _harmonized(
     lo = np.full(ng, none, dtype=np.int64)
     np.minimum.at(lo, key, off)
     blocking = (lo == 1) & (d == 1)  # always completed before the next issue
+    size = np.bincount(key, minlength=ng)
+    prev_issue = np.r_[np.int64(0), a0[:-1]]
+    # an op always completed before the next issue was waited for there, unless (an async op
+    # whose flight covered the compute) measuring that compute from its completion makes it
+    # vary more from step to step on each rank than measuring it from the op's issue
+    m = np.flatnonzero(blocking[key] & (size[key] >= 2) & (idx + 1 < end))
+    if len(m):
+        g = key[m]
+        with_it = (a0[m + 1] - e0[m]).astype(np.float64)
+        without = (a0[m + 1] - a0[m]).astype(np.float64)
+        sub = unique_inverse(g * (int(ch.c_rank.max(initial=0)) + 1) + ch.c_rank[ch.chain[m]])[1]
+        w_sp, wo_sp = _spread(with_it, g, ng, sub), _spread(without, g, ng, sub)
+        async_like = (w_sp > 1.25 * wo_sp + 100) & blocking
+        blocking &= ~async_like
+        d[async_like] = 2
     # what each issue waited for besides the op tested: the previous issue, and the previous
     # member's completion when that is a blocking op's
-    prev_issue = np.r_[np.int64(0), a0[:-1]]
     prev_done = np.r_[np.int64(I64_MIN), np.where(blocking[key[:-1]], e0[:-1], I64_MIN)]
-    size = np.bincount(key, minlength=ng)
     active = (size >= 2) & (d < none) & ~blocking
     while active.any():
         m = np.flatnonzero(active[key])
@@ -336,11 +351,16 @@ def _harmonized(
     return np.where(step < none, idx + step, end)
 
 
-def _spread(x: np.ndarray, g: np.ndarray, ng: int) -> np.ndarray:
-    """Per group code: the standard deviation of ``x`` over its members (0 for none)."""
+def _spread(x: np.ndarray, g: np.ndarray, ng: int, sub: np.ndarray | None = None) -> np.ndarray:
+    """Per group code: the standard deviation of ``x`` over its members (0 for none); with
+    ``sub`` (a code per member, within its group), about each subgroup's own mean (pooled)."""
     cnt = np.maximum(np.bincount(g, minlength=ng), 1)
-    mean = np.bincount(g, weights=x, minlength=ng) / cnt
-    dev = x - mean[g]
+    if sub is None:
+        mean = np.bincount(g, weights=x, minlength=ng)[g] / cnt[g]
+    else:
+        sc = np.maximum(np.bincount(sub), 1)
+        mean = np.bincount(sub, weights=x)[sub] / sc[sub]
+    dev = x - mean
     return np.sqrt(np.bincount(g, weights=dev * dev, minlength=ng) / cnt)
 
 
@@ -445,6 +465,79 @@ def _collectives(
         cand = cand[~kept[cand]]
         np.maximum.at(const, coll_of_row[cand], aligned(cand))
     return coll, const, nc, npairs
+
+
+def pipeline_stages(table: EventTable, n: int) -> np.ndarray:
+    """Each rank's pipeline stage: its position in its pipeline-parallel group ("pp"
+    dimension; 0 for ranks in none)."""
+    stage = np.zeros(max(n, 1), dtype=np.int64)
+    for gr in table.groups:
+        if gr.dimension == "pp":
+            for i, r in enumerate(gr.ranks):
+                if 0 <= r < n:
+                    stage[r] = i
+    return stage
+
+
+def chain_signatures(ch: Chains, op: np.ndarray, dimc: np.ndarray, stage: np.ndarray) -> np.ndarray:
+    """Per chain, a code (int64, dense) equal for chains of the same pipeline stage that
+    issued the same sequence of (op, dimension)."""
+    n, nch = len(ch.chain), len(ch.c_rank)
+    first = np.flatnonzero(np.r_[True, ch.chain[1:] != ch.chain[:-1]]) if n else ch.chain
+    c_first = np.zeros(nch, dtype=np.int64)
+    c_len = np.zeros(nch, dtype=np.int64)
+    c_first[ch.chain[first]] = first
+    c_len[ch.chain[first]] = np.diff(np.r_[first, n])
+    pos = np.arange(n) - c_first[ch.chain]
+    h = _mix((op.astype(np.int64) << 40) ^ (dimc.astype(np.int64) << 32) ^ pos)
+    has = np.flatnonzero(c_len > 0)
+    sig = np.zeros(nch, dtype=np.uint64)
+    sig[has] = np.add.reduceat(h, c_first[has])
+    sig = _mix(sig ^ c_len.astype(np.uint64))
+    sig = _mix(sig ^ stage[ch.c_rank].astype(np.uint64))
+    return unique_inverse(sig.view(np.int64))[1]
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64 of each value (uint64; wraps)."""
+    z = x.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def own_compute(table: EventTable, ch: Chains, sig: np.ndarray) -> np.ndarray:
+    """Each chain's compute (int64 ns, its rank's own clock: ``ch`` built with zero offsets):
+    the sum of its members' compute gaps and its tail (see :func:`record`), with the joins of
+    :func:`_joins` made the same across the chains of a signature — the step's time minus the
+    time its rank waited for communication, where an async op counts only where the program
+    waited for it."""
+    rows = ch.row
+    n, nch = len(rows), len(ch.c_rank)
+    out = (ch.c_end - ch.c_start).astype(np.int64)
+    if not n:
+        return out
+    a0 = table.start_ns[rows].astype(np.int64)
+    e0 = a0 + table.duration_ns[rows].astype(np.int64)
+    first_idx = np.flatnonzero(np.r_[True, ch.chain[1:] != ch.chain[:-1]])
+    c_first = np.full(nch, -1, dtype=np.int64)
+    c_len = np.zeros(nch, dtype=np.int64)
+    c_first[ch.chain[first_idx]] = first_idx
+    c_len[ch.chain[first_idx]] = np.diff(np.r_[first_idx, n])
+    _, joined = _joins(a0, e0, ch, c_first, c_len, sig)
+    before = np.r_[np.int64(0), a0[:-1]]
+    np.maximum(before, joined, out=before)
+    before[first_idx] = ch.c_start[ch.chain[first_idx]]
+    gap = a0 - before
+    has = c_len > 0
+    last = np.maximum(c_first + c_len - 1, 0)
+    e_rel = _segmented_cummax(e0 - ch.c_start[ch.chain], ch.chain)
+    c_emax = np.where(has, e_rel[last] + ch.c_start, ch.c_start)
+    c_alast = np.where(has, a0[last], ch.c_start)
+    tail = ch.c_end - np.where(ch.c_end >= c_emax, c_emax, c_alast)
+    return np.where(
+        has, np.bincount(ch.chain, weights=gap, minlength=nch).astype(np.int64) + tail, out
+    )
 
 
 def fold_joins(

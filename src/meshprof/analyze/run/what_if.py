@@ -13,8 +13,9 @@ median of its excess over the replayed steps (the same rank, signature and posit
 where it exceeds :data:`Z` standard errors of that median and is positive, else 0: what the
 rank does more than its peers every step, without the step-to-step noise that no fix removes.
 
-A *scenario* takes the systematic excess off some gaps (a tail's off the step's first gap: the
-compute after the last collective delays the rank's next step), then replays every chain
+A *scenario* takes the systematic excess off some gaps (in a rank's scenario, its tail's
+excess is taken off its step's start instead: the compute after the last collective delays the
+rank's next step, where it costs nothing if the rank then waits anyway), then replays every chain
 through every group, so a slow TP rank delays its TP group, which delays the DP collectives of
 the other TP groups and the pipeline send/recv to the next stage. The step ends when its last
 rank ends. The *step saving* of a scenario is the replayed step end with the recorded gaps
@@ -52,12 +53,20 @@ import numpy as np
 
 from meshprof.analyze.compute import intervals
 from meshprof.analyze.compute.heap import release_free_memory
-from meshprof.analyze.compute.sorting import RowsByKey, lexsort2, stable_argsort, unique_inverse
+from meshprof.analyze.compute.sorting import RowsByKey, lexsort2, stable_argsort
 from meshprof.analyze.run.clock import ClockAlignment
 from meshprof.analyze.run.match import CollectiveMatch
 from meshprof.analyze.run.replay import in_order, join_plan, levels, replay
 from meshprof.analyze.run.replay_overlap import overlap_levels
-from meshprof.analyze.run.replay_record import I64_MIN, Chains, Recorded, build_chains, record
+from meshprof.analyze.run.replay_record import (
+    I64_MIN,
+    Chains,
+    Recorded,
+    build_chains,
+    chain_signatures,
+    pipeline_stages,
+    record,
+)
 from meshprof.analyze.run.stragglers import StragglerReport
 from meshprof.analyze.run.table import EventTable
 from meshprof.rundir import LoadedRun
@@ -77,8 +86,10 @@ CELL_BUDGET = 16_000_000
 many events per step, so the replay stays a small part of the report."""
 MIN_SHARE = 0.01
 """Savings below this share of the step are not called out in the report's text."""
-Z = 2.0
-"""Standard errors a systematic excess must exceed (see :func:`_systematic`)."""
+Z = 3.0
+"""Standard errors a systematic excess must exceed (see :func:`_systematic`): at 3, about 1 in
+700 positions of a balanced rank passes by chance (a dimension's scenario sums them over every
+rank)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,8 +141,8 @@ class GroupCost:
     share_of_step: float
     """step_saving_ns / the median step time (fraction)."""
     excess_ns: float
-    """Compute above the peer medians before this group's collectives, all members, per step
-    (ns, mean over the replayed steps)."""
+    """Systematic excess compute (see the module docstring) before this group's collectives,
+    all members, per step (ns, mean over the replayed steps)."""
     ci_low_ns: float = float("nan")
     """Lower end of the 95 % interval of the step saving (ns; see :attr:`RankCost.ci_low_ns`)."""
     ci_high_ns: float = float("nan")
@@ -150,8 +161,8 @@ class DimCost:
     share_of_step: float
     """step_saving_ns / the median step time (fraction)."""
     excess_ns: float
-    """Compute above the peer medians before this dimension's collectives, all ranks, per step
-    (ns, mean over the replayed steps)."""
+    """Systematic excess compute (see the module docstring) before this dimension's
+    collectives, all ranks, per step (ns, mean over the replayed steps)."""
     ci_low_ns: float = float("nan")
     """Lower end of the 95 % interval of the step saving (ns; see :attr:`RankCost.ci_low_ns`)."""
     ci_high_ns: float = float("nan")
@@ -213,14 +224,6 @@ def chosen_steps(common: tuple[int, ...], max_steps: int = MAX_STEPS) -> tuple[i
     return tuple(common[i] for i in idx.tolist())
 
 
-def _mix(x: np.ndarray) -> np.ndarray:
-    """splitmix64 of each value (uint64; wraps)."""
-    z = x.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return z ^ (z >> np.uint64(31))
-
-
 def what_if(
     run: LoadedRun,
     table: EventTable,
@@ -255,7 +258,7 @@ def what_if(
     gid = table.gid[ch.row]
     dim_of_gid = np.asarray([dims.index(gr.dimension) for gr in table.groups] or [0])
     dimc = dim_of_gid.astype(np.int16 if len(dims) < 1 << 15 else np.int64)[gid]
-    sig = _signatures(ch, table.op[ch.row], dimc, _stages(table, n_off))
+    sig = chain_signatures(ch, table.op[ch.row], dimc, pipeline_stages(table, n_off))
     rec = record(table, match, off, ch, sig)
     release_free_memory()  # (the temporaries of each stage back to the OS: a lower peak)
     lv = levels(rec)
@@ -273,26 +276,28 @@ def what_if(
     # a scenario takes the rank's systematic excess off its gaps (its step-to-step noise,
     # which no fix removes, stays)
     gmed = np.maximum(rec.gap - sys_ex, 0)
-    del sys_ex
-    # the compute after the step's last collective delays the rank's next step: taken off
-    # its step's start (its first gap), so that it saves what it would in the next step
-    # (nothing where the rank then waits anyway), not the step's last end
+    # the compute after the step's last collective delays the rank's next step: in a rank's
+    # scenario its step starts that much earlier (so that it saves what it would in the next
+    # step: nothing where the rank then waits anyway), rather than ending earlier
     has = rec.c_len > 0
-    gmed[rec.c_first[has]] -= sys_tex[has]
+    lead = np.where(has, sys_tex, 0)
     tmed = np.where(has, rec.tail, np.maximum(rec.tail - sys_tex, 0))
 
-    # candidates: the largest excess
+    # candidates: the largest systematic excess
     c_ex = tex + np.bincount(ch.chain, weights=ex, minlength=len(ch.c_rank))
+    c_sys = sys_tex + np.bincount(ch.chain, weights=sys_ex, minlength=len(ch.c_rank))
     rank_ids = np.unique(ch.c_rank)
     by_chain_rank = RowsByKey(ch.c_rank)
     rank_ex = {r: float(np.median(c_ex[by_chain_rank.rows(r)])) for r in rank_ids.tolist()}
+    rank_sys = {r: float(np.median(c_sys[by_chain_rank.rows(r)])) for r in rank_ids.tolist()}
     rank_peers = {r: int(pr.peers[by_chain_rank.rows(r)].max()) for r in rank_ids.tolist()}
-    del pr
-    rank_c = sorted(rank_ex, key=lambda r: (-rank_ex[r], r))[: max(max_ranks, 0)]
-    g_ex = np.bincount(gid, weights=ex, minlength=len(table.groups)) / len(steps)
+    del pr, c_sys
+    rank_c = sorted(rank_ex, key=lambda r: (-rank_sys[r], -rank_ex[r], r))[: max(max_ranks, 0)]
+    g_ex = np.bincount(gid, weights=sys_ex, minlength=len(table.groups)) / len(steps)
     multi = [x for x in np.unique(gid).tolist() if len(table.groups[x].ranks) >= 2]
     group_c = sorted(multi, key=lambda x: (-g_ex[x], x))[: max(max_groups, 0)]
-    d_ex = np.bincount(dimc, weights=ex, minlength=len(dims)) / len(steps)
+    d_ex = np.bincount(dimc, weights=sys_ex, minlength=len(dims)) / len(steps)
+    del sys_ex
     dim_c = sorted(np.unique(dimc).tolist())
 
     # scenario rows: 0 recorded, then the ranks, the groups, the dimensions
@@ -334,7 +339,7 @@ def what_if(
         bounds,
         k,
         [m.pop(f"row{i}") for i in range(3)],
-        c_start,
+        _starts(c_start, c_rank, rank_c, lead),
         const,
         tail,
         after_all,
@@ -424,6 +429,18 @@ def median_interval(x: np.ndarray, level: float = 0.95) -> tuple[float, float]:
     return float(v[rank - 1]), float(v[n - rank])
 
 
+def _starts(
+    c_start: np.ndarray, c_rank: np.ndarray, rank_c: list[int], lead: np.ndarray
+) -> np.ndarray:
+    """The chains' starts per scenario (int64 [scenario, chain]): recorded, but ``lead``
+    earlier for the chains of the rank of a rank scenario (scenario 1 + i: ``rank_c[i]``)."""
+    out = np.repeat(c_start[None, :], 1 + len(rank_c), axis=0)
+    for i, r in enumerate(rank_c):
+        mine = c_rank == r
+        out[1 + i, mine] -= lead[mine]
+    return out
+
+
 def _lookup(values: np.ndarray, chosen: list[int], first: int) -> np.ndarray:
     """Per value: ``first + i`` when it is ``chosen[i]``, else 0 (values are ≥ 0)."""
     last = first + len(chosen)
@@ -433,18 +450,6 @@ def _lookup(values: np.ndarray, chosen: list[int], first: int) -> np.ndarray:
     )
     lut[np.asarray(chosen, dtype=np.int64)] = first + np.arange(len(chosen))
     return lut[values]
-
-
-def _stages(table: EventTable, n: int) -> np.ndarray:
-    """Each rank's pipeline stage: its position in its pipeline-parallel group ("pp"
-    dimension; 0 for ranks in none)."""
-    stage = np.zeros(max(n, 1), dtype=np.int64)
-    for gr in table.groups:
-        if gr.dimension == "pp":
-            for i, r in enumerate(gr.ranks):
-                if 0 <= r < n:
-                    stage[r] = i
-    return stage
 
 
 def _others_median(x: np.ndarray) -> np.ndarray:
@@ -479,28 +484,9 @@ class _Peers:
     """int64 [chain]: peers compared with (0: none)."""
 
 
-def _signatures(ch: Chains, op: np.ndarray, dimc: np.ndarray, stage: np.ndarray) -> np.ndarray:
-    """Per chain, a code (int64, dense) equal for chains of the same pipeline stage that
-    issued the same sequence of (op, dimension)."""
-    n, nch = len(ch.chain), len(ch.c_rank)
-    first = np.flatnonzero(np.r_[True, ch.chain[1:] != ch.chain[:-1]]) if n else ch.chain
-    c_first = np.zeros(nch, dtype=np.int64)
-    c_len = np.zeros(nch, dtype=np.int64)
-    c_first[ch.chain[first]] = first
-    c_len[ch.chain[first]] = np.diff(np.r_[first, n])
-    pos = np.arange(n) - c_first[ch.chain]
-    h = _mix((op.astype(np.int64) << 40) ^ (dimc.astype(np.int64) << 32) ^ pos)
-    has = np.flatnonzero(c_len > 0)
-    sig = np.zeros(nch, dtype=np.uint64)
-    sig[has] = np.add.reduceat(h, c_first[has])
-    sig = _mix(sig ^ c_len.astype(np.uint64))
-    sig = _mix(sig ^ stage[ch.c_rank].astype(np.uint64))
-    return unique_inverse(sig.view(np.int64))[1]
-
-
 def _peer_references(rec: Recorded, ch: Chains, sig: np.ndarray, n_steps: int) -> _Peers:
     """Each member's gap and each chain's tail as the median over its *peers*: the other chains
-    of the same step and signature (:func:`_signatures`: the same pipeline stage and sequence
+    of the same step and signature (:func:`~meshprof.analyze.run.replay_record.chain_signatures`: the same pipeline stage and sequence
     of (op, dimension); ranks of different stages are never peers: at one position one may be
     in a forward and the other in a backward; the rank itself is left out, so that with one
     peer a slow rank is compared with a normal one, not with the mean of the two)."""
