@@ -202,7 +202,8 @@ def record(
     c_first[ch.chain[first_idx]] = first_idx
     c_len[ch.chain[first_idx]] = np.diff(np.r_[first_idx, n])
     pos = (np.arange(n) - c_first[ch.chain]).astype(index_dtype(n))
-    join, joined = _joins(a0, e0, ch, c_first, c_len, sig)
+    flags = None if table.is_async is None else table.is_async[rows]
+    join, joined = _joins(a0, e0, ch, c_first, c_len, sig, flags, table.peer[rows] < 0)
     start_m = ch.c_start[ch.chain]
     # what each member waited for: its previous member's issue and the completions of the
     # earlier members that had completed when it was issued (the step's start for the first)
@@ -238,6 +239,8 @@ def _joins(
     c_first: np.ndarray,
     c_len: np.ndarray,
     sig: np.ndarray | None,
+    is_async: np.ndarray | None = None,
+    collective: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Each member's join (see :attr:`Recorded.join`) and, per member, the latest completion of
     the earlier members joined at or before it (int64 min when none), by one search over the
@@ -261,7 +264,7 @@ def _joins(
     np.maximum(j, idx + 1, out=j)
     end = (c_first + c_len)[ch.chain]
     if sig is not None:
-        j = _harmonized(j, idx, end, a0, e0, ch, c_first, c_len, sig)
+        j = _harmonized(j, idx, end, a0, e0, ch, c_first, c_len, sig, is_async, collective)
     ok = j < end
     join = np.where(ok, j, -1).astype(index_dtype(n))
     # the joined completions' running maximum, chain by chain (values of chain c lie in
@@ -283,6 +286,8 @@ def _harmonized(
     c_first: np.ndarray,
     c_len: np.ndarray,
     sig: np.ndarray,
+    is_async: np.ndarray | None = None,
+    collective: np.ndarray | None = None,
 ) -> np.ndarray:
     """The joins made the same at each position of the chains of one signature (one program
     waits for an op at one place): the latest first issue after its completion seen there,
@@ -294,8 +299,10 @@ def _harmonized(
     issue is blocking and stays joined there (with it, the compute is what it is; without, it
     would add the op's varying duration), unless measuring the compute before the next issue
     from its completion makes that vary more from step to step on each rank (25 % and 100 ns)
-    than from its issue: then it is an async op whose flight covered the compute. A position
-    held by one chain keeps its own join."""
+    than from its issue — or, for a collective issued async (``is_async``, ``collective``: per
+    member, when known; a blocking op is not tested, a receive not over the chains: the next
+    compute needs its data), over the chains (100 ns) —: then it is an async op whose flight
+    covered the compute. A position held by one chain keeps its own join."""
     n = len(j)
     pos = idx - c_first[ch.chain]
     width = int(c_len.max(initial=1))
@@ -315,7 +322,12 @@ def _harmonized(
     # an op always completed before the next issue was waited for there, unless (an async op
     # whose flight covered the compute) measuring that compute from its completion makes it
     # vary more from step to step on each rank than measuring it from the op's issue
+    flagged = np.zeros(ng, dtype=bool)  # a member was issued async (when that is known)
+    if is_async is not None:
+        flagged[key[is_async]] = True
     m = np.flatnonzero(blocking[key] & (size[key] >= 2) & (idx + 1 < end))
+    if is_async is not None:
+        m = m[flagged[key[m]]]  # (a blocking op is waited for where it completes)
     if len(m):
         g = key[m]
         with_it = (a0[m + 1] - e0[m]).astype(np.float64)
@@ -323,6 +335,13 @@ def _harmonized(
         sub = unique_inverse(g * (int(ch.c_rank.max(initial=0)) + 1) + ch.c_rank[ch.chain[m]])[1]
         w_sp, wo_sp = _spread(with_it, g, ng, sub), _spread(without, g, ng, sub)
         async_like = (w_sp > 1.25 * wo_sp + 100) & blocking
+        if is_async is not None and collective is not None:
+            # an async collective (not a receive, whose data the next compute needs): also
+            # when it varies more over the chains
+            cross = np.zeros(ng, dtype=bool)
+            cross[key[collective & is_async]] = True
+            moved = _spread(with_it, g, ng) > _spread(without, g, ng) + 100
+            async_like |= moved & blocking & cross
         blocking &= ~async_like
         d[async_like] = 2
     # what each issue waited for besides the op tested: the previous issue, and the previous
@@ -508,10 +527,11 @@ def _mix(x: np.ndarray) -> np.ndarray:
 
 def own_compute(table: EventTable, ch: Chains, sig: np.ndarray) -> np.ndarray:
     """Each chain's compute (int64 ns, its rank's own clock: ``ch`` built with zero offsets):
-    the sum of its members' compute gaps and its tail (see :func:`record`), with the joins of
-    :func:`_joins` made the same across the chains of a signature — the step's time minus the
-    time its rank waited for communication, where an async op counts only where the program
-    waited for it."""
+    the sum of its members' compute gaps (see :func:`record`, with the joins of :func:`_joins`
+    made the same across the chains of a signature) and the step's end minus the later of its
+    last issue and its latest completion (at most the end: the step waited for what was in
+    flight) — the step's time minus the time its rank waited for communication, where an
+    async op counts only where the program waited for it."""
     rows = ch.row
     n, nch = len(rows), len(ch.c_rank)
     out = (ch.c_end - ch.c_start).astype(np.int64)
@@ -524,7 +544,8 @@ def own_compute(table: EventTable, ch: Chains, sig: np.ndarray) -> np.ndarray:
     c_len = np.zeros(nch, dtype=np.int64)
     c_first[ch.chain[first_idx]] = first_idx
     c_len[ch.chain[first_idx]] = np.diff(np.r_[first_idx, n])
-    _, joined = _joins(a0, e0, ch, c_first, c_len, sig)
+    flags = None if table.is_async is None else table.is_async[rows]
+    _, joined = _joins(a0, e0, ch, c_first, c_len, sig, flags, table.peer[rows] < 0)
     before = np.r_[np.int64(0), a0[:-1]]
     np.maximum(before, joined, out=before)
     before[first_idx] = ch.c_start[ch.chain[first_idx]]
@@ -534,10 +555,11 @@ def own_compute(table: EventTable, ch: Chains, sig: np.ndarray) -> np.ndarray:
     e_rel = _segmented_cummax(e0 - ch.c_start[ch.chain], ch.chain)
     c_emax = np.where(has, e_rel[last] + ch.c_start, ch.c_start)
     c_alast = np.where(has, a0[last], ch.c_start)
-    tail = ch.c_end - np.where(ch.c_end >= c_emax, c_emax, c_alast)
-    return np.where(
-        has, np.bincount(ch.chain, weights=gap, minlength=nch).astype(np.int64) + tail, out
-    )
+    # the step's end waited for its ops still in flight (DDP's last buckets: a completion
+    # noticed after the step ended is the recorder's delay, not compute)
+    tail = ch.c_end - np.maximum(c_alast, np.minimum(c_emax, ch.c_end))
+    gaps = np.bincount(ch.chain, weights=gap, minlength=nch).astype(np.int64)
+    return np.where(has, gaps + tail, out)
 
 
 def fold_joins(
