@@ -290,7 +290,8 @@ def _harmonized(
     collective: np.ndarray | None = None,
 ) -> np.ndarray:
     """The joins made the same at each position of the chains of one signature (one program
-    waits for an op at one place): the latest first issue after its completion seen there,
+    waits for an op at one place): the latest first issue after its completion seen there (on
+    each chain at least its own),
     moved on to later issues while waiting for the op there makes the compute before that
     issue vary more over the chains (its standard deviation more than 100 ns higher) than
     waiting for the previous issue (and the previous member's completion, if that is a
@@ -298,8 +299,8 @@ def _harmonized(
     the compute would be measured from its completion). An op always completed before the next
     issue is blocking and stays joined there (with it, the compute is what it is; without, it
     would add the op's varying duration), unless measuring the compute before the next issue
-    from its completion makes that vary more from step to step on each rank (25 % and 100 ns)
-    than from its issue — or, for a collective issued async (``is_async``, ``collective``: per
+    from its completion makes that vary more from step to step on each rank (by half, and by
+    0.2 % of the longest such interval or 100 ns) than from its issue — or, for a collective issued async (``is_async``, ``collective``: per
     member, when known; a blocking op is not tested, a receive not over the chains: the next
     compute needs its data), over the chains (100 ns) —: then it is an async op whose flight
     covered the compute. A position held by one chain keeps its own join."""
@@ -310,8 +311,11 @@ def _harmonized(
     ng = int(key.max(initial=-1)) + 1
     none = n + 1
     off = np.where(j < end, j - idx, none)
-    d = np.zeros(ng, dtype=np.int64)  # per group: the offset of the join
-    np.maximum.at(d, key, off)
+    # per group: the offset of the join, the latest seen (a chain where the op completed
+    # after its last issue says nothing of where the program waits for it)
+    d = np.zeros(ng, dtype=np.int64)
+    np.maximum.at(d, key[off < none], off[off < none])
+    d[np.bincount(key[off < none], minlength=ng) == 0] = none
     if not n:
         return j
     lo = np.full(ng, none, dtype=np.int64)
@@ -334,7 +338,10 @@ def _harmonized(
         without = (a0[m + 1] - a0[m]).astype(np.float64)
         sub = unique_inverse(g * (int(ch.c_rank.max(initial=0)) + 1) + ch.c_rank[ch.chain[m]])[1]
         w_sp, wo_sp = _spread(with_it, g, ng, sub), _spread(without, g, ng, sub)
-        async_like = (w_sp > 1.25 * wo_sp + 100) & blocking
+        # (a real wait taken for compute freezes it into every scenario: strong evidence only)
+        scale = np.zeros(ng)
+        np.maximum.at(scale, g, np.abs(without))
+        async_like = (w_sp > 1.5 * wo_sp + np.maximum(100, 0.002 * scale)) & blocking
         if is_async is not None and collective is not None:
             # an async collective (not a receive, whose data the next compute needs): also
             # when it varies more over the chains
@@ -367,7 +374,8 @@ def _harmonized(
         d[moved] += 1
         active &= moved
     step = d[key]
-    return np.where(step < none, idx + step, end)
+    # never before the chain's own first issue after the completion
+    return np.maximum(np.where(step < none, idx + step, end), j)
 
 
 def _spread(x: np.ndarray, g: np.ndarray, ng: int, sub: np.ndarray | None = None) -> np.ndarray:
