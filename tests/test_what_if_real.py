@@ -5,7 +5,7 @@ forward of rank 1's model chunk (``tests/data/counterfactual_jobs.py``). The wha
 slow run must name rank 1 and its saving must be the measured step-time difference of the two
 runs within 25 %; the fast run must name nobody.
 
-The sleep (0.25 s a forward, two forwards a step) is long against the jobs' own step (40–230
+The sleep (0.4 s a forward, two forwards a step) is long against the jobs' own step (30–380
 ms): with 4 ranks on 2 cores, a rank that sleeps leaves the CPU to the others, so the
 measured difference also holds the contention the sleep removes — tens of ms."""
 
@@ -20,7 +20,7 @@ from meshprof.report.stages import REPORT_STAGES
 from meshprof.rundir import load_run
 
 SLOW_RANK = 1
-SLEEP_S = 0.25
+SLEEP_S = 0.4
 STEPS = 8
 
 

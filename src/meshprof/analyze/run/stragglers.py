@@ -64,6 +64,8 @@ from meshprof.rundir import LoadedRun
 DEFAULT_THRESHOLD = 0.05
 DEFAULT_LAST_SHARE = 0.5
 DEFAULT_MIN_EXCESS_NS = 50_000
+WAITED_BATCH = 2_000_000
+"""Events per batch of steps whose compute :func:`_waited_compute` measures at once."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,19 +163,29 @@ def _waited_compute(
     (:func:`~meshprof.analyze.run.replay_record.own_compute`: a blocking op is waited for
     whole, an async op only where the program waited for it), each rank on its own clock."""
     n_off = max(int(table.rank.max(initial=0)), max(run.ranks)) + 1
-    ch = build_chains(run, table, np.zeros(n_off, dtype=np.int64), steps)
-    if not len(ch.c_rank):
-        return
+    zero = np.zeros(n_off, dtype=np.int64)
     dims = sorted({gr.dimension for gr in table.groups})
     dim_of_gid = np.asarray([dims.index(gr.dimension) for gr in table.groups] or [0])
-    dimc = dim_of_gid[table.gid[ch.row]]
-    sig = chain_signatures(ch, table.op[ch.row], dimc, pipeline_stages(table, n_off))
-    got = own_compute(table, ch, sig)
+    stage = pipeline_stages(table, n_off)
     row_of = {r: i for i, r in enumerate(ranks)}
-    rows = np.asarray([row_of.get(int(r), -1) for r in ch.c_rank.tolist()], dtype=np.int64)
-    has = np.bincount(ch.chain, minlength=len(ch.c_rank)) > 0 if len(ch.chain) else rows < -1
-    ok = (rows >= 0) & has
-    compute[rows[ok], ch.c_step[ok]] = got[ok]
+    col_of = {s: i for i, s in enumerate(steps)}
+    # steps in batches of about WAITED_BATCH events (a bounded transient whatever the run)
+    per_step = max(len(table) / max(len(steps), 1), 1.0)
+    size = max(int(WAITED_BATCH // per_step), 1)
+    for b0 in range(0, len(steps), size):
+        part = steps[b0 : b0 + size]
+        ch = build_chains(run, table, zero, part)
+        if not len(ch.c_rank):
+            continue
+        dimc = dim_of_gid[table.gid[ch.row]]
+        sig = chain_signatures(ch, table.op[ch.row], dimc, stage)
+        got = own_compute(table, ch, sig)
+        rows = np.asarray([row_of.get(int(r), -1) for r in ch.c_rank.tolist()], dtype=np.int64)
+        cols = np.asarray([col_of[part[i]] for i in ch.c_step.tolist()], dtype=np.int64)
+        has = np.bincount(ch.chain, minlength=len(ch.c_rank)) > 0
+        ok = (rows >= 0) & has
+        compute[rows[ok], cols[ok]] = got[ok]
+        del ch, dimc, sig, got
 
 
 def _scaled(covered: np.ndarray, window: np.ndarray, fraction: float) -> np.ndarray:
