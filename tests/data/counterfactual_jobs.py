@@ -20,12 +20,12 @@ from typing import Any
 import numpy as np
 
 KINDS = {
-    # kind: (dp, tp, pp, dp_mode, schedule)
-    "ddp": (4, 1, 1, "ddp", "1f1b"),
-    "fsdp": (4, 1, 1, "fsdp", "1f1b"),
-    "tp": (1, 4, 1, "fsdp", "1f1b"),
-    "gpipe": (2, 1, 2, "fsdp", "gpipe"),
-    "1f1b": (2, 1, 2, "fsdp", "1f1b"),
+    # kind: (dp, tp, pp, dp_mode, schedule, microbatches)
+    "ddp": (4, 1, 1, "ddp", "1f1b", 1),
+    "fsdp": (4, 1, 1, "fsdp", "1f1b", 1),
+    "tp": (1, 4, 1, "fsdp", "1f1b", 1),
+    "gpipe": (2, 1, 2, "fsdp", "gpipe", 2),
+    "1f1b": (2, 1, 2, "fsdp", "1f1b", 2),
 }
 SPAN_NAMES = ["data", "forward", "backward", "forward_backward", "optimizer", "step"]
 
@@ -59,8 +59,8 @@ def counterfactual_worker(
     rank: int, world: int, out: str, kinds: list[str], slow_rank: int, sleep_s: float, steps: int
 ) -> dict[str, Any]:
     """For each kind: build the job, train ``steps`` steps, then ``steps`` more with rank
-    ``slow_rank`` sleeping ``sleep_s`` before each forward of its model chunk; write
-    ``out/KIND/fast`` and ``out/KIND/slow``."""
+    ``slow_rank`` sleeping ``sleep_s`` a step (split over the forwards of its model chunk, one
+    per microbatch); write ``out/KIND/fast`` and ``out/KIND/slow``."""
     import torch
 
     import meshprof
@@ -78,15 +78,15 @@ def counterfactual_worker(
     done: dict[str, Any] = {}
     step0 = 0
     for kind in kinds:
-        dp, tp, pp, mode, schedule = KINDS[kind]
+        dp, tp, pp, mode, schedule, m = KINDS[kind]
         par = ParallelConfig(dp=dp, tp=tp, pp=pp, num_layers=2, micro_batch_size=2,
-                             num_microbatches=2, dp_mode=mode, schedule=schedule)  # fmt: skip
+                             num_microbatches=m, dp_mode=mode, schedule=schedule)  # fmt: skip
         job = build_job(par, ModelConfig(d_model=32, n_heads=4, vocab_size=64, seq_len=16))
         sleeping = {"on": False}
 
-        def nap(*_: Any, sleeping: dict[str, bool] = sleeping) -> None:
+        def nap(*_: Any, sleeping: dict[str, bool] = sleeping, nap_s: float = sleep_s / m) -> None:
             if sleeping["on"]:
-                time.sleep(sleep_s)
+                time.sleep(nap_s)
 
         if rank == slow_rank:
             job.chunks[0].register_forward_pre_hook(nap)
