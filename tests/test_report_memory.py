@@ -72,7 +72,7 @@ def _recorded(chains: list[list[int]], ncoll: int) -> Recorded:
     zi = np.zeros(n, dtype=np.int64)
     zb = np.zeros(n, dtype=bool)
     const = np.zeros(ncoll, dtype=np.int64)
-    return Recorded(zi, coll, const, zb, zi, pos, zb, zi, z, z, z.astype(bool), z)
+    return Recorded(zi, coll, const, zb, zi, pos, zi - 1, zi, z, z, z.astype(bool), z)
 
 
 def _longest_paths(chains: list[list[int]], ncoll: int) -> list[int] | None:

@@ -145,7 +145,7 @@ def test_balanced_run_names_nobody(tmp_path):
     write_run(tmp_path, 16, collectives=120, steps=3, slow=0.0, seed=2, layout=(2, 4, 2))
     rep = analyze_run(load_run(tmp_path))
     assert rep[WHAT_IF_REPLAY] is not None and rep[WHAT_IF_REPLAY].notable == ()
-    assert "what-if: no rank costs 1% of a step or more" in render_report(rep)
+    assert "what-if: no rank costs measurably more" in render_report(rep)
 
 
 def test_real_gloo_run_sleeping_rank(tmp_path, cli):
@@ -153,7 +153,11 @@ def test_real_gloo_run_sleeping_rank(tmp_path, cli):
     run_ranks(real_worker, 3, (str(tmp_path), 1, extra_s, 5), timeout=90)
     d = json.loads(cli("report", tmp_path, "--json").stdout)
     top = d["what_if"][0]
-    assert set(top) == {"rank", "step_saving_ns", "share_of_step", "phase", "excess_ns"}
+    assert set(top) == {
+        "rank", "step_saving_ns", "share_of_step", "phase", "excess_ns", "ci_low_ns", "ci_high_ns",
+        "peers",
+    }  # fmt: skip
+    assert top["ci_low_ns"] > 0 and top["ci_low_ns"] <= top["step_saving_ns"] <= top["ci_high_ns"]
     assert top["rank"] == 1 and top["phase"] == "forward"
     # the sleep, within a loaded machine's oversleep and the ranks' step-start skew
     assert abs(top["step_saving_ns"] - extra_s * 1e9) < 10 * MS, top
@@ -272,17 +276,18 @@ def test_crossed_async_p2p_is_replayed(tmp_path, monkeypatch, engine, lead):
     w = analyze_run(load_run(tmp_path))[WHAT_IF_REPLAY]
     assert w.note == "" and w.replay_error_ns == 0
     assert w.ranks[0].rank == 1 and w.ranks[0].phase == "forward"
-    # "held": ranks 1 and 3 issue (all_reduce, send, recv), so rank 1's peers are rank 3 alone
-    # and its gaps become the median of two, the mean: half its extra compute
-    want = x / 2 if lead else x
-    assert w.ranks[0].step_saving_ns == pytest.approx(want, abs=EXACT_ABS_NS)
+    # "held": ranks 1 and 3 issue (all_reduce, send, recv), so rank 1's peer is rank 3 alone:
+    # compared with it (not with the mean of the two), it costs its whole extra compute
+    assert w.ranks[0].step_saving_ns == pytest.approx(x, abs=EXACT_ABS_NS)
     assert all(abs(c.step_saving_ns) <= EXACT_ABS_NS for c in w.ranks[1:])
 
 
 def test_overlap_levels_order_crossed_async_and_refuse_a_real_cycle():
     """The two orders of one 1F1B stage pair: rank 0 sends A then receives B, rank 1 sends B
-    then receives A. Overlapped receives (issued while the send is in flight): A and B share a
-    level, each arrival after its predecessor's. Blocking receives: a real deadlock, refused."""
+    then receives A. Sends still in flight at the receive (their completion joins no later
+    event): A and B share a level, each arrival after its predecessor's. Sends the receive
+    waited for (they join the receive) that wait for their receiver: a real deadlock, refused.
+    Eager sends (they do not wait for their receiver) that the receive waited for: ordered."""
     from types import SimpleNamespace
 
     from meshprof.analyze.run.replay_overlap import overlap_levels
@@ -290,13 +295,18 @@ def test_overlap_levels_order_crossed_async_and_refuse_a_real_cycle():
     coll = np.asarray([0, 1, 1, 0])  # chain 0: A, B; chain 1: B, A
     pos = np.asarray([0, 1, 0, 1])
     const = np.zeros(2, dtype=np.int64)
-    rec = SimpleNamespace(
-        coll=coll, pos=pos, const=const, overlapped=np.asarray([0, 1, 0, 1], bool)
-    )
+    waits = np.ones(4, dtype=bool)
+    in_flight = np.asarray([-1, -1, -1, -1])
+    rec = SimpleNamespace(coll=coll, pos=pos, const=const, join=in_flight, waits=waits)
     got = overlap_levels(rec)  # type: ignore[arg-type]
     assert got is not None
     order, bounds, arrival = got
     assert list(bounds) == [0, 4]  # one level holds both transfers
     assert sorted(order.tolist()) == [0, 1, 2, 3] and (arrival == 0).all()
-    blocking = SimpleNamespace(coll=coll, pos=pos, const=const, overlapped=np.zeros(4, bool))
+    joined = np.asarray([1, -1, 3, -1])
+    blocking = SimpleNamespace(coll=coll, pos=pos, const=const, join=joined, waits=waits)
     assert overlap_levels(blocking) is None  # type: ignore[arg-type]
+    eager = np.asarray([False, True, False, True])  # the sends do not wait
+    ok = SimpleNamespace(coll=coll, pos=pos, const=const, join=joined, waits=eager)
+    got = overlap_levels(ok)  # type: ignore[arg-type]
+    assert got is not None and list(got[1]) == [0, 4]

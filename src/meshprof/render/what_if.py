@@ -15,29 +15,40 @@ LEAD = 3
 _E = html.escape
 
 
+def _interval(lo: float, hi: float) -> str:
+    return f"95% interval {fmt_ns(lo)}–{fmt_ns(hi)}"
+
+
 def rank_sentence(c: RankCost) -> str:
-    """ "rank 37 costs every step 0.90 ms (6.0%), in forward"."""
+    """ "rank 37 costs every step 0.90 ms (6.0%; 95% interval 0.85 ms–0.95 ms), in forward"."""
     where = f", in {c.phase}" if c.phase else ""
     return (
         f"rank {c.rank} costs every step {fmt_ns(c.step_saving_ns)} "
-        f"({fmt_pct(c.share_of_step)}){where}"
+        f"({fmt_pct(c.share_of_step)}; {_interval(c.ci_low_ns, c.ci_high_ns)}){where}"
     )
 
 
 def what_if_lines(w: WhatIf | None, lead: int = LEAD) -> list[str]:
-    """The lead sentences: the costliest ranks, then where their cost is paid (dimensions and
-    the costliest group); one line saying so when no rank costs :attr:`WhatIf.min_share`."""
+    """The lead sentences: the costliest ranks whose cost stands above the run's noise
+    (:attr:`WhatIf.notable`), then where their cost is paid (dimensions and the costliest
+    group); one line saying so when no rank costs measurably more."""
     if w is None:
         return []
     if w.note:
         return [f"what-if: {w.note}"]
     out = [rank_sentence(c) for c in w.notable[:lead]]
+    unmeasured = (
+        f"; not measured (no peers): ranks {', '.join(map(str, w.unmeasured))}"
+        if w.unmeasured
+        else ""
+    )
     if not out:
         return [
-            f"what-if: no rank costs {fmt_pct(w.min_share, 0)} of a step or more "
-            f"(replayed {len(w.ranks)} of {w.ranks_total} ranks over {len(w.steps)} steps)"
+            f"what-if: no rank costs measurably more (none saves {fmt_pct(w.min_share, 0)} of a "
+            f"step or more with a 95% interval above zero; replayed {len(w.ranks)} of "
+            f"{w.ranks_total} ranks over {len(w.steps)} steps{unmeasured})"
         ]
-    dims = [d for d in w.dims if d.share_of_step >= w.min_share]
+    dims = [d for d in w.dims if w.notable_cost(d)]
     if dims:
         out.append(
             "  paid at the collectives of: "
@@ -45,12 +56,14 @@ def what_if_lines(w: WhatIf | None, lead: int = LEAD) -> list[str]:
                 f"{d.dim} {fmt_ns(d.step_saving_ns)} ({fmt_pct(d.share_of_step)})" for d in dims
             )
         )
-    if w.groups and w.groups[0].share_of_step >= w.min_share:
+    if w.groups and w.notable_cost(w.groups[0]):
         g = w.groups[0]
         out.append(
             f"  costliest group: {g.desc} ({g.group}, {g.dim}) "
             f"{fmt_ns(g.step_saving_ns)} ({fmt_pct(g.share_of_step)}) every step"
         )
+    if unmeasured:
+        out.append(f"  {unmeasured[2:]}")
     return out
 
 
@@ -68,33 +81,39 @@ def what_if_html(w: WhatIf | None) -> str:
     )
     if w.note or not w.ranks:
         return head
+
+    def ci(lo: float, hi: float) -> str:
+        return f"<td>{fmt_ns(lo)}–{fmt_ns(hi)}</td>"
+
     ranks = "".join(
-        f"<tr><td>{c.rank}</td><td>{fmt_ns(c.step_saving_ns)}</td>"
+        f"<tr><td>{c.rank}</td><td>{fmt_ns(c.step_saving_ns)}</td>{ci(c.ci_low_ns, c.ci_high_ns)}"
         f"<td>{fmt_pct(c.share_of_step)}</td><td>{_E(c.phase or '-')}</td>"
-        f"<td>{fmt_ns(c.excess_ns)}</td></tr>"
+        f"<td>{fmt_ns(c.excess_ns)}</td><td>{c.peers}</td></tr>"
         for c in w.ranks
     )
     dims = "".join(
-        f"<tr><td>{_E(d.dim)}</td><td>{fmt_ns(d.step_saving_ns)}</td>"
+        f"<tr><td>{_E(d.dim)}</td><td>{fmt_ns(d.step_saving_ns)}</td>{ci(d.ci_low_ns, d.ci_high_ns)}"
         f"<td>{fmt_pct(d.share_of_step)}</td><td>{fmt_ns(d.excess_ns)}</td></tr>"
         for d in w.dims
     )
     groups = "".join(
         f"<tr><td>{_E(g.desc)} ({_E(g.group)})</td><td>{_E(g.dim)}</td>"
-        f"<td>{fmt_ns(g.step_saving_ns)}</td><td>{fmt_pct(g.share_of_step)}</td>"
-        f"<td>{fmt_ns(g.excess_ns)}</td></tr>"
+        f"<td>{fmt_ns(g.step_saving_ns)}</td>{ci(g.ci_low_ns, g.ci_high_ns)}"
+        f"<td>{fmt_pct(g.share_of_step)}</td><td>{fmt_ns(g.excess_ns)}</td></tr>"
         for g in w.groups
     )
     return (
         head + f'<p class="muted">Replayed {len(w.ranks)} of {w.ranks_total} ranks (largest excess '
         f"compute first) over {len(w.steps)} steps; median step {fmt_ns(w.step_ns)}.</p>"
         + '<table id="what-if-ranks"><thead><tr><th>rank</th><th>step saving</th>'
-        "<th>share of step</th><th>phase</th><th>excess compute</th></tr></thead>"
+        "<th>95% interval</th><th>share of step</th><th>phase</th><th>excess compute</th>"
+        "<th>peers</th></tr></thead>"
         f"<tbody>{ranks}</tbody></table>"
         + '<table id="what-if-dims"><thead><tr><th>dimension</th><th>step saving</th>'
-        "<th>share of step</th><th>excess compute</th></tr></thead>"
+        "<th>95% interval</th><th>share of step</th><th>excess compute</th></tr></thead>"
         f"<tbody>{dims}</tbody></table>"
         + '<table id="what-if-groups"><thead><tr><th>group</th><th>dim</th>'
-        "<th>step saving</th><th>share of step</th><th>excess compute</th></tr></thead>"
+        "<th>step saving</th><th>95% interval</th><th>share of step</th>"
+        "<th>excess compute</th></tr></thead>"
         f"<tbody>{groups}</tbody></table>"
     )

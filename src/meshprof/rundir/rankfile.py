@@ -207,6 +207,7 @@ def _read_npz(path: Path, names: tuple[str, ...], zf: zipfile.ZipFile) -> dict[s
 LEAN_FIELDS = (
     "op",
     "status",
+    "flags",
     "group",
     "peer",
     "seq",

@@ -53,8 +53,8 @@ def load() -> Any:
     u8p = np.ctypeslib.ndpointer(np.uint8, flags="C_CONTIGUOUS")
     i64 = ctypes.c_int64
     fn.restype = None
-    fn.argtypes = [i64, i64p, i64p, i64p, i64p, i64p, u8p, u8p, i64p, i64p, i64, i64p, i64,
-                   i64, i64, i64p, i64p, i64p]  # fmt: skip
+    fn.argtypes = [i64, i64p, i64p, i64p, i64p, i64p, i64p, u8p, i64p, i64p, i64, i64p, i64,
+                   i64, i64, i64p, i64p, i64p, i64p, i64, i64p, i64p, i64, i64p]  # fmt: skip
     _loaded = fn
     return fn
 
@@ -66,21 +66,26 @@ def run_levels(
     coll: np.ndarray,
     gap: np.ndarray,
     new_gap: np.ndarray,
-    ovl: np.ndarray,
+    join: np.ndarray,
     waits: np.ndarray,
     after: np.ndarray,
     const: np.ndarray,
     rows: list[np.ndarray],
-    e_max: np.ndarray,
-    a_last: np.ndarray,
+    state: tuple[np.ndarray, ...],
 ) -> None:
-    """Advance ``e_max`` / ``a_last`` (int64 [k + 1, chains], C order) through every level, in
-    blocks of whole levels of about :data:`BLOCK_MEMBERS` members (each block's columns
-    converted to int64 once, then let go; the gap change ``new_gap - gap`` made per block)."""
+    """Advance the replay's state (:data:`meshprof.analyze.run.replay.State`: int64, C order)
+    through every level, in blocks of whole levels of about :data:`BLOCK_MEMBERS` members
+    (each block's columns converted to int64 once, then let go; the gap change
+    ``new_gap - gap`` made per block)."""
+    e_max, a_last, e_join, held, j_pos, j_slot = state
     k1, n_chains = e_max.shape
+    n_held = held.shape[1]
+    held_c = np.ascontiguousarray(held)
     cut = np.asarray(bounds, dtype=np.int64)
     widths = np.diff(cut)
     scratch = np.empty(2 * k1 * max(int(widths.max(initial=0)), 1), dtype=np.int64)
+    jp_all = np.asarray(j_pos, dtype=np.int64)
+    js_all = np.asarray(j_slot, dtype=np.int64)
     n_levels = len(cut) - 1
     l0 = 0
     while l0 < n_levels:
@@ -98,6 +103,7 @@ def run_levels(
         block_rows = np.empty((len(rows), hi - lo), dtype=np.int64)
         for r, row in enumerate(rows):
             block_rows[r] = row[sl]
+        j0, j1 = np.searchsorted(jp_all, [lo, hi])
         fn(
             l1 - l0,
             np.ascontiguousarray(cut[l0 : l1 + 1] - lo),
@@ -105,7 +111,7 @@ def run_levels(
             c,
             g,
             i64(new_gap) - g,
-            np.ascontiguousarray(ovl[sl], dtype=np.uint8),
+            i64(join),
             np.ascontiguousarray(waits[sl], dtype=np.uint8),
             i64(after),
             np.ascontiguousarray(const[c], dtype=np.int64),
@@ -116,6 +122,14 @@ def run_levels(
             n_chains,
             e_max,
             a_last,
+            e_join,
+            held_c,
+            n_held,
+            np.ascontiguousarray(jp_all[j0:j1] - lo),
+            np.ascontiguousarray(js_all[j0:j1]),
+            int(j1 - j0),
             scratch,
         )
         l0 = l1
+    if held_c is not held:
+        held[...] = held_c

@@ -5,8 +5,14 @@ Per step and rank (each rank's own clock; durations need no alignment):
 - step time = the step span's duration;
 - communication time = the part of the step covered by the rank's collectives and send/recv
   (the union of their [issue, completion] intervals, so overlapping async ops count once);
-- compute time = step time − communication time (waiting for others is communication, so a rank
-  that waits is not blamed for it);
+- compute time = step time − the time the rank waited for communication (so a rank that waits
+  is not blamed for it), by the what-if's model of the rank's chain of events
+  (:func:`~meshprof.analyze.run.replay_record.own_compute`): a blocking op is waited for whole,
+  an async op (DDP buckets, FSDP prefetch, isend) only where the program waited for it — its
+  flight while the rank computes is compute, not waiting (the union of the events' intervals
+  would count it as communication, and the ranks whose async collectives wait longest — those
+  that are *not* slow — would look as if they computed less); on a sampled run, step time −
+  communication time;
 - wait time = the sum of the rank's waits (see :mod:`meshprof.analyze.run.match`) in collectives
   issued during the step.
 
@@ -45,6 +51,12 @@ from meshprof.analyze.compute import intervals
 from meshprof.analyze.compute.sorting import RowsByKey, stable_argsort
 from meshprof.analyze.run.clock import ClockAlignment
 from meshprof.analyze.run.match import CollectiveMatch, arrived_last_share
+from meshprof.analyze.run.replay_record import (
+    build_chains,
+    chain_signatures,
+    own_compute,
+    pipeline_stages,
+)
 from meshprof.analyze.run.table import EventTable
 from meshprof.records.codec import NOT_IN_JSON, json_key
 from meshprof.rundir import LoadedRun
@@ -52,6 +64,8 @@ from meshprof.rundir import LoadedRun
 DEFAULT_THRESHOLD = 0.05
 DEFAULT_LAST_SHARE = 0.5
 DEFAULT_MIN_EXCESS_NS = 50_000
+WAITED_BATCH = 2_000_000
+"""Events per batch of steps whose compute :func:`_waited_compute` measures at once."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +149,43 @@ class StragglerReport:
     min_excess_ns))."""
     note: str
     """Why nothing could be scored, if so."""
+
+
+def _waited_compute(
+    run: LoadedRun,
+    table: EventTable,
+    ranks: tuple[int, ...],
+    steps: tuple[int, ...],
+    compute: np.ndarray,
+) -> None:
+    """``compute`` [rank, step] set, where the rank has events in the step, to the step minus
+    the time it waited for communication by the what-if's model
+    (:func:`~meshprof.analyze.run.replay_record.own_compute`: a blocking op is waited for
+    whole, an async op only where the program waited for it), each rank on its own clock."""
+    n_off = max(int(table.rank.max(initial=0)), max(run.ranks)) + 1
+    zero = np.zeros(n_off, dtype=np.int64)
+    dims = sorted({gr.dimension for gr in table.groups})
+    dim_of_gid = np.asarray([dims.index(gr.dimension) for gr in table.groups] or [0])
+    stage = pipeline_stages(table, n_off)
+    row_of = {r: i for i, r in enumerate(ranks)}
+    col_of = {s: i for i, s in enumerate(steps)}
+    # steps in batches of about WAITED_BATCH events (a bounded transient whatever the run)
+    per_step = max(len(table) / max(len(steps), 1), 1.0)
+    size = max(int(WAITED_BATCH // per_step), 1)
+    for b0 in range(0, len(steps), size):
+        part = steps[b0 : b0 + size]
+        ch = build_chains(run, table, zero, part)
+        if not len(ch.c_rank):
+            continue
+        dimc = dim_of_gid[table.gid[ch.row]]
+        sig = chain_signatures(ch, table.op[ch.row], dimc, stage)
+        got = own_compute(table, ch, sig)
+        rows = np.asarray([row_of.get(int(r), -1) for r in ch.c_rank.tolist()], dtype=np.int64)
+        cols = np.asarray([col_of[part[i]] for i in ch.c_step.tolist()], dtype=np.int64)
+        has = np.bincount(ch.chain, minlength=len(ch.c_rank)) > 0
+        ok = (rows >= 0) & has
+        compute[rows[ok], cols[ok]] = got[ok]
+        del ch, dimc, sig, got
 
 
 def _scaled(covered: np.ndarray, window: np.ndarray, fraction: float) -> np.ndarray:
@@ -222,6 +273,8 @@ def find_stragglers(
                 if not common or s in common_set:
                     phase_vals.setdefault((r, name), []).append(c)
     compute = step_ns - comm_ns
+    if f >= 1 and len(table) and steps:
+        _waited_compute(run, table, ranks, steps, compute)
     ccols = [scol[s] for s in common]
     med_rank = np.median(compute[:, ccols], axis=1) if ccols else np.full(len(ranks), np.nan)
     ref = float(np.median(med_rank)) if ccols else float("nan")

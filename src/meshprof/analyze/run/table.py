@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from meshprof.events import OP_CODES, STATUS_CODES, nccl_tests_size_array
+from meshprof.events import FLAG_ASYNC, OP_CODES, STATUS_CODES, nccl_tests_size_array
 from meshprof.layout import dimension_of
 from meshprof.rundir import LoadedRun, resolve_layout
 
@@ -66,6 +66,8 @@ class EventTable:
     """int32 or int64: issue → completion."""
     size_bytes: np.ndarray
     """int32 or int64: nccl-tests buffer size S."""
+    is_async: np.ndarray | None = None
+    """bool: issued async (``FLAG_ASYNC``: ``async_op=True``, isend/irecv); None when unknown."""
     kept_index: np.ndarray | None = None
     """int32: row in the rank's own events array; None when every rank's rows were all kept
     (:attr:`index` then derives it)."""
@@ -186,8 +188,11 @@ def build_event_table(
         "start": np.empty(n, dtype=np.int64),
         "dur": np.empty(n, dtype=_narrow(0, dur_hi, i32, i64)),
         "size": np.empty(n, dtype=_narrow(0, size_hi, i32, i64)),
+        "async": np.empty(n, dtype=bool),
     }
     index = None if all_rows else np.empty(n, dtype=np.int32)
+    # (a lean load leaves the flags out: async unknown)
+    has_flags = all("flags" in (k[1].dtype.names or ()) for k in kept)
     kept.reverse()  # popped in rank order below, so each rank's raw rows can be let go
     sizes = np.asarray([len(g.ranks) for g in groups] or [0], dtype=np.int32)
     fields = (("seq", "seq"), ("peer", "peer"), ("start", "start_ns"), ("dur", "duration_ns"))
@@ -208,6 +213,8 @@ def build_event_table(
             for dst, src in fields:
                 out[dst][o0:o1] = blk[src]
             out["op"][o0:o1] = omap[blk["op"]]
+            if has_flags:
+                np.not_equal(blk["flags"] & FLAG_ASYNC, 0, out=out["async"][o0:o1])
             gid = gm[blk["group"]]
             out["gid"][o0:o1] = gid
             if plain:  # no gather/scatter-like op on this rank: S = max(in, out)
@@ -231,6 +238,7 @@ def build_event_table(
         start_ns=out["start"],
         duration_ns=out["dur"],
         size_bytes=out["size"],
+        is_async=out["async"] if has_flags else None,
         kept_index=index,
         sample_fraction=float(sample_fraction),
     )

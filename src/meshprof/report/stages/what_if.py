@@ -38,6 +38,11 @@ class WhatIfInfo:
     """Savings below this share of the step are not called out in the text."""
     note: str
     """Why nothing was replayed, if so."""
+    unmeasured: tuple[int, ...] = ()
+    """Replayed ranks without peers (no other rank of their pipeline stage issued the same
+    collectives): their cost is not measured."""
+    interval: str = "order statistics of the per-step savings, 95 % (the range under 6 steps)"
+    """How ``ci_low_ns`` / ``ci_high_ns`` are computed."""
 
 
 WHAT_IF_REPLAY: Key[WhatIf] = Key("what_if_replay")
@@ -86,6 +91,7 @@ def what_if_info(what_if_replay: WhatIf) -> WhatIfInfo:
         w.replay_error_ns,
         w.min_share,
         w.note,
+        w.unmeasured,
     )
 
 

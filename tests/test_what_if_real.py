@@ -1,0 +1,53 @@
+"""Real counterfactuals for the what-if: 4-rank gloo jobs on CPU (DDP, FSDP2, DTensor TP,
+torch.distributed.pipelining GPipe and 1F1B over dp2 × pp2; the demo's model and builder),
+each trained twice in one process group — without, then with a ``time.sleep`` before each
+forward of rank 1's model chunk (``tests/data/counterfactual_jobs.py``). The what-if of the
+slow run must name rank 1 and its saving must be the measured step-time difference of the two
+runs within 25 %; the fast run must name nobody.
+
+The sleep (0.8 s a step, over the slow rank's forwards: one a step without pipelining, one per
+microbatch with it) is long against the jobs' own step (30–200 ms): with 4 ranks on 2 cores,
+a rank that sleeps leaves the CPU to the others, so the measured difference also holds the
+contention the sleep removes — tens of ms, more on a loaded machine."""
+
+from __future__ import annotations
+
+import pytest
+
+from data.counterfactual_jobs import KINDS, counterfactual_worker, measured_saving_ns
+from meshprof.launch.spawn import run_ranks
+from meshprof.report.executor import run_stages
+from meshprof.report.stages import REPORT_STAGES
+from meshprof.rundir import load_run
+
+SLOW_RANK = 1
+SLEEP_S = 0.8
+STEPS = 6
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    out = tmp_path_factory.mktemp("counterfactual")
+    run_ranks(counterfactual_worker, 4, (str(out), list(KINDS), SLOW_RANK, SLEEP_S, STEPS),
+              timeout=400)  # fmt: skip
+    return out
+
+
+def _what_if(path):
+    return run_stages(load_run(path), REPORT_STAGES, only=["what_if_replay"])["what_if_replay"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_sleeping_rank_costs_the_measured_difference(runs, kind):
+    measured = measured_saving_ns(runs / kind / "fast", runs / kind / "slow")
+    assert measured > 0.5 * SLEEP_S * 1e9, measured  # the sleep shows in the step
+    w = _what_if(runs / kind / "slow")
+    assert w.note == "" and w.replay_error_ns == 0, w
+    top = w.ranks[0]
+    assert top.rank == SLOW_RANK and top in w.notable, w.ranks
+    assert abs(top.step_saving_ns - measured) <= 0.25 * measured, (top, measured)
+    assert top.ci_low_ns > 0
+    fast = _what_if(runs / kind / "fast")
+    assert fast.notable == (), fast.ranks
