@@ -72,6 +72,7 @@ SAME_FEATURE = frozenset(
         "manifest",
         "ledger",
         "verdict",
+        "changes",
     }
 )
 """Basenames that may repeat: ``__init__``, ``types`` (a room's result types), and the names
