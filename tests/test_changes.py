@@ -150,3 +150,15 @@ def test_real_job_rank_slow_from_mid_run(tmp_path, cli) -> None:
     assert "the latest regime" in text and "rank 1's compute rose" in text
     whole = json.loads(cli("report", out, "--json", "--steps", "all").stdout)
     assert whole["changes"]["window_lo"] is None and whole["changes"]["reason"] == ""
+
+
+def test_diff_says_when_each_run_changed(tmp_path, cli) -> None:
+    kw = dict(collectives=20 * 40, steps=40, seed=4, layout=(2, 2, 2), slow_rank=5)
+    write_run(tmp_path / "a", 8, slow=0.0, **kw)
+    write_run(tmp_path / "b", 8, slow=1.0, slow_from=24, **kw)
+    d = json.loads(cli("diff", tmp_path / "a", tmp_path / "b", "--json").stdout)
+    assert d["a"]["changes"]["changes"] == [] and d["a"]["changes"]["window_lo"] is None
+    got = [(c["rank"], c["step"]) for c in d["b"]["changes"]["changes"] if c["rank"] is not None]
+    assert got == [(5, 24)] and d["b"]["changes"]["window_lo"] == 24
+    text = " ".join(cli("diff", tmp_path / "a", tmp_path / "b").stdout.split())
+    assert "B: analysed steps 24–39" in text and "rank 5's compute rose" in text

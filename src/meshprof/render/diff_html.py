@@ -12,6 +12,7 @@ import html
 from pathlib import Path
 
 from meshprof.analyze.diff.types import FindingChange, RunDiff
+from meshprof.render.changes import changes_lines
 from meshprof.render.diff_text import headline_text
 from meshprof.render.format import (
     fmt_bytes,
@@ -51,6 +52,10 @@ def _summary(d: RunDiff) -> str:
         else '<p class="ok">No change large enough for the headline (5% and 1% of the step).</p>'
     )
     notes = "".join(f'<div class="finding">{_E(n)}</div>' for n in d.notes)
+    for side, t in (("A", d.a_changes), ("B", d.b_changes)):
+        for line in changes_lines(t, limit=3) if t is not None else ():
+            notes += f'<div class="finding">{side}: {_E(line)}</div>'
+
     step = ""
     if d.step is not None:
         s = d.step

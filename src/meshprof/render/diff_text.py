@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from meshprof.analyze.diff.types import Headline, RateDiff, RunDiff
+from meshprof.render.changes import changes_lines
 from meshprof.render.format import (
     fmt_bytes,
     fmt_delta_bytes,
@@ -96,6 +97,9 @@ def print_diff(d: RunDiff, console: Console) -> None:
         console.print("No change large enough for the headline (5% and 1% of the step).")
     for n in d.notes:
         console.print(f"note: {n}", highlight=False, markup=False)
+    for side, t in (("A", d.a_changes), ("B", d.b_changes)):
+        for line in changes_lines(t, limit=2) if t is not None else ():
+            console.print(f"{side}: {line}", highlight=False, markup=False)
     if d.step is not None:
         s = d.step
         console.print(

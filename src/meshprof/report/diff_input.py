@@ -5,6 +5,7 @@ from __future__ import annotations
 from meshprof.analyze.diff.compare import RunFigures, RunSide, run_side
 from meshprof.layout import Layout
 from meshprof.report.run_report import RunReport
+from meshprof.report.stages.changes import CHANGES
 from meshprof.report.stages.conclusions import PROBLEMS, SUMMARY
 from meshprof.report.stages.pipeline import BOTTLENECKS
 from meshprof.report.stages.rank_analyses import RANK_ANALYSES
@@ -28,6 +29,7 @@ def side_of(rep: RunReport, layout: Layout | None) -> RunSide:
             memory=rep[MEMORY],
             bottlenecks=rep[BOTTLENECKS],
             findings=summary.findings,
+            timeline=rep[CHANGES],
         ),
         layout,
     )

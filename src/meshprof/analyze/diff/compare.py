@@ -52,6 +52,7 @@ from meshprof.analyze.diff.types import (
     StepDiff,
     Throughput,
 )
+from meshprof.analyze.run.changes import Timeline
 from meshprof.analyze.run.run_bottlenecks import RunBottleneck
 from meshprof.analyze.run.stragglers import StragglerReport
 from meshprof.analyze.run.types import (
@@ -119,6 +120,8 @@ class RunSide:
     """Median over the ranks that recorded tokens (NaN when none did)."""
     findings: tuple[FindingChange, ...]
     """Its bottlenecks and findings, as they would be listed if they appeared or vanished."""
+    timeline: Timeline | None = None
+    """When things changed in it, and which steps its report analysed."""
 
     @property
     def has_collectives(self) -> bool:
@@ -187,6 +190,8 @@ class RunFigures:
     memory: MemoryImbalance
     bottlenecks: tuple[RunBottleneck, ...]
     findings: tuple[RunFinding, ...]
+    timeline: Timeline | None = None
+    """When things changed in the run, and which steps its report analysed."""
 
 
 def run_side(rep: RunFigures, layout: Layout | None) -> RunSide:
@@ -225,6 +230,7 @@ def run_side(rep: RunFigures, layout: Layout | None) -> RunSide:
         steps_per_s=_nanmedian(r.steps_per_s for r in rep.ranks) if has_steps else _NAN,
         tokens_per_s=_nanmedian(tokens) if tokens else _NAN,
         findings=_findings_of(rep.bottlenecks, rep.findings),
+        timeline=rep.timeline,
     )
 
 
@@ -496,4 +502,6 @@ def diff_runs(a: RunSide, b: RunSide) -> RunDiff:
         bottlenecks=_bottlenecks(a, b),
         headline=head,
         notes=tuple(notes),
+        a_changes=a.timeline,
+        b_changes=b.timeline,
     )

@@ -12,7 +12,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from meshprof.records.codec import to_json
+from meshprof.analyze.run.changes import Timeline
+from meshprof.records.codec import dataclass_to_json, to_json
 from meshprof.records.finding import Finding
 
 
@@ -223,13 +224,26 @@ class RunDiff:
     """The most significant changes, largest relative change first."""
     notes: tuple[str, ...]
     """What was not compared, and why."""
+    a_changes: Timeline | None = None
+    """When things changed in A, and which of its steps were compared (the latest regime
+    when something changed mid-run)."""
+    b_changes: Timeline | None = None
+    """The same for B."""
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (NaN becomes None)."""
         return to_json(
             {
-                "a": {"path": self.a_path, "world_size": self.a_world_size},
-                "b": {"path": self.b_path, "world_size": self.b_world_size},
+                "a": {
+                    "path": self.a_path,
+                    "world_size": self.a_world_size,
+                    "changes": _timeline(self.a_changes),
+                },
+                "b": {
+                    "path": self.b_path,
+                    "world_size": self.b_world_size,
+                    "changes": _timeline(self.b_changes),
+                },
                 "headline": [dataclasses.asdict(h) for h in self.headline],
                 "notes": list(self.notes),
                 "step": dataclasses.asdict(self.step) if self.step is not None else None,
@@ -242,3 +256,7 @@ class RunDiff:
                 "bottlenecks": self.bottlenecks,
             }
         )
+
+
+def _timeline(t: Timeline | None) -> dict[str, Any] | None:
+    return dataclass_to_json(t) if t is not None else None
