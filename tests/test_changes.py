@@ -146,6 +146,9 @@ def test_real_job_rank_slow_from_mid_run(tmp_path, cli) -> None:
     assert ones[-1].after_ns - ones[-1].before_ns == pytest.approx(30 * MS, rel=0.25)
     assert t.reason == "latest_regime" and t.window_lo is not None and t.window_lo >= 50
     assert [s.rank for s in rep[STRAGGLERS].stragglers] == [1]
+    # what it costs every step since: the 30 ms it adds (two ranks: rank 0 waits all of it)
+    cost = next(c for c in rep[WHAT_IF] if c.rank == 1).step_saving_ns
+    assert cost == pytest.approx(30 * MS, rel=0.3), cost
     text = " ".join(cli("report", out).stdout.split())  # (the console wraps at 80 columns)
     assert "the latest regime" in text and "rank 1's compute rose" in text
     whole = json.loads(cli("report", out, "--json", "--steps", "all").stdout)
@@ -162,3 +165,20 @@ def test_diff_says_when_each_run_changed(tmp_path, cli) -> None:
     assert got == [(5, 24)] and d["b"]["changes"]["window_lo"] == 24
     text = " ".join(cli("diff", tmp_path / "a", tmp_path / "b").stdout.split())
     assert "B: analysed steps 24–39" in text and "rank 5's compute rose" in text
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_cost_holds_at_any_world_size(tmp_path, n) -> None:
+    """A slow rank's cost against the generator's counterfactual (the same run without it) at
+    2, 3 and 4 ranks: with two ranks its peer is the other rank, not their mean."""
+    kw = dict(collectives=20 * 30, steps=30, seed=6, layout=None, slow_rank=n - 1)
+    info = write_run(tmp_path / "slow", n, slow=1.0, **kw)
+    clean = write_run(tmp_path / "clean", n, slow=0.0, **kw)
+    rep = analyze_run(load_run(tmp_path / "slow", lean=True))
+    truth = float(
+        np.median(
+            np.asarray(info["job_step_end_ns"])[1:] - np.asarray(clean["job_step_end_ns"])[1:]
+        )
+    )
+    got = next(c for c in rep[WHAT_IF] if c.rank == n - 1).step_saving_ns
+    assert got == pytest.approx(truth, rel=0.2), (n, got, truth)
