@@ -136,7 +136,8 @@ class RecordQueries:
             return compute_stats(acc, self._exact_samples(arr))
         assert r.acc is not None
         exact = None
-        if r.total <= self.log.capacity and r.acc.dropped == 0:
+        # exact while every completed event is retained (and in this read: it copied them)
+        if r.acc.dropped == 0 and len(r.events) == r.total:
             exact = self._exact_samples(r.events)
         return compute_stats(r.acc, exact)
 
