@@ -58,13 +58,15 @@ def _worker(rank: int, ws: int) -> dict[str, Any]:
     f0 = time.perf_counter_ns()
     prof.flush()  # host-complete, device not reached: nothing yet, and no waiting
     out["flush_ns"] = time.perf_counter_ns() - f0
-    out["before_device"] = len(prof.events(start))
+    out["before_device"] = len(prof.events(start, inflight=False))
+    # ... and every read has them, in flight (no duration yet), once
+    out["before_device_inflight"] = [(e.seq, e.duration_ns) for e in prof.events(start)]
     out["pending"] = int(mod.device_pending_count())
     resolved: list[list[int]] = []
     for clock in (15, 25, 100):  # the last issued first, then the third, then the rest
         mod.test_device_clock(clock)
         prof.flush()
-        resolved.append(sorted(e.seq for e in prof.events(start)))
+        resolved.append(sorted(e.seq for e in prof.events(start, inflight=False)))
     evs = prof.events(start)
     out["events"] = [(e.seq, e.duration_ns, dict(e.metadata)) for e in evs]
     out["counters"] = list(mod.test_device_clock(-1))
@@ -82,7 +84,7 @@ def _worker(rank: int, ws: int) -> dict[str, Any]:
     _host_complete(mod)
     b = time.perf_counter_ns()
     prof.flush()
-    out["kept_waiting"] = len(prof.events(start2))
+    out["kept_waiting"] = len(prof.events(start2, inflight=False))
     time.sleep(0.1)
     prof.flush()
     out["abandoned"] = [(e.duration_ns, dict(e.metadata)) for e in prof.events(start2)]
@@ -113,6 +115,7 @@ def test_native_device_timers_resolve_without_waiting() -> None:
         # host-complete but the device has not reached any end: nothing recorded, all pending
         assert r["before_device"] == 0
         assert r["pending"] == N
+        assert [d for _s, d in r["before_device_inflight"]] == [-1] * N
         assert r["flush_ns"] < 50 * MS  # the flush did not wait for the device
         s0 = r["seq0"]
         assert r["resolved"] == [[s0 + 3], [s0 + 2, s0 + 3], [s0 + i for i in range(N)]]

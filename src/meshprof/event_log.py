@@ -44,6 +44,8 @@ class EventLog:
         self.errors: dict[int, str] = {}  # event id -> error text
         self.metadata: dict[int, dict[str, Any]] = {}  # event id -> metadata
         self.listeners: list[Any] = []  # callables(chunk: np.ndarray, groups) fed on every flush
+        self.chunks = 0
+        """Chunks fed to the listeners so far (a listener sees its chunk's number here)."""
 
     # -- tables -------------------------------------------------------------------------------
     def group_index(self, info: GroupInfo) -> int:
@@ -98,6 +100,12 @@ class EventLog:
         if len(self._staged) >= STAGE_LIMIT:
             self.flush()
 
+    def stage(self, row: tuple[Any, ...]) -> bool:
+        """Stage one event tuple without flushing: True when :data:`STAGE_LIMIT` are staged
+        and the caller should :meth:`flush` (once it holds no lock of its own)."""
+        self._staged.append(row)
+        return len(self._staged) >= STAGE_LIMIT
+
     def flush(self) -> None:
         """Move every staged tuple into the ring (thread-safe)."""
         with self._lock:
@@ -130,6 +138,7 @@ class EventLog:
         self, chunk: np.ndarray, errors: dict[int, str], metadata: dict[int, dict[str, Any]]
     ) -> None:
         """Feed the listeners every event, then keep the retained ones (lock held)."""
+        self.chunks += 1
         for listener in self.listeners:
             listener(chunk)
         keep = (chunk["flags"] & FLAG_DROPPED) == 0
@@ -183,6 +192,7 @@ class EventLog:
         new.labels, new._label_index = self.labels, self._label_index
         new._write(events[-capacity:], 0)
         new.listeners = list(self.listeners)
+        new.chunks = self.chunks
         return new
 
     @contextmanager

@@ -150,7 +150,9 @@ def bandwidth_arrays(
 
 
 class Status(str, enum.Enum):
-    """Outcome of a recorded collective."""
+    """Outcome of a recorded collective: ``ok``, ``error``, or ``pending`` for a collective
+    issued and not completed at the read that returned it (in flight: ``duration_ns`` -1, no
+    bandwidth, ``start_ns`` its issue time; a later read returns it completed, once)."""
 
     OK = "ok"
     ERROR = "error"
@@ -176,7 +178,7 @@ EVENT_DTYPE = np.dtype(
         ("in_bytes", np.int64),
         ("out_bytes", np.int64),
         ("start_ns", np.int64),  # wall clock (time.time_ns) at issue
-        ("duration_ns", np.int64),  # issue -> completion; -1 while pending
+        ("duration_ns", np.int64),  # issue -> completion; -1 while pending (in flight)
         ("step", np.int32),  # training step at issue, -1 when unknown
     ]
 )
@@ -228,6 +230,11 @@ class CommEvent:
     peer: int = -1
     step: int = -1
     async_op: bool = False
+
+    @property
+    def in_flight(self) -> bool:
+        """Issued and not completed when it was read (status ``pending``, ``duration_ns`` -1)."""
+        return self.status == Status.PENDING.value
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

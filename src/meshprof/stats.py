@@ -109,6 +109,8 @@ class AggRow:
     max_ns: int = 0
     algbw_sum: float = 0.0
     busbw_sum: float = 0.0
+    inflight: int = 0
+    """Of ``count``: issued and not completed at the read (no duration: not timed)."""
 
 
 Key = tuple[int, str, str, int]  # (rank, op name, group name, size bucket bytes)
@@ -131,7 +133,9 @@ class Accumulator:
         group_name: Callable[[int], str],
         group_size: Callable[[int], int],
     ) -> None:
-        """Fold a chunk of EVENT_DTYPE rows (pending ones excluded by the caller) into the totals."""
+        """Fold a chunk of EVENT_DTYPE rows into the totals. Pending rows (ops in flight) count
+        as issued (``count``, ``inflight``, bytes) and not in the times; they are folded only
+        into a read's copy (:meth:`copy`), never into the running totals."""
         if len(chunk) == 0:
             return
         gidx = chunk["group"].astype(np.int64)
@@ -146,6 +150,7 @@ class Accumulator:
         )
         buckets = size_bucket_array(s_bytes)
         errors = chunk["status"] == STATUS_CODES["error"]
+        pending = chunk["status"] == STATUS_CODES["pending"]
         flags = chunk["flags"]
         self.dropped += int((((flags & FLAG_DROPPED) != 0) & ((flags & FLAG_UNSAMPLED) == 0)).sum())
         # one int64 key per event (op | group | bucket index): a 1-D unique is ~10x faster than
@@ -166,6 +171,7 @@ class Accumulator:
             d = dur[mt]
             row.count += int(m.sum())
             row.errors += int(errors[m].sum())
+            row.inflight += int(pending[m].sum())
             row.total_bytes += int(s_bytes[m].sum())
             if len(d):
                 dmin, dmax = int(d.min()), int(d.max())
@@ -205,8 +211,15 @@ class Accumulator:
             mine.total_ns += r.total_ns
             mine.algbw_sum += r.algbw_sum
             mine.busbw_sum += r.busbw_sum
+            mine.inflight += r.inflight
             self.sketches[key].merge(other.sketches[key])
         self.dropped += other.dropped
+
+    def copy(self) -> Accumulator:
+        """An independent copy (a read folds its ops in flight into one)."""
+        out = Accumulator(self.relative_error)
+        out.merge(self)
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -249,7 +262,7 @@ class OpStats:
     key: str
     """The slice: op name, rank number, group name, or the bucket's upper bound in bytes."""
     count: int
-    """Collectives issued (exact, sampled-out ones included)."""
+    """Collectives issued (exact, sampled-out ones and those still in flight included)."""
     timed: int
     """Collectives that were timed (sampled)."""
     errors: int
@@ -266,6 +279,9 @@ class OpStats:
     mean_busbw_gbps: float
     exact_percentiles: bool
     """True when p50/p95/p99 come from every timed event, False when from the sketch."""
+    inflight: int = 0
+    """Of ``count``: collectives issued and not completed at the read (in flight: no duration
+    yet, so not in the times, percentiles or bandwidths)."""
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict; NaN (no timed event) becomes None so the JSON stays valid."""
@@ -346,7 +362,7 @@ def _slice_stats(
     acc: Accumulator,
     exact_samples: dict[Key, np.ndarray] | None,
 ) -> OpStats:
-    count = timed = errors = total_bytes = total_ns = max_ns = 0
+    count = timed = errors = total_bytes = total_ns = max_ns = inflight = 0
     min_ns = -1
     alg = bus = 0.0
     sketch = Sketch(acc.relative_error)
@@ -356,6 +372,7 @@ def _slice_stats(
         count += r.count
         timed += r.timed
         errors += r.errors
+        inflight += r.inflight
         total_bytes += r.total_bytes
         total_ns += r.total_ns
         if r.timed:
@@ -392,4 +409,5 @@ def _slice_stats(
         mean_algbw_gbps=alg / timed if timed else 0.0,
         mean_busbw_gbps=bus / timed if timed else 0.0,
         exact_percentiles=exact_samples is not None,
+        inflight=inflight,
     )

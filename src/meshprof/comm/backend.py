@@ -10,9 +10,10 @@ Two kernels implement :class:`KernelBackend`: :class:`meshprof.comm.python_kerne
 from __future__ import annotations
 
 import threading
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
-from meshprof.comm.completion import Completion, InflightOp, PendingOp
+from meshprof.comm.completion import Completion, InflightOp, PendingOp, PendingOps
 from meshprof.events import P2P_OPS, GroupInfo
 
 if TYPE_CHECKING:
@@ -54,8 +55,15 @@ class KernelBackend(Protocol):
     def set_step(self, step: int) -> None:
         """Ops issued from now on belong to training step ``step``."""
 
-    def drain(self) -> None:
-        """Move the kernel's finished records into the recorder's event log."""
+    def drain(self, pending: bool = False) -> PendingOps | None:
+        """Move the kernel's finished records into the recorder's event log. With ``pending``,
+        also return the kernel's own ops not finished at that moment (None: it holds none of
+        its own), taken atomically with the finished ones: each op is moved or returned, once."""
+
+    def exclusive(self) -> AbstractContextManager[Any]:
+        """A context in which no other thread drains this kernel (a read holds it from its
+        drain until it has taken the log's state, so no op finished later enters the log
+        meanwhile)."""
 
     def settle(self, timeout_s: float) -> None:
         """Wait up to ``timeout_s`` for the kernel's ops in flight to complete."""

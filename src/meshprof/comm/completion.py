@@ -19,10 +19,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import numpy as np
 import torch
 
 from meshprof.comm.patching import Patches
-from meshprof.events import FLAG_ASYNC, GroupInfo
+from meshprof.events import EVENT_DTYPE, FLAG_ASYNC, GroupInfo
 
 _Work = torch._C._distributed_c10d.Work
 
@@ -85,6 +86,45 @@ class InflightOp:
     start_ns: int
     age_ns: int
     thread_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class PendingOps:
+    """The ops issued and not finished at one instant, as one read of the recorder sees them
+    (:meth:`meshprof.comm.recorder.CommProfiler.read`): the same ops twice, as event-log rows
+    and as :class:`InflightOp`, oldest issue first."""
+
+    rows: np.ndarray
+    """EVENT_DTYPE rows: status ``pending``, ``duration_ns`` -1, ``start_ns`` the issue time
+    (wall clock), the other columns as the completed event will have them."""
+    metadata: dict[int, dict[str, Any]]
+    """Metadata by row index (only rows that have some)."""
+    ops: list[InflightOp]
+    """The same ops with their age and issuing thread (0 when unknown)."""
+
+    @staticmethod
+    def empty() -> PendingOps:
+        return PendingOps(np.zeros(0, dtype=EVENT_DTYPE), {}, [])
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def joined(self, other: PendingOps) -> PendingOps:
+        """Both sets, oldest issue first."""
+        if not len(other):
+            return self
+        if not len(self):
+            return other
+        rows = np.concatenate([self.rows, other.rows])
+        order = np.argsort(rows["start_ns"], kind="stable")
+        meta = {**self.metadata, **{len(self) + i: m for i, m in other.metadata.items()}}
+        ops = [*self.ops, *other.ops]
+        where = {int(old): new for new, old in enumerate(order.tolist())}
+        return PendingOps(
+            rows[order],
+            {where[i]: m for i, m in meta.items()},
+            [ops[i] for i in order.tolist()],
+        )
 
 
 class CompletionSink(Protocol):

@@ -36,6 +36,7 @@ import numpy as np
 from meshprof.comm.backend import GroupRef, RecorderCore
 from meshprof.comm.completion import (
     InflightOp,
+    PendingOps,
     is_bound_in_cpp,
     patch_work_wait,
     wrap_wait_native,
@@ -52,6 +53,7 @@ from meshprof.events import (
     FLAG_UNSAMPLED,
     OP_CODES,
     P2P_OPS,
+    STATUS_CODES,
     GroupInfo,
 )
 
@@ -304,19 +306,82 @@ class NativeKernel:
         ranks = self.prof.log.groups[gidx].ranks
         return ranks[local] if local < len(ranks) else local
 
-    def drain(self) -> None:
+    def drain(self, pending: bool = False) -> PendingOps | None:
         """Move finished native records into the event log (called by ``CommProfiler.flush``),
         as one array: the records are converted column by column (numpy), so a drain costs a
         few µs plus well under a µs per record, not a Python tuple per record.
+
+        With ``pending``: also the native ops not finished at that moment (in flight, or waiting
+        for their device end), taken from C++ in the same lock as the finished records, so each
+        op is either moved into the log by this drain or returned here, never both and never
+        neither (a read holds :meth:`exclusive` around it, so no other drain moves an op that
+        finished afterwards into the log before the read is complete).
 
         One drain at a time, start to end: a reader whose drain comes while another thread's
         (the rank writer's tick) holds records taken from C++ but not yet in the log waits for
         it, so it never reads the log without them. Re-entrant: a signal handler's final write
         on a thread that was draining goes on (without the records that drain holds)."""
         with self._drain_lock:
-            raw, names, errors = self.mod.drain()
+            raw, names, errors, open_raw = self.mod.drain(pending)
             if raw:
                 self._append(raw, names, errors)
+            if not pending:
+                return None
+            return self._pending(open_raw, names)
+
+    def exclusive(self) -> Any:
+        """Hold the drain lock: no other thread drains until the caller is done (a read takes
+        the pending ops and the log's state at one instant under it)."""
+        return self._drain_lock
+
+    def _pending(self, raw: bytes, names: list[str]) -> PendingOps:
+        """Native records of ops not finished yet as event-log rows (status pending, duration
+        -1, the issue time) and as :class:`InflightOp` (age from C++'s clock), oldest first."""
+        recs = np.frombuffer(raw, dtype=NATIVE_DTYPE)
+        if len(recs) == 0:
+            return PendingOps.empty()
+        recs = recs[np.argsort(recs["t0"], kind="stable")]
+        prof = self.prof
+        gidx = np.array([self._group(g, names) for g in recs["group"].tolist()], dtype=np.int64)
+        rows = np.empty(len(recs), dtype=EVENT_DTYPE)
+        rows["op"] = recs["op"]
+        rows["status"] = STATUS_CODES["pending"]
+        rows["dtype"] = [self._dtype(d) for d in recs["dtype"].tolist()]
+        rows["flags"] = recs["flags"] & _LOG_FLAGS
+        rows["group"] = gidx
+        rows["peer"] = [
+            self._peer(g, p) for g, p in zip(gidx.tolist(), recs["peer"].tolist(), strict=True)
+        ]
+        rows["seq"] = recs["seq"]
+        rows["in_bytes"] = recs["in_bytes"]
+        rows["out_bytes"] = recs["out_bytes"]
+        rows["start_ns"] = recs["t0"] + prof.wall_offset_ns
+        rows["duration_ns"] = -1
+        rows["step"] = recs["step"]
+        now = int(self.mod.now())
+        ops = [
+            self._inflight_op(r, int(t0), now)
+            for r, t0 in zip(rows, recs["t0"].tolist(), strict=True)
+        ]
+        return PendingOps(rows, {}, ops)
+
+    def _inflight_op(self, row: np.void, t0: int, now: int) -> InflightOp:
+        log = self.prof.log
+        info = log.groups[int(row["group"])]
+        dtype = int(row["dtype"])
+        return InflightOp(
+            op=log.op_name(int(row["op"])),
+            group_name=info.name,
+            group_ranks=info.ranks,
+            seq=int(row["seq"]),
+            peer=int(row["peer"]),
+            dtype=log.dtypes[dtype] if dtype < len(log.dtypes) else "",
+            in_bytes=int(row["in_bytes"]),
+            out_bytes=int(row["out_bytes"]),
+            start_ns=int(row["start_ns"]),
+            age_ns=now - t0,
+            thread_id=0,
+        )
 
     def _append(self, raw: bytes, names: list[str], errors: list[tuple[int, str]]) -> None:
         """Translate packed native records into one chunk of the event log."""

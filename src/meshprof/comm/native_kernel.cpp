@@ -785,9 +785,14 @@ void set_enabled(bool on) { enabled.store(on); }
 
 void set_step(int64_t s) { step_now.store(s); }
 
-// (records as bytes, group names, errors by token)
-std::tuple<py::bytes, std::vector<std::string>, std::vector<std::pair<int64_t, std::string>>> drain() {
+// (records as bytes, group names, errors by token, pending records as bytes). With `pending`,
+// the ops not finished yet (in flight, or host-complete and waiting for their device end) are
+// copied in the same hold of `mu` as the finished records are taken: a read that takes both sees
+// every op exactly once, finished or pending (an op ends between two drains, never inside one).
+std::tuple<py::bytes, std::vector<std::string>, std::vector<std::pair<int64_t, std::string>>, py::bytes>
+drain(bool pending) {
   std::vector<Rec> out;
+  std::vector<Rec> open;
   std::vector<std::pair<int64_t, std::string>> errs;
   std::vector<std::string> names;
   {
@@ -796,8 +801,14 @@ std::tuple<py::bytes, std::vector<std::string>, std::vector<std::pair<int64_t, s
     out.swap(done);
     errs.swap(errors);
     names = group_names;
+    if (pending) {
+      open.reserve(inflight.size() + device_pending.size());
+      for (const auto& kv : inflight) open.push_back(kv.second);
+      for (const auto& p : device_pending) open.push_back(p.rec);
+    }
   }
-  return {py::bytes(reinterpret_cast<const char*>(out.data()), out.size() * sizeof(Rec)), names, errs};
+  return {py::bytes(reinterpret_cast<const char*>(out.data()), out.size() * sizeof(Rec)), names, errs,
+          py::bytes(reinterpret_cast<const char*>(open.data()), open.size() * sizeof(Rec))};
 }
 
 py::bytes inflight_records() {
@@ -981,7 +992,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("uninstall", &uninstall);
   m.def("set_enabled", &set_enabled);
   m.def("set_step", &set_step);
-  m.def("drain", &drain);
+  m.def("drain", &drain, py::arg("pending") = false);
   m.def("sweep", &sweep, py::call_guard<py::gil_scoped_release>());
   m.def("inflight_records", &inflight_records);
   m.def("record_size", &record_size);

@@ -13,6 +13,7 @@ meshprof was enabled, DDP's C++ reducer, FSDP2, DTensor's functional collectives
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -20,7 +21,7 @@ from typing import Any
 import torch
 
 from meshprof.comm.backend import GroupRef, RecorderCore
-from meshprof.comm.completion import InflightOp, patch_work_wait
+from meshprof.comm.completion import InflightOp, PendingOps, patch_work_wait
 from meshprof.comm.ops import OpSpec, available_specs
 from meshprof.comm.patching import Patches
 
@@ -108,8 +109,14 @@ class PythonKernel:
     def set_step(self, step: int) -> None:
         """Nothing to do: the kernel reads the recorder's step at every op."""
 
-    def drain(self) -> None:
-        """Nothing to do: the kernel's ops go straight to the recorder's event log."""
+    def drain(self, pending: bool = False) -> PendingOps | None:
+        """Nothing to do: the kernel's ops go straight to the recorder's event log, and its ops
+        in flight are the recorder's own."""
+        return None
+
+    def exclusive(self) -> Any:
+        """Nothing to hold: this kernel has no drain of its own."""
+        return contextlib.nullcontext()
 
     def settle(self, timeout_s: float) -> None:
         """Nothing to do: the recorder settles its own ops (``CommProfiler.completion``)."""

@@ -25,11 +25,11 @@ import numpy as np
 import torch
 
 from meshprof.comm.backend import GroupRef, KernelBackend, SeqCounters, SeqSource
-from meshprof.comm.completion import Completion, InflightOp, PendingOp
+from meshprof.comm.completion import Completion, InflightOp, PendingOp, PendingOps
 from meshprof.comm.composite import composite_op, patch_object_collectives
 from meshprof.comm.ops import OpSpec, first_tensor
 from meshprof.comm.patching import Patches
-from meshprof.comm.reads import RecordQueries
+from meshprof.comm.reads import Reading, RecordQueries
 from meshprof.comm.thread_cpu import recorder_cpu
 from meshprof.config import ProfilerConfig
 from meshprof.event_log import EventLog
@@ -47,7 +47,12 @@ from meshprof.stats import Accumulator
 _PG = torch._C._distributed_c10d.ProcessGroup
 _OK = STATUS_CODES["ok"]
 _ERR = STATUS_CODES["error"]
+_PENDING = STATUS_CODES["pending"]
 perf_counter_ns = time.perf_counter_ns
+
+#: Seconds a read waits for the completion lock before it reads without it (a completion
+#: interrupted by a signal whose handler writes the rank file holds it for good).
+READ_LOCK_TIMEOUT_S = 1.0
 
 
 class CommProfiler(RecordQueries):
@@ -77,6 +82,10 @@ class CommProfiler(RecordQueries):
         self._groups: dict[Any, GroupRef] = {}
         self._dtype_codes: dict[Any, int] = {}  # torch.dtype -> the log's dtype code
         self._inflight: dict[int, PendingOp] = {}
+        self._read_lock = threading.Lock()
+        """Held by a Python-recorded op's completion (leaving ``_inflight``, entering the log)
+        and by a read while it takes its instant: a read sees such an op in flight or
+        completed, never both, never neither."""
         self._tokens = itertools.count(1)  # next() is atomic under the GIL
         self._tls = threading.local()
         self.open_composites = 0
@@ -242,8 +251,92 @@ class CommProfiler(RecordQueries):
         except Exception as e:
             self.report_internal_error(e)
 
+    def read(self, *, events: bool = True, stats: bool = False) -> Reading:
+        """One consistent read: the completed events and the collectives in flight at one
+        instant, every collective issued so far in exactly one of the two (``events``: copy the
+        retained completed events; ``stats``: the statistics at that instant, with the ops in
+        flight counted as issued). An error inside meshprof while taking the instant is caught
+        and counted (the read then holds what could be read).
+
+        The instant: completion is swept as by :meth:`flush`, then, holding the completion lock
+        (no Python-recorded op completes meanwhile) and the kernel's drain lock (no other thread
+        moves native records into the log), the native kernel hands over its finished records
+        and its ops not finished in one step, staged events go into the log, the Python ops in
+        flight are copied and the log's count (and statistics) are noted. The ring is copied
+        afterwards, cut at that count. Work per read: a copy of the ops in flight (few) and,
+        with ``stats``, of the running statistics; nothing on the collective's path but the
+        Python recorder's completion taking an uncontended lock."""
+        try:
+            self.completion.settle(0)
+            if self._backend is not None:
+                self._backend.sweep()
+        except Exception as e:
+            self.report_internal_error(e)
+        self.completion.resolve_device()
+        self._wall_offset = time.time_ns() - time.perf_counter_ns()
+        pending = PendingOps.empty()
+        mine: list[PendingOp] = []
+        log = self.log
+        total, chunks, acc = log.total, log.chunks, None
+        locked = self._read_lock.acquire(timeout=READ_LOCK_TIMEOUT_S)
+        try:
+            backend = self._backend
+            with backend.exclusive() if backend is not None else contextlib.nullcontext():
+                if backend is not None:
+                    pending = backend.drain(pending=True) or pending
+                log.flush()
+                mine = sorted(list(self._inflight.values()), key=lambda r: r.t0)
+                with log.locked():
+                    total, chunks = log.total, log.chunks
+                    if stats:
+                        acc = self.acc.copy()
+        except Exception as e:
+            self.report_internal_error(e)
+        finally:
+            if locked:
+                self._read_lock.release()
+        try:
+            pending = pending.joined(self._pending_ops(mine))
+        except Exception as e:
+            self.report_internal_error(e)
+        if stats and acc is None:  # the locked part failed: the totals as they are
+            with log.locked():
+                acc = self.acc.copy()
+        if acc is not None and len(pending):
+            self.fold(acc, pending.rows)
+        arr, ids = np.zeros(0, dtype=EVENT_DTYPE), np.zeros(0, dtype=np.int64)
+        if events:
+            arr, ids = log.snapshot()
+            if len(ids) and ids[-1] >= total:
+                keep = ids < total
+                arr, ids = arr[keep], ids[keep]
+        return Reading(arr, ids, pending, total, chunks, acc)
+
+    def _pending_ops(self, recs: list[PendingOp]) -> PendingOps:
+        """The Python-recorded ops in flight as a read returns them."""
+        if not recs:
+            return PendingOps.empty()
+        groups, dtypes = self.log.groups, self.log.dtypes
+        now = time.perf_counter_ns()
+        rows = np.empty(len(recs), dtype=EVENT_DTYPE)
+        meta: dict[int, dict[str, Any]] = {}
+        ops = []
+        for i, rec in enumerate(recs):
+            # a rec is in flight from begin(), which stamps its start last
+            start = rec.start_ns or (now + self._wall_offset)
+            rows[i] = (
+                rec.op, _PENDING, rec.dtype, rec.flags, rec.group, rec.peer, rec.seq,
+                rec.in_bytes, rec.out_bytes, start, -1, rec.step,
+            )  # fmt: skip
+            if rec.meta:
+                meta[i] = dict(rec.meta)
+            dtype = dtypes[rec.dtype] if rec.dtype < len(dtypes) else ""
+            ops.append(rec.inflight(groups[rec.group], dtype, now))
+        return PendingOps(rows, meta, ops)
+
     def inflight(self) -> list[InflightOp]:
-        """Collectives issued and not yet completed, oldest first."""
+        """Collectives issued and not yet completed, oldest first (cheap: no flush; a read
+        that must agree with the events: :meth:`read`)."""
         now = time.perf_counter_ns()
         out = []
         if self._backend is not None:
@@ -417,29 +510,33 @@ class CommProfiler(RecordQueries):
         time of a CUDA-timed op) ``end`` is when the host saw it complete, kept as
         ``metadata.host_duration_ns``. The first completion wins (Work.wait or the poller,
         whichever noticed it first)."""
-        if self._inflight.pop(rec.token, None) is None:
-            return
-        work = rec.work
-        rec.work = None
-        if rec.peer < 0 and rec.op_name == "recv" and err is None and work is not None:
-            self._resolve_any_source(rec, work)
-        meta = rec.meta
-        if dur is None:
-            dur = end - rec.t0
-        elif end:
-            meta = {**(meta or {}), "host_duration_ns": end - rec.t0}
-        flags = rec.flags
-        status = _OK
-        error = None
-        if err is not None:
-            status = _ERR
-            error = f"{type(err).__name__}: {err}"
-        elif dur < self._min_ns:
-            flags |= FLAG_DROPPED
-        self.log.append(
-            (rec.op, status, rec.dtype, flags, rec.group, rec.peer, rec.seq, rec.in_bytes,
-             rec.out_bytes, rec.start_ns, dur, rec.step, error, meta)
-        )  # fmt: skip
+        # leaving _inflight and entering the log are one step for a read (read())
+        with self._read_lock:
+            if self._inflight.pop(rec.token, None) is None:
+                return
+            work = rec.work
+            rec.work = None
+            if rec.peer < 0 and rec.op_name == "recv" and err is None and work is not None:
+                self._resolve_any_source(rec, work)
+            meta = rec.meta
+            if dur is None:
+                dur = end - rec.t0
+            elif end:
+                meta = {**(meta or {}), "host_duration_ns": end - rec.t0}
+            flags = rec.flags
+            status = _OK
+            error = None
+            if err is not None:
+                status = _ERR
+                error = f"{type(err).__name__}: {err}"
+            elif dur < self._min_ns:
+                flags |= FLAG_DROPPED
+            full = self.log.stage(
+                (rec.op, status, rec.dtype, flags, rec.group, rec.peer, rec.seq, rec.in_bytes,
+                 rec.out_bytes, rec.start_ns, dur, rec.step, error, meta)
+            )  # fmt: skip
+        if full:
+            self.log.flush()
 
     def _resolve_any_source(self, rec: PendingOp, work: Any) -> None:
         """A recv from any source learns its sender at completion (``Work._source_rank``): it

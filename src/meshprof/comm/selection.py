@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from meshprof.comm import native_ext
 from meshprof.comm.backend import GroupRef, KernelBackend, RecorderCore, SeqCounters
-from meshprof.comm.completion import InflightOp
+from meshprof.comm.completion import InflightOp, PendingOps
 from meshprof.comm.python_kernel import PythonKernel
 from meshprof.errors import MeshprofError
 
@@ -180,8 +180,11 @@ class HandoverKernel:
     def set_step(self, step: int) -> None:
         self.active.set_step(step)
 
-    def drain(self) -> None:
-        self.active.drain()
+    def drain(self, pending: bool = False) -> PendingOps | None:
+        return self.active.drain(pending)
+
+    def exclusive(self) -> Any:
+        return self.active.exclusive()
 
     def settle(self, timeout_s: float) -> None:
         self.active.settle(timeout_s)

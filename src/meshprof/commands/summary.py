@@ -34,9 +34,10 @@ def run(args: argparse.Namespace) -> int:
     world = meta.world_size if meta.world_size is not None else -1
     where = f"rank {rank} of {world}" if rank >= 0 else "no process group"
     total = meta.total_events if meta.total_events is not None else len(export.events)
+    flying = f", {meta.inflight_events} in flight" if meta.inflight_events else ""
     console.print(
         f"[bold]{args.file}[/]: {where}, {total} events "
-        f"({meta.evicted_events or 0} evicted), meshprof {meta.meshprof_version or '?'}"
+        f"({meta.evicted_events or 0} evicted{flying}), meshprof {meta.meshprof_version or '?'}"
     )
     cpu = meta.recorder_cpu
     if cpu is not None and cpu.total_ns is not None:

@@ -69,7 +69,7 @@ def dimension_totals(events: list[Any], config: ParallelConfig) -> dict[str, dic
         row = out.setdefault(dim, {"count": 0, "bytes": 0, "time_ns": 0})
         row["count"] += 1
         row["bytes"] += max(int(ev.in_bytes), int(ev.out_bytes))
-        row["time_ns"] += int(ev.duration_ns)
+        row["time_ns"] += max(int(ev.duration_ns), 0)  # (-1: still in flight at the read)
     return out
 
 

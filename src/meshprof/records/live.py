@@ -145,6 +145,9 @@ class RankLive:
     """Device (CUDA) or host (CPU) memory in total."""
     collectives: int = 0
     """Collectives completed since recording started."""
+    inflight_count: int = 0
+    """Collectives issued and not completed when the record was written (not yet in
+    ``collectives`` or ``series``; each is counted there once it completes)."""
     inflight: InflightLive | None = None
     """The oldest collective in flight, None when none is."""
     series: list[OpSeries] = field(default_factory=list)

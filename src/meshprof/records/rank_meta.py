@@ -220,6 +220,9 @@ class RankMeta(JsonRecord):
     """Events in the file (the ring buffer's content)."""
     evicted_events: int | None = None
     """Events the ring buffer dropped to make room (their statistics are kept)."""
+    inflight_events: int | None = None
+    """Collectives issued and not completed at this write: the rank file's ``inflight`` rows
+    (an export's events of status ``pending``), not counted in ``total_events``."""
     dropped_events: int | None = None
     """Events not recorded at all (sampling, the ops filter, errors)."""
     recorder: RecorderInfo | None = None

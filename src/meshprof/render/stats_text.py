@@ -19,8 +19,10 @@ def stats_table(
     description for its name)."""
     t = Table(title=title, title_justify="left", show_lines=False)
     t.add_column(first_col)
+    inflight = any(s.inflight for s in rows)  # the column only when a read caught some
     for name in (
         "count",
+        *(("in flight",) if inflight else ()),
         "bytes",
         "total",
         "mean",
@@ -39,6 +41,7 @@ def stats_table(
         t.add_row(
             key,
             str(s.count),
+            *((str(s.inflight),) if inflight else ()),
             fmt_bytes(s.total_bytes),
             fmt_ns(s.total_ns),
             fmt_ns(s.mean_ns),

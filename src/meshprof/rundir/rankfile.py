@@ -6,6 +6,10 @@ A rank file is a numpy .npz archive (loaded with ``allow_pickle=False``: never u
   issued earlier can end later, so sort by ``start_ns`` for issue order;
 - ``spans``: SPAN_DTYPE rows (steps and phases);
 - ``memory``: MEMORY_DTYPE rows (one per step);
+- ``inflight``: EVENT_DTYPE rows of the collectives issued and not completed at the write
+  (status ``pending``, ``duration_ns`` -1, ``start_ns`` the issue time), oldest first; never
+  also in ``events``: the next write has such a collective in ``events`` once it completed
+  (files of earlier versions have no ``inflight`` member: read as empty);
 - ``meta``: a uint8 array holding UTF-8 JSON, :class:`~meshprof.rundir.schema.RankMeta`.
 """
 
@@ -42,6 +46,9 @@ class RankData:
     file_events: int = -1
     """Event rows in the rank file (-1: not loaded from a file). ``events`` may hold fewer:
     a lean or sampled load (:func:`load_rank_file`) keeps only some."""
+    inflight: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=EVENT_DTYPE))
+    """EVENT_DTYPE rows of the collectives in flight at the write (status pending, duration
+    -1), oldest first; none of them is in ``events``."""
 
     @property
     def world_size(self) -> int:
@@ -79,6 +86,7 @@ def write_rank_file(run_dir: str | Path, data: RankData) -> Path:
         events=np.ascontiguousarray(data.events, dtype=EVENT_DTYPE),
         spans=np.ascontiguousarray(data.spans, dtype=SPAN_DTYPE),
         memory=np.ascontiguousarray(data.memory, dtype=MEMORY_DTYPE),
+        inflight=np.ascontiguousarray(data.inflight, dtype=EVENT_DTYPE),
         meta=np.frombuffer(meta, dtype=np.uint8),
     )
     return atomic_write_bytes(rank_file(run_dir, data.rank), buf.getvalue())
@@ -355,6 +363,8 @@ def load_rank_file(
         names = ("spans", "memory", "meta") if lean else ("events", "spans", "memory", "meta")
         got = None
         with zipfile.ZipFile(path) as zf:  # (its directory read once per file)
+            if "inflight.npy" in zf.NameToInfo:  # (absent from files of earlier versions)
+                names = (*names, "inflight")
             arrays = _read_npz(Path(path), names, zf)
             spans, memory = arrays["spans"], arrays["memory"]
             raw = _parse_meta(bytes(arrays["meta"]).decode("utf-8"), shared_ranks)
@@ -383,6 +393,11 @@ def load_rank_file(
     ) as e:  # fmt: skip
         raise MeshprofError(f"{path}: damaged rank file ({type(e).__name__}: {e})") from None
     ev_ok = lean or events.dtype == EVENT_DTYPE
+    inflight = arrays.get("inflight")
+    if inflight is None:
+        inflight = np.zeros(0, dtype=EVENT_DTYPE)
+    elif inflight.dtype != EVENT_DTYPE or inflight.ndim != 1:
+        ev_ok = False
     if not ev_ok or spans.dtype != SPAN_DTYPE or memory.dtype != MEMORY_DTYPE:
         raise MeshprofError(f"{path}: rank file of another meshprof format (column layout differs)")
     if not isinstance(raw, dict):
@@ -395,7 +410,13 @@ def load_rank_file(
     if file_events < 0:
         file_events = len(events)
     return RankData(
-        rank=rank, events=events, spans=spans, memory=memory, meta=meta, file_events=file_events
+        rank=rank,
+        events=events,
+        spans=spans,
+        memory=memory,
+        meta=meta,
+        file_events=file_events,
+        inflight=inflight,
     )
 
 

@@ -51,19 +51,24 @@ def rank_data(
 ) -> RankData:
     """Everything ``prof`` (and ``monitor``) hold now, as one rank file's content.
 
+    Everything comes from one read of the recorder (:meth:`~meshprof.comm.recorder.CommProfiler.read`):
+    the completed events go to ``events``, the collectives in flight at that instant to
+    ``inflight`` (rewritten at every write: a collective in flight at one write is in
+    ``events`` at a later one, and in one of the two only), and the statistics count both.
     Side tables keyed by event id in the recorder (errors, metadata) are re-keyed by the row
     index within the written ``events`` array (as strings: the meta is JSON). ``extra_meta``
     entries (RankMeta keys, or free-form ones kept in ``extra``) override the recorder's own
     (the launcher passes the rank from ``RANK``, the clock sync samples, the layout, the exit
     status).
     """
-    events, ids = prof.columns()
+    reading = prof.read(stats=True)  # one instant: completed events, ops in flight, statistics
+    events, ids = reading.events, reading.ids
     first_id = int(ids[0]) if len(ids) else 0
     log = prof.log
     errors = {str(i - first_id): text for i, text in list(log.errors.items()) if i >= first_id}
     metadata = {str(i - first_id): m for i, m in list(log.metadata.items()) if i >= first_id}
-    stats = prof.accumulated_stats_dict()
-    meta = RankMeta.from_dict(prof.meta())
+    stats = prof.accumulated_stats_dict(reading)
+    meta = RankMeta.from_dict(prof.meta(reading))
     meta = meta.updated(
         format=RANK_FORMAT,
         dtypes=list(log.dtypes),
@@ -83,7 +88,14 @@ def rank_data(
     if extra_meta:
         meta = meta.updated(**extra_meta)
     rank = int(meta.rank if meta.rank is not None else -1)
-    return RankData(rank=max(rank, 0), events=events, spans=spans, memory=memory, meta=meta)
+    return RankData(
+        rank=max(rank, 0),
+        events=events,
+        spans=spans,
+        memory=memory,
+        meta=meta,
+        inflight=reading.pending.rows,
+    )
 
 
 def _signature(data: RankData) -> tuple[Any, ...]:
@@ -92,6 +104,7 @@ def _signature(data: RankData) -> tuple[Any, ...]:
     return (
         len(data.events),
         m.total_events,
+        data.inflight.tobytes(),  # ops in flight (few rows): a change rewrites the file
         len(data.spans),
         int(data.spans["duration_ns"].sum()) if len(data.spans) else 0,
         len(data.memory),

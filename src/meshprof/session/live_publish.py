@@ -47,15 +47,16 @@ class LiveCounters:
     def __init__(self, prof: Any, layout: object = None) -> None:
         self.prof = prof
         self.layout = layout
-        self._pending: deque[np.ndarray] = deque()
+        self._pending: deque[tuple[int, np.ndarray]] = deque()
         self.series: dict[tuple[int, str], OpSeries] = {}
         self.step_comm: dict[int, dict[str, int]] = {}
         self.collectives = 0
         self._dims: dict[int, str] = {}
 
     def on_chunk(self, chunk: np.ndarray) -> None:
-        """Event-log listener (runs in whatever thread flushes): queue only."""
-        self._pending.append(chunk)
+        """Event-log listener (runs in whatever thread flushes): queue only, with the chunk's
+        number in the log (:attr:`meshprof.event_log.EventLog.chunks`)."""
+        self._pending.append((int(self.prof.log.chunks), chunk))
 
     def dim_of_group(self, gidx: int) -> str:
         """Parallel dimension of the log's group ``gidx``."""
@@ -70,10 +71,14 @@ class LiveCounters:
             d = self._dims[gidx] = dimension_of(g.ranks, self.layout, g.desc)
         return d
 
-    def fold(self) -> None:
-        """Fold the queued chunks into the counters (publisher thread)."""
+    def fold(self, upto: int | None = None) -> None:
+        """Fold the queued chunks into the counters (publisher thread); with ``upto``, only
+        those fed up to that chunk number (a read's instant: what completed later is in flight
+        in that read, and folded at the next one)."""
         while self._pending:
-            chunk = self._pending.popleft()
+            if upto is not None and self._pending[0][0] > upto:
+                break
+            chunk = self._pending.popleft()[1]
             dur = chunk["duration_ns"]
             ok = ((chunk["flags"] & FLAG_UNSAMPLED) == 0) & (dur >= 0)
             if not ok.any():
@@ -201,10 +206,11 @@ class LivePublisher:
         t0 = time.thread_time_ns()
         try:
             with self._lock:
+                reading = None
                 with contextlib.suppress(Exception):
-                    self.prof.flush()
-                self.counters.fold()
-                rec = self.build()
+                    reading = self.prof.read(events=False)
+                self.counters.fold(reading.chunks if reading is not None else None)
+                rec = self.build(reading)
                 if self._writer is None or self._writer.path != live_file(self.run_dir, rec.rank):
                     self._writer = LiveWriter(live_file(self.run_dir, rec.rank))
                 path = self._writer.write(rec)
@@ -217,8 +223,9 @@ class LivePublisher:
             self.cost_ns += time.thread_time_ns() - t0
 
     # -- the record ------------------------------------------------------------------------------
-    def build(self) -> RankLive:
-        """This rank's :class:`RankLive` now."""
+    def build(self, reading: Any = None) -> RankLive:
+        """This rank's :class:`RankLive` now (``reading``: the recorder's read whose completed
+        collectives the counters hold; its ops in flight are the record's)."""
         rank = self._rank()
         rec = RankLive(
             rank=rank,
@@ -241,7 +248,9 @@ class LivePublisher:
             rec.step = int(getattr(mon, "current_step", -1))
             self._fill_steps(rec, recent_steps(mon))
             self._fill_memory(rec, mon)
-        rec.inflight = self._inflight()
+        ops = reading.pending.ops if reading is not None else self._ops_in_flight()
+        rec.inflight_count = len(ops)
+        rec.inflight = self._inflight(ops)
         return rec
 
     def _rank(self) -> int:
@@ -322,11 +331,13 @@ class LivePublisher:
             rec.memory_peak_bytes = int(last[4])
             rec.memory_capacity_bytes = int(last[6])
 
-    def _inflight(self) -> InflightLive | None:
+    def _ops_in_flight(self) -> list[Any]:
         try:
-            ops = self.prof.inflight()
+            return list(self.prof.inflight())
         except Exception:
-            return None
+            return []
+
+    def _inflight(self, ops: list[Any]) -> InflightLive | None:
         if not ops:
             return None
         op = max(ops, key=lambda o: o.age_ns)

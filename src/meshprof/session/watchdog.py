@@ -76,11 +76,13 @@ def build_dump(
 ) -> dict[str, Any]:
     """The dump of this rank as a JSON-ready dict (see the module docstring)."""
     rank = process_rank()
-    inflight = [asdict(op) for op in prof.inflight()]
+    reading = prof.read()  # one instant: the completed events and the ops in flight
+    inflight = [asdict(op) for op in reading.pending.ops]
     for op in inflight:
         op["group_ranks"] = list(op["group_ranks"])
     events = []
-    for e in prof.events()[-last_n:] if last_n > 0 else []:
+    done = prof.events(inflight=False, reading=reading) if last_n > 0 else []
+    for e in done[-last_n:] if last_n > 0 else []:
         events.append(
             {
                 "op": e.op,
