@@ -70,6 +70,8 @@ SAME_FEATURE = frozenset(
         "diff",
         "live",
         "manifest",
+        "captures",
+        "stacks",
     }
 )
 """Basenames that may repeat: ``__init__``, ``types`` (a room's result types), and the names

@@ -12,6 +12,7 @@ from typing import Any
 
 from meshprof.report.stage import Stage, check_stages
 from meshprof.report.stages import (
+    captures,
     conclusions,
     matching,
     pipeline,
@@ -36,5 +37,6 @@ REPORT_STAGES: tuple[Stage[Any], ...] = (
     *pipeline.STAGES,  # pipeline bubble, bottlenecks
     *rank_analyses.STAGES[1:],
     *traces.STAGES,
+    *captures.STAGES,
 )
 check_stages(REPORT_STAGES)
