@@ -48,8 +48,14 @@ def _rank_line(r: CaptureRank) -> str:
 def capture_lines(comp: CaptureComparison, top: int = TEXT_DIFFERENCES) -> list[str]:
     """The comparison as lines of text."""
     trig = "on demand" if comp.trigger == "demand" else f"on a {comp.trigger} alert"
-    ranks = ", ".join(str(r) for r in comp.ranks)
-    out = [f"capture {comp.id} ({trig}): ranks {ranks}, {comp.steps} step(s) asked — {comp.state}"]
+    ranks = (
+        f"rank {comp.ranks[0]} vs " + ", ".join(str(r) for r in comp.ranks[1:])
+        if len(comp.ranks) > 1
+        else f"rank {comp.ranks[0]}"
+        if comp.ranks
+        else "no rank"
+    )
+    out = [f"capture {comp.id} ({trig}): {ranks}, {comp.steps} step(s) each — {comp.state}"]
     if comp.reason:
         out.append(f"  why: {comp.reason}")
     out += [f"  {_rank_line(r)}" for r in comp.rank_results]
@@ -59,11 +65,12 @@ def capture_lines(comp: CaptureComparison, top: int = TEXT_DIFFERENCES) -> list[
             "  What differs most (self time per step; communication left out, see the breakdown):"
         )
         w = max(len(d.name) for d in comp.differences[:top])
-        w = min(max(w, 4), 60)
+        w = min(max(w, 4), 40)
         for d in comp.differences[:top]:
             kind = " [kernel]" if d.kind == "kernel" else ""
+            name = d.name if len(d.name) <= w else d.name[: w - 1] + "…"
             out.append(
-                f"    {d.name[:60]:<{w}}  {d.phase:<14} rank {d.a_rank} {fmt_ns(d.a_ns):>10}  "
+                f"    {name:<{w}}  {d.phase:<14} rank {d.a_rank} {fmt_ns(d.a_ns):>10}  "
                 f"rank {d.b_rank} {fmt_ns(d.b_ns):>10}  {fmt_delta_ns(d.delta_ns):>11}  "
                 f"calls {_calls(d.a_calls)} vs {_calls(d.b_calls)}{kind}"
             )

@@ -131,7 +131,7 @@ def snapshot_of(
 
 
 def rank_ranges(ranks: Sequence[int]) -> str:
-    """``rank 3`` or ``ranks 0–2, 5`` (runs of consecutive ranks as ranges)."""
+    """``rank 3`` or ``ranks 0–2, 5, 6`` (runs of three consecutive ranks or more as ranges)."""
     rs = sorted(set(ranks))
     if not rs:
         return "no rank"
@@ -141,7 +141,10 @@ def rank_ranges(ranks: Sequence[int]) -> str:
         if r is not None and r == prev + 1:
             prev = r
             continue
-        parts.append(str(start) if start == prev else f"{start}–{prev}")
+        if prev - start >= 2:
+            parts.append(f"{start}–{prev}")
+        else:
+            parts += [str(x) for x in range(start, prev + 1)]
         if r is not None:
             start = prev = r
     return ("rank " if len(rs) == 1 else "ranks ") + ", ".join(parts)
