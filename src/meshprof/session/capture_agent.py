@@ -250,29 +250,39 @@ class CaptureAgent:
         if rank not in req.ranks or now > req.deadline_ns:
             return
         c = _Capture(req, rank)
-        warm_up_profiler()
-        with self._lock:
-            busy = self._active
-            if busy is not None:
-                c.state, c.message = CaptureState.SKIPPED, f"busy with capture {busy.req.id}"
-            elif req.max_bytes > 0 and captures_bytes(self.run_dir) >= req.max_bytes:
-                c.state = CaptureState.SKIPPED
-                c.message = f"the captures' disk budget ({req.max_bytes:,} bytes) is spent"
-            elif self.host.monitor is None or not hasattr(self.host.monitor, "boundary_hook"):
-                c.state, c.message = CaptureState.FAILED, "no step monitor: no step boundaries"
-            else:
-                c.monitor = self.host.monitor
-                c.activities, note = _activities(req.activities)
-                c.message = note
-                c.armed_step = int(c.monitor.current_step)
-                c.step_ns = _median_recent_step(c.monitor)
-                c.armed_mono = time.monotonic()
-                if len(req.ranks) == 1:
-                    c.start_at = c.armed_step + 1
-                self._active = c
-                c.monitor.boundary_hook = self.on_boundary
+        why_not = self._refuse(req)
+        if why_not is None:
+            warm_up_profiler()  # seconds the first time: before the lock and the hook
+            with self._lock:
+                why_not = self._refuse(req)
+                if why_not is None:
+                    c.monitor = self.host.monitor
+                    c.activities, note = _activities(req.activities)
+                    c.message = note
+                    c.armed_step = int(c.monitor.current_step)
+                    c.step_ns = _median_recent_step(c.monitor)
+                    c.armed_mono = time.monotonic()
+                    if len(req.ranks) == 1:
+                        c.start_at = c.armed_step + 1
+                    self._active = c
+                    c.monitor.boundary_hook = self.on_boundary
+        if why_not is not None:
+            c.state, c.message = why_not
         self._write_status(c)
         self._coordinate()
+
+    def _refuse(self, req: CaptureRequest) -> tuple[CaptureState, str] | None:
+        """Why this rank will not take ``req`` (None: it will)."""
+        busy = self._active
+        if busy is not None:
+            return CaptureState.SKIPPED, f"busy with capture {busy.req.id}"
+        if req.max_bytes > 0 and captures_bytes(self.run_dir) >= req.max_bytes:
+            return CaptureState.SKIPPED, (
+                f"the captures' disk budget ({req.max_bytes:,} bytes) is spent"
+            )
+        if self.host.monitor is None or not hasattr(self.host.monitor, "boundary_hook"):
+            return CaptureState.FAILED, "no step monitor: no step boundaries"
+        return None
 
     def _coordinate(self) -> None:
         """An armed capture without a start step: agree on one once every asked rank has armed
@@ -456,8 +466,6 @@ class CaptureAgent:
         for c in todo:
             if c.state is CaptureState.WRITING:
                 self._write_trace(c)
-            elif c.state is CaptureState.TRACING:
-                self._write_status(c)
             else:
                 self._write_status(c)
 

@@ -457,7 +457,7 @@ def compare_capture(cap: LoadedCapture, limit: int = MAX_DIFFERENCES) -> Capture
                     r,
                     CaptureState.TIMED_OUT,
                     "no answer (the rank did not see the "
-                    "request: dead, stopped, or stuck without releasing the GIL)",
+                    "request: dead, stopped, stuck holding the GIL, or run with --no-capture)",
                     0,
                     -1,
                     "",
