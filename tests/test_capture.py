@@ -380,6 +380,27 @@ def test_agent_busy_disk_budget_and_a_failing_profiler(
     assert _train(host, lambda: False, limit=3) == 3  # training goes on
 
 
+def test_a_rank_already_profiling_answers_failed_and_its_profiler_is_untouched(
+    tmp_path: Path, agent: Any
+) -> None:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    host = agent.test_host
+    mine = profile(activities=[ProfilerActivity.CPU])
+    mine.start()
+    try:
+        req = _req(tmp_path)
+        write_request(tmp_path, req)
+        _train(host, _final(tmp_path, req))
+        st = _final(tmp_path, req)()
+        assert st.state is CaptureState.FAILED and "already running" in st.message
+        torch.mm(torch.randn(8, 8), torch.randn(8, 8))
+    finally:
+        mine.stop()
+    assert any(e.key == "aten::mm" for e in mine.key_averages())  # the script's session is whole
+
+
 def test_the_script_ending_mid_capture_writes_what_was_traced(tmp_path: Path) -> None:
     from meshprof.session.capture_agent import CaptureAgent
 

@@ -362,9 +362,16 @@ class CaptureAgent:
                 self._abort(e)
 
     def _start_tracing(self, c: _Capture, step: int, now: int) -> None:
+        import torch
         from torch.autograd.profiler import record_function
         from torch.profiler import ProfilerActivity, profile
 
+        if torch.autograd._profiler_enabled():
+            # a second start would take over the running session and break it at its stop
+            raise RuntimeError(
+                "torch.profiler is already running on this rank (the script's own, or "
+                "@performance_monitor's): not started"
+            )
         t0 = time.perf_counter_ns()
         acts = [ProfilerActivity.CPU] if "cpu" in c.activities else []
         if "cuda" in c.activities:
