@@ -206,6 +206,7 @@ def test_a_capture_of_hung_or_stopped_ranks_answers_within_its_timeout(
     cli: Any, tmp_path: Path
 ) -> None:
     out, stop, release = tmp_path / "run", tmp_path / "stop", tmp_path / "release"
+    sent = tmp_path / "sent.jsonl"
     proc = cli.start(
         "run",
         "--nproc-per-node",
@@ -214,6 +215,12 @@ def test_a_capture_of_hung_or_stopped_ranks_answers_within_its_timeout(
         out,
         "--live-interval",
         "0.5",
+        "--alert-stall-floor",
+        "2",
+        "--capture-on",
+        "hang",
+        "--alert-cmd",
+        f"cat >> {sent}",
         "--no-summary",
         SCRIPTS / "capture_job.py",
         "100000",
@@ -229,7 +236,34 @@ def test_a_capture_of_hung_or_stopped_ranks_answers_within_its_timeout(
     stopped = None
     try:
         wait_for(lambda: Path(f"{release}.held").exists(), timeout=180)
-        # rank 1 sleeps in Python at step 15; ranks 0 and 2 wait for it in the all_reduce
+        # rank 1 sleeps in Python at step 15; ranks 0 and 2 wait for it in the all_reduce. The
+        # stall alert's capture (--capture-on hang) names rank 1, compared with a rank that
+        # waits; nothing is traced (no step boundary comes), the stacks say where each rank is
+        payload = wait_for(
+            lambda: (
+                next(
+                    (
+                        x
+                        for x in map(json.loads, sent.read_text().splitlines())
+                        if x["kind"] == "stall" and x["capture"]
+                    ),
+                    None,
+                )
+                if sent.exists()
+                else None
+            ),
+            timeout=60,
+        )
+        cap = payload["capture"]
+        assert cap["ranks"] == [1, 0] and cap["status"] == "empty", cap
+        assert "stuck outside any collective" in cap["reason"]
+        assert cap["analysed_ns"] - cap["requested_ns"] < 10e9 + 5e9  # at most 10 s, and the look
+        lines = cap["stacks"]
+        assert (
+            lines[0].startswith("ranks 0, 2 in ")
+            and lines[1].startswith("rank 1 in held_until_released (capture_job.py:")
+            and lines[1].endswith("(outlier)")
+        ), lines
         s = cli.process("stacks", out, "--json", timeout=60)
         assert s.returncode == 0, s.stderr
         snap = json.loads(s.stdout)
