@@ -365,12 +365,12 @@ def test_agent_busy_disk_budget_and_a_failing_profiler(
     assert st.state is CaptureState.SKIPPED and "not kept" in st.message and not st.trace
     assert not list(capture_dir(tmp_path, tight.id).glob("*.gz"))
     # torch.profiler failing at the boundary never reaches training
-    import torch.profiler
+    import torch.autograd.profiler
 
     def broken(*a: Any, **k: Any) -> Any:
         raise RuntimeError("no profiler today")
 
-    monkeypatch.setattr(torch.profiler, "profile", broken)
+    monkeypatch.setattr(torch.autograd.profiler, "profile", broken)
     bad = _req(tmp_path)
     write_request(tmp_path, bad)
     steps = _train(host, _final(tmp_path, bad))

@@ -10,9 +10,13 @@
   :data:`COORD_WAIT_S` without the missing ones), each agent computes the same start step from
   those statuses: the highest armed step + 1 + the steps of :data:`LEAD_S` seconds at the
   slowest rank's pace (so that every agent learns it before the job gets there). At that step's
-  boundary the *training thread* starts torch.profiler (it must: the profiler follows the thread
-  that enables it and the threads it starts), marks each traced step with a ``ProfilerStep#N``
-  annotation, and stops it K boundaries later. Everything else — the agreement, the timeout,
+  boundary the *training thread* starts torch.profiler's Kineto profiler (it must: the profiler
+  follows the thread that enables it and the threads it starts), marks each traced step with a
+  ``ProfilerStep#N`` annotation, and stops it K boundaries later. It is
+  ``torch.autograd.profiler.profile``, the profiler ``torch.profiler.profile`` drives, used
+  directly: ``torch.profiler.profile`` imports ``torch._inductor`` when it first starts (seconds
+  of CPU and ~70 MiB in a process that does not compile), which the training process is spared;
+  the trace and its ``distributedInfo`` are the same. Everything else — the agreement, the timeout,
   writing and compressing the trace, the statuses — runs on the agent's thread.
 
 What it costs the training thread: nothing per step while no capture is pending (the monitor
@@ -26,8 +30,11 @@ ends the capture with a FAILED status, and the hook is removed.
 from __future__ import annotations
 
 import contextlib
+import gzip
+import json
 import math
 import os
+import shutil
 import socket
 import statistics
 import threading
@@ -252,7 +259,7 @@ class CaptureAgent:
         c = _Capture(req, rank)
         why_not = self._refuse(req)
         if why_not is None:
-            warm_up_profiler()  # seconds the first time: before the lock and the hook
+            warm_up_profiler()
             with self._lock:
                 why_not = self._refuse(req)
                 if why_not is None:
@@ -363,8 +370,7 @@ class CaptureAgent:
 
     def _start_tracing(self, c: _Capture, step: int, now: int) -> None:
         import torch
-        from torch.autograd.profiler import record_function
-        from torch.profiler import ProfilerActivity, profile
+        from torch.autograd.profiler import profile, record_function
 
         if torch.autograd._profiler_enabled():
             # a second start would take over the running session and break it at its stop
@@ -373,14 +379,16 @@ class CaptureAgent:
                 "@performance_monitor's): not started"
             )
         t0 = time.perf_counter_ns()
-        acts = [ProfilerActivity.CPU] if "cpu" in c.activities else []
-        if "cuda" in c.activities:
-            acts.append(ProfilerActivity.CUDA)
         c.cost = replace(c.cost, step_ns_before=_median_recent_step(c.monitor))
         c.prof = profile(
-            activities=acts, record_shapes=c.req.record_shapes, with_stack=c.req.with_stack
+            use_kineto=True,
+            use_cpu="cpu" in c.activities,
+            use_device="cuda" if "cuda" in c.activities else None,
+            record_shapes=c.req.record_shapes,
+            with_stack=c.req.with_stack,
         )
-        c.prof.start()
+        c.prof.__enter__()
+        _add_distributed_info()
         c.annotation = record_function(f"ProfilerStep#{step}")
         c.annotation.__enter__()
         c.step_open = (step, time.time_ns())
@@ -417,7 +425,7 @@ class CaptureAgent:
         self._uninstall(c)
         self._active = None
         try:
-            c.prof.stop()
+            c.prof.__exit__(None, None, None)
         finally:
             durs = [s.end_ns - s.start_ns for s in c.steps]
             c.cost = replace(
@@ -450,7 +458,7 @@ class CaptureAgent:
                     c.annotation.__exit__(None, None, None)
             if c.prof is not None:
                 with contextlib.suppress(BaseException):
-                    c.prof.stop()
+                    c.prof.__exit__(None, None, None)
             c.prof = None
             c.state, c.message = CaptureState.FAILED, f"{type(e).__name__}: {e}"
             self._to_write.append(c)
@@ -480,10 +488,14 @@ class CaptureAgent:
         folder = capture_dir(self.run_dir, c.req.id)
         final = folder / trace_name(c.rank)
         tmp = folder / f".{final.name}.tmp.gz"
+        raw = folder / f".{final.name}.tmp.json"
         t0 = time.perf_counter_ns()
         try:
             folder.mkdir(parents=True, exist_ok=True)
-            c.prof.export_chrome_trace(str(tmp))
+            c.prof.export_chrome_trace(str(raw))
+            with open(raw, "rb") as fin, gzip.open(tmp, "wb", compresslevel=6) as fout:
+                shutil.copyfileobj(fin, fout, 1 << 20)
+            raw.unlink()
             size = tmp.stat().st_size
             if c.req.max_bytes > 0 and captures_bytes(self.run_dir) > c.req.max_bytes:
                 tmp.unlink()
@@ -500,8 +512,9 @@ class CaptureAgent:
             self.captures_done += 1
             self._write_status(c, trace=final.name, trace_bytes=size)
         except Exception as e:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
+            for f in (raw, tmp):
+                with contextlib.suppress(OSError):
+                    f.unlink()
             c.state, c.message = CaptureState.FAILED, f"writing the trace: {type(e).__name__}: {e}"
             self._write_status(c)
         finally:
@@ -539,21 +552,27 @@ class CaptureAgent:
             self.failures += 1
 
 
-_warm = False
-
-
 def warm_up_profiler() -> None:
-    """Import what torch.profiler imports the first time it starts (on the agent's thread, not
-    at the training thread's step boundary): ``profile.prepare_trace`` looks for
-    ``torch._inductor``, whose first import takes seconds."""
-    global _warm
-    if _warm:
-        return
-    _warm = True
+    """Import the profiler's module on the agent's thread, not at the training thread's step
+    boundary."""
     with contextlib.suppress(Exception):
-        import torch._inductor
-        import torch.autograd.profiler
-        import torch.profiler  # noqa: F401
+        import torch.autograd.profiler  # noqa: F401
+
+
+def _add_distributed_info() -> None:
+    """The trace's ``distributedInfo`` (rank, world size, backend), as torch.profiler adds it,
+    when the default group exists (the trace's file name says the rank otherwise)."""
+    with contextlib.suppress(Exception):
+        import torch
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            info = {
+                "backend": str(dist.get_backend()),
+                "rank": dist.get_rank(),
+                "world_size": dist.get_world_size(),
+            }
+            torch.autograd._add_metadata_json("distributedInfo", json.dumps(info))
 
 
 def _activities(asked: tuple[str, ...]) -> tuple[tuple[str, ...], str]:
