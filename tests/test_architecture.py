@@ -73,6 +73,8 @@ SAME_FEATURE = frozenset(
         "ledger",
         "verdict",
         "changes",
+        "captures",
+        "stacks",
     }
 )
 """Basenames that may repeat: ``__init__``, ``types`` (a room's result types), and the names

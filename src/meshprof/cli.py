@@ -26,6 +26,8 @@ COMMANDS: tuple[str, ...] = (
     "report",
     "diff",
     "top",
+    "capture",
+    "stacks",
     "export",
     "query",
     "bench",

@@ -176,13 +176,14 @@ def _sample_fraction(args: argparse.Namespace) -> tuple[float, str]:
 
 
 def _merge_kineto(trace: dict[str, Any], loaded: Any, clock: Any) -> None:
-    """Link the run's torch.profiler traces into the merged timeline: each rank's trace events
-    join that rank's process, moved onto the aligned clock."""
+    """Link the run's torch.profiler traces (and its captures' traces) into the merged
+    timeline: each rank's trace events join that rank's process, moved onto the aligned clock."""
     from meshprof.analyze.traces.kineto import find_traces, kineto_events, load_trace, trace_rank
+    from meshprof.rundir.captures import capture_traces
 
     origin = int(trace.get("metadata", {}).get("t0_ns", 0))
     merged = 0
-    for path in find_traces(loaded.path):
+    for path in [*find_traces(loaded.path), *capture_traces(loaded.path)]:
         try:
             rank = trace_rank(load_trace(path), path)
             trace["traceEvents"] += kineto_events(path, rank, clock.offset(rank), origin_ns=origin)

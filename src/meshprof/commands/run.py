@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from meshprof.analyze.live.alerts import AlertConfig
+from meshprof.analyze.live.capture_targets import CaptureConfig
 from meshprof.errors import MeshprofError
 from meshprof.launch.launcher import LaunchResult, launch
 from meshprof.launch.run_options import RunOptions
@@ -82,6 +83,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "and the metrics exporter (default 1; 0: off)",
     )
     add_alert_options(p)
+    add_capture_options(p)
     p.add_argument(
         "--metrics-port",
         default=None,
@@ -227,6 +229,68 @@ def add_alert_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-alerts", action="store_true", help="no live alerts")
 
 
+def add_capture_options(p: argparse.ArgumentParser) -> None:
+    """Captures on alerts (:mod:`meshprof.live.capture_trigger`) and the ranks' capture agent."""
+    g = p.add_argument_group(
+        "captures",
+        "torch.profiler traces of a few steps on the culprit and a healthy peer with the same "
+        "role, compared (meshprof capture RUN_DIR takes one by hand)",
+    )
+    g.add_argument(
+        "--capture-on",
+        default=None,
+        metavar="TRIGGERS",
+        help="capture when an alert is raised: straggler, slow-step, hang (or alert rule "
+        "names), comma-separated; the --alert-cmd JSON then carries the capture",
+    )
+    g.add_argument(
+        "--capture-steps", default="3", metavar="K", help="steps each capture traces (default 3)"
+    )
+    g.add_argument(
+        "--capture-max-per-hour",
+        default="4",
+        metavar="N",
+        help="at most N captures start in any hour (default 4)",
+    )
+    g.add_argument(
+        "--capture-max-bytes",
+        default="2G",
+        metavar="SIZE",
+        help="disk budget of RUN_DIR/captures (default 2G): no capture past it",
+    )
+    g.add_argument(
+        "--capture-timeout",
+        default="60",
+        metavar="SECONDS",
+        help="how long a capture waits for its ranks (default 60; 10 on a forming hang)",
+    )
+    g.add_argument(
+        "--no-capture",
+        action="store_true",
+        help="the ranks run no capture agent: meshprof capture and meshprof stacks get no answer",
+    )
+
+
+def capture_config_from_args(args: argparse.Namespace) -> CaptureConfig:
+    """The :class:`CaptureConfig` of ``meshprof run``'s capture options."""
+    from meshprof.rundir.sampling import parse_bytes
+
+    try:
+        max_bytes = parse_bytes(args.capture_max_bytes)
+    except MeshprofError:
+        raise MeshprofError(
+            f"--capture-max-bytes {args.capture_max_bytes!r}: expected a size such as 2G or 500M"
+        ) from None
+    on = tuple(t.strip() for t in (args.capture_on or "").split(",") if t.strip())
+    return CaptureConfig(
+        on=on,
+        steps=_number(args.capture_steps, "--capture-steps", int),
+        max_per_hour=_number(args.capture_max_per_hour, "--capture-max-per-hour", int),
+        max_bytes=max_bytes,
+        timeout_s=_number(args.capture_timeout, "--capture-timeout"),
+    )
+
+
 def alert_config_from_args(args: argparse.Namespace) -> AlertConfig:
     """The :class:`AlertConfig` of ``meshprof run``'s alert options."""
     return AlertConfig(
@@ -287,6 +351,8 @@ def options_from_args(args: argparse.Namespace, argv: list[str] | None = None) -
         hang_timeout_s=_number(args.hang_timeout, "--hang-timeout"),
         live_interval_s=_number(args.live_interval, "--live-interval"),
         alerts=alert_config_from_args(args),
+        capture=capture_config_from_args(args),
+        capture_agent=not args.no_capture,
         hang_action=args.hang_action,
         step_detect=args.step_detect,
         max_events=_number(args.max_events, "--max-events", int)

@@ -73,6 +73,7 @@ def session_config(target: dict[str, Any]) -> SessionConfig:
         step_detection=settings.step_detect or "auto",
         wrap_init_process_group=True,
         hang_timeout_s=settings.hang_timeout_s,
+        capture=settings.capture,
         meta=meta,
     )
 

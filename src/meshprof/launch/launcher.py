@@ -89,6 +89,7 @@ def worker_env(
         hang_timeout_s=float(opts.hang_timeout_s),
         step_detect=opts.step_detect,
         live_interval_s=float(opts.live_interval_s),
+        capture=opts.capture_agent,
         max_events=opts.max_events,
         layout=env.get(ENV_LAYOUT, ""),
     )
@@ -248,7 +249,14 @@ def _start_alerts(opts: RunOptions, run_dir: Path) -> Any:
         return None
     from meshprof.live.watch import AlertWatcher
 
-    return AlertWatcher(run_dir, opts.alerts).start()
+    capture = None
+    if opts.capture.enabled:
+        from meshprof.layout import Layout
+        from meshprof.live.capture_trigger import CaptureTrigger
+
+        layout = Layout.from_any(os.environ.get(ENV_LAYOUT) or None)
+        capture = CaptureTrigger(run_dir, opts.capture, layout)
+    return AlertWatcher(run_dir, opts.alerts, capture=capture).start()
 
 
 def _watchdog_available() -> bool:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from meshprof.analyze.live.alerts import AlertConfig
+from meshprof.analyze.live.capture_targets import CaptureConfig
 from meshprof.errors import MeshprofError
 from meshprof.monitor.step_detect import STEP_DETECT_MODES
 
@@ -50,6 +51,11 @@ class RunOptions:
     """Seconds between two live-state records of each rank (``RUN_DIR/live/``); 0: none."""
     alerts: AlertConfig = field(default_factory=AlertConfig)
     """Live alert rules the launcher evaluates while the job runs (needs the live state)."""
+    capture: CaptureConfig = field(default_factory=CaptureConfig)
+    """Captures on alerts (``--capture-on``; needs the live alerts)."""
+    capture_agent: bool = True
+    """Every rank answers ``meshprof capture`` and ``meshprof stacks`` (False: ``--no-capture``,
+    no agent thread in the workers)."""
     max_events: int | None = None
     """Ring-buffer capacity of each rank's recorder (None: the recorder's default)."""
     metrics_port: int | None = None
@@ -95,6 +101,12 @@ class RunOptions:
             raise MeshprofError(
                 f"--live-interval {self.live_interval_s}: must be >= 0 seconds (0 turns it off)"
             )
+        if self.capture.enabled and not (self.alerts.enabled and self.live_interval_s > 0):
+            raise MeshprofError(
+                "--capture-on needs the live alerts (drop --no-alerts, --live-interval > 0)"
+            )
+        if self.capture.enabled and not self.capture_agent:
+            raise MeshprofError("--capture-on needs the ranks' capture agent (drop --no-capture)")
         if self.max_events is not None and self.max_events < 1:
             raise MeshprofError(f"--max-events {self.max_events}: must be >= 1")
         if self.metrics_port is not None:

@@ -20,12 +20,15 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from meshprof.analyze.live.alerts import AlertConfig, AlertRules
 from meshprof.analyze.live.snapshot import read_snapshot
-from meshprof.records.live import Alert
+from meshprof.records.live import Alert, LiveSnapshot
 from meshprof.rundir.live import append_alert
+
+if TYPE_CHECKING:
+    from meshprof.live.capture_trigger import CaptureTrigger
 
 #: Seconds :meth:`AlertWatcher.stop` waits for commands still running.
 STOP_WAIT_S = 5.0
@@ -39,8 +42,12 @@ class AlertWatcher:
         run_dir: str | os.PathLike[str],
         config: AlertConfig | None = None,
         stream: TextIO | None = None,
+        capture: CaptureTrigger | None = None,
     ) -> None:
         self.run_dir = Path(run_dir)
+        self.capture = capture
+        """Captures on the alerts ``--capture-on`` names (None: none); the alert's command then
+        runs once the capture is analysed, with it as ``capture``."""
         self.config = config if config is not None else AlertConfig()
         self.rules = AlertRules(self.config)
         self.stream = stream
@@ -84,9 +91,10 @@ class AlertWatcher:
             live = self.run_dir / "live"
             if not live.is_dir():
                 return []
-            alerts = self.rules.evaluate(read_snapshot(self.run_dir, now_ns))
+            snap = read_snapshot(self.run_dir, now_ns)
+            alerts = self.rules.evaluate(snap)
             for a in alerts:
-                self.emit(a)
+                self.emit(a, snap)
             return alerts
         except Exception as e:
             self.look_failures += 1
@@ -94,8 +102,9 @@ class AlertWatcher:
                 self._say(f"meshprof run: warning: alert watcher: {type(e).__name__}: {e}")
             return []
 
-    def emit(self, alert: Alert) -> None:
-        """Print, append to alerts.jsonl, run the command (rate-limited)."""
+    def emit(self, alert: Alert, snap: LiveSnapshot | None = None) -> None:
+        """Print, append to alerts.jsonl, capture (``--capture-on``), run the command
+        (rate-limited; after the capture, with it)."""
         self.raised.append(alert)
         self._say(f"meshprof alert: {alert.message}")
         try:
@@ -103,23 +112,40 @@ class AlertWatcher:
         except OSError as e:
             self._say(f"meshprof run: warning: cannot append to the alerts file: {e}")
         cmd = self.config.command
-        if not cmd:
+        if cmd:
+            now = time.monotonic()
+            last = self._last_command.get(alert.kind)
+            if last is not None and now - last < self.config.command_interval_s:
+                self.commands_skipped += 1
+                cmd = None
+            else:
+                self._last_command[alert.kind] = now
+                self.commands_run += 1
+        capture = self.capture is not None and snap is not None and self.capture.wants(alert)
+        if not cmd and not capture:
             return
-        now = time.monotonic()
-        last = self._last_command.get(alert.kind)
-        if last is not None and now - last < self.config.command_interval_s:
-            self.commands_skipped += 1
-            return
-        self._last_command[alert.kind] = now
-        self.commands_run += 1
         t = threading.Thread(
-            target=self._run_command, args=(cmd, alert), name="meshprof-alert-cmd", daemon=True
+            target=self._capture_then_command if capture else self._run_command,
+            args=(cmd, alert, snap) if capture else (cmd, alert),
+            name="meshprof-alert-cmd",
+            daemon=True,
         )
         self._commands = [c for c in self._commands if c.is_alive()] + [t]
         t.start()
 
-    def _run_command(self, cmd: str, alert: Alert) -> None:
-        payload = {**alert.to_dict(), "run_dir": str(self.run_dir)}
+    def _capture_then_command(self, cmd: str | None, alert: Alert, snap: LiveSnapshot) -> None:
+        assert self.capture is not None
+        try:
+            cap = self.capture.capture(alert, snap)
+        except Exception as e:
+            self._say(f"meshprof run: warning: capture for the {alert.kind} alert failed: {e}")
+            return
+        self._say(f"meshprof capture: {cap.message}")
+        if cmd:
+            self._run_command(cmd, alert, cap.to_dict())
+
+    def _run_command(self, cmd: str, alert: Alert, capture: Any = None) -> None:
+        payload = {**alert.to_dict(), "run_dir": str(self.run_dir), "capture": capture}
         env = {
             **os.environ,
             "MESHPROF_ALERT_KIND": alert.kind,

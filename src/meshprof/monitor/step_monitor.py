@@ -142,6 +142,10 @@ class StepMonitor:
         self.internal_errors = 0
         self.user_marks = 0
         """Calls of :func:`meshprof.mark_step` (the user marks steps: automatic detection stops)."""
+        self.boundary_hook: Callable[[int], None] | None = None
+        """Called on the training thread with the step's number as each step opens, before its
+        clock starts (a capture agent sets it only while a capture is pending: otherwise each
+        step boundary costs one attribute check)."""
         self._wall_offset = time.time_ns() - time.perf_counter_ns()
         _active = self
         if track_pipeline:
@@ -257,6 +261,9 @@ class StepMonitor:
             prof = self._prof()
             if prof is not None:
                 prof.step = span.step
+            hook = self.boundary_hook
+            if hook is not None:
+                hook(span.step)
         else:
             span.step = stack[0].step if stack else -1
         span.depth = len(stack)

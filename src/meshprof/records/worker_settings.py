@@ -32,6 +32,8 @@ class WorkerSettings:
     """Automatic step detection: auto, optimizer, forward or off."""
     live_interval_s: float = 1.0
     """Seconds between two live-state records of each rank (0: none)."""
+    capture: bool = True
+    """Start the capture agent: the rank answers ``meshprof capture`` and ``meshprof stacks``."""
     max_events: int | None = None
     """Ring-buffer capacity of each rank's recorder (None: the recorder's default)."""
     layout: str = ""

@@ -34,6 +34,10 @@ def render_hang_text(diag: HangDiagnosis) -> str:
         lines.append(
             f"  rank {st.rank}: {doing}; {('at ' + str(loc)) if loc else 'no Python stack'} [{st.source}: {st.reason}]"
         )
+    if diag.stacks is not None and diag.stacks.clusters:
+        lines.append("")
+        lines.append("Stacks, ranks grouped where identical:")
+        lines += [f"  {x}" for x in diag.stacks.lines]
     for p in diag.problems:
         lines.append(f"  note: {p}")
     return "\n".join(lines)

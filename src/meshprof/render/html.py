@@ -20,6 +20,7 @@ from meshprof.render.changes import changes_html
 from meshprof.render.failures import FAILURE_COLUMNS, failure_cells, failure_headline
 from meshprof.render.format import (
     fmt_bytes,
+    fmt_delta_ns,
     fmt_gbps,
     fmt_ns,
     fmt_pct,
@@ -42,6 +43,7 @@ from meshprof.render.report_text import RANK_COLUMNS, rank_cells, sampling_line
 from meshprof.render.verdict import ledger_html, verdict_html
 from meshprof.render.what_if import what_if_html
 from meshprof.report.run_report import RunReport
+from meshprof.report.stages.captures import CAPTURES
 from meshprof.report.stages.changes import CHANGES
 from meshprof.report.stages.conclusions import PROBLEMS, SUMMARY
 from meshprof.report.stages.matching import CLOCK, COLLECTIVES, FAILURES
@@ -413,6 +415,73 @@ def _waits(rep: RunReport) -> str:
     )
 
 
+def _captures(rep: RunReport) -> str:
+    caps = rep.get(CAPTURES) or ()
+    if not caps:
+        return (
+            '<p class="muted">No captures (<code>meshprof capture RUN_DIR</code> on a running '
+            "job, or <code>meshprof run --capture-on straggler</code>).</p>"
+        )
+    out = []
+    for c in caps:
+        trig = "on demand" if c.trigger == "demand" else f"on a {c.trigger} alert"
+        out.append(
+            f"<h3>{_E(c.id)} ({_E(trig)}): ranks {_E(', '.join(map(str, c.ranks)))}, "
+            f"{c.steps} step(s) — {_E(c.state)}</h3>"
+        )
+        if c.reason:
+            out.append(f"<p>{_E(c.reason)}</p>")
+        out.append(
+            "<ul>"
+            + "".join(
+                f"<li>rank {r.rank}: {_E(str(r.state))}"
+                + (f", {r.steps} step(s), trace <code>{_E(r.trace)}</code>" if r.trace else "")
+                + (f" — {_E(r.message)}" if r.message else "")
+                + (f"; main thread in {_E(r.where)}" if r.where else "")
+                + "</li>"
+                for r in c.rank_results
+            )
+            + "</ul>"
+        )
+        if c.differences:
+            rows = [
+                [
+                    (_E(d.name), d.name),
+                    (_E(d.phase), d.phase),
+                    (str(d.a_rank), d.a_rank),
+                    (fmt_ns(d.a_ns), d.a_ns),
+                    (str(d.b_rank), d.b_rank),
+                    (fmt_ns(d.b_ns), d.b_ns),
+                    (fmt_delta_ns(d.delta_ns), d.delta_ns),
+                    (f"{d.a_calls:.1f} / {d.b_calls:.1f}", d.a_calls - d.b_calls),
+                ]
+                for d in c.differences
+            ]
+            out.append(
+                "<p>Self time per step of the ops (and kernels) that differ most, "
+                "communication left out (the breakdown below has it).</p>"
+                + html_table(
+                    [
+                        "op",
+                        "phase",
+                        "rank a",
+                        "a per step",
+                        "rank b",
+                        "b per step",
+                        "delta",
+                        "calls a / b",
+                    ],
+                    rows,
+                )
+            )
+        if c.breakdown:
+            from meshprof.analyze.traces.kineto import KinetoReport as Kineto
+            from meshprof.render.kineto_view import kineto_html
+
+            out.append(kineto_html(Kineto(c.breakdown)))
+    return "".join(out)
+
+
 def _what_if(rep: RunReport) -> str:
     return what_if_html(rep.get(WHAT_IF_REPLAY))
 
@@ -434,6 +503,7 @@ HTML_SECTIONS: tuple[tuple[str, Callable[[RunReport], str]], ...] = (
     ("Communication share by dimension", comm_dims),
     ("Collective latency and bandwidth by message size", _sizes),
     ("Pipeline and profiler traces", _pipeline_traces),
+    ("Captures", _captures),
     ("Stragglers", straggler_view),
     ("Arrival skew", skew_histogram),
     ("Timeline excerpt", _timeline),

@@ -27,6 +27,7 @@ from meshprof.render.format import (
 from meshprof.render.verdict import print_ledger, print_verdict
 from meshprof.render.what_if import what_if_lines
 from meshprof.report.run_report import RunReport
+from meshprof.report.stages.captures import CAPTURES
 from meshprof.report.stages.changes import CHANGES
 from meshprof.report.stages.conclusions import PROBLEMS, SUMMARY
 from meshprof.report.stages.matching import CLOCK, COLLECTIVES, FAILURES
@@ -254,6 +255,19 @@ def _print_pipeline_and_traces(rep: RunReport, console: Console) -> None:
         print_kineto(kineto, console)
 
 
+def _print_captures(rep: RunReport, console: Console) -> None:
+    """The run's captures, each with what differs most between its ranks."""
+    caps = rep.get(CAPTURES) or ()
+    if not caps:
+        return
+    from meshprof.render.captures import capture_lines
+
+    console.print(f"[bold]Captures[/] ({len(caps)})")
+    for c in caps:
+        for line in capture_lines(c, top=5):
+            console.print(line, highlight=False, markup=False)
+
+
 TEXT_SECTIONS: tuple[Callable[[RunReport, Console], None], ...] = (
     _failures,
     _headline,
@@ -262,6 +276,7 @@ TEXT_SECTIONS: tuple[Callable[[RunReport, Console], None], ...] = (
     _print_findings,
     _ranks,
     _print_pipeline_and_traces,
+    _print_captures,
     _print_tables,
 )
 """The text report, part by part: a new section's text is one function added here."""

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from meshprof.config import ProfilerConfig
     from meshprof.monitor.step_monitor import StepMonitor
     from meshprof.rundir.writer import RankWriter
+    from meshprof.session.capture_agent import CaptureAgent
     from meshprof.session.live_publish import LivePublisher
     from meshprof.session.watchdog import Watchdog
 
@@ -75,6 +76,9 @@ class SessionConfig:
     wrap_init_process_group: bool = False
     """Wrap ``torch.distributed.init_process_group`` so that on_process_group_ready() runs right
     after it (``meshprof run``, where the script creates the group)."""
+    capture: bool = False
+    """Start the capture agent: this rank answers ``meshprof capture`` and ``meshprof stacks``
+    requests posted in ``run_dir`` (:mod:`meshprof.session.capture_agent`). Needs ``run_dir``."""
     hang_timeout_s: float = 0.0
     """> 0: start the hang watchdog: an op in flight this many seconds dumps into ``hang_dir``."""
     hang_dir: Path | None = None
@@ -99,6 +103,7 @@ PARTS = {
     "rank writer": "starting the rank writer",
     "live state": "publishing the live state",
     "watchdog": "starting the hang watchdog",
+    "capture agent": "starting the capture agent (meshprof capture, meshprof stacks)",
     "manifest": "writing the manifest",
     "init wrapper": "wrapping init_process_group (no clock sync)",
     "clock sync": "clock synchronization",
@@ -129,6 +134,7 @@ class RecordingSession:
         self.writer: RankWriter | None = None
         self.watchdog: Watchdog | None = None
         self.live: LivePublisher | None = None
+        self.capture_agent: CaptureAgent | None = None
         self.meta: dict[str, Any] = dict(self.config.meta)
         """The rank-meta fields the writer adds at every write (kept up to date; mutable)."""
         self.failures: dict[str, str] = {}
@@ -175,6 +181,8 @@ class RecordingSession:
             self._start_writer(Path(cfg.run_dir))
             if cfg.live_interval_s > 0:
                 self._start_live(Path(cfg.run_dir))
+            if cfg.capture:
+                self._start_capture_agent(Path(cfg.run_dir))
         if cfg.hang_timeout_s > 0:
             self._start_watchdog()
         if cfg.manifest is not None and cfg.run_dir is not None and self.rank() == 0:
@@ -247,6 +255,10 @@ class RecordingSession:
         if self.watchdog is not None:
             with contextlib.suppress(Exception):
                 self.watchdog.stop()
+        if self.capture_agent is not None:
+            with contextlib.suppress(Exception):
+                self.capture_agent.stop()
+            self.capture_agent = None
         self.settle_steps()
         self.steps.remove_hooks()
         self._unwrap_init_process_group()
@@ -354,6 +366,24 @@ class RecordingSession:
         if live is not None:
             with contextlib.suppress(Exception):
                 live.stop(live.exit_how or "normal")
+
+    def _start_capture_agent(self, run_dir: Path) -> None:
+        try:
+            import atexit
+
+            from meshprof.session.capture_agent import start_capture_agent
+
+            self.capture_agent = start_capture_agent(run_dir, self)
+            atexit.register(self._capture_at_exit)
+        except Exception as e:
+            self._fail("capture agent", e)
+
+    def _capture_at_exit(self) -> None:
+        """A capture still tracing when the script ends is stopped and written."""
+        agent = self.capture_agent
+        if agent is not None:
+            with contextlib.suppress(Exception):
+                agent.stop()
 
     def _start_watchdog(self) -> None:
         cfg = self.config

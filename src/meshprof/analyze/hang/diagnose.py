@@ -28,6 +28,7 @@ from collections import defaultdict
 from dataclasses import dataclass, replace
 from typing import Any
 
+from meshprof.analyze.hang.stacks import StackClusters, cluster_stacks
 from meshprof.errors import MeshprofError
 from meshprof.records.finding import Finding, FindingKind, Severity
 from meshprof.rundir.hang_dumps import Collective, RankState, load_dumps
@@ -104,6 +105,9 @@ class HangDiagnosis:
     """Files that could not be read, and why."""
     root_cause: RootCause | None = None
     """The first finding as a root cause (None when nothing is wrong)."""
+    stacks: StackClusters | None = None
+    """The ranks grouped by identical stacks (:mod:`meshprof.analyze.hang.stacks`): where
+    each group is, and the outliers."""
 
     @property
     def ok(self) -> bool:
@@ -153,6 +157,17 @@ class HangDiagnosis:
                 for s in self.ranks
             ],
             "problems": list(self.problems),
+            "stacks": None
+            if self.stacks is None
+            else {
+                "lines": list(self.stacks.lines),
+                "outliers": list(self.stacks.outliers),
+                "clusters": [
+                    {"ranks": list(c.ranks), "where": c.where, "outlier": c.outlier}
+                    for c in self.stacks.clusters
+                ],
+                "missing": list(self.stacks.missing),
+            },
         }
 
 
@@ -577,6 +592,9 @@ def diagnose_states(
             findings.append(replace(order or mm, op=" / ".join(ops)))
             break  # later seqs of a desynced group only repeat it
     ordered, root = order_by_cause(findings, states)
+    stacks = cluster_stacks(
+        {r: st.where for r, st in states.items()}, [r for r in range(world) if r not in states]
+    )
     return HangDiagnosis(
         directory,
         tuple(states[r] for r in sorted(states)),
@@ -584,6 +602,7 @@ def diagnose_states(
         world,
         tuple(problems),
         root,
+        stacks,
     )
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from meshprof.report.stage import Stage, check_stages
 from meshprof.report.stages import (
+    captures,
     changes,
     conclusions,
     ledger,
@@ -44,5 +45,6 @@ REPORT_STAGES: tuple[Stage[Any], ...] = (
     *verdict.STAGES,
     *rank_analyses.STAGES[1:],
     *traces.STAGES,
+    *captures.STAGES,
 )
 check_stages(REPORT_STAGES)
