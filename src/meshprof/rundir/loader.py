@@ -79,13 +79,20 @@ def _load_or_reason(
     lean: bool = False,
     sample_limit: int | None = None,
     shared_text: dict[str, list[int]] | None = None,
+    meta_only: bool = False,
 ) -> RankData | str:
     try:
         if path.is_dir():
-            rd = load_rank_dir(path, lean=lean, sample_limit=sample_limit, shared_ranks=shared_text)
+            rd = load_rank_dir(
+                path,
+                lean=lean,
+                sample_limit=sample_limit,
+                shared_ranks=shared_text,
+                meta_only=meta_only,
+            )
         else:
             rd = load_rank_file(
-                path, lean=lean, sample_limit=sample_limit, shared_ranks=shared_text
+                path, lean=lean or meta_only, sample_limit=sample_limit, shared_ranks=shared_text
             )
     except MeshprofError as e:
         return str(e)
@@ -113,7 +120,7 @@ _THREADED_MIN_BYTES = 4 << 20
 
 
 def _load_forked(
-    paths: list[Path], lean: bool, sample_limit: int | None, processes: int
+    paths: list[Path], lean: bool, sample_limit: int | None, processes: int, meta_only: bool
 ) -> list[RankData | str] | None:
     """The files loaded on ``processes`` forked workers (:mod:`meshprof.forking`), a chunk of
     files each, the loaded arrays pickled back; None where forking is unsafe. A chunk whose
@@ -123,7 +130,7 @@ def _load_forked(
     def load_chunk(part: list[Path]) -> list[RankData | str]:
         shared: dict[tuple[str, int], list[Any]] = {}
         text: dict[str, list[int]] = {}
-        return [_load_or_reason(p, shared, lean, sample_limit, text) for p in part]
+        return [_load_or_reason(p, shared, lean, sample_limit, text, meta_only) for p in part]
 
     parts = chunks(paths, processes)
     forked = start(load_chunk, parts, processes)
@@ -145,6 +152,7 @@ def _load_all(
     lean: bool = False,
     sample_limit: int | None = None,
     processes: int = 1,
+    meta_only: bool = False,
 ) -> list[RankData | str]:
     """Rank files are independent: large ones are read on a thread pool (one thread per core,
     at most 8), small ones one after the other. Measured on 2 shared cores (benchmarks/README.md,
@@ -165,15 +173,20 @@ def _load_all(
             workers = 1
     if workers <= 1:
         if processes > 1 and len(paths) > 1:
-            got = _load_forked(paths, lean, sample_limit, processes)
+            got = _load_forked(paths, lean, sample_limit, processes, meta_only)
             if got is not None:
                 return got
-        return [_load_or_reason(p, shared, lean, sample_limit, shared_text) for p in paths]
+        return [
+            _load_or_reason(p, shared, lean, sample_limit, shared_text, meta_only) for p in paths
+        ]
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(workers, thread_name_prefix="meshprof-load") as pool:
         return list(
-            pool.map(lambda p: _load_or_reason(p, shared, lean, sample_limit, shared_text), paths)
+            pool.map(
+                lambda p: _load_or_reason(p, shared, lean, sample_limit, shared_text, meta_only),
+                paths,
+            )
         )
 
 
@@ -245,6 +258,7 @@ def load_run(
     sample: float = 1.0,
     sample_reason: str = "",
     processes: int = 1,
+    meta_only: bool = False,
 ) -> LoadedRun:
     """Load every rank of a run directory, or of several directories of one run (each node's
     own: their ranks, node records and manifests are merged; a rank found in two is read from
@@ -258,7 +272,8 @@ def load_run(
     ``sample`` < 1 (implies ``lean``): only a consistent sample of that fraction of the
     collectives, chosen by the recorder's (group, seq) hash (:mod:`meshprof.rundir.sampling`).
     ``processes`` > 1: many small rank files are read on that many forked processes where that
-    is safe (Linux, no other thread running; the result is the same)."""
+    is safe (Linux, no other thread running; the result is the same). ``meta_only``: the
+    ranks' metas (and how a dead rank ended) without their rows, for the launcher's record."""
     from meshprof.rundir.sampling import threshold
 
     if not (0.0 < sample <= 1.0):
@@ -285,7 +300,9 @@ def load_run(
     problems: dict[int, str] = {}
     files = sorted(chosen.items())
     for r, got in zip(
-        (r for r, _ in files), _load_all([f for _, f in files], lean, limit, processes), strict=True
+        (r for r, _ in files),
+        _load_all([f for _, f in files], lean, limit, processes, meta_only),
+        strict=True,
     ):
         if isinstance(got, RankData):
             ranks[r] = got
@@ -325,7 +342,7 @@ def load_run(
         sample_reason=sample_reason if sample < 1.0 else "",
         paths=tuple(dirs),
         elsewhere=frozenset(elsewhere),
-        storage_notes=storage_notes(ranks),
+        storage_notes=() if meta_only else storage_notes(ranks),
     )
 
 

@@ -10,6 +10,7 @@ write gets ``recovered`` from its last batch (the step it was in, when it was la
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -43,14 +44,18 @@ def load_rank_dir(
     lean: bool = False,
     sample_limit: int | None = None,
     shared_ranks: dict[str, list[int]] | None = None,
+    meta_only: bool = False,
 ) -> RankData:
     """Load one rank folder (the arguments as for
     :func:`~meshprof.rundir.rankfile.load_rank_file`); a folder without segments or with a
-    damaged meta raises :class:`MeshprofError`."""
+    damaged meta raises :class:`MeshprofError`. ``meta_only``: no rows, only the meta and
+    (from the last segment) how the rank was last seen."""
     path = Path(path)
     files = scan_rank_dir(path)
     if files is None:
         raise MeshprofError(f"{path}: no segments")
+    if meta_only:
+        files = dataclasses.replace(files, segments=files.segments[-1:], steps=None)
     raw: Any = {}
     if files.meta is not None:
         try:
@@ -82,7 +87,7 @@ def load_rank_dir(
         if n:
             if first_id < 0:
                 first_id = int(b.info["first_event_id"])
-            if not lean:
+            if not lean and not meta_only:
                 events.append(b.events)
             if b.side:
                 _side(b.side, int(b.info["first_event_id"]), rows, errors, metadata)
@@ -91,7 +96,9 @@ def load_rank_dir(
             spans.append(b.spans)
         if len(b.memory):
             memory.append(b.memory)
-    if lean:
+    if meta_only:
+        ev = _empty(EVENT_DTYPE)
+    elif lean:
         groups = raw.get("groups") if isinstance(raw.get("groups"), list) else []
 
         def chunks() -> Iterator[np.ndarray]:
@@ -162,8 +169,6 @@ def _side(
             for k, v in table.items():
                 if str(k).lstrip("-").isdigit():
                     out[str(int(k) - first_id + row0)] = v
-
-
 
 
 def finalize_rank_dirs(
