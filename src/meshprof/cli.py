@@ -28,6 +28,7 @@ COMMANDS: tuple[str, ...] = (
     "top",
     "export",
     "query",
+    "collect",
     "bench",
     "doctor",
     "plan",

@@ -49,7 +49,7 @@ DEFAULT_MAX_DISK = 1 << 30
 """Default bound of one rank's files (bytes): the oldest segments go beyond it."""
 DEFAULT_SEGMENT_BYTES = 32 << 20
 DEFAULT_SEGMENT_S = 1800.0
-RESERVE_BYTES = 256 << 10
+RESERVE_BYTES = 128 << 10
 """Space set aside per rank for the meta written after the disk filled up (half when writing
 stops, the rest at exit)."""
 _OPEN = os.O_WRONLY | os.O_APPEND | getattr(os, "O_CLOEXEC", 0)

@@ -210,6 +210,7 @@ class RankWriter:
         self._step_seen = (-1, time.time_ns())  # (step, when it began)
         self._listening = False
         self._warned = False
+        self._stopped_step = -1
 
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self) -> RankWriter:
@@ -436,7 +437,7 @@ class RankWriter:
         assert store is not None
         info = store.info(self._events_written, self._steps_written, self._overrun)
         if store.stopped:
-            info = info.updated(stopped_step=self._step_seen[0])
+            info = info.updated(stopped_step=self._stopped_step)
         meta = RankMeta.from_dict(prof.meta()).updated(
             format=RANK_FORMAT,
             rank=store.rank,
@@ -494,6 +495,7 @@ class RankWriter:
         """Writing stopped (a full or failing disk): say so once, and leave a meta that says
         what was not written (the freed reserve makes room for it)."""
         self.failures += 1
+        self._stopped_step = self._step_seen[0]
         if not self._warned:
             self._warned = True
             with contextlib.suppress(Exception):
