@@ -9,7 +9,6 @@ import errno
 import os
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from meshprof.api import StepMonitor
@@ -18,7 +17,7 @@ from meshprof.config import ProfilerConfig
 from meshprof.events import OP_CODES, STEP_TOTALS_DTYPE, GroupInfo
 from meshprof.rundir import load_run
 from meshprof.rundir.schema import ExitStatus, rank_dir
-from meshprof.rundir.segment_reader import finalize_rank_dirs, load_rank_dir
+from meshprof.rundir.segment_reader import finalize_rank_dirs
 from meshprof.rundir.segment_writer import StorageLimits
 from meshprof.rundir.segments import HEAD, read_chunks, scan_rank_dir
 from meshprof.rundir.writer import RankWriter
@@ -61,7 +60,9 @@ def test_a_killed_rank_reads_back_up_to_its_last_tick(tmp_path: Path) -> None:
     assert len(rd.spans) == 6 and len(rd.memory) == 3
     assert rd.span_names == mon.span_names
     m = rd.meta
-    assert m.recovered is not None and m.recovered["step"] == 3 and m.recovered["from"] == "segments"
+    assert (
+        m.recovered is not None and m.recovered["step"] == 3 and m.recovered["from"] == "segments"
+    )
     assert m.node_id == "n1" and m.world_size == 3 and m.groups[0]["ranks"] == [0, 1, 2]
     assert m.first_event_id == 0 and m.exit is None and m.retained_events == 35
     # the per-step totals wait for more steps (or 10 s) before they are appended
