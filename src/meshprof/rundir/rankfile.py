@@ -19,7 +19,7 @@ import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -35,7 +35,10 @@ from meshprof.events import (
 from meshprof.records.codec import RecordError
 from meshprof.records.rank_meta import GroupRecord
 from meshprof.rundir.atomic import atomic_write_bytes
-from meshprof.rundir.schema import RANK_FILE_RE, RankMeta, rank_file
+from meshprof.rundir.schema import RANK_FILE_RE, RANK_FORMAT, RankMeta, rank_file
+
+if TYPE_CHECKING:
+    from meshprof.comm.recorder import CommProfiler
 
 
 @dataclass(slots=True)
@@ -417,11 +420,50 @@ def load_rank_file(
     )
 
 
+def rank_data(
+    prof: CommProfiler, monitor: Any = None, extra_meta: dict[str, Any] | None = None
+) -> RankData:
+    """Everything ``prof`` (and ``monitor``) hold now, as one rank file's content.
+
+    Side tables keyed by event id in the recorder (errors, metadata) are re-keyed by the row
+    index within the written ``events`` array (as strings: the meta is JSON). ``extra_meta``
+    entries (RankMeta keys, or free-form ones kept in ``extra``) override the recorder's own.
+    """
+    events, ids = prof.columns()
+    first_id = int(ids[0]) if len(ids) else 0
+    log = prof.log
+    errors = {str(i - first_id): text for i, text in list(log.errors.items()) if i >= first_id}
+    metadata = {str(i - first_id): m for i, m in list(log.metadata.items()) if i >= first_id}
+    stats = prof.accumulated_stats_dict()
+    meta = RankMeta.from_dict(prof.meta())
+    meta = meta.updated(
+        format=RANK_FORMAT,
+        dtypes=list(log.dtypes),
+        labels=list(log.labels),
+        errors=errors,
+        metadata=metadata,
+        stats=stats,
+        first_event_id=first_id,
+        span_names=[],
+    )
+    spans = np.zeros(0, dtype=SPAN_DTYPE)
+    memory = np.zeros(0, dtype=MEMORY_DTYPE)
+    if monitor is not None:
+        spans, names = monitor.spans_array()
+        memory = monitor.memory_array()
+        meta = meta.updated(span_names=list(names), monitor=monitor.to_meta())
+    if extra_meta:
+        meta = meta.updated(**extra_meta)
+    rank = int(meta.rank if meta.rank is not None else -1)
+    return RankData(rank=max(rank, 0), events=events, spans=spans, memory=memory, meta=meta)
+
+
 __all__ = [
     "LEAN_FIELDS",
     "RankData",
     "lean_events",
     "load_rank_file",
     "parse_meta",
+    "rank_data",
     "write_rank_file",
 ]

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import itertools
 import json
 import os
 import signal
@@ -31,7 +30,6 @@ import sys
 import threading
 import time
 import traceback
-from collections import deque
 from pathlib import Path
 from types import FrameType, TracebackType
 from typing import TYPE_CHECKING, Any
@@ -40,7 +38,8 @@ import numpy as np
 
 from meshprof.events import MEMORY_DTYPE, SPAN_DTYPE
 from meshprof.process import env_rank
-from meshprof.rundir.rankfile import RankData
+from meshprof.rundir.rankfile import rank_data
+from meshprof.rundir.row_tail import RowTail, rows_since
 from meshprof.rundir.schema import RANK_FORMAT, ExitStatus, RankMeta
 from meshprof.rundir.segment_writer import SegmentWriter, StorageLimits, describe_stop
 from meshprof.rundir.segments import BATCH_DTYPE, TICK_S, batch_payload
@@ -60,81 +59,6 @@ HEARTBEAT_S = 5.0
 #: Per-step totals are appended at least this often (seconds), or when this many are waiting.
 STEPS_EVERY_S = 10.0
 STEPS_BATCH = 256
-
-
-def rank_data(
-    prof: CommProfiler, monitor: Any = None, extra_meta: dict[str, Any] | None = None
-) -> RankData:
-    """Everything ``prof`` (and ``monitor``) hold now, as one rank file's content.
-
-    Side tables keyed by event id in the recorder (errors, metadata) are re-keyed by the row
-    index within the written ``events`` array (as strings: the meta is JSON). ``extra_meta``
-    entries (RankMeta keys, or free-form ones kept in ``extra``) override the recorder's own.
-    """
-    events, ids = prof.columns()
-    first_id = int(ids[0]) if len(ids) else 0
-    log = prof.log
-    errors = {str(i - first_id): text for i, text in list(log.errors.items()) if i >= first_id}
-    metadata = {str(i - first_id): m for i, m in list(log.metadata.items()) if i >= first_id}
-    stats = prof.accumulated_stats_dict()
-    meta = RankMeta.from_dict(prof.meta())
-    meta = meta.updated(
-        format=RANK_FORMAT,
-        dtypes=list(log.dtypes),
-        labels=list(log.labels),
-        errors=errors,
-        metadata=metadata,
-        stats=stats,
-        first_event_id=first_id,
-        span_names=[],
-    )
-    spans = np.zeros(0, dtype=SPAN_DTYPE)
-    memory = np.zeros(0, dtype=MEMORY_DTYPE)
-    if monitor is not None:
-        spans, names = monitor.spans_array()
-        memory = monitor.memory_array()
-        meta = meta.updated(span_names=list(names), monitor=monitor.to_meta())
-    if extra_meta:
-        meta = meta.updated(**extra_meta)
-    rank = int(meta.rank if meta.rank is not None else -1)
-    return RankData(rank=max(rank, 0), events=events, spans=spans, memory=memory, meta=meta)
-
-
-class RowTail:
-    """Copies the rows appended to a ``deque`` since the last call, without a counter in the
-    producer: the last row copied is found again by identity, searching from the right (a
-    bounded deque may have let rows go that were never copied: then all it holds is new)."""
-
-    def __init__(self) -> None:
-        self.last: object = None
-        self._window = 64
-
-    def new_rows(self, dq: deque[Any]) -> list[Any]:
-        k = self._window
-        while True:
-            # one C call (no Python code runs inside, so no other thread appends meanwhile)
-            tail = list(itertools.islice(reversed(dq), k))
-            found = -1
-            if self.last is not None:
-                for i, row in enumerate(tail):
-                    if row is self.last:
-                        found = i
-                        break
-            if found >= 0 or len(tail) < k:
-                new = tail[:found] if found >= 0 else tail
-                new.reverse()
-                if new:
-                    self.last = new[-1]
-                self._window = max(64, 2 * len(new))
-                return new
-            k *= 4
-
-
-def _rows(dq: Any, tail: RowTail, dtype: np.dtype) -> np.ndarray:
-    if not isinstance(dq, deque):
-        return np.zeros(0, dtype)
-    new = tail.new_rows(dq)
-    return np.array(new, dtype=dtype) if new else np.zeros(0, dtype)
 
 
 class RankWriter:
@@ -355,8 +279,8 @@ class RankWriter:
         self._overrun += lost
         self._next_id = first + len(events)
         mon = self.monitor
-        spans = _rows(getattr(mon, "span_rows", None), self._spans_tail, SPAN_DTYPE)
-        memory = _rows(getattr(mon, "memory_rows", None), self._memory_tail, MEMORY_DTYPE)
+        spans = rows_since(getattr(mon, "span_rows", None), self._spans_tail, SPAN_DTYPE)
+        memory = rows_since(getattr(mon, "memory_rows", None), self._memory_tail, MEMORY_DTYPE)
         self._totals.add(events, spans, memory)
         if self._tables_changed():
             self._write_meta(True, fsync=False)
@@ -650,4 +574,4 @@ class RankWriter:
         os.kill(os.getpid(), signum)
 
 
-__all__ = ["HEARTBEAT_S", "RankWriter", "RowTail", "rank_data"]
+__all__ = ["HEARTBEAT_S", "RankWriter", "rank_data"]
