@@ -282,3 +282,48 @@ def test_a_killed_launcher_ends_its_workers_and_reads_as_stale(tmp_path: Path, c
         assert rd.meta.exit is not None and rd.meta.exit.how == "signal"
     text = cli("report", str(out)).stdout
     assert "job: stale" in text
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_straggler_on_node_1_alerts_on_node_0(tmp_path: Path, cli) -> None:
+    """Node-local directories: the launchers relay their ranks' live records through the
+    rendezvous store, so node 0's alert rules see rank 1 (on node 1, whose files are only in
+    node 1's directory) become a straggler, and `meshprof top` on either node shows both
+    ranks."""
+    from meshprof.launch.spawn import free_port
+    from meshprof.rundir.live import read_alerts
+
+    d0, d1, stop = tmp_path / "node0", tmp_path / "node1", tmp_path / "stop"
+    port = str(free_port())
+    procs = [
+        subprocess.Popen(
+            cli.command(
+                "run", "--nnodes", "2", "--node-rank", str(k), "--nproc-per-node", "1",
+                "--master-addr", "127.0.0.1", "--master-port", port, "-o", str(d),
+                "--live-interval", "0.5", "--alert-straggler-looks", "3", "--no-summary",
+                str(SCRIPTS / "live_job.py"), "3000", "0.03", "0.06", "1", str(stop),
+            ),
+            env={**os.environ, "MESHPROF_RELAY_S": "0.5"},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for k, d in ((0, d0), (1, d1))
+    ]  # fmt: skip
+    try:
+        deadline = time.monotonic() + 150
+        alert = None
+        while alert is None and time.monotonic() < deadline:
+            alert = next((a for a in read_alerts(d0) if a.kind == "straggler"), None)
+            time.sleep(0.5)
+        assert alert is not None and alert.ranks == (1,)
+        assert not (d0 / "rank00001").exists()  # rank 1's data is on node 1's disk only
+        for d in (d0, d1):
+            top = json.loads(cli("top", str(d), "--json").stdout)
+            assert [x["rank"] for x in top["ranks"]] == [0, 1], d
+    finally:
+        stop.write_text("")
+        outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [o[1][-2000:] for o in outs]
+    assert "meshprof alert: rank 1 is a straggler" in outs[0][1]

@@ -27,6 +27,7 @@ from typing import Any
 
 from meshprof.errors import MeshprofError
 from meshprof.launch.agreement import Agreement, store_endpoint
+from meshprof.launch.live_relay import LiveRelay, mirrors, relay_interval
 from meshprof.launch.run_dirs import check_writable, choose_run_dir, new_run_id, other_run
 from meshprof.launch.run_options import RunOptions
 from meshprof.launch.run_record import (
@@ -303,6 +304,7 @@ def launch(opts: RunOptions) -> LaunchResult:
     watch = opts.hang_timeout_s > 0 and _watchdog_available()
     alerts: Any = None
     exporter: Any = None
+    relay: LiveRelay | None = None
     watching = False
     every = heartbeat_s()
     next_beat = time.monotonic() + every
@@ -316,6 +318,7 @@ def launch(opts: RunOptions) -> LaunchResult:
                 watching = True
                 alerts = _start_alerts(opts, run_dir)
                 exporter = _start_exporter(opts, run_dir)
+                relay = _start_relay(opts, run_dir)
             try:
                 rc = proc.wait(0.5)
                 break
@@ -334,6 +337,8 @@ def launch(opts: RunOptions) -> LaunchResult:
             signal.signal(s, h)
         if agreement is not None:
             agreement.stop()
+        if relay is not None:
+            relay.stop()
         if alerts is not None:
             alerts.stop()
         if exporter is not None:
@@ -390,6 +395,16 @@ def _write_decision(path: Path, run_dir: Path, run_id: str) -> None:
     from meshprof.rundir.atomic import atomic_write_text
 
     atomic_write_text(path, json.dumps({"run_dir": str(run_dir), "run_id": run_id}), fsync=False)
+
+
+def _start_relay(opts: RunOptions, run_dir: Path) -> LiveRelay | None:
+    """The job-wide live view through the rendezvous store (several nodes, live state on)."""
+    endpoint = store_endpoint(opts.torchrun)
+    if opts.nnodes == "1" or endpoint is None or opts.live_interval_s <= 0:
+        return None
+    mirror = mirrors(opts.node_rank, opts.nnodes)
+    every = relay_interval(opts.live_interval_s)
+    return LiveRelay(endpoint, run_dir, node_id(), mirror, every).start()
 
 
 def _start_exporter(opts: RunOptions, run_dir: Path) -> Any:
