@@ -28,6 +28,7 @@ RECORD_MODULES = (
     "meshprof.records.finding",
     "meshprof.records.worker_settings",
     "meshprof.records.perfmon",
+    "meshprof.records.storage",
 )
 
 

@@ -12,10 +12,11 @@ from meshprof.errors import MeshprofError
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "export",
-        help="write a run directory as Parquet tables (events, spans, memory, groups, ranks)",
+        help="write a run directory as Parquet tables (events, spans, memory, groups, ranks, steps)",
         description="Write a run as Arrow/Parquet tables for DuckDB, pandas, Polars or Spark: "
         "events (one row per event, with its rank and aligned time), spans, memory, groups, "
-        "ranks. Needs the 'parquet' extra (pyarrow).",
+        "ranks, and the per-step totals of the whole run (steps). Needs the 'parquet' extra "
+        "(pyarrow).",
     )
     p.add_argument(
         "dirs",

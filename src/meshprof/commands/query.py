@@ -48,7 +48,7 @@ def connect(run_dir: Path | list[Path]) -> Any:
     """A DuckDB connection with the run's tables as views (one directory, several node-local
     directories of one run, or an export folder)."""
     duckdb = _require_duckdb()
-    from meshprof.render.parquet import TABLES
+    from meshprof.render.parquet import OPTIONAL_TABLES, TABLES
 
     con = duckdb.connect()
     dirs = [Path(run_dir)] if isinstance(run_dir, str | Path) else [Path(x) for x in run_dir]
@@ -56,6 +56,8 @@ def connect(run_dir: Path | list[Path]) -> Any:
     if len(dirs) == 1 and d.is_dir() and (d / "events.parquet").exists():
         for name in TABLES:
             f = d / f"{name}.parquet"
+            if not f.exists() and name in OPTIONAL_TABLES:
+                continue  # (an export of an older version)
             if not f.exists():
                 raise MeshprofError(f"{f}: missing (write the folder with `meshprof export`)")
             path = str(f).replace("'", "''")
