@@ -166,9 +166,13 @@ def child_soak(steps: int, steps_per_s: float) -> dict[str, Any]:
             if (s + 1) % write_every == 0:
                 w.write()
             if (s + 1) % max(steps // 20, 1) == 0:
-                curve.append(
-                    (s + 1, round(_status("VmRSS") - base, 1), round(_status("VmHWM") - base, 1))
+                point = (
+                    s + 1,
+                    round(_status("VmRSS") - base, 1),
+                    round(_status("VmHWM") - base, 1),
                 )
+                curve.append(point)
+                print(json.dumps({"point": point}), flush=True)  # (progress of a long soak)
         elapsed = time.monotonic() - t0
         w.set_exit("normal", 0)
         w.stop(final_write=True)
@@ -199,7 +203,7 @@ def _run_child(src: Path, what: str, args: argparse.Namespace) -> dict[str, Any]
     cmd += ["--seconds", str(args.seconds), "--rate", str(args.rate)]
     cmd += ["--soak-steps", str(args.soak_steps), "--steps-per-s", str(args.steps_per_s)]
     env = {**os.environ, "PYTHONPATH": str(src)}
-    got = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600)
+    got = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=4 * 3600)
     if got.returncode != 0:
         raise SystemExit(f"{what} with {src} failed:\n{got.stderr[-3000:]}")
     return json.loads(got.stdout.strip().splitlines()[-1])
@@ -217,6 +221,7 @@ def main() -> None:
     ap.add_argument("--soak-steps", type=int, default=400_000)
     ap.add_argument("--steps-per-s", type=float, default=10.0, help="emulated step rate (soak)")
     ap.add_argument("--only", default="write,soak,step")
+    ap.add_argument("--which", default="before,after", help="versions to measure")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -234,6 +239,7 @@ def main() -> None:
     versions = [("after", HERE.parent / "src")]
     if args.before is not None:
         versions.insert(0, ("before", args.before))
+    versions = [v for v in versions if v[0] in args.which.split(",")]
     only = set(args.only.split(","))
     if "write" in only:
         print(

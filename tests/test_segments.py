@@ -238,3 +238,22 @@ def test_a_failing_disk_stops_writing_and_says_what_was_lost(
     (note,) = run.storage_notes
     assert note.stopped.startswith(name) and note.missing_events == 30
     assert "30 of its 40 events" in note.title
+
+
+def test_a_rank_learnt_late_moves_its_data_and_leaves_nothing_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No $RANK: the writer writes under rank 0 until the process group says the rank is 3;
+    then everything the ring holds goes under rank 3 and nothing stays under rank 0."""
+    monkeypatch.delenv("RANK", raising=False)
+    prof = CommProfiler(ProfilerConfig(max_events=100))
+    w = RankWriter(tmp_path, prof, interval_s=0)
+    _feed(prof, range(4), 0)
+    w.tick()
+    assert rank_dir(tmp_path, 0).is_dir()
+    prof.rank = 3  # what ensure_rank() learns once the default group exists
+    _feed(prof, range(4, 6), 0)
+    w.write(final=True)
+    assert not rank_dir(tmp_path, 0).exists()
+    run = load_run(tmp_path)
+    assert sorted(run.ranks) == [3] and run.ranks[3].events["seq"].tolist() == list(range(6))

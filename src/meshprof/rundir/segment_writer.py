@@ -244,7 +244,9 @@ class SegmentWriter:
         )
         try:
             if self._dirty and (due or final):
-                for fd in (self._seg_fd, self._steps_fd):
+                # the segment every interval; the small steps file only when closing (the page
+                # cache keeps it across a process' death, the kernel writes it back in seconds)
+                for fd in (self._seg_fd, self._steps_fd) if final else (self._seg_fd,):
                     if fd >= 0:
                         os.fsync(fd)
                         self.fsyncs += 1
@@ -442,6 +444,19 @@ class SegmentWriter:
         if self.on_stop is not None:
             with contextlib.suppress(Exception):
                 self.on_stop(self)
+
+    def discard(self) -> None:
+        """Close and delete this generation's files (written under a rank that turned out to be
+        another: the process learnt its rank late); the folder too when nothing else is in it."""
+        self._close_fds()
+        if not self.generation:
+            return
+        prefix = f"g{self.generation:03d}-"
+        with contextlib.suppress(OSError):
+            for p in self.dir.iterdir():
+                if p.name.startswith(prefix) or p.name == RESERVE:
+                    p.unlink()
+            self.dir.rmdir()
 
     def release_reserve(self) -> None:
         """Free the rest of the reserve (the last meta of a stopped writer)."""

@@ -249,7 +249,12 @@ class RankWriter:
         if store is not None and store.rank == rank:
             return store
         if store is not None:
-            store.close()
+            # the rank was provisional (0 before the process group existed): what was written
+            # under it goes, and everything the ring still holds is written under the real one
+            store.discard()
+            self._log, self._next_id, self._overrun, self._events_written = None, 0, 0, 0
+            self._spans_tail, self._memory_tail = RowTail(), RowTail()
+            self._totals, self._steps_pending, self._steps_written = StepTotals(), [], 0
         self.store = store = SegmentWriter(
             self.run_dir, rank, self.limits, self.run_id, on_stop=self._on_storage_stop
         )
