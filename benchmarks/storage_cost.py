@@ -20,6 +20,9 @@ through ``StepMonitor.step()``, with the rank writer running as ``meshprof run``
   ticks and periodic writes done on the driver's thread as often as ``--steps-per-s`` steps a
   second would make them (400k steps at 10 steps/s: 11 hours of training in a minute): RSS and
   its high-water mark (VmHWM) every 5 % of the run, above the RSS before recording began;
+- ``job``: a real 2-rank DDP job (gloo, ``tests/scripts/run_steps.py``, ``--job-steps`` steps)
+  under plain torchrun and under ``meshprof run``: each worker's RSS and high-water mark at its
+  end (KiB from ``/proc/self/status``);
 - ``step``: ns a step change costs the training thread with the writer listening (the cursor:
   a store into a mapped file before, a 16-byte ``pwrite`` after), against none.
 
@@ -198,6 +201,28 @@ def child_step() -> dict[str, Any]:
     return {"with_ns": with_writer, "without_ns": without}
 
 
+def job_rss(src: Path | None, steps: int) -> dict[int, tuple[float, float]]:
+    """Each rank's (RSS, VmHWM) in MiB at the end of a 2-rank DDP job of ``steps`` steps: under
+    plain torchrun (``src`` None) or ``meshprof run`` from ``src``."""
+    script = HERE.parent / "tests/scripts/run_steps.py"
+    with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as tmp:
+        out = Path(tmp) / "out"
+        out.mkdir()
+        env = dict(os.environ)
+        if src is None:
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+            cmd += ["--nproc-per-node", "2", str(script), str(steps), str(out)]
+        else:
+            env["PYTHONPATH"] = str(src)
+            cmd = [sys.executable, "-m", "meshprof.cli", "run", "--nproc-per-node", "2"]
+            cmd += ["-o", str(Path(tmp) / "run"), "--no-summary", str(script), str(steps), str(out)]
+        got = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600)
+        if got.returncode != 0:
+            raise SystemExit(f"job failed:\n{got.stderr[-3000:]}")
+        done = [json.loads(p.read_text()) for p in sorted(out.glob("done_rank*.json"))]
+    return {d["rank"]: (d["VmRSS"] / 1024, d["VmHWM"] / 1024) for d in done}
+
+
 def _run_child(src: Path, what: str, args: argparse.Namespace) -> dict[str, Any]:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", what]
     cmd += ["--seconds", str(args.seconds), "--rate", str(args.rate)]
@@ -220,7 +245,8 @@ def main() -> None:
     ap.add_argument("--rate", type=int, default=5000, help="collectives per second (write)")
     ap.add_argument("--soak-steps", type=int, default=400_000)
     ap.add_argument("--steps-per-s", type=float, default=10.0, help="emulated step rate (soak)")
-    ap.add_argument("--only", default="write,soak,step")
+    ap.add_argument("--job-steps", type=int, default=20_000)
+    ap.add_argument("--only", default="write,soak,job,step")
     ap.add_argument("--which", default="before,after", help="versions to measure")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -275,6 +301,16 @@ def main() -> None:
             print("|---:|---:|---:|")
             for s, rss, hwm in r["curve"]:
                 print(f"| {s:,} | {rss:.1f} | {hwm:.1f} |")
+    if "job" in only:
+        print(
+            f"\njob: 2-rank DDP over gloo, {args.job_steps:,} steps; each worker's RSS / VmHWM at its end (MiB)"
+        )
+        print("| launcher | rank 0 RSS | rank 0 HWM | rank 1 RSS | rank 1 HWM |")
+        print("|---|---:|---:|---:|---:|")
+        for name, src in [("torchrun", None), *versions]:
+            got = job_rss(src, args.job_steps)
+            cells = " | ".join(f"{got[r][0]:.0f} | {got[r][1]:.0f}" for r in (0, 1))
+            print(f"| {'meshprof run, ' + name if src else name} | {cells} |")
     if "step" in only:
         print("\nstep change on the training thread (ns per step)")
         print("| version | with the writer | without | added |")

@@ -27,6 +27,9 @@ for _ in range(steps):
     if sleep_s:
         time.sleep(sleep_s)
 dist.barrier()
+with open("/proc/self/status") as f:
+    lines = [line.split(":", 1) for line in f]
+status = {k: int(v.split()[0]) for k, v in lines if k in ("VmRSS", "VmHWM")}  # KiB
 with open(os.path.join(out, f"done_rank{rank}.json"), "w") as f:
-    json.dump({"rank": rank, "steps": done, "pid": os.getpid()}, f)
+    json.dump({"rank": rank, "steps": done, "pid": os.getpid(), **status}, f)
 dist.destroy_process_group()
