@@ -237,7 +237,7 @@ def _held_worker(rank: int, ws: int, run_dir: str) -> dict[str, Any]:
 
     prof = meshprof.enable()
     store = dist.distributed_c10d._get_default_store()
-    writer = RankWriter(run_dir, prof, interval_s=0, crashsafe_tick_s=0)
+    writer = RankWriter(run_dir, prof, interval_s=0, tick_s=0)
     live = LivePublisher(run_dir, prof, interval_s=3600)
     prof.log.listeners.append(live.counters.on_chunk)  # (published by hand: no thread)
     t = torch.ones(8)

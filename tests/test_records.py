@@ -30,6 +30,7 @@ RECORD_MODULES = (
     "meshprof.records.perfmon",
     "meshprof.records.captures",
     "meshprof.records.stacks",
+    "meshprof.records.storage",
 )
 
 

@@ -17,7 +17,9 @@ import pytest
 from meshprof.events import OP_NAMES
 from meshprof.launch.spawn import run_ranks
 from meshprof.records.finding import FindingKind
-from meshprof.rundir import load_rank_file, load_run, rank_file
+from meshprof.rundir import load_run
+from meshprof.rundir.schema import rank_dir
+from meshprof.rundir.segment_reader import load_rank_dir
 
 
 def _write_rank_with_eviction(rank: int, world_size: int, run_dir: str) -> dict:
@@ -57,7 +59,7 @@ def test_rank_file_holds_what_the_recorder_and_monitor_hold(tmp_path: Path) -> N
     assert sorted(run.ranks) == [0, 1]
     for r, res in enumerate(results):
         rd = run.ranks[r]
-        assert res["path"] == str(rank_file(tmp_path, r))
+        assert res["path"] == str(rank_dir(tmp_path, r) / "g001-meta.json")
         # 6 all_reduces + 1 labelled op; the ring keeps the newest 4 (ids 3..6)
         assert res["total"] == 7 and res["ids"] == [3, 4, 5, 6]
         assert rd.events.tolist() == res["events"]
@@ -89,12 +91,15 @@ def test_writer_periodic_thread_skips_unchanged_content(tmp_path: Path) -> None:
     deadline = time.monotonic() + 20
     while writer.writes == 0 and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert writer.writes == 1 and writer.last_path == rank_file(tmp_path, 3)
-    writer.stop(final_write=True)  # nothing changed: not rewritten
-    assert writer.writes == 1 and writer.failures == 0
-    assert writer.write(force=True) is not None and writer.writes == 2
-    assert load_rank_file(rank_file(tmp_path, 3)).meta["rank"] == 3
-    assert not list(tmp_path.glob(".*.tmp"))  # atomic writes leave no temporary file
+    time.sleep(0.1)  # ten more periods: nothing changed, nothing rewritten
+    meta = rank_dir(tmp_path, 3) / "g001-meta.json"
+    assert writer.writes == 1 and writer.last_path == meta
+    assert writer.ticks == 1  # one batch (an empty one: when the rank was last seen alive)
+    writer.stop(final_write=True)  # the final meta (closed) is written once
+    assert writer.writes == 2 and writer.failures == 0
+    assert writer.write(force=True) is not None and writer.writes == 3
+    assert load_rank_dir(rank_dir(tmp_path, 3)).meta["rank"] == 3
+    assert not list(tmp_path.rglob(".*.tmp"))  # atomic writes leave no temporary file
 
 
 def test_writer_failure_is_counted_never_raised(tmp_path: Path) -> None:
@@ -105,6 +110,8 @@ def test_writer_failure_is_counted_never_raised(tmp_path: Path) -> None:
     blocker.write_text("x")
     writer = RankWriter(blocker / "run", meshprof.enable(), interval_s=0, rank=0)
     assert writer.write() is None and writer.failures == 1
+    assert writer.storage_state == "writing stopped: ENOTDIR (Not a directory)"
+    assert writer.write() is None and writer.failures == 1  # stopped: not tried again
 
 
 _SIGTERM_CHILD = textwrap.dedent(
@@ -150,7 +157,6 @@ def test_sigterm_writes_the_rank_file_and_dies_by_the_signal(
     try:
         assert proc.stdout is not None
         assert proc.stdout.readline().strip() == "ready"
-        assert not rank_file(tmp_path, 0).exists()
         t0 = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         rc = proc.wait(timeout=30)
@@ -162,7 +168,7 @@ def test_sigterm_writes_the_rank_file_and_dies_by_the_signal(
         with contextlib.suppress(OSError):  # the `sleep` that system() started, now orphaned
             os.killpg(proc.pid, signal.SIGKILL)
     assert rc == -signal.SIGTERM  # died by the signal, as without meshprof
-    rd = load_rank_file(rank_file(tmp_path, 0))
+    rd = load_rank_dir(rank_dir(tmp_path, 0))
     assert rd.meta["exit"]["how"] == "signal" and rd.meta["exit"]["code"] == 128 + signal.SIGTERM
     assert [OP_NAMES[c] for c in rd.events["op"].tolist()] == ["all_reduce"] * 3
     assert (rd.events["in_bytes"] == 28).all()
@@ -189,7 +195,7 @@ def _session_rank(rank: int, world_size: int, run_dir: str) -> dict:
     with RecordingSession(cfg) as session:
         assert session.prof is not None and session.monitor is not None
         assert session.writer is not None and session.failures == {}
-        first = rank_file(run_dir, rank).exists()
+        first = (rank_dir(run_dir, rank) / "g001-meta.json").exists()
         model = torch.nn.Linear(4, 2)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         for _ in range(3):
@@ -287,8 +293,8 @@ def test_files_a_session_writes_follow_the_umask(tmp_path: Path) -> None:
         for _ in range(3):
             with session.monitor.step():
                 time.sleep(0.01)
-        session.writer.persist_crashsafe()
-        assert session.write() is not None
+        session.writer.tick()
+        assert session.write(force=True) is not None
         write_dump(session.prof, tmp_path / "hang", "signal")
         append_alert(
             tmp_path, Alert(kind=FindingKind("memory"), title="m", t_ns=time.time_ns(), ranks=(0,))
@@ -306,9 +312,10 @@ def test_files_a_session_writes_follow_the_umask(tmp_path: Path) -> None:
         "live/rank00001.json",
         "live/alerts.jsonl",
         "hang/rank0.json",
-        "crashsafe/rank00000.events.npy",
-        "crashsafe/rank00000.meta.json",
+        "rank00000/g001-meta.json",
+        "rank00000/g001-000001.seg",
+        "rank00000/g001-cursor",
     ):
         assert expected in names
-    assert any(n.startswith("rank") for n in names)  # the rank file
+    names.discard("rank00000/reserve")  # (removed at the end; its mode is irrelevant)
     assert {n: m for n, m in {**running, **ended}.items() if m != 0o664} == {}

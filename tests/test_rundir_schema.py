@@ -193,7 +193,7 @@ def test_long_member_lists_parsed_once_and_equal_to_json():
     for compact separators, short lists and a long list outside the groups."""
     import json
 
-    from meshprof.rundir.rankfile import _parse_meta
+    from meshprof.rundir.rankfile import parse_meta as _parse_meta
 
     world = list(range(2000))
     metas = [

@@ -30,6 +30,7 @@ COMMANDS: tuple[str, ...] = (
     "stacks",
     "export",
     "query",
+    "collect",
     "bench",
     "doctor",
     "plan",

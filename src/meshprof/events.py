@@ -309,6 +309,21 @@ MEMORY_DTYPE = np.dtype(
     ]
 )
 
+#: One step's totals on one rank (52 B), kept for the whole run even when the detailed rows of
+#: its events and spans were rotated out of the run directory (:mod:`meshprof.rundir.step_totals`).
+STEP_TOTALS_DTYPE = np.dtype(
+    [
+        ("step", np.int32),
+        ("collectives", np.uint32),  # collectives issued in the step that completed
+        ("tokens", np.uint32),  # tokens processed (0 when unknown)
+        ("start_ns", np.int64),  # wall clock when the step began
+        ("duration_ns", np.int64),
+        ("comm_ns", np.int64),  # sum of those collectives' durations (busy, not exposed, time)
+        ("comm_bytes", np.int64),  # sum of their input bytes
+        ("memory_peak", np.int64),  # the step's memory sample: device peak, else host RSS (-1)
+    ]
+)
+
 CHUNK_PHASES = {
     "forward_one_chunk": "pp_forward",
     "backward_one_chunk": "pp_backward",

@@ -22,7 +22,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Run SQL over a run directory or a `meshprof export` folder. Tables: "
         "events, spans, memory, groups, ranks. Needs the 'query' extra (duckdb, pyarrow).",
     )
-    p.add_argument("dir", help="a run directory, or a folder written by `meshprof export`")
+    p.add_argument(
+        "dirs",
+        nargs="+",
+        metavar="DIR",
+        help="a run directory (several: the node-local directories of one run), or a folder "
+        "written by `meshprof export`",
+    )
     p.add_argument("sql", help='e.g. "SELECT op, count(*) FROM events GROUP BY op"')
     p.add_argument("--json", action="store_true", help="print the rows as a JSON list")
     p.set_defaults(func=run)
@@ -38,16 +44,20 @@ def _require_duckdb() -> Any:
     return duckdb
 
 
-def connect(run_dir: Path) -> Any:
-    """A DuckDB connection with the run's five tables as views."""
+def connect(run_dir: Path | list[Path]) -> Any:
+    """A DuckDB connection with the run's tables as views (one directory, several node-local
+    directories of one run, or an export folder)."""
     duckdb = _require_duckdb()
-    from meshprof.render.parquet import TABLES
+    from meshprof.render.parquet import OPTIONAL_TABLES, TABLES
 
     con = duckdb.connect()
-    d = Path(run_dir)
-    if d.is_dir() and (d / "events.parquet").exists():
+    dirs = [Path(run_dir)] if isinstance(run_dir, str | Path) else [Path(x) for x in run_dir]
+    d = dirs[0]
+    if len(dirs) == 1 and d.is_dir() and (d / "events.parquet").exists():
         for name in TABLES:
             f = d / f"{name}.parquet"
+            if not f.exists() and name in OPTIONAL_TABLES:
+                continue  # (an export of an older version)
             if not f.exists():
                 raise MeshprofError(f"{f}: missing (write the folder with `meshprof export`)")
             path = str(f).replace("'", "''")
@@ -56,14 +66,14 @@ def connect(run_dir: Path) -> Any:
     from meshprof.render.parquet import export_tables
     from meshprof.rundir import load_run
 
-    for name, t in export_tables(load_run(d)).items():
+    for name, t in export_tables(load_run(dirs)).items():
         con.register(name, t)
     return con
 
 
 def run(args: argparse.Namespace) -> int:
     duckdb = _require_duckdb()
-    con = connect(Path(args.dir))
+    con = connect([Path(d) for d in args.dirs])
     try:
         rel = con.sql(args.sql)
         if rel is None:  # a statement without a result

@@ -23,7 +23,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "report", help="cross-rank report of a run directory (stragglers, waits, clocks)"
     )
-    p.add_argument("dir", help="run directory (manifest.json + rankNNNNN.npz files)")
+    p.add_argument(
+        "dirs",
+        nargs="+",
+        metavar="DIR",
+        help="run directory (manifest.json + rank folders); several: the node-local directories "
+        "of one run, analysed together",
+    )
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
     p.add_argument(
         "--full",
@@ -106,14 +112,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _rank_files(run_dir: str) -> int:
-    """How many rank files ``run_dir`` holds (0 when it cannot be listed)."""
-    from meshprof.rundir.schema import RANK_FILE_RE
+def _rank_files(run_dirs: list[str]) -> int:
+    """How many ranks ``run_dirs`` hold (folders of segments or rank files)."""
+    from meshprof.rundir.schema import rank_entries
 
-    try:
-        return sum(1 for f in Path(run_dir).iterdir() if RANK_FILE_RE.match(f.name))
-    except OSError:
-        return 0
+    return sum(len(rank_entries(d)) for d in run_dirs)
 
 
 def _ranks_option(text: str | None) -> list[int]:
@@ -161,9 +164,9 @@ def _sample_fraction(args: argparse.Namespace) -> tuple[float, str]:
         raise MeshprofError(f"--max-memory must be positive, got {args.max_memory!r}")
     if args.sample is not None:
         return parse_fraction(args.sample), f"--sample {args.sample}"
-    if not Path(args.dir).is_dir():
+    if not all(Path(d).is_dir() for d in args.dirs):
         return 1.0, ""
-    events = events_on_disk(args.dir)
+    events = events_on_disk(args.dirs)
     limit = budget if budget is not None else default_budget()
     f = choose_fraction(events, limit)
     if f >= 1:
@@ -201,7 +204,7 @@ def _traces_only(args: argparse.Namespace, why: NoUsableRankFileError) -> int:
     """``report DIR`` on a folder of torch.profiler traces without meshprof rank files."""
     from meshprof.analyze.traces.kineto import find_traces, kineto_report
 
-    folder = Path(args.dir)
+    folder = Path(args.dirs[0])
     paths = find_traces(folder)
     if not paths:
         raise MeshprofError(
@@ -268,11 +271,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         # the report reads only the completed events' columns: loaded lean
         loaded = load_run(
-            Path(args.dir),
+            [Path(d) for d in args.dirs],
             lean=True,
             sample=fraction,
             sample_reason=reason,
-            processes=jobs if jobs is not None else default_workers(_rank_files(args.dir)),
+            processes=jobs if jobs is not None else default_workers(_rank_files(args.dirs)),
         )
     except NoUsableRankFileError as e:
         return _traces_only(args, e)

@@ -118,7 +118,22 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--max-events",
         default=None,
         metavar="N",
-        help="per-rank ring-buffer capacity of the recorder",
+        help="per-rank ring-buffer capacity of the recorder (default 262144: the segments on "
+        "disk hold the run)",
+    )
+    p.add_argument(
+        "--retain",
+        default="0",
+        metavar="DURATION",
+        help="delete each rank's segments older than this (e.g. 6h, 2d, 90m; default 0: no "
+        "age bound); per-step totals are kept for the whole run",
+    )
+    p.add_argument(
+        "--max-disk",
+        default="1G",
+        metavar="SIZE",
+        help="keep each rank's files under SIZE by deleting its oldest segments (e.g. 2G, "
+        "500M; default 1G; 0: no bound); per-step totals are kept for the whole run",
     )
     p.add_argument(
         "--json",
@@ -139,6 +154,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "a failed build is then an error instead of a fallback to the Python recorder)",
     )
     p.add_argument("--no-summary", action="store_true", help="do not print the summary at the end")
+    p.add_argument(
+        "--no-report",
+        action="store_true",
+        help="print the ranks' table but not the cross-rank report at the end (only node 0 "
+        "prints it in any case)",
+    )
     p.add_argument(
         "-m",
         dest="module",
@@ -315,6 +336,33 @@ def _number(value: str, option: str, kind: type = float) -> Any:
         raise MeshprofError(f"{option} {value!r}: expected a number") from None
 
 
+_UNITS_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def duration_s(value: str, option: str) -> float:
+    """``"6h"``, ``"90m"``, ``"2d"``, ``"3600"`` (seconds) -> seconds."""
+    text = value.strip().lower()
+    scale = _UNITS_S.get(text[-1:], 0) if text else 0
+    try:
+        return float(text[:-1] if scale else text) * (scale or 1)
+    except ValueError:
+        raise MeshprofError(
+            f"{option} {value!r}: expected a duration such as 6h, 90m, 2d or 3600 (seconds)"
+        ) from None
+
+
+def size_bytes(value: str, option: str) -> int:
+    """``"2G"``, ``"500M"``, ``"2GB"``, ``"0"`` -> bytes (powers of 1024)."""
+    from meshprof.rundir.sampling import parse_bytes
+
+    try:
+        return parse_bytes(value)
+    except MeshprofError:
+        raise MeshprofError(
+            f"{option} {value!r}: expected a size such as 2G, 500M or 1.5GiB (0: no bound)"
+        ) from None
+
+
 def options_from_args(args: argparse.Namespace, argv: list[str] | None = None) -> RunOptions:
     """Turn the parsed command line into validated :class:`RunOptions`."""
     target = list(args.target or [])
@@ -362,6 +410,9 @@ def options_from_args(args: argparse.Namespace, argv: list[str] | None = None) -
         if args.metrics_port is not None
         else None,
         metrics_addr=args.metrics_addr,
+        retain_s=duration_s(args.retain, "--retain"),
+        max_disk_bytes=size_bytes(args.max_disk, "--max-disk"),
+        report=not args.no_report,
         command=["meshprof", *(argv if argv is not None else sys.argv[1:])],
     )
 
@@ -405,10 +456,17 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(run_result_dict(result)))
     elif not args.no_summary:
+        report = opts.report and result.node_rank == 0
         try:
-            print_run_summary(result.run_dir)
+            print_run_summary(result.run_dir, report=report)
         except MeshprofError as e:
             print(f"meshprof run: no summary: {e}", file=sys.stderr)
+        if opts.report and not report:
+            print(
+                f"meshprof run: node {result.node_rank}: the job's report is node 0's "
+                f"(or: meshprof report {result.run_dir})",
+                file=sys.stderr,
+            )
     return result.exit_code
 
 
@@ -482,16 +540,21 @@ def _merged_stats(run_: Any) -> Any:
     return compute_stats(acc or Accumulator(), None)
 
 
-def print_run_summary(run_dir: Path) -> None:
-    """Print the run's summary: one line per rank (events, steps, how it ended), then the
-    cross-rank report of ``meshprof report DIR`` (or, if that analysis fails, the collective
-    statistics merged over all ranks)."""
+def print_run_summary(run_dir: Path, report: bool = True) -> None:
+    """Print the run's summary: one line per rank (events, steps, how it ended), then (with
+    ``report``) the cross-rank report of ``meshprof report DIR`` (or, if that analysis fails,
+    the collective statistics merged over all ranks). The run is loaded as ``meshprof report``
+    loads it: the report's columns only, a consistent sample when the whole run would need more
+    than half of the available memory."""
     from rich.console import Console
     from rich.table import Table
 
     from meshprof.rundir import load_run
+    from meshprof.rundir.sampling import choose_fraction, default_budget, events_on_disk
 
-    run_ = load_run(run_dir)
+    fraction = choose_fraction(events_on_disk(run_dir), default_budget())
+    reason = "the run's events would not fit in half of the available memory"
+    run_ = load_run(run_dir, lean=True, sample=fraction, sample_reason=reason)
     console = Console(width=None if sys.stdout.isatty() else 140)
     m = run_.manifest
     console.print(
@@ -519,6 +582,8 @@ def print_run_summary(run_dir: Path) -> None:
     console.print(t)
     for r, why in sorted(run_.problems.items()):
         console.print(f"[yellow]rank {r}: {why}[/]")
+    if not report:
+        return
     try:
         from meshprof.render.report_brief import print_brief
         from meshprof.report.analysis import analyze_run

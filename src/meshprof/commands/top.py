@@ -22,7 +22,7 @@ from meshprof.errors import MeshprofError
 from meshprof.records.live import LiveSnapshot
 from meshprof.render.live_top import render_top, render_waiting
 from meshprof.rundir.live import live_dir
-from meshprof.rundir.schema import MANIFEST, RANK_FILE_RE
+from meshprof.rundir.schema import MANIFEST, rank_entries
 
 #: Lines of a frame that are not rank rows (header, stragglers, table head, alerts, keys).
 FRAME_OVERHEAD = 13
@@ -68,9 +68,8 @@ def check_run_dir(path: Path) -> None:
         raise MeshprofError(f"{path}: no such directory")
     if live_dir(path).is_dir() or (path / MANIFEST).is_file():
         return
-    with contextlib.suppress(OSError):
-        if any(RANK_FILE_RE.match(p.name) for p in path.iterdir()):
-            return
+    if rank_entries(path):
+        return
     raise MeshprofError(
         f"{path}: not a meshprof run directory (no live/, {MANIFEST} or rank files)"
     )

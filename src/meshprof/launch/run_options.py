@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime as _dt
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,6 +61,13 @@ class RunOptions:
     """Serve Prometheus ``/metrics`` for this node's ranks on this port (None: off)."""
     metrics_addr: str = "127.0.0.1"
     """Address the metrics endpoint binds."""
+    retain_s: float = 0.0
+    """Each rank's segments older than this are deleted (seconds; 0: no age bound)."""
+    max_disk_bytes: int = 1 << 30
+    """Each rank's files are kept under this size by deleting its oldest segments (bytes; 0:
+    no bound). The per-step totals are kept for the whole run."""
+    report: bool = True
+    """Print the job's cross-rank report at the end (node 0 only)."""
     command: list[str] = field(default_factory=list)
     """The command line as typed (for the manifest)."""
 
@@ -109,6 +115,10 @@ class RunOptions:
             raise MeshprofError("--capture-on needs the ranks' capture agent (drop --no-capture)")
         if self.max_events is not None and self.max_events < 1:
             raise MeshprofError(f"--max-events {self.max_events}: must be >= 1")
+        if not self.retain_s >= 0:
+            raise MeshprofError(f"--retain {self.retain_s}: must be >= 0 seconds (0: no bound)")
+        if self.max_disk_bytes < 0:
+            raise MeshprofError(f"--max-disk {self.max_disk_bytes}: must be >= 0 (0: no bound)")
         if self.metrics_port is not None:
             from meshprof.live.metrics import check_metrics_options
 
@@ -121,19 +131,14 @@ class RunOptions:
             return None
         return int(self.nnodes.split(":")[-1]) * int(self.nproc_per_node)
 
-    def resolved_run_dir(self) -> Path:
+    def default_name(self) -> str:
+        """The default run directory's name when the job has one of its own: the rendezvous id
+        (shared by every node); "" otherwise (the run id is used)."""
+        rdzv_id = self.torchrun.get("rdzv-id")
+        return rdzv_id if rdzv_id and rdzv_id != "none" else ""
+
+    def resolved_run_dir(self, name: str) -> Path:
+        """``-o`` (absolute), else ``./meshprof-runs/<name>``."""
         if self.run_dir is not None:
             return Path(self.run_dir).absolute()
-        rdzv_id = self.torchrun.get("rdzv-id")
-        # With several nodes each launcher must pick the same name: the rendezvous id is shared.
-        name = (
-            rdzv_id
-            if rdzv_id and rdzv_id != "none"
-            else _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-        )
-        base = Path("meshprof-runs").absolute() / name
-        path, n = base, 1
-        while rdzv_id is None and path.exists():
-            n += 1
-            path = base.with_name(f"{base.name}-{n}")
-        return path
+        return Path("meshprof-runs").absolute() / name

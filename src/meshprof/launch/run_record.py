@@ -8,9 +8,11 @@ The torchrun wrapper itself is :mod:`meshprof.launch.launcher`. Times are ns sin
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import os
 import socket
+import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -29,6 +31,7 @@ from meshprof.rundir.manifest import (
 )
 from meshprof.rundir.rankfile import RankData
 from meshprof.rundir.schema import ExitStatus, Manifest
+from meshprof.rundir.segment_reader import finalize_rank_dirs
 from meshprof.rundir.worker_exits import WorkerExit
 
 if TYPE_CHECKING:
@@ -104,6 +107,8 @@ def start_manifest(
                 "hang_action": opts.hang_action,
                 "step_detect": opts.step_detect,
                 "max_events": opts.max_events,
+                "retain_s": opts.retain_s,
+                "max_disk_bytes": opts.max_disk_bytes,
             },
             "start_ns": time.time_ns(),
             "start_time": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
@@ -142,13 +147,14 @@ def finish_manifest(
     torchrun_rc: int,
     hang: dict[str, Any] | None,
     worker_exits: dict[int, WorkerExit] | None = None,
-) -> int:
+) -> tuple[int, int]:
     """Write this node's record and the merged manifest; return the exit code ``meshprof run``
-    keeps.
+    keeps and this node's rank (the rendezvous' choice when the ranks say it).
 
-    First the ranks that died without writing their final rank file get one from their
-    crash-safe files (:func:`meshprof.rundir.crashsafe.finalize_crashsafe`), with the exit
-    torchrun saw (``worker_exits``, :mod:`meshprof.rundir.worker_exits`). Each local rank's exit
+    First the ranks that died without their final write get their last tick recorded as
+    ``recovered``, with the exit torchrun saw (``worker_exits``,
+    :mod:`meshprof.rundir.worker_exits`; :func:`~meshprof.rundir.segment_reader.finalize_rank_dirs`,
+    and :func:`~meshprof.rundir.crashsafe.finalize_crashsafe` for older versions' files). Each local rank's exit
     code goes into ``rank_exit_codes`` (negative: died of that signal, as torchrun reports it;
     a rank that wrote "signal" itself, e.g. torchrun's SIGTERM, gets -signum too) and the
     signal's name into ``rank_signals``.
@@ -159,23 +165,24 @@ def finish_manifest(
     last crash-safe tick before its death. A signal death gives 128 + signum (137 for SIGKILL),
     as a shell would. With no such rank, the lowest rank with any non-zero code; when none
     recorded one, torchrun's own code. Local ranks are those whose rank file names this
-    launcher's :func:`node_id`.
+    launcher's :func:`node_id`. The time of the failure that decided the code goes into the
+    record as ``cause_ns`` (several nodes: the job's code is that of the node that failed
+    first). A write that fails (a full disk) is said once and skipped.
     """
     exits = dict(worker_exits or {})
     code = torchrun_rc
     me = node_id()
-    finalize_crashsafe(
-        run_dir,
-        {r: _exit_status(w) for r, w in exits.items()},
-        me,
-        pids={r: w.pid for r, w in exits.items() if w.pid > 0},
-    )
+    statuses = {r: _exit_status(w) for r, w in exits.items()}
+    pids = {r: w.pid for r, w in exits.items() if w.pid > 0}
+    with contextlib.suppress(OSError):
+        finalize_rank_dirs(run_dir, statuses, me, pids=pids)
+        finalize_crashsafe(run_dir, statuses, me, pids=pids)
     rec = dict(node)
     changes: dict[str, Any] = {}
     hosts = {socket.gethostname()}
     causes: list[tuple[int, int, int]] = []  # (time ns, rank, code) of failures not torchrun's
     try:
-        run = load_run(run_dir)
+        run = load_run(run_dir, meta_only=True)  # (the metas: no rank's rows are read)
     except MeshprofError:
         run = None
     rank_codes: dict[int, int] = {}
@@ -222,6 +229,8 @@ def finish_manifest(
             # cause is the rank that failed first by itself.
             if causes:
                 code = min(causes)[2]
+                if min(causes)[0] > 0:
+                    rec["cause_ns"] = min(causes)[0]
             else:
                 failed = [c for _, c in sorted(rank_codes.items()) if c != 0]
                 if failed:
@@ -244,10 +253,18 @@ def finish_manifest(
     rec["torchrun_exit_code"] = torchrun_rc
     rec["exit_code"] = code
     rec["status"] = "hang" if hang and hang.get("killed") else ("ok" if code == 0 else "failed")
-    write_node_record(run_dir, me, rec)
+    rec["heartbeat_ns"] = rec["end_ns"]
     changes["end_time"] = _dt.datetime.now().astimezone().isoformat(timespec="seconds")
-    write_merged_manifest(run_dir, manifest.updated(**changes))
-    return code
+    try:
+        write_node_record(run_dir, me, rec)
+        write_merged_manifest(run_dir, manifest.updated(**changes))
+    except OSError as e:
+        print(
+            f"meshprof run: could not write the run record in {run_dir} ({e.strerror or e})",
+            file=sys.stderr,
+        )
+    node_rank = rec.get("node_rank")
+    return code, int(node_rank) if isinstance(node_rank, int) else 0
 
 
 def signed_exit_code(how: str, code: int) -> int:

@@ -6,6 +6,11 @@ When workers fail, torchrun raises ``ChildFailedError``; before it propagates as
 failure (global rank, local rank, pid, exit code: negative for a signal) is written to the file
 its :class:`~meshprof.records.worker_settings.WorkerSettings` names (:mod:`meshprof.rundir.worker_exits`)
 for the launcher.
+
+It also asks the kernel to send it SIGTERM when the launcher dies (``PR_SET_PDEATHSIG``, Linux):
+torchrun then ends its workers as it does on any SIGTERM, so a launcher killed by SIGKILL does
+not leave the job running unsupervised (the workers also watch the launcher themselves:
+:func:`meshprof.launch.bootstrap.watch_launcher`).
 """
 
 from __future__ import annotations
@@ -36,14 +41,36 @@ def save_failures(error: BaseException, path: str) -> None:
         write_worker_exits(path, exits)
 
 
+def die_with_launcher(launcher_pid: int) -> bool:
+    """SIGTERM this process when its parent (the launcher) dies; True when set. When the
+    launcher is already gone (it died before this ran) the SIGTERM is sent at once."""
+    if launcher_pid <= 0 or not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+        import signal
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        if libc.prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0) != 0:
+            return False
+        if os.getppid() != launcher_pid:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return True
+    except (OSError, AttributeError):
+        return False
+
+
 def main(argv: list[str] | None = None) -> None:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun_main
 
+    settings = WorkerSettings.from_env(os.environ)
+    if settings is not None:
+        die_with_launcher(settings.launcher_pid)
     try:
         torchrun_main(sys.argv[1:] if argv is None else argv)
     except ChildFailedError as e:
-        settings = WorkerSettings.from_env(os.environ)
         if settings is not None and settings.worker_exits:
             save_failures(e, settings.worker_exits)
         raise

@@ -22,7 +22,14 @@ Metrics (labels ``rank``, ``node`` — the rank's host name — and where they a
 * ``meshprof_memory_bytes`` (``_peak_bytes``, ``_capacity_bytes``): device memory allocated
   (CUDA) or the process RSS (CPU) at the last step end;
 * ``meshprof_inflight_seconds`` — age of the oldest collective in flight now (the record's age
-  plus its age when written; 0 when none): the hang alarm.
+  plus its age when written; 0 when none): the hang alarm;
+* ``meshprof_compute_seconds`` — median over the recent steps of step time − exposed
+  communication (absent before a step): the straggler's figure;
+* ``meshprof_storage_writing`` — 1 while the rank writes its files to the run directory, 0 once
+  writing stopped (a full or failing disk: training goes on).
+
+Alerting rules over these, evaluated by Prometheus across every node's endpoint (a straggler on
+one node against the job's median), ship as ``meshprof/live/prometheus_rules.yml``.
 """
 
 from __future__ import annotations
@@ -124,8 +131,21 @@ class LiveCollector:
             "age of the oldest collective in flight (0: none)",
             labels=rl,
         )
+        compute = GaugeMetricFamily(
+            "meshprof_compute_seconds",
+            "median over the recent steps of step time minus exposed communication",
+            labels=rl,
+        )
+        storage = GaugeMetricFamily(
+            "meshprof_storage_writing",
+            "1 while the rank writes its files, 0 once writing stopped (full or failing disk)",
+            labels=rl,
+        )
         for r, x in recs.items():
             lab = [str(r), x.hostname or x.node_id]
+            if x.compute_ns > 0:
+                compute.add_metric(lab, x.compute_ns / 1e9)
+            storage.add_metric(lab, 0.0 if x.storage else 1.0)
             running = x.status == "running"
             up.add_metric(lab, 1.0 if running and r not in stale else 0.0)
             if x.step_ns > 0:
@@ -150,6 +170,7 @@ class LiveCollector:
                 age = (x.inflight.age_ns + max(now - x.updated_ns, 0)) / 1e9
             inflight.add_metric(lab, age)
         yield from (up, step, steps, sps, tps, coll, hist, comm, exposed, mem, peak, cap, inflight)
+        yield from (compute, storage)
 
 
 def _buckets(counts: list[int]) -> list[tuple[str, float]]:

@@ -360,6 +360,13 @@ class StepMonitor:
             "monitor_internal_errors": self.internal_errors,
         }
 
+    def keep_rows(self, n: int) -> None:
+        """Keep at most the ``n`` newest spans and memory samples in memory from now on (a
+        rank writer appends them to disk as they come, so the in-memory copy need not hold
+        the whole run)."""
+        self._spans = deque(self._spans, maxlen=max(int(n), 1))
+        self._memory = deque(self._memory, maxlen=max(int(n), 1))
+
     def reset(self) -> None:
         """Forget every span and memory sample (step numbers keep counting)."""
         self._spans.clear()

@@ -66,6 +66,9 @@ class FindingKind(StrEnum):
     """A rank's peak memory is far above the median rank's (also a bottleneck rule)."""
     MISSING_RANK = "missing_rank"
     """A rank's file is missing or damaged."""
+    STORAGE = "storage"
+    """A rank recorded more than it stored: writing stopped (a full or failing disk), or the
+    retention bounds rotated older rows out."""
     CLOCK = "clock"
     """A rank's clock could not be aligned."""
     INCOMPLETE = "incomplete"

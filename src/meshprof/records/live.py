@@ -154,6 +154,9 @@ class RankLive:
     """Cumulative counters and latency histogram per (op, dim)."""
     internal_errors: int = 0
     """Errors the publisher caught in itself (publishing went on)."""
+    storage: str = ""
+    """Why the rank stopped writing its files to the run directory ("writing stopped: ENOSPC
+    (No space left on device)"); "" while it writes. Training and recording go on."""
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON record."""

@@ -31,6 +31,10 @@ class RunSettings(JsonRecord):
     """auto, optimizer, forward or off."""
     max_events: int | None = None
     """Ring-buffer capacity of each rank's recorder (None: its default)."""
+    retain_s: float | None = None
+    """Each rank's segments older than this are deleted (s; 0: no age bound)."""
+    max_disk_bytes: int | None = None
+    """Each rank's files are kept under this size by deleting its oldest segments (0: none)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -55,6 +59,16 @@ class NodeSummary(JsonRecord):
     """When it started."""
     end_ns: int | None = None
     """When it ended (None while it runs)."""
+    heartbeat_ns: int | None = None
+    """When its launcher last said it was alive (refreshed every ``heartbeat_s`` while the job
+    runs): a node "running" without a heartbeat for several intervals is "stale" (its launcher
+    was killed)."""
+    heartbeat_s: float | None = None
+    """Seconds between two heartbeats."""
+    cause_ns: int | None = None
+    """When the failure that decided its exit code happened (a rank's own failure, not
+    torchrun's ending of the others): the job's code is that of the node whose cause came
+    first."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -79,6 +93,9 @@ class Manifest(JsonRecord):
     """``"meshprof-run/1"``."""
     source: str | None = None
     """Who wrote the run directory when not ``meshprof run`` ("performance_monitor", "demo")."""
+    run_id: str | None = None
+    """The run's id, agreed by the launchers of the job through its rendezvous: directories
+    (or rank data) of another run are never mixed with this one."""
     command: list[str] | str | None = None
     """The command line as typed (a string for synthetic runs)."""
     torchrun_command: list[str] | None = None
@@ -119,9 +136,13 @@ class Manifest(JsonRecord):
     exit_code: int | None = None
     """The code ``meshprof run`` exited with (the first failing node's)."""
     status: str | None = None
-    """Worst node's: "hang", "failed", "running" or "ok"."""
+    """Worst node's: "hang", "failed", "stale" (a launcher stopped saying it was alive without
+    finishing: killed), "running" or "ok"."""
     nodes: list[NodeSummary] | None = None
     """One summary per node (launcher), by node rank."""
+    nodes_missing: int | None = None
+    """Nodes of the job (``nnodes``) whose records were not in the directories read: their
+    ranks are on those nodes' own disks (absent: none missing)."""
     rank_exit_codes: dict[str, int | None] | None = None
     """Global rank (as a string) -> its exit code; negative: it died of that signal (-9:
     SIGKILL), as torchrun reports it."""

@@ -11,6 +11,7 @@ from typing import Any
 
 from meshprof.records.codec import RecordError, json_key
 from meshprof.records.json_record import JsonRecord
+from meshprof.records.storage import StorageInfo
 
 RANK_FORMAT = "meshprof-rank/1"
 """The ``format`` of a rank file's meta."""
@@ -177,7 +178,8 @@ class Recovered(JsonRecord):
     """Where a dead rank's data was recovered from."""
 
     from_dir: str | None = field(default=None, metadata=json_key("from"))
-    """The crash-safe folder."""
+    """``"segments"`` (the rank's last tick), or ``"crashsafe"`` (older versions' mapped
+    files)."""
     tick_ns: int | None = None
     """Wall clock of the last tick: the data is complete up to it."""
     step: int | None = None
@@ -290,7 +292,13 @@ class RankMeta(JsonRecord):
     """The step the rank was in at this write (the recorder's step; -1 before the first)."""
     recovered: Recovered | None = None
     """Set when this data was recovered from the crash-safe files of a rank that died without
-    writing its final rank file (:mod:`meshprof.rundir.crashsafe`)."""
+    writing its final rank file: from the crash-safe files of older versions, or from the
+    segments' last tick (:mod:`meshprof.rundir.segments`)."""
+    run_id: str | None = None
+    """The run's id (``meshprof run``: agreed by the launchers of the job)."""
+    storage: StorageInfo | None = None
+    """How the rank's recording was stored (segment files): written, rotated out, and why
+    writing stopped if it did."""
 
 
 __all__ = [

@@ -38,6 +38,20 @@ class WorkerSettings:
     """Ring-buffer capacity of each rank's recorder (None: the recorder's default)."""
     layout: str = ""
     """The dp × tp × pp layout as given (``--layout`` or ``$MESHPROF_LAYOUT``; "" unknown)."""
+    run_id: str = ""
+    """The run's id ("" until the launchers of a multi-node job agree on it: see
+    ``decision_file``)."""
+    decision_file: str = ""
+    """A node-local file where the launcher writes the run directory and run id once the
+    launchers of the job agreed on them (several nodes); the worker waits for it before it
+    writes anything ("" : ``run_dir`` and ``run_id`` are final)."""
+    retain_s: float = 0.0
+    """Each rank's segments older than this are deleted (s; 0: no age bound)."""
+    max_disk_bytes: int = 1 << 30
+    """Each rank's files are kept under this size by deleting its oldest segments (0: none)."""
+    launcher_pid: int = 0
+    """The ``meshprof run`` launcher's pid: a worker whose launcher is gone ends itself (0: no
+    such check)."""
 
     def to_env(self) -> str:
         """The value of :data:`WORKER_ENV`."""

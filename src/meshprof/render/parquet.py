@@ -1,6 +1,6 @@
 """A run as Arrow tables (and Parquet files), for engines that scale past one machine.
 
-Five tables, one file each (``DIR/<name>.parquet``):
+Six tables, one file each (``DIR/<name>.parquet``):
 
 - ``events``: one row per recorded event of every loaded rank (all statuses): ``rank``,
   ``index`` (row in the rank file), ``op``, ``status``, ``group_name``, ``group_desc``,
@@ -14,6 +14,10 @@ Five tables, one file each (``DIR/<name>.parquet``):
   ``start_ns``, ``aligned_start_ns``, ``duration_ns``, ``tokens``, ``samples``, ``cpu_ns``;
 - ``memory``: one sample per step: ``rank``, ``step``, ``t_ns``, ``aligned_t_ns``,
   ``allocated``, ``reserved``, ``peak``, ``rss``, ``capacity`` (bytes; -1 when not available);
+- ``steps``: each rank's per-step totals, kept for the whole run even where the detailed rows
+  were rotated out (segment storage; empty for rank files of older versions): ``rank``,
+  ``step``, ``start_ns``, ``aligned_start_ns``, ``duration_ns``, ``collectives``, ``comm_ns``
+  (the sum of the step's collectives' durations), ``comm_bytes``, ``tokens``, ``memory_peak``;
 - ``groups``: ``name``, ``desc``, ``dimension``, ``size``, ``ranks`` (list of global ranks);
 - ``ranks``: ``rank``, ``host``, ``loaded``, ``problem``, ``clock_offset_ns``,
   ``clock_uncertainty_ns``, ``clock_method``, ``events``, ``steps``.
@@ -47,7 +51,9 @@ if TYPE_CHECKING:
     from meshprof.analyze.run.match import CollectiveMatch
     from meshprof.analyze.run.table import EventTable
 
-TABLES = ("events", "spans", "memory", "groups", "ranks")
+TABLES = ("events", "spans", "memory", "groups", "ranks", "steps")
+OPTIONAL_TABLES = frozenset({"steps"})
+"""Tables an export folder of an older version does not have."""
 
 
 def require_pyarrow() -> Any:
@@ -69,7 +75,7 @@ def _dict_array(pa: Any, codes: np.ndarray, names: list[str]) -> Any:
 
 
 def export_tables(run: LoadedRun) -> dict[str, Any]:
-    """The five tables of a loaded run, with the event table, clock alignment and match they
+    """The tables of a loaded run, with the event table, clock alignment and match they
     need computed here (``pyarrow.Table`` each; see the module docstring)."""
     from meshprof.report.executor import run_stages
     from meshprof.report.stages import REPORT_STAGES
@@ -83,7 +89,7 @@ def export_tables(run: LoadedRun) -> dict[str, Any]:
 def run_tables(
     run: LoadedRun, table: EventTable, clock: ClockAlignment, m: CollectiveMatch
 ) -> dict[str, Any]:
-    """The five tables of a loaded run (``pyarrow.Table`` each; see the module docstring), its
+    """The tables of a loaded run (``pyarrow.Table`` each; see the module docstring), its
     aligned times and waits from ``table``, ``clock`` and ``m`` (computed from ``run``)."""
     from meshprof.analyze.compute.sorting import RowsByKey
 
@@ -125,7 +131,7 @@ def run_tables(
     g_dim_code = np.asarray([dim_names.index(d) for d in gdim] or [0], dtype=np.int32)
 
     batches = []
-    spans, memory, rank_rows = [], [], []
+    spans, memory, steps, rank_rows = [], [], [], []
     for r in sorted(run.ranks):
         rd = run.ranks[r]
         ev = rd.events
@@ -218,6 +224,19 @@ def run_tables(
                 for k in ("allocated", "reserved", "peak", "rss", "capacity")
             }
         )
+        st = rd.steps
+        steps.append(
+            {"rank": np.full(len(st), r, dtype=np.int32), "step": st["step"].astype(np.int32)}
+            | {
+                "start_ns": st["start_ns"].astype(np.int64),
+                "aligned_start_ns": st["start_ns"].astype(np.int64) + off,
+            }
+            | {
+                k: st[k].astype(np.int64)
+                for k in ("duration_ns", "collectives", "comm_ns", "comm_bytes", "tokens")
+            }
+            | {"memory_peak": st["memory_peak"].astype(np.int64)}
+        )
         rank_rows.append(r)
     events = pa.Table.from_batches(batches) if batches else pa.table({})
 
@@ -286,6 +305,7 @@ def run_tables(
         "memory": concat(memory),
         "groups": groups_t,
         "ranks": ranks_t,
+        "steps": concat(steps),
     }
 
 

@@ -127,6 +127,8 @@ def _headline(rep: RunReport, console: Console) -> None:
         where = (
             f", {len(nodes)} nodes ({', '.join(md.get('hosts') or [])})" if len(nodes) > 1 else ""
         )
+        if md.get("nodes_missing"):  # node-local directories: the others were not read
+            where += f"; {md['nodes_missing']} of {md.get('nnodes')} nodes not read"
         console.print(
             f"job: {md['status']}, exit code {md.get('exit_code')}{where}",
             highlight=False,

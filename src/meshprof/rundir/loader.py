@@ -1,14 +1,17 @@
-"""Loading a run directory: the merged manifest and every rank file that reads
-(:func:`load_run` -> :class:`LoadedRun`). Missing or damaged ranks are listed, not fatal; so is a
-missing or damaged ``manifest.json`` (the rank files are still read). A rank that died without
-writing its final rank file is read from its crash-safe files when they are newer
-(:mod:`meshprof.rundir.crashsafe`; its meta's ``recovered`` says so)."""
+"""Loading a run: the merged manifest and every rank that reads (:func:`load_run` ->
+:class:`LoadedRun`), from one run directory or from several (each node's own directory, when the
+nodes share no file system). A rank is a folder of segments (:mod:`meshprof.rundir.segments`) or,
+from older versions, a single rank file. Missing or damaged ranks are listed, not fatal; so is a
+missing or damaged ``manifest.json`` (the ranks are still read). A rank that died without its
+final write is read up to its last tick (its meta's ``recovered`` says so); what a rank recorded
+but did not store (retention, a full disk) is said in :attr:`LoadedRun.storage_notes`."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +20,9 @@ from meshprof.layout import Layout
 from meshprof.rundir.crashsafe import crashsafe_ranks, is_newer_than, recover_rank
 from meshprof.rundir.manifest import merge_node_records, read_manifest, read_node_records
 from meshprof.rundir.rankfile import RankData, load_rank_file
-from meshprof.rundir.schema import MANIFEST, RANK_FILE_RE, Manifest, rank_file, resolve_layout
+from meshprof.rundir.schema import MANIFEST, Manifest, rank_entries, rank_file, resolve_layout
+from meshprof.rundir.segment_reader import load_rank_dir
+from meshprof.rundir.storage_notes import StorageNote, storage_notes
 
 
 @dataclass(slots=True)
@@ -44,6 +49,15 @@ class LoadedRun:
     :mod:`meshprof.rundir.sampling`)."""
     sample_reason: str = ""
     """Why the run was sampled, in words ("" when it was not)."""
+    paths: tuple[Path, ...] = ()
+    """Every directory read (``path`` is the first): one per node without a shared file
+    system."""
+    elsewhere: frozenset[int] = frozenset()
+    """Ranks missing here that ran on a node whose directory was not read (listed in
+    ``problems`` too, but not failures of the job)."""
+    storage_notes: tuple[StorageNote, ...] = field(default=())
+    """What ranks recorded but did not store: rotated out, dropped, or not written once the
+    disk filled up."""
 
     def layout_of(self, rank: int) -> Layout | None:
         """The dp/tp/pp layout rank ``rank`` ran with (:func:`resolve_layout`)."""
@@ -65,9 +79,21 @@ def _load_or_reason(
     lean: bool = False,
     sample_limit: int | None = None,
     shared_text: dict[str, list[int]] | None = None,
+    meta_only: bool = False,
 ) -> RankData | str:
     try:
-        rd = load_rank_file(path, lean=lean, sample_limit=sample_limit, shared_ranks=shared_text)
+        if path.is_dir():
+            rd = load_rank_dir(
+                path,
+                lean=lean,
+                sample_limit=sample_limit,
+                shared_ranks=shared_text,
+                meta_only=meta_only,
+            )
+        else:
+            rd = load_rank_file(
+                path, lean=lean or meta_only, sample_limit=sample_limit, shared_ranks=shared_text
+            )
     except MeshprofError as e:
         return str(e)
     if shared is not None:
@@ -94,7 +120,7 @@ _THREADED_MIN_BYTES = 4 << 20
 
 
 def _load_forked(
-    paths: list[Path], lean: bool, sample_limit: int | None, processes: int
+    paths: list[Path], lean: bool, sample_limit: int | None, processes: int, meta_only: bool
 ) -> list[RankData | str] | None:
     """The files loaded on ``processes`` forked workers (:mod:`meshprof.forking`), a chunk of
     files each, the loaded arrays pickled back; None where forking is unsafe. A chunk whose
@@ -104,7 +130,7 @@ def _load_forked(
     def load_chunk(part: list[Path]) -> list[RankData | str]:
         shared: dict[tuple[str, int], list[Any]] = {}
         text: dict[str, list[int]] = {}
-        return [_load_or_reason(p, shared, lean, sample_limit, text) for p in part]
+        return [_load_or_reason(p, shared, lean, sample_limit, text, meta_only) for p in part]
 
     parts = chunks(paths, processes)
     forked = start(load_chunk, parts, processes)
@@ -126,6 +152,7 @@ def _load_all(
     lean: bool = False,
     sample_limit: int | None = None,
     processes: int = 1,
+    meta_only: bool = False,
 ) -> list[RankData | str]:
     """Rank files are independent: large ones are read on a thread pool (one thread per core,
     at most 8), small ones one after the other. Measured on 2 shared cores (benchmarks/README.md,
@@ -146,88 +173,164 @@ def _load_all(
             workers = 1
     if workers <= 1:
         if processes > 1 and len(paths) > 1:
-            got = _load_forked(paths, lean, sample_limit, processes)
+            got = _load_forked(paths, lean, sample_limit, processes, meta_only)
             if got is not None:
                 return got
-        return [_load_or_reason(p, shared, lean, sample_limit, shared_text) for p in paths]
+        return [
+            _load_or_reason(p, shared, lean, sample_limit, shared_text, meta_only) for p in paths
+        ]
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(workers, thread_name_prefix="meshprof-load") as pool:
         return list(
-            pool.map(lambda p: _load_or_reason(p, shared, lean, sample_limit, shared_text), paths)
+            pool.map(
+                lambda p: _load_or_reason(p, shared, lean, sample_limit, shared_text, meta_only),
+                paths,
+            )
         )
 
 
+def _check_dir(run_dir: Path) -> None:
+    if not run_dir.exists():
+        raise MeshprofError(f"{run_dir}: no such directory")
+    if not run_dir.is_dir():
+        raise MeshprofError(f"{run_dir}: not a directory (expected a meshprof run directory)")
+
+
+def _entry_time(path: Path) -> float:
+    """When a rank's data was last written (for the same rank in two directories)."""
+    try:
+        if path.is_dir():
+            return max((p.stat().st_mtime for p in path.iterdir()), default=0.0)
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def _read_manifests(dirs: list[Path]) -> tuple[Manifest, list[dict[str, Any]], str, str]:
+    """The first readable manifest of ``dirs``, every node record (one per node id: the
+    latest), the manifest's state and problem."""
+    state, problem = "missing", ""
+    base: Manifest | None = None
+    run_ids: dict[str, Path] = {}
+    for d in dirs:
+        try:
+            m = read_manifest(d)
+        except MeshprofError as e:
+            if base is None:
+                state, problem = "damaged", f"{e}; the rank files are analysed without it"
+            continue
+        if not (d / MANIFEST).exists():
+            continue
+        if m.run_id:
+            run_ids.setdefault(m.run_id, d)
+        if base is None:
+            base, state, problem = m, "ok", ""
+    if len(run_ids) > 1:
+        (a, da), (b, db) = list(run_ids.items())[:2]
+        raise MeshprofError(
+            f"{db} holds another run (run id {b}) than {da} (run id {a}): give the directories "
+            "of one run"
+        )
+    if base is None and state == "missing":
+        problem = f"{MANIFEST}: missing; the rank files are analysed without it"
+    records: dict[str, dict[str, Any]] = {}
+    for d in dirs:
+        for rec in read_node_records(d):
+            key = str(rec.get("node_id", ""))
+            have = records.get(key)
+            if have is None or _record_time(rec) >= _record_time(have):
+                records[key] = rec
+    merged = sorted(
+        records.values(), key=lambda r: (int(r.get("node_rank") or 0), str(r.get("node_id", "")))
+    )
+    return base or Manifest(), merged, state, problem
+
+
+def _record_time(rec: dict[str, Any]) -> int:
+    return max(int(rec.get(k) or 0) for k in ("end_ns", "heartbeat_ns", "start_ns"))
+
+
 def load_run(
-    run_dir: str | Path,
+    run_dir: str | Path | Sequence[str | Path],
     *,
     lean: bool = False,
     sample: float = 1.0,
     sample_reason: str = "",
     processes: int = 1,
+    meta_only: bool = False,
 ) -> LoadedRun:
-    """Load every rank file of a run directory. Missing or damaged ranks are listed in
-    ``problems``; the rest still load. No usable rank at all raises
-    :class:`~meshprof.errors.NoUsableRankFileError`.
+    """Load every rank of a run directory, or of several directories of one run (each node's
+    own: their ranks, node records and manifests are merged; a rank found in two is read from
+    the one written last). Missing or damaged ranks are listed in ``problems``; the rest still
+    load. No usable rank at all raises :class:`~meshprof.errors.NoUsableRankFileError`;
+    directories of different runs (their manifests' run ids differ) raise
+    :class:`~meshprof.errors.MeshprofError`.
 
     ``lean``: each rank's ``events`` keeps only its completed events and the columns the run
     report reads, in narrow dtypes (:func:`~meshprof.rundir.rankfile.load_rank_file`);
     ``sample`` < 1 (implies ``lean``): only a consistent sample of that fraction of the
     collectives, chosen by the recorder's (group, seq) hash (:mod:`meshprof.rundir.sampling`).
     ``processes`` > 1: many small rank files are read on that many forked processes where that
-    is safe (Linux, no other thread running; the result is the same)."""
+    is safe (Linux, no other thread running; the result is the same). ``meta_only``: the
+    ranks' metas (and how a dead rank ended) without their rows, for the launcher's record."""
     from meshprof.rundir.sampling import threshold
 
     if not (0.0 < sample <= 1.0):
         raise MeshprofError(f"sample fraction must be in (0, 1], got {sample}")
     lean = lean or sample < 1.0
     limit = threshold(sample) if sample < 1.0 else None
-    run_dir = Path(run_dir)
-    if not run_dir.exists():
-        raise MeshprofError(f"{run_dir}: no such directory")
-    if not run_dir.is_dir():
-        raise MeshprofError(f"{run_dir}: not a directory (expected a meshprof run directory)")
-    manifest_state, manifest_problem = "ok", ""
-    try:
-        raw_manifest = read_manifest(run_dir)
-    except MeshprofError as e:
-        raw_manifest, manifest_state = Manifest(), "damaged"
-        manifest_problem = f"{e}; the rank files are analysed without it"
-    else:
-        if not (run_dir / MANIFEST).exists():
-            manifest_state = "missing"
-            manifest_problem = f"{MANIFEST}: missing; the rank files are analysed without it"
-    manifest = merge_node_records(raw_manifest, read_node_records(run_dir))
+    given = [run_dir] if isinstance(run_dir, str | Path) else list(run_dir)
+    if not given:
+        raise MeshprofError("no run directory given")
+    dirs: list[Path] = []
+    for d in map(Path, given):
+        _check_dir(d)
+        if all(d.resolve() != x.resolve() for x in dirs):
+            dirs.append(d)
+    raw_manifest, records, manifest_state, manifest_problem = _read_manifests(dirs)
+    manifest = merge_node_records(raw_manifest, records)
+    chosen: dict[int, Path] = {}
+    for d in dirs:
+        for r, p in rank_entries(d):
+            have = chosen.get(r)
+            if have is None or _entry_time(p) > _entry_time(have):
+                chosen[r] = p
     ranks: dict[int, RankData] = {}
     problems: dict[int, str] = {}
-    files = [
-        (int(mm.group(1)), f)
-        for f in sorted(run_dir.iterdir())
-        if (mm := RANK_FILE_RE.match(f.name)) is not None
-    ]
+    files = sorted(chosen.items())
     for r, got in zip(
-        (r for r, _ in files), _load_all([f for _, f in files], lean, limit, processes), strict=True
+        (r for r, _ in files),
+        _load_all([f for _, f in files], lean, limit, processes, meta_only),
+        strict=True,
     ):
         if isinstance(got, RankData):
             ranks[r] = got
         else:
             problems[r] = got
-    for r in crashsafe_ranks(run_dir):
-        rec = recover_rank(run_dir, r)
-        if rec is not None and is_newer_than(rec, ranks.get(r)):
-            ranks[r] = rec
-            problems.pop(r, None)
+    for d in dirs:
+        for r in crashsafe_ranks(d):
+            rec = recover_rank(d, r)
+            if rec is not None and is_newer_than(rec, ranks.get(r)):
+                ranks[r] = rec
+                problems.pop(r, None)
     world = int(manifest.world_size or 0)
     for rd in ranks.values():
         world = max(world, rd.world_size)
     world = max(world, max(list(ranks) + list(problems), default=-1) + 1)
+    elsewhere = _elsewhere(manifest, records, set(range(world)) - set(ranks) - set(problems))
     for r in range(world):
         if r not in ranks and r not in problems:
-            problems[r] = f"{rank_file(run_dir, r).name}: missing"
+            problems[r] = (
+                f"{rank_file(dirs[0], r).stem}: on another node, whose run directory was not "
+                "read (meshprof report DIR1 DIR2 ..., or meshprof collect)"
+                if r in elsewhere
+                else f"{rank_file(dirs[0], r).name}: missing"
+            )
     if not ranks:
-        raise NoUsableRankFileError(run_dir, problems)
+        raise NoUsableRankFileError(dirs[0], problems)
     return LoadedRun(
-        path=run_dir,
+        path=dirs[0],
         manifest=manifest,
         ranks=ranks,
         problems=problems,
@@ -237,7 +340,22 @@ def load_run(
         lean=lean,
         sample_fraction=float(sample),
         sample_reason=sample_reason if sample < 1.0 else "",
+        paths=tuple(dirs),
+        elsewhere=frozenset(elsewhere),
+        storage_notes=() if meta_only else storage_notes(ranks),
     )
+
+
+def _elsewhere(manifest: Manifest, records: list[dict[str, Any]], missing: set[int]) -> set[int]:
+    """Of the ``missing`` ranks, those that ran on a node none of whose records was read: the
+    job had more nodes (``nnodes``) than the records present, and no present node lists them."""
+    nnodes = str(manifest.nnodes or "")
+    if not missing or not nnodes.isdigit() or len(records) >= int(nnodes):
+        return set()
+    listed: set[int] = set()
+    for rec in records:
+        listed |= {int(r) for r in rec.get("ranks") or [] if isinstance(r, int)}
+    return {r for r in missing if r not in listed}
 
 
 __all__ = ["LoadedRun", "load_run"]

@@ -9,6 +9,7 @@ shared file system) reads the same as one written on a shared one.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,11 @@ from meshprof.rundir.atomic import atomic_write_text
 from meshprof.rundir.schema import MANIFEST, NODES_DIR, RUN_FORMAT, Manifest, node_record_path
 
 #: How a job ended, worst first: the merged status is the worst node's.
-STATUS_ORDER = ("hang", "failed", "running", "ok")
+STATUS_ORDER = ("hang", "failed", "stale", "running", "ok")
+#: A node "running" whose launcher has not refreshed its heartbeat for this many intervals (and
+#: at least :data:`STALE_MIN_S` seconds) is "stale": its launcher is gone.
+STALE_INTERVALS = 4
+STALE_MIN_S = 2.0
 #: The fields of a node record summarized in the manifest's ``nodes`` list.
 NODE_SUMMARY_KEYS = (
     "node_id",
@@ -32,6 +37,8 @@ NODE_SUMMARY_KEYS = (
     "start_ns",
     "end_ns",
 )
+#: Summarized only when the record has them (records of older versions do not).
+NODE_OPTIONAL_KEYS = ("heartbeat_ns", "heartbeat_s", "cause_ns")
 
 
 def as_manifest(manifest: Manifest | Mapping[str, Any]) -> Manifest:
@@ -94,15 +101,39 @@ def read_node_records(run_dir: str | Path) -> list[dict[str, Any]]:
     return out
 
 
+def node_status(rec: Mapping[str, Any], now_ns: int | None = None) -> str:
+    """A node record's status, "stale" for a "running" one whose heartbeat stopped."""
+    status = str(rec.get("status") or "running")
+    beat = rec.get("heartbeat_ns")
+    if status != "running" or not isinstance(beat, int):
+        return status
+    every = float(rec.get("heartbeat_s") or 10.0)
+    now = time.time_ns() if now_ns is None else now_ns
+    if now - beat > max(STALE_INTERVALS * every, STALE_MIN_S) * 1e9:
+        return "stale"
+    return status
+
+
+def _first_failing(failing: list[dict[str, Any]]) -> dict[str, Any]:
+    """The failing node whose own failure came first (``cause_ns``), else the first by node
+    rank: a node whose ranks torchrun ended because another node's rank died is not the
+    cause."""
+    timed = [rec for rec in failing if isinstance(rec.get("cause_ns"), int)]
+    if timed:
+        return min(timed, key=lambda rec: int(rec["cause_ns"]))
+    return failing[0]
+
+
 def merge_node_records(
     manifest: Manifest | Mapping[str, Any], records: list[dict[str, Any]]
 ) -> Manifest:
     """The manifest with the job-level fields derived from the node records: ``nodes`` (one
     summary per node), ``hosts`` (union), ``rank_exit_codes`` and ``rank_signals`` (unions),
-    ``status`` (the worst
-    node's: hang, failed, running, ok), ``exit_code`` (the first failing node's, by node rank),
+    ``status`` (the worst node's: hang, failed, stale, running, ok), ``exit_code`` (the failing
+    node's whose own failure came first, else the first failing node's by node rank),
     ``torchrun_exit_code`` (likewise), ``end_ns`` (the last node's; None while one runs),
-    ``start_ns`` (the first), ``hang`` (the first node's, unless the manifest has one)."""
+    ``start_ns`` (the first), ``hang`` (the first node's, unless the manifest has one),
+    ``nodes_missing`` (fewer records than ``nnodes``)."""
     m = as_manifest(manifest)
     if not records:
         return m
@@ -113,12 +144,20 @@ def merge_node_records(
         hosts |= set(rec.get("hosts") or [])
         codes.update({str(k): v for k, v in (rec.get("rank_exit_codes") or {}).items()})
         signals.update({str(k): v for k, v in (rec.get("rank_signals") or {}).items()})
-    statuses = [str(rec.get("status") or "running") for rec in records]
+    now = time.time_ns()
+    statuses = [node_status(rec, now) for rec in records]
     failing = [rec for rec in records if rec.get("exit_code") not in (0, None)]
-    first = failing[0] if failing else records[0]
+    first = _first_failing(failing) if failing else records[0]
     ends = [rec.get("end_ns") for rec in records]
+    nodes = []
+    for rec, status in zip(records, statuses, strict=True):
+        node = {k: rec.get(k) for k in NODE_SUMMARY_KEYS}
+        if status == "stale":
+            node["status"] = status
+        node.update({k: rec[k] for k in NODE_OPTIONAL_KEYS if rec.get(k) is not None})
+        nodes.append(node)
     changes: dict[str, Any] = {
-        "nodes": [{k: rec.get(k) for k in NODE_SUMMARY_KEYS} for rec in records],
+        "nodes": nodes,
         "hosts": sorted(hosts),
         "rank_exit_codes": dict(sorted(codes.items(), key=lambda kv: int(kv[0]))),
         "status": min(statuses, key=lambda s: STATUS_ORDER.index(s) if s in STATUS_ORDER else 0),
@@ -134,14 +173,19 @@ def merge_node_records(
     hangs = [rec["hang"] for rec in records if rec.get("hang")]
     if hangs and not m.hang:
         changes["hang"] = hangs[0]
+    nnodes = str(m.nnodes or "")
+    if nnodes.isdigit() and len(records) < int(nnodes):
+        changes["nodes_missing"] = int(nnodes) - len(records)
     return m.updated(**changes)
 
 
 __all__ = [
+    "NODE_OPTIONAL_KEYS",
     "NODE_SUMMARY_KEYS",
     "STATUS_ORDER",
     "as_manifest",
     "merge_node_records",
+    "node_status",
     "read_manifest",
     "read_node_records",
     "write_manifest",

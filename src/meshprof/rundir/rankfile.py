@@ -20,18 +20,29 @@ import io
 import json
 import re
 import zipfile
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from meshprof.errors import MeshprofError
-from meshprof.events import CUSTOM_BASE, EVENT_DTYPE, MEMORY_DTYPE, OP_NAMES, SPAN_DTYPE
+from meshprof.events import (
+    CUSTOM_BASE,
+    EVENT_DTYPE,
+    MEMORY_DTYPE,
+    OP_NAMES,
+    SPAN_DTYPE,
+    STEP_TOTALS_DTYPE,
+)
 from meshprof.records.codec import RecordError
 from meshprof.records.rank_meta import GroupRecord
 from meshprof.rundir.atomic import atomic_write_bytes
-from meshprof.rundir.schema import RANK_FILE_RE, RankMeta, rank_file
+from meshprof.rundir.schema import RANK_FILE_RE, RANK_FORMAT, RankMeta, rank_file
+
+if TYPE_CHECKING:
+    from meshprof.comm.recorder import CommProfiler
 
 
 @dataclass(slots=True)
@@ -49,6 +60,10 @@ class RankData:
     inflight: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=EVENT_DTYPE))
     """EVENT_DTYPE rows of the collectives in flight at the write (status pending, duration
     -1), oldest first; none of them is in ``events``."""
+
+    steps: np.ndarray = field(default_factory=lambda: np.zeros(0, STEP_TOTALS_DTYPE))
+    """Per-step totals (STEP_TOTALS_DTYPE) for the whole run, including the steps whose
+    detailed rows were rotated out (segment storage; empty for a single rank file)."""
 
     @property
     def world_size(self) -> int:
@@ -244,65 +259,73 @@ def _lean_dtype(hi: dict[str, int], lo: dict[str, int]) -> np.dtype:
     return np.dtype(fields)
 
 
-def _read_events_lean(
-    zf: zipfile.ZipFile, groups: list[Any], sample_limit: int | None, fd: int | None = None
-) -> tuple[np.ndarray, int] | None:
-    """The completed events (duration ≥ 0) of a rank file, only the :data:`LEAN_FIELDS`, each
-    column as narrow as its values allow; with ``sample_limit``, only the collectives whose
-    (group, seq) hash is below it (:mod:`meshprof.rundir.sampling`). Two passes over the member
-    in chunks (sizes, then copy): the full EVENT_DTYPE array is never held. Returns (events,
-    rows in the file); None when the member is not a plain EVENT_DTYPE array."""
+def lean_events(
+    chunks: Callable[[], Iterator[np.ndarray]], groups: list[Any], sample_limit: int | None
+) -> np.ndarray:
+    """The completed events (duration ≥ 0) of EVENT_DTYPE ``chunks``, only the
+    :data:`LEAN_FIELDS`, each column as narrow as its values allow; with ``sample_limit``, only
+    the collectives whose (group, seq) hash is below it (:mod:`meshprof.rundir.sampling`).
+    ``chunks()`` returns a fresh iterator over the rows and is called twice (sizes, then copy)
+    unless the first pass saw a single chunk: the full EVENT_DTYPE array is never held."""
     from meshprof.rundir.sampling import group_crcs, sampled
 
     crcs = group_crcs(groups)
     ngroups = len(groups)
 
-    def chunks() -> Any:
-        with _open_member(zf, fd, "events.npy") as f:
-            parsed = _member_header(f, "events")
-            if parsed is None or parsed[0] != EVENT_DTYPE or len(parsed[1]) != 1:
-                yield None
-                return
-            n = parsed[1][0]
-            buf = np.empty(min(n, _LEAN_CHUNK), dtype=EVENT_DTYPE)
-            for b0 in range(0, n, _LEAN_CHUNK):
-                c = buf[: min(_LEAN_CHUNK, n - b0)]
-                _read_into(f, c, "events")
-                keep = c["duration_ns"] >= 0
-                if sample_limit is not None:
-                    g = c["group"]
-                    known = g < ngroups
-                    keep &= known
-                    keep &= sampled(c["seq"], crcs[np.where(known, g, 0)], sample_limit)
-                yield n, (c if keep.all() else c[keep])
+    def kept(c: np.ndarray) -> np.ndarray:
+        keep = c["duration_ns"] >= 0
+        if sample_limit is not None:
+            g = c["group"]
+            known = g < ngroups
+            keep &= known
+            keep &= sampled(c["seq"], crcs[np.where(known, g, 0)], sample_limit)
+        return c if keep.all() else c[keep]
 
     big = np.iinfo(np.int64).max
     lo = dict.fromkeys(_WIDE, big)
     hi = dict.fromkeys(_WIDE, -big)
-    count, total = 0, 0
-    first: list[Any] = []  # a member of one chunk is read once, not once per pass
-    for item in chunks():
-        if item is None:
-            return None
-        total, c = item
-        if total <= _LEAN_CHUNK:
-            first.append(item)
-        count += len(c)
-        if len(c):
+    count = 0
+    first: np.ndarray | None = None  # a single chunk is read once, not once per pass
+    for seen, c in enumerate(chunks()):
+        k = kept(c)
+        first = k if seen == 0 else None
+        count += len(k)
+        if len(k):
             for name in _WIDE:
-                lo[name] = min(lo[name], int(c[name].min()))
-                hi[name] = max(hi[name], int(c[name].max()))
+                lo[name] = min(lo[name], int(k[name].min()))
+                hi[name] = max(hi[name], int(k[name].max()))
     out = np.empty(count, dtype=_lean_dtype(hi, lo))
     pos = 0
-    for item in first if total <= _LEAN_CHUNK else chunks():
-        assert item is not None
-        c = item[1]
+    for k in [first] if first is not None else (kept(c) for c in chunks()):
         for name in LEAN_FIELDS:
-            out[name][pos : pos + len(c)] = c[name]
-        pos += len(c)
+            out[name][pos : pos + len(k)] = k[name]
+        pos += len(k)
     if pos != count:
         raise ValueError("events: changed while read")
-    return out, total
+    return out
+
+
+def _read_events_lean(
+    zf: zipfile.ZipFile, groups: list[Any], sample_limit: int | None, fd: int | None = None
+) -> tuple[np.ndarray, int] | None:
+    """:func:`lean_events` of a rank file's ``events`` member, read in chunks. Returns (events,
+    rows in the file); None when the member is not a plain EVENT_DTYPE array."""
+    with _open_member(zf, fd, "events.npy") as f:
+        parsed = _member_header(f, "events")
+    if parsed is None or parsed[0] != EVENT_DTYPE or len(parsed[1]) != 1:
+        return None
+    n = parsed[1][0]
+
+    def chunks() -> Iterator[np.ndarray]:
+        with _open_member(zf, fd, "events.npy") as f:
+            _member_header(f, "events")
+            buf = np.empty(min(n, _LEAN_CHUNK), dtype=EVENT_DTYPE)
+            for b0 in range(0, n, _LEAN_CHUNK):
+                c = buf[: min(_LEAN_CHUNK, n - b0)]
+                _read_into(f, c, "events")
+                yield c
+
+    return lean_events(chunks, groups, sample_limit), n
 
 
 _LONG_RANKS = re.compile(r'"ranks": ?(\[[0-9, ]{2048,}\])')
@@ -310,7 +333,7 @@ _LONG_RANKS = re.compile(r'"ranks": ?(\[[0-9, ]{2048,}\])')
 _SHARED = "@meshprof-shared-"
 
 
-def _parse_meta(text: str, shared: dict[str, list[int]] | None) -> Any:
+def parse_meta(text: str, shared: dict[str, list[int]] | None) -> Any:
     """The meta JSON. With ``shared`` (one dict per run load), every long ``"ranks": [...]``
     list is parsed once per distinct text and the same list object is put in every rank's
     meta that has it: every rank file lists the world group's members, so 4,096 files hold
@@ -367,7 +390,7 @@ def load_rank_file(
                 names = (*names, "inflight")
             arrays = _read_npz(Path(path), names, zf)
             spans, memory = arrays["spans"], arrays["memory"]
-            raw = _parse_meta(bytes(arrays["meta"]).decode("utf-8"), shared_ranks)
+            raw = parse_meta(bytes(arrays["meta"]).decode("utf-8"), shared_ranks)
             if lean and isinstance(raw, dict):
                 groups = raw.get("groups") if isinstance(raw.get("groups"), list) else []
                 import os
@@ -420,4 +443,62 @@ def load_rank_file(
     )
 
 
-__all__ = ["LEAN_FIELDS", "RankData", "load_rank_file", "write_rank_file"]
+def rank_data(
+    prof: CommProfiler, monitor: Any = None, extra_meta: dict[str, Any] | None = None
+) -> RankData:
+    """Everything ``prof`` (and ``monitor``) hold now, as one rank file's content.
+
+    Everything comes from one read of the recorder (:meth:`~meshprof.comm.recorder.CommProfiler.read`):
+    the completed events go to ``events``, the collectives in flight at that instant to
+    ``inflight`` (a collective in flight at one write is in ``events`` at a later one, and in
+    one of the two only), and the statistics count both. Side tables keyed by event id in the
+    recorder (errors, metadata) are re-keyed by the row index within the written ``events``
+    array (as strings: the meta is JSON). ``extra_meta`` entries (RankMeta keys, or free-form
+    ones kept in ``extra``) override the recorder's own.
+    """
+    reading = prof.read(stats=True)  # one instant: completed events, ops in flight, statistics
+    events, ids = reading.events, reading.ids
+    first_id = int(ids[0]) if len(ids) else 0
+    log = prof.log
+    errors = {str(i - first_id): text for i, text in list(log.errors.items()) if i >= first_id}
+    metadata = {str(i - first_id): m for i, m in list(log.metadata.items()) if i >= first_id}
+    stats = prof.accumulated_stats_dict(reading)
+    meta = RankMeta.from_dict(prof.meta(reading))
+    meta = meta.updated(
+        format=RANK_FORMAT,
+        dtypes=list(log.dtypes),
+        labels=list(log.labels),
+        errors=errors,
+        metadata=metadata,
+        stats=stats,
+        first_event_id=first_id,
+        span_names=[],
+    )
+    spans = np.zeros(0, dtype=SPAN_DTYPE)
+    memory = np.zeros(0, dtype=MEMORY_DTYPE)
+    if monitor is not None:
+        spans, names = monitor.spans_array()
+        memory = monitor.memory_array()
+        meta = meta.updated(span_names=list(names), monitor=monitor.to_meta())
+    if extra_meta:
+        meta = meta.updated(**extra_meta)
+    rank = int(meta.rank if meta.rank is not None else -1)
+    return RankData(
+        rank=max(rank, 0),
+        events=events,
+        spans=spans,
+        memory=memory,
+        meta=meta,
+        inflight=reading.pending.rows,
+    )
+
+
+__all__ = [
+    "LEAN_FIELDS",
+    "RankData",
+    "lean_events",
+    "load_rank_file",
+    "parse_meta",
+    "rank_data",
+    "write_rank_file",
+]

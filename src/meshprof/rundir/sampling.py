@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from meshprof.errors import MeshprofError
-from meshprof.rundir.schema import RANK_FILE_RE
+from meshprof.rundir.schema import rank_entries
 
 _HASH_MULT = 2654435761  # the recorder's multiplier (Knuth's multiplicative hash)
 EVENT_FILE_BYTES = 54
@@ -57,13 +57,16 @@ def sampled(seq: np.ndarray, crc: np.ndarray, limit: int) -> np.ndarray:
     return h < np.uint64(limit)
 
 
-def events_on_disk(run_dir: str | Path) -> int:
-    """About how many events the run's rank files hold (from their sizes; no file is read)."""
+def events_on_disk(run_dir: str | Path | Iterable[str | Path]) -> int:
+    """About how many events the run's ranks hold (from the sizes of their files and segments;
+    no file is read), over one run directory or several."""
+    dirs = [run_dir] if isinstance(run_dir, str | Path) else list(run_dir)
     total = 0
-    for f in Path(run_dir).iterdir():
-        if RANK_FILE_RE.match(f.name):
+    for d in dirs:
+        for _, path in rank_entries(d):
             try:
-                total += f.stat().st_size // EVENT_FILE_BYTES
+                files = path.iterdir() if path.is_dir() else [path]
+                total += sum(f.stat().st_size for f in files) // EVENT_FILE_BYTES
             except OSError:
                 continue
     return total

@@ -6,7 +6,9 @@
                                the demo); with several nodes each launcher rewrites it merged with
                                every node record
     DIR/nodes/NODE.json        one record per launcher (node), merged into the manifest on load
-    DIR/rank00000.npz ...      one file per rank: EVENT/SPAN/MEMORY columns + RankMeta as JSON
+    DIR/rank00000/ ...         one folder per rank: append-only segments + RankMeta as JSON
+                               (:mod:`meshprof.rundir.segments`)
+    DIR/rank00000.npz ...      one file per rank (the format before segments; still read)
     DIR/traces/                torch.profiler traces (optional)
     DIR/hang/                  watchdog dumps (optional)
 
@@ -36,11 +38,34 @@ HANG_DIR = "hang"
 TRACES_DIR = "traces"
 RANK_FILE_RE = re.compile(r"^rank(\d+)\.npz$")
 """Names of rank files; group 1 is the rank."""
+RANK_DIR_RE = re.compile(r"^rank(\d+)$")
+"""Names of rank folders (segments); group 1 is the rank."""
 
 
 def rank_file(run_dir: str | Path, rank: int) -> Path:
     """Where rank ``rank``'s file is: ``DIR/rank00003.npz``."""
     return Path(run_dir) / f"rank{rank:05d}.npz"
+
+
+def rank_dir(run_dir: str | Path, rank: int) -> Path:
+    """Where rank ``rank`` keeps its segments: ``DIR/rank00003/``."""
+    return Path(run_dir) / f"rank{rank:05d}"
+
+
+def rank_entries(run_dir: str | Path) -> list[tuple[int, Path]]:
+    """Every rank's data in ``run_dir``, by rank: its folder of segments, else its rank file
+    (an empty list when the directory cannot be listed)."""
+    found: dict[int, Path] = {}
+    try:
+        entries = sorted(Path(run_dir).iterdir())
+    except OSError:
+        return []
+    for p in entries:
+        if (m := RANK_DIR_RE.match(p.name)) is not None and p.is_dir():
+            found[int(m.group(1))] = p
+        elif (m := RANK_FILE_RE.match(p.name)) is not None:
+            found.setdefault(int(m.group(1)), p)
+    return sorted(found.items())
 
 
 def node_record_path(run_dir: str | Path, node_id: str) -> Path:
@@ -68,6 +93,7 @@ __all__ = [
     "HANG_DIR",
     "MANIFEST",
     "NODES_DIR",
+    "RANK_DIR_RE",
     "RANK_FILE_RE",
     "RANK_FORMAT",
     "RUN_FORMAT",
@@ -77,6 +103,8 @@ __all__ = [
     "Manifest",
     "RankMeta",
     "node_record_path",
+    "rank_dir",
+    "rank_entries",
     "rank_file",
     "resolve_layout",
 ]

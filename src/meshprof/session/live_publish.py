@@ -170,6 +170,9 @@ class LivePublisher:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._writer: LiveWriter | None = None
+        self.storage_state: Any = None
+        """A callable returning why the rank stopped writing its files ("" while it writes),
+        published as the record's ``storage`` (the session sets it to the rank writer's)."""
 
     def start(self) -> LivePublisher:
         """Register the chunk listener and start the thread (the first record right away)."""
@@ -242,6 +245,7 @@ class LivePublisher:
             collectives=self.counters.collectives,
             series=sorted(self.counters.series.values(), key=lambda s: (s.dim, s.op)),
             internal_errors=int(getattr(self.prof, "internal_errors", 0)),
+            storage=str(self.storage_state() or "") if self.storage_state is not None else "",
         )
         mon = self.monitor
         if mon is not None:

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from meshprof.comm.recorder import CommProfiler
     from meshprof.config import ProfilerConfig
     from meshprof.monitor.step_monitor import StepMonitor
+    from meshprof.rundir.segment_writer import StorageLimits
     from meshprof.rundir.writer import RankWriter
     from meshprof.session.capture_agent import CaptureAgent
     from meshprof.session.live_publish import LivePublisher
@@ -90,6 +91,16 @@ class SessionConfig:
     """Extra rank-meta fields (RankMeta keys such as "target" or "node_id", or free-form keys,
     kept as they are). The session adds world_size, backend, clock_sync, layout,
     step_detection, steps_detected and hang_timeout_s itself."""
+    storage: StorageLimits | None = None
+    """Retention and sync bounds of the rank's segments (None: the defaults of
+    :class:`~meshprof.rundir.segment_writer.StorageLimits`, fsyncs every
+    ``flush_interval_s``)."""
+    run_id: str | None = None
+    """The run's id, written into every file of the rank (``meshprof run``)."""
+    monitor_rows: int = 0
+    """Spans and memory samples the step monitor keeps in memory (0: its own limit, a million):
+    the rank writer appends them to the segments every tick, so a small bound (``meshprof run``
+    keeps 16,384) keeps a weeks-long run's memory flat."""
     on_error: Callable[[str, BaseException], None] | None = None
     """Called once per failed part (see :data:`PARTS`) instead of the default stderr line
     ("meshprof: <what> failed, the script runs without it: ...")."""
@@ -221,6 +232,7 @@ class RecordingSession:
     def attach_monitor(self, monitor: StepMonitor) -> None:
         """Use ``monitor`` from now on (built after start(), e.g. once the model exists)."""
         self.monitor = monitor
+        self._bound_monitor()
         if self.writer is not None:
             self.writer.monitor = monitor
         if self.live is not None:
@@ -321,8 +333,15 @@ class RecordingSession:
             self.monitor = get_monitor() or StepMonitor(
                 self.config.layout, profiler=self.prof, rank=self.config.rank
             )
+            self._bound_monitor()
         except Exception as e:
             self._fail("step monitor", e)
+
+    def _bound_monitor(self) -> None:
+        rows = self.config.monitor_rows
+        if rows > 0 and self.monitor is not None and self.config.run_dir is not None:
+            with contextlib.suppress(Exception):
+                self.monitor.keep_rows(rows)
 
     def _start_writer(self, run_dir: Path) -> None:
         try:
@@ -336,6 +355,8 @@ class RecordingSession:
                 self.config.flush_interval_s,
                 rank=self.config.rank,
                 extra_meta=self.meta,
+                limits=self.config.storage,
+                run_id=self.config.run_id,
             ).start()
         except Exception as e:
             self._fail("rank writer", e)
@@ -356,7 +377,10 @@ class RecordingSession:
                 rank=self.config.rank,
                 layout=layout,
                 extra=self.meta,
-            ).start()
+            )
+            if self.writer is not None:
+                self.live.storage_state = lambda: self.writer.storage_state if self.writer else ""
+            self.live.start()
             atexit.register(self._live_at_exit)
         except Exception as e:
             self._fail("live state", e)

@@ -8,7 +8,8 @@ A pure function over a loaded run (:func:`find_failures`). What it reads, per ra
   negative for a signal death (-9: SIGKILL), which a killed rank cannot write itself;
 - ``meta.recovered`` for a rank read from its crash-safe files (it died without its final
   rank file): the step it was in and its last tick;
-- the ranks with no data at all (``problems``).
+- the ranks with no data at all (``problems``), except those on a node whose run directory was
+  not read (``elsewhere``: not failures of the job).
 
 Times are on the aligned clock (the rank's wall clock + its offset, ns).
 """
@@ -132,8 +133,8 @@ def _one(run: LoadedRun, r: int, clock: ClockAlignment) -> RankFailure | None:
     elif code is not None and code > 0:
         how, reason = "exit", f"exit code {code}"
     elif rd is None:
-        if manifest.status == "running":
-            return None
+        if manifest.status == "running" or r in run.elsewhere:
+            return None  # (still running, or on a node whose directory was not read)
         how, reason = "missing", run.problems.get(r, "no rank file")
     elif recovered and ex is None and manifest.status != "running":
         how, reason = "missing", "ended without its final rank file"

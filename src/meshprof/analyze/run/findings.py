@@ -10,6 +10,7 @@ from meshprof.analyze.run.match import MatchSummary
 from meshprof.analyze.run.stragglers import StragglerReport
 from meshprof.analyze.run.types import MemoryImbalance, RunFinding
 from meshprof.records.finding import FindingKind, Severity
+from meshprof.rundir.storage_notes import StorageNote
 
 MEMORY_IMBALANCE_THRESHOLD = 0.20
 """Peak memory above the median rank by more than this fraction is reported as a finding (the
@@ -24,10 +25,12 @@ def find_findings(
     match: MatchSummary,
     manifest_state: str = "ok",
     manifest_problem: str = "",
+    storage: tuple[StorageNote, ...] = (),
 ) -> tuple[RunFinding, ...]:
     """Every finding, in this order: a damaged (warning) or missing (info) manifest, stragglers,
-    memory imbalance, missing or damaged ranks, ranks whose clock could not be aligned,
-    collectives not recorded by every member."""
+    memory imbalance, missing or damaged ranks, what ranks recorded but did not store (a
+    warning when writing stopped), ranks whose clock could not be aligned, collectives not
+    recorded by every member."""
     out: list[RunFinding] = []
     if manifest_state != "ok":
         out.append(
@@ -67,6 +70,16 @@ def find_findings(
                 title=f"rank {r} not analyzed: {why}",
                 ranks=(r,),
                 evidence={"rank": r, "reason": why},
+            )
+        )
+    for note in storage:
+        out.append(
+            RunFinding(
+                kind=FindingKind.STORAGE,
+                severity=Severity.WARNING if note.stopped else Severity.INFO,
+                title=note.title,
+                ranks=(note.rank,),
+                evidence=dataclasses.asdict(note),
             )
         )
     for c in clock.ranks:

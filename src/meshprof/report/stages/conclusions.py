@@ -47,6 +47,7 @@ def findings(
         collectives,
         run.manifest_state,
         run.manifest_problem,
+        run.storage_notes,
     )
 
 
