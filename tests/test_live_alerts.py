@@ -186,8 +186,9 @@ def test_memory_inflight_and_grouping(tmp_path: Path) -> None:
     (m,) = alerts
     assert m.ranks == (0, 1) and m.value == pytest.approx(95.0)
     assert m.message == ("memory above 90% on 2 ranks (0, 1): worst rank 0: 9.5 of 10.0 GiB (95%)")
-    # the record is 3 s old at the look and the collective was 58 s old then: 61 s
-    stuck.age_ns = 58 * 10**9
+    # the collective was 61 s old when the record was written (3 s before the look): 61 s, the
+    # record's own age not added (it may have completed since)
+    stuck.age_ns = 61 * 10**9
     recs[2].updated_ns = T0 + 2 * 10**9
     for r in recs[:2] + recs[3:]:
         r.updated_ns = 0

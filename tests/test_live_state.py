@@ -183,3 +183,80 @@ def test_live_stragglers_are_looked_for_within_a_pipeline_stage(tmp_path: Path) 
     assert find_stragglers(ranks(111_000_000), []) == []
     (s,) = find_stragglers(ranks(150_000_000), [])
     assert s.rank == 3 and s.median_compute_ns == 110_000_000 and s.excess_ns == 40_000_000
+
+
+def test_live_figures_are_the_reports_on_the_same_steps(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """An unmodified DDP job whose gradient buckets overlap the backward (async all_reduces in
+    flight together): the live record's step time, compute, communication and exposed shares
+    are what the post-mortem report says about the same steps (within 5 %); the communication
+    share is the union of the intervals (the sum of the durations, counted before, is larger:
+    it capped at 100 %); peak memory is never below current memory; an in-flight age is the
+    collective's own (a healthy job's collectives are young), not the record's."""
+    import numpy as np
+
+    from meshprof.analyze.compute.intervals import clipped_total
+    from meshprof.rundir import load_run
+    from meshprof.rundir.live import read_rank_lives
+
+    out = tmp_path / "run"
+    proc = cli.start(
+        "run",
+        "--nproc-per-node",
+        "2",
+        "-o",
+        out,
+        "--live-interval",
+        "0.2",
+        "--no-summary",
+        SCRIPTS / "live_ddp_overlap.py",
+        "60",
+    )
+    ages: list[tuple[int, int, int]] = []  # (age, issued, updated) of every in-flight op seen
+    try:
+        while proc.poll() is None:
+            if (out / "live").is_dir():
+                for x in read_rank_lives(out).values():
+                    if x.inflight is not None and x.status == "running":
+                        ages.append((x.inflight.age_ns, x.inflight.issued_ns, x.updated_ns))
+            time.sleep(0.05)
+    finally:
+        outs = proc.communicate(timeout=120)
+    assert proc.returncode == 0, outs[1][-2000:]
+    recs = read_rank_lives(out)
+    rep = json.loads(cli("report", out, "--json", "--steps", "all").stdout)
+    run = load_run(out)
+    for a in rep["rank_analyses"]:
+        x = recs[a["rank"]]
+        assert x.status == "ended"
+        rows = a["per_step"][-len(x.recent_step_ns) :]
+        assert [q["duration_ns"] for q in rows] == x.recent_step_ns  # the same steps
+        wall = sum(q["duration_ns"] for q in rows)
+        comm = sum(q["comm_ns"] for q in rows) / wall
+        exposed = sum(q["exposed_comm_ns"] for q in rows) / wall
+        assert x.comm_share == pytest.approx(comm, rel=0.05), (x.comm_share, comm)
+        assert x.exposed_share == pytest.approx(exposed, rel=0.05, abs=0.005)
+        med = float(np.median([q["duration_ns"] for q in rows]))
+        assert x.step_ns == pytest.approx(med, rel=0.05)
+        assert x.compute_ns == pytest.approx(np.median([q["compute_ns"] for q in rows]), rel=0.05)
+        # the old figure, the sum of the collectives' durations, counts overlapping buckets
+        # twice: computed here from the rank's events, without meshprof's analysis
+        ev = run.ranks[a["rank"]].events
+        steps = run.ranks[a["rank"]].spans
+        steps = steps[steps["kind"] == 0][-len(rows) :]
+        summed = union = 0
+        for s in steps:
+            lo, hi = int(s["start_ns"]), int(s["start_ns"] + s["duration_ns"])
+            e = ev[ev["step"] == s["step"]]
+            st = e["start_ns"].astype(np.int64)
+            en = st + e["duration_ns"].astype(np.int64)
+            summed += int((np.minimum(en, hi) - np.maximum(st, lo)).clip(0).sum())
+            union += clipped_total(st, en, lo, hi)
+        assert summed > union * 1.05, (summed, union)  # the buckets did overlap
+        assert x.comm_share == pytest.approx(union / wall, rel=0.05)
+        assert x.comm_share < 0.99
+        assert x.memory_peak_bytes >= x.memory_bytes > 0
+    # in-flight ages: from the issue to the record's time, milliseconds in a healthy job
+    assert ages, "no record caught a collective in flight"
+    for age, issued, updated in ages:
+        assert issued > 0 and abs(issued + age - updated) < 50_000_000
+    assert sorted(a for a, _, _ in ages)[len(ages) // 2] < 200_000_000

@@ -71,10 +71,32 @@ def test_auto_without_optimizer_gets_one_step_per_forward(loop: list) -> None:
 def test_auto_evaluation_before_training_counts_nothing_twice() -> None:
     session, st = _steps("auto", [_infer] * 3 + [_train] * 3)
     assert session.step_mode == "optimizer"
-    # forward steps until the first optimizer step (3 evaluation forwards and the first training
-    # forward), then optimizer steps from it on (2 closed); no two steps overlap
+    # 3 grad-free forwards decide "forward": 3 evaluation steps; the first training forward
+    # switches to optimizer steps (it opens the step the first optimizer step ends): 3 closed;
+    # no two steps overlap, and every step made is a step recorded
     assert st[:, 0].tolist() == list(range(6))
     assert (st[1:, 1] >= st[:-1, 2]).all()
+    assert session.steps_detected == len(st) == 6
+
+
+def test_auto_sanity_check_before_training_is_no_step() -> None:
+    """PyTorch Lightning's sanity check: 2 validation batches (grad-free forwards) before
+    training. They stay undecided, are dropped at the first optimizer step, and step 0 starts
+    again at the first training forward: optimizer steps only, as many made as recorded."""
+    import time
+
+    marks: list[int] = []
+
+    def evaluated(m: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
+        _infer(m, opt)
+        time.sleep(0.05)  # (the evaluation takes a while)
+        marks.append(time.time_ns())
+
+    session, st = _steps("auto", [evaluated] * 2 + [_train] * 4)
+    assert session.step_mode == "optimizer"
+    assert st[:, 0].tolist() == [0, 1, 2, 3]
+    assert session.steps_detected == len(st) == 4
+    assert st[0, 1] >= marks[-1]  # step 0 holds no evaluation
 
 
 def test_forced_modes() -> None:

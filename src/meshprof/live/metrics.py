@@ -88,7 +88,7 @@ class LiveCollector:
             HistogramMetricFamily,
         )
 
-        recs, stale, now = self.records()
+        recs, stale, _now = self.records()
         rl = ["rank", "node"]
         up = GaugeMetricFamily("meshprof_rank_up", "1: the rank publishes fresh records", labels=rl)
         step = GaugeMetricFamily(
@@ -167,7 +167,7 @@ class LiveCollector:
                 cap.add_metric(lab, float(x.memory_capacity_bytes))
             age = 0.0
             if x.inflight is not None and running:
-                age = (x.inflight.age_ns + max(now - x.updated_ns, 0)) / 1e9
+                age = x.inflight.age_ns / 1e9  # from its issue time to the record's time
             inflight.add_metric(lab, age)
         yield from (up, step, steps, sps, tps, coll, hist, comm, exposed, mem, peak, cap, inflight)
         yield from (compute, storage)

@@ -51,6 +51,7 @@ def sample_memory(step: int, device: int | None = None) -> tuple[int, int, int, 
     On CUDA: allocated/reserved from the caching allocator, peak = max_memory_allocated since the
     previous sample (the peak counter is reset after reading), capacity = the device's total
     memory. On CPU: allocated = reserved = RSS, peak = the process's peak RSS, capacity = host RAM.
+    The peak is never below the allocated figure of the same row.
     Bytes; -1 where unknown.
     """
     rss, host_total = _rss_and_total()
@@ -60,13 +61,15 @@ def sample_memory(step: int, device: int | None = None) -> tuple[int, int, int, 
         if device is not None and torch.cuda.is_available():
             alloc = int(torch.cuda.memory_allocated(device))
             reserved = int(torch.cuda.memory_reserved(device))
-            peak = int(torch.cuda.max_memory_allocated(device))
+            peak = max(int(torch.cuda.max_memory_allocated(device)), alloc)
             torch.cuda.reset_peak_memory_stats(device)
             cap = int(torch.cuda.get_device_properties(device).total_memory)
             return (step, time.time_ns(), alloc, reserved, peak, rss, cap)
     except Exception:
         pass
-    return (step, time.time_ns(), rss, rss, _peak_rss(), rss, host_total)
+    # ru_maxrss and psutil's RSS are read at different moments (and RSS may come from the
+    # cache above): the peak is never below the current figure it is shown with
+    return (step, time.time_ns(), rss, rss, max(_peak_rss(), rss), rss, host_total)
 
 
 def empty_memory() -> np.ndarray:

@@ -23,8 +23,10 @@ if TYPE_CHECKING:
 STEP_DETECT_MODES = ("auto", "optimizer", "forward", "off")
 
 #: In auto mode, grad-free outermost forwards seen before any optimizer step that decide on
-#: forward steps (an inference script); a training script steps its optimizer first.
-AUTO_FORWARD_AFTER = 2
+#: forward steps (an inference script); a training script steps its optimizer first. Above
+#: PyTorch Lightning's default sanity check (2 validation batches before training), which thus
+#: stays undecided and is dropped at the first optimizer step.
+AUTO_FORWARD_AFTER = 3
 
 
 def step_detect_mode(value: str | bool) -> str:
@@ -67,6 +69,8 @@ class StepDetector:
         self._tls = threading.local()  # depth of module forward calls; the open forward step
         self._pending: list[tuple[int, int, int]] = []  # auto: undecided forwards (t0, t1, cpu)
         self._grad_free_forwards = 0
+        self._decided_forward = False  # auto decided "forward": a training forward can undo it
+        self._restarted = False  # auto: step 0 restarted at the first forward that may train
 
     @property
     def monitor(self) -> StepMonitor | None:
@@ -182,9 +186,26 @@ class StepDetector:
         try:
             if self._user_marks_steps():
                 return
+            if self.mode == "forward" and self._decided_forward and _grad_enabled():
+                # auto took an evaluation (grad-free forwards) for an inference script, and
+                # training begins: optimizer steps from this forward on (it opens the step the
+                # first optimizer step ends; it is no forward step)
+                self._decided_forward = False
+                self._remove_forward_hooks()
+                self._set_mode("optimizer")
+                self._step_open = False
+                self._open_first_step()
+                return
             if self.mode == "auto":
                 if not self._step_open:
                     self._open_first_step()
+                elif self._grad_free_forwards and not self._restarted and _grad_enabled():
+                    # an evaluation (grad-free forwards) before the first forward that may
+                    # train: step 0 starts again here, without the evaluation
+                    self._restarted = True
+                    if self.monitor is not None:
+                        self.monitor.discard_implicit_step()
+                        self.monitor.mark_step()
                 if not _grad_enabled():
                     self._grad_free_forwards += 1
                     if self._grad_free_forwards >= AUTO_FORWARD_AFTER:
@@ -223,6 +244,7 @@ class StepDetector:
     def _commit_forward_mode(self) -> None:
         """auto decided the script does not train: its pending forwards become steps."""
         self._set_mode("forward")
+        self._decided_forward = True
         mon = self.monitor
         if mon is not None:
             mon.discard_implicit_step()

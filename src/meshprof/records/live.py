@@ -49,7 +49,12 @@ class InflightLive:
     seq: int
     """Its sequence number in the group."""
     age_ns: int
-    """How long it has been in flight when the record was written."""
+    """How long it had been in flight when the record was written (``updated_ns`` − its issue
+    time): a reader does not add the record's age (the collective may have completed since;
+    a rank stuck in it publishes a newer record with a larger age, a rank that stopped
+    publishing is ``stale``)."""
+    issued_ns: int = 0
+    """When it was issued (wall clock, ns; 0 in records of earlier versions)."""
 
 
 @dataclass(slots=True)

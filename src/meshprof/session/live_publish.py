@@ -7,10 +7,13 @@ per-(op, dimension) counters and latency histograms, the per-step communication,
 steps' medians — is computed on the publisher's own thread once per interval, from the chunks
 that arrived since the last tick and the last few dozen step spans.
 
-Exposed communication over the recent window follows the step analysis' definition at step
-granularity: a step's exposed communication is min(max(wall − CPU time of the training thread,
-0), communication issued in the step), split over dimensions in proportion to their
-communication (the full report refines this phase by phase).
+Communication and exposed communication over the recent window follow the step analysis'
+definitions (:mod:`meshprof.analyze.steps.communication`) at step granularity: a step's
+communication is the length of the union of the intervals [issue, completion] of the collectives
+issued in it, clipped to the step (overall, and per dimension: overlapping DDP buckets count
+once); its exposed communication is min(max(wall − CPU time of the training thread, 0),
+communication), split over dimensions in proportion to their communication (the full report
+refines this phase by phase). The shares are these over the window's wall time.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from meshprof.analyze.compute.intervals import clipped_total
 from meshprof.events import FLAG_UNSAMPLED, OP_NAMES
 from meshprof.process import env_rank
 from meshprof.records.live import HIST_BOUNDS_S, DimLive, InflightLive, OpSeries, RankLive
@@ -34,8 +38,8 @@ from meshprof.rundir.live import LiveWriter, live_file
 
 #: Steps in the recent window (medians, shares, rates).
 WINDOW_STEPS = 32
-#: Steps whose per-dimension communication is kept (older ones are dropped).
-KEEP_STEPS = 256
+#: Steps whose collective intervals are kept (older ones are dropped).
+KEEP_STEPS = 2 * WINDOW_STEPS
 _BOUNDS_NS = np.array([int(b * 1e9) for b in HIST_BOUNDS_S], dtype=np.int64)
 _STEP_KIND = 0  # SPAN_KINDS.index("step")
 
@@ -49,7 +53,9 @@ class LiveCounters:
         self.layout = layout
         self._pending: deque[tuple[int, np.ndarray]] = deque()
         self.series: dict[tuple[int, str], OpSeries] = {}
-        self.step_comm: dict[int, dict[str, int]] = {}
+        self.step_iv: dict[int, dict[str, list[np.ndarray]]] = {}
+        """Per step (the step each collective was issued in), per dimension: (start, end)
+        int64 pairs of its collectives, in chunks as they came (merged when measured)."""
         self.collectives = 0
         self._dims: dict[int, str] = {}
 
@@ -101,14 +107,32 @@ class LiveCounters:
                 counts = np.bincount(buckets[sel], minlength=len(_BOUNDS_NS) + 1)
                 s.buckets = [a + int(b) for a, b in zip(s.buckets, counts.tolist(), strict=True)]
                 steps = c["step"][sel]
+                start = c["start_ns"][sel].astype(np.int64)
+                iv = np.stack((start, start + dur[sel].astype(np.int64)), axis=1)
                 for st in np.unique(steps).tolist():
                     if st < 0:
                         continue
-                    per = self.step_comm.setdefault(int(st), {})
-                    per[dim] = per.get(dim, 0) + int(dur[sel][steps == st].sum())
-        if len(self.step_comm) > KEEP_STEPS:
-            for st in sorted(self.step_comm)[: len(self.step_comm) - KEEP_STEPS]:
-                del self.step_comm[st]
+                    per = self.step_iv.setdefault(int(st), {})
+                    per.setdefault(dim, []).append(iv[steps == st])
+        if len(self.step_iv) > KEEP_STEPS:
+            for st in sorted(self.step_iv)[: len(self.step_iv) - KEEP_STEPS]:
+                del self.step_iv[st]
+
+    def step_comm(self, step: int, lo: int, hi: int) -> tuple[int, dict[str, int]]:
+        """Communication of the collectives issued in ``step`` inside [lo, hi) (the step's
+        span), ns: the union of all their intervals and the union per dimension."""
+        per = self.step_iv.get(step)
+        if not per:
+            return 0, {}
+        by_dim: dict[str, int] = {}
+        parts = []
+        for d, chunks in per.items():
+            iv = np.concatenate(chunks) if len(chunks) > 1 else chunks[0]
+            per[d] = [iv]
+            parts.append(iv)
+            by_dim[d] = clipped_total(iv[:, 0], iv[:, 1], lo, hi)
+        every = np.concatenate(parts) if len(parts) > 1 else parts[0]
+        return clipped_total(every[:, 0], every[:, 1], lo, hi), by_dim
 
     def _op_name(self, code: int) -> str:
         try:
@@ -298,20 +322,23 @@ class LivePublisher:
         exposed_by_dim: dict[str, float] = {}
         compute: list[int] = []
         total_wall = sum(durs)
+        comm_all = 0
         for s in steps:
-            per = self.counters.step_comm.get(int(s[4]), {})
-            comm = sum(per.values())
+            lo = int(s[5])
+            comm, per = self.counters.step_comm(int(s[4]), lo, lo + int(s[6]))
+            comm_all += comm
+            per_sum = sum(per.values())
             wall, cpu = int(s[6]), int(s[9])
             blocked = wall - cpu if cpu >= 0 else wall
             exposed = min(max(blocked, 0), comm)
             compute.append(wall - exposed)
             for d, v in per.items():
                 comm_by_dim[d] = comm_by_dim.get(d, 0) + v
-                if comm > 0:
-                    exposed_by_dim[d] = exposed_by_dim.get(d, 0.0) + exposed * v / comm
+                if per_sum > 0:
+                    exposed_by_dim[d] = exposed_by_dim.get(d, 0.0) + exposed * v / per_sum
         rec.compute_ns = int(statistics.median(compute))
         if total_wall > 0:
-            rec.comm_share = min(sum(comm_by_dim.values()) / total_wall, 1.0)
+            rec.comm_share = min(comm_all / total_wall, 1.0)
             rec.exposed_share = min(sum(exposed_by_dim.values()) / total_wall, 1.0)
             rec.dims = [
                 DimLive(
@@ -332,7 +359,7 @@ class LivePublisher:
         with contextlib.suppress(IndexError, RuntimeError):
             last = mem[-1]  # (step, t_ns, allocated, reserved, peak, rss, capacity)
             rec.memory_bytes = int(last[2])
-            rec.memory_peak_bytes = int(last[4])
+            rec.memory_peak_bytes = max(int(last[4]), int(last[2]))
             rec.memory_capacity_bytes = int(last[6])
 
     def _ops_in_flight(self) -> list[Any]:
@@ -353,7 +380,15 @@ class LivePublisher:
         from meshprof.layout import dimension_of
 
         dim = dimension_of(op.group_ranks, self.counters.layout, desc)
-        return InflightLive(op=op.op, group=desc, dim=dim, seq=int(op.seq), age_ns=int(op.age_ns))
+        age = max(int(op.age_ns), 0)
+        return InflightLive(
+            op=op.op,
+            group=desc,
+            dim=dim,
+            seq=int(op.seq),
+            age_ns=age,
+            issued_ns=time.time_ns() - age,
+        )
 
 
 __all__ = ["KEEP_STEPS", "WINDOW_STEPS", "LiveCounters", "LivePublisher", "recent_steps"]

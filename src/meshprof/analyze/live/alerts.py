@@ -18,7 +18,7 @@ Rules (each one can be turned off in :class:`AlertConfig`):
 * ``memory`` — a rank's memory (CUDA allocated, else the process RSS) exceeds ``memory_pct`` % of
   its capacity.
 * ``inflight`` — a rank's oldest collective has been in flight longer than ``inflight_s``
-  seconds (its age in the record plus the record's age).
+  seconds (from its issue time to the record's time: :func:`inflight_age_ns`).
 * ``stall`` — a rank's record is fresh (its publisher still writes) but its step has not
   advanced for more than max(``stall_factor`` × its median step time, ``stall_floor_s``): stuck in
   compute, the data loader or a deadlock that releases the GIL, with or without a collective in
@@ -210,11 +210,15 @@ def rank_rate(rec: RankLive) -> tuple[float, str]:
 
 
 def inflight_age_ns(rec: RankLive, now_ns: int) -> int:
-    """How long the rank's oldest collective has been in flight at ``now_ns`` (0: none): its age
-    when the record was written plus the record's age."""
+    """How long the rank's oldest collective had been in flight (0: none), from its issue time
+    to the record's ``updated_ns``. The record's own age is not added: the collective may have
+    completed since (a healthy job's millisecond collectives would read as seconds old); a rank
+    stuck in it keeps publishing larger ages, one that stopped publishing is ``stale``.
+    ``now_ns`` is kept for callers that pass the look's time."""
+    del now_ns
     if rec.inflight is None:
         return 0
-    return rec.inflight.age_ns + max(now_ns - rec.updated_ns, 0)
+    return max(int(rec.inflight.age_ns), 0)
 
 
 def stall_ns(rec: RankLive, now_ns: int) -> int:
