@@ -19,6 +19,7 @@ from meshprof.launch.spawn import free_port
 from meshprof.live.metrics import LiveCollector, metrics_text
 from meshprof.records.live import HIST_BOUNDS_S, InflightLive, OpSeries, RankLive
 from meshprof.rundir.live import write_rank_live
+from test_grafana_dashboard import dashboard_metrics, served_metrics
 
 prom = pytest.importorskip("prometheus_client.parser")
 
@@ -191,6 +192,7 @@ def test_metrics_of_a_running_job(cli, tmp_path: Path) -> None:  # type: ignore[
     assert after[0]["straggler_wait"] >= 0.5 * (2 * STEPS - 2) * EXTRA_S, after
     assert after[1]["straggler_wait"] <= 0.2 * after[0]["straggler_wait"], after
     assert head[0] == 200 and head[2] == b"" and int(head[1]["Content-Length"]) > 0, head
+    assert dashboard_metrics() <= served_metrics(raw[0])  # the Grafana dashboard's series
     if shutil.which("promtool"):  # CI installs it (.ci/run)
         check = subprocess.run(
             ["promtool", "check", "metrics"], input=raw[0], capture_output=True, text=True
