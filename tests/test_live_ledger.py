@@ -59,6 +59,7 @@ def test_steps_are_accounted_once_by_the_reports_causes() -> None:
     ledger.fill(rec, mon)
     assert rec.ledger_wall_ns == 2500 == sum(rec.ledger_ns.values())
     assert rec.ledger_ns["idle"] == 1400 and rec.internal_errors == 0
+    assert log.listeners == []
 
 
 def test_straggler_wait_carving_only_grows_and_adds_up() -> None:

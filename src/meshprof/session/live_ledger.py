@@ -31,8 +31,9 @@ from meshprof.records.live import RankLive
 
 MAX_INTERVALS = 1_000_000
 """Collectives kept waiting for their step to end (the oldest go first)."""
-MAX_CHUNKS = 4096
-"""Chunks queued between two records (a stopped publisher stops growing the queue)."""
+MAX_CHUNKS = 256
+"""Chunks queued between two records (~1,000 collectives each; beyond, the oldest go: their
+communication counts as compute)."""
 SCAN_ROWS = 50_000
 """Span rows looked at per record, newest first (older steps count as idle)."""
 _STEP, _PHASE = 0, 1  # SPAN_KINDS
@@ -81,9 +82,12 @@ class LiveLedger:
             self.origin_ns = self.until_ns = min(rec.started_ns or steps[0][0][5], steps[0][0][5])
         for row, phases in steps:
             self._account(row, phases, monitor)
-        if rec.status != "running" and self.origin_ns and rec.updated_ns > self.until_ns:
-            self.parts[TimeCause.IDLE] += rec.updated_ns - self.until_ns
-            self.until_ns = rec.updated_ns
+        if rec.status != "running":  # the last record: the tail is idle, stop listening
+            if self.origin_ns and rec.updated_ns > self.until_ns:
+                self.parts[TimeCause.IDLE] += rec.updated_ns - self.until_ns
+                self.until_ns = rec.updated_ns
+            if self._on_chunk in self.counters.prof.log.listeners:
+                self.counters.prof.log.listeners.remove(self._on_chunk)
         if self.origin_ns:
             rec.ledger_ns = dict(self.parts)
             rec.ledger_wall_ns = self.until_ns - self.origin_ns
