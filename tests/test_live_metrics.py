@@ -5,6 +5,8 @@ runs) is tested in test_live_serve.py, whose job runs with one."""
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 import time
 import urllib.request
 from pathlib import Path
@@ -17,6 +19,7 @@ from meshprof.launch.spawn import free_port
 from meshprof.live.metrics import LiveCollector, metrics_text
 from meshprof.records.live import HIST_BOUNDS_S, InflightLive, OpSeries, RankLive
 from meshprof.rundir.live import write_rank_live
+from test_grafana_dashboard import dashboard_metrics, served_metrics
 
 prom = pytest.importorskip("prometheus_client.parser")
 
@@ -33,9 +36,33 @@ def _parse(text: str) -> dict[str, list[Any]]:
     return out
 
 
-def _scrape(port: int) -> dict[str, list[Any]]:
+def _scrape(port: int, raw: list[str] | None = None) -> dict[str, list[Any]]:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=20) as r:
-        return _parse(r.read().decode("utf-8"))
+        text = r.read().decode("utf-8")
+    if raw is not None:
+        raw.append(text)
+    return _parse(text)
+
+
+def _head(port: int) -> tuple[int, dict[str, str], bytes]:
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/metrics", method="HEAD")
+    with urllib.request.urlopen(req, timeout=20) as r:
+        return r.status, dict(r.headers), r.read()
+
+
+def check_ledger_identity(samples: dict[str, list[Any]]) -> dict[int, dict[str, float]]:
+    """Per rank, causes + compute = wall (the counters' identity); the ledgers by cause (s)."""
+    out: dict[int, dict[str, float]] = {}
+    for s in samples["meshprof_badput_seconds_total"]:
+        out.setdefault(int(s.labels["rank"]), {})[s.labels["cause"]] = s.value
+    good = _by_rank(samples, "meshprof_goodput_seconds_total")
+    wall = _by_rank(samples, "meshprof_wall_seconds_total")
+    assert set(out) == set(good) == set(wall) and out
+    for r, parts in out.items():
+        assert len(parts) == 9 and min(parts.values()) >= 0, parts
+        assert sum(parts.values()) + good[r] == pytest.approx(wall[r], abs=1e-6), (r, parts)
+        parts["compute"], parts["wall"] = good[r], wall[r]
+    return out
 
 
 def _by_rank(samples: dict[str, list[Any]], name: str, **labels: str) -> dict[int, float]:
@@ -93,6 +120,8 @@ def test_metrics_of_a_running_job(cli, tmp_path: Path) -> None:  # type: ignore[
     out, ctl = tmp_path / "run", tmp_path / "ctl"
     ctl.mkdir()
     port = free_port()
+    launched = time.time()
+    raw: list[str] = []
     proc = cli.start(
         "run",
         "--nproc-per-node",
@@ -117,7 +146,9 @@ def test_metrics_of_a_running_job(cli, tmp_path: Path) -> None:  # type: ignore[
         (ctl / "go0").write_text("")
         during = _scrape(port)  # phase 2 running
         issued2 = wait_for(lambda: settled(out, ctl, 1))
-        second = _scrape(port)
+        second = _scrape(port, raw)
+        elapsed = time.time() - launched
+        head = _head(port)
     finally:
         for p in range(2):
             (ctl / f"go{p}").write_text("")
@@ -145,6 +176,28 @@ def test_metrics_of_a_running_job(cli, tmp_path: Path) -> None:  # type: ignore[
     s1 = _by_rank(second, "meshprof_collective_seconds_sum", op="all_reduce")
     assert s1[0] >= 0.5 * 2 * STEPS * EXTRA_S and s1[0] > s1[1]
     assert _by_rank(second, "meshprof_steps_total") == {0: 2.0 * STEPS, 1: 2.0 * STEPS}
+    # the culprit by name: rank 1 computes EXTRA_S longer per step (the injection)
+    score = _by_rank(second, "meshprof_straggler_score")
+    assert score[1] > 1.3 > 1 / 1.3 > score[0], score
+    comp = _by_rank(second, "meshprof_compute_seconds")
+    assert comp[1] - comp[0] == pytest.approx(EXTRA_S, rel=0.35), comp
+    wait = _by_rank(second, "meshprof_wait_seconds")
+    assert wait[0] == pytest.approx(EXTRA_S, rel=0.35) and wait[1] == 0.0, wait
+    # the ledger adds up; its wall time lies between the steps' work and the job's age
+    before, after = check_ledger_identity(first), check_ledger_identity(second)
+    for r in (0, 1):
+        assert 2 * STEPS * (BASE_S + EXTRA_S) <= after[r]["wall"] <= elapsed, after
+        assert all(after[r][k] >= v for k, v in before[r].items()), (before, after)  # counters
+    # rank 0's wait is carved out as straggler_wait: about EXTRA_S per step but the first
+    assert after[0]["straggler_wait"] >= 0.5 * (2 * STEPS - 2) * EXTRA_S, after
+    assert after[1]["straggler_wait"] <= 0.2 * after[0]["straggler_wait"], after
+    assert head[0] == 200 and head[2] == b"" and int(head[1]["Content-Length"]) > 0, head
+    assert dashboard_metrics() <= served_metrics(raw[0])  # the Grafana dashboard's series
+    if shutil.which("promtool"):  # CI installs it (.ci/run)
+        check = subprocess.run(
+            ["promtool", "check", "metrics"], input=raw[0], capture_output=True, text=True
+        )
+        assert check.returncode == 0 and not check.stdout + check.stderr, check
 
 
 @pytest.mark.parametrize(

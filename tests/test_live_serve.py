@@ -292,3 +292,34 @@ def test_unknown_paths_and_bad_queries(tmp_path: Path, path: str) -> None:
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+def test_head_answers_like_get_without_a_body(tmp_path: Path) -> None:
+    import http.client
+    import threading
+
+    from meshprof.live.server import make_server
+
+    pytest.importorskip("prometheus_client")
+    write_rank_live(tmp_path, RankLive(rank=0, updated_ns=time.time_ns(), interval_s=1.0))
+    srv = make_server(LiveServer(tmp_path, poll_s=60), "127.0.0.1", 0)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", srv.server_address[1], timeout=20)
+        for path in ("/metrics", "/", "/api/live"):  # one kept-alive connection: HEAD, GET
+            conn.request("HEAD", path)
+            head = conn.getresponse()
+            assert head.status == 200 and head.read() == b"", path
+            length = int(head.headers["Content-Length"])
+            conn.request("GET", path)
+            get = conn.getresponse()
+            body = get.read()
+            assert get.status == 200 and len(body) == int(get.headers["Content-Length"]) > 0
+            assert head.headers["Content-Type"] == get.headers["Content-Type"]
+            if path == "/metrics":
+                assert length > 0 and b"meshprof_rank_up" in body
+        conn.request("HEAD", "/nope")
+        assert conn.getresponse().status == 404
+    finally:
+        srv.shutdown()
+        srv.server_close()

@@ -93,6 +93,59 @@ def test_table_sorts_cuts_and_summarises(tmp_path: Path) -> None:
         build_top_table(snap, "nope")
 
 
+def make_even_run(run: Path, now: int) -> None:
+    """Four running ranks of one synchronous job: every step takes about 100 ms (the waiting
+    ranks' a little longer than the culprit's), rank 2 computes 150 ms and the others 100 ms."""
+    for r in range(4):
+        write_rank_live(
+            run,
+            RankLive(
+                rank=r, updated_ns=now - 10**8, interval_s=1.0, world_size=4, step=50,
+                steps_done=50, step_ns=(99 if r == 2 else 100 + r) * MS,
+                recent_step_ns=[100 * MS] * 8, last_step_end_ns=now - 2 * 10**8,
+                compute_ns=(150 if r == 2 else 100) * MS,
+            ),
+        )  # fmt: skip
+
+
+def test_cost_order_puts_the_culprit_first(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    now = time.time_ns()
+    make_even_run(tmp_path, now)
+    snap = read_snapshot(tmp_path, now_ns=now)
+    t = build_top_table(snap, limit=2)  # the default order: cost
+    assert t.sort == "cost" and [r.rank for r in t.rows] == [2, 3] and t.hidden == 2
+    assert t.rows[0].score == pytest.approx(1.5) and t.rows[1].score == pytest.approx(1.0)
+    assert [r.rank for r in build_top_table(snap, "step", limit=2).rows] == [3, 1]  # not 2
+    r = cli("top", tmp_path, "--once", "--rows", "2")
+    assert r.returncode == 0, r.stderr
+    (row,) = [x for x in r.stdout.splitlines() if x.split()[:2] == ["2", "50"]]
+    assert "1.50×" in row and "vs peers ▼" in r.stdout
+    # a rank stuck in its step with no collective in flight (the hang's culprit) before those
+    # waiting in one, a dead rank before both
+    write_rank_live(
+        tmp_path,
+        RankLive(
+            rank=0, updated_ns=now - 10**8, interval_s=1.0, step_ns=100 * MS,
+            recent_step_ns=[100 * MS] * 8, last_step_end_ns=now - 30 * 10**9,
+            compute_ns=100 * MS, inflight=InflightLive("all_reduce", "dp", "dp", 9, 29 * 10**9),
+        ),
+    )  # fmt: skip
+    write_rank_live(
+        tmp_path,
+        RankLive(
+            rank=1, updated_ns=now - 10**8, interval_s=1.0, step_ns=100 * MS,
+            last_step_end_ns=now - 30 * 10**9, compute_ns=100 * MS,
+        ),
+    )  # fmt: skip
+    t = build_top_table(read_snapshot(tmp_path, now_ns=now))
+    assert [(r.rank, r.cost) for r in t.rows] == [(1, 1), (0, 2), (2, 3), (3, 3)]
+    write_rank_live(
+        tmp_path,
+        RankLive(rank=3, updated_ns=now, interval_s=1.0, status="ended", exit_how="signal"),
+    )
+    assert build_top_table(read_snapshot(tmp_path, now_ns=now)).rows[0].rank == 3
+
+
 def test_rendered_frame(tmp_path: Path) -> None:
     now = time.time_ns()
     make_run(tmp_path, now)

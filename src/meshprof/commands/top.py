@@ -54,9 +54,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--sort",
-        default="step",
+        default="cost",
         metavar="KEY",
-        help=f"initial sort: {', '.join(SORT_KEYS.values())} (default step: slowest first)",
+        help=f"initial sort: {', '.join(SORT_KEYS.values())} (default cost: the worst rank "
+        "first — stale, dead or stuck, then the highest straggler score)",
     )
     p.set_defaults(func=run)
 

@@ -26,7 +26,18 @@ Metrics (labels ``rank``, ``node`` — the rank's host name — and where they a
 * ``meshprof_compute_seconds`` — median over the recent steps of step time − exposed
   communication (absent before a step): the straggler's figure;
 * ``meshprof_storage_writing`` — 1 while the rank writes its files to the run directory, 0 once
-  writing stopped (a full or failing disk: training goes on).
+  writing stopped (a full or failing disk: training goes on);
+* ``meshprof_straggler_score`` — the rank's compute over the median of its peers' (the other
+  fresh ranks of its pipeline stage that this endpoint serves;
+  :func:`~meshprof.analyze.live.snapshot.straggler_scores`): the culprit stands out where step
+  time cannot (every rank of a synchronous job steps as slowly as the slowest);
+* ``meshprof_wait_seconds`` — per step, how long the rank waits for the slowest peer
+  (:func:`~meshprof.analyze.live.snapshot.wait_estimates`);
+* ``meshprof_badput_seconds_total{cause}``, ``meshprof_goodput_seconds_total`` and
+  ``meshprof_wall_seconds_total`` — the rank's wall time since it started recording split into
+  the report's time-ledger causes (:class:`~meshprof.records.ledger.TimeCause`; compute is the
+  goodput), the straggler wait carved out across ranks (:mod:`meshprof.analyze.live.badput`):
+  ``sum by (rank) (badput) + goodput == wall``.
 
 Alerting rules over these, evaluated by Prometheus across every node's endpoint (a straggler on
 one node against the job's median), ship as ``meshprof/live/prometheus_rules.yml``.
@@ -36,13 +47,17 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from meshprof.analyze.live.badput import BadputBook
+from meshprof.analyze.live.snapshot import carvable_exposed_ns, straggler_scores, wait_estimates
 from meshprof.errors import MeshprofError
+from meshprof.records.ledger import TimeCause
 from meshprof.records.live import HIST_BOUNDS_S, RankLive
 from meshprof.rundir.live import manifest_done, read_rank_lives
 
@@ -62,6 +77,10 @@ class LiveCollector:
         self.node_id = node_id
         self._foreign: set[int] = set()
         """Ranks seen on other nodes: their files are not read again (ranks keep their node)."""
+        self.badput = BadputBook()
+        """The straggler wait carved so far (keep one collector per endpoint)."""
+        self._lock = threading.Lock()
+        """Scrapes of one endpoint run one at a time (they fold :attr:`badput`)."""
 
     def records(self) -> tuple[dict[int, RankLive], set[int], int]:
         """This collector's rank records, the stale ones among them and the time read (ns)."""
@@ -82,6 +101,11 @@ class LiveCollector:
 
     def collect(self) -> Iterator[Any]:
         """The metric families now (called by ``prometheus_client`` at each scrape)."""
+        with self._lock:
+            families = list(self._collect())
+        yield from families
+
+    def _collect(self) -> Iterator[Any]:
         from prometheus_client.core import (
             CounterMetricFamily,
             GaugeMetricFamily,
@@ -141,8 +165,46 @@ class LiveCollector:
             "1 while the rank writes its files, 0 once writing stopped (full or failing disk)",
             labels=rl,
         )
+        score = GaugeMetricFamily(
+            "meshprof_straggler_score",
+            "recent compute / the median of the other fresh ranks' of its pipeline stage",
+            labels=rl,
+        )
+        wait = GaugeMetricFamily(
+            "meshprof_wait_seconds",
+            "per step, the wait for the slowest rank of its stage (recent medians, estimate)",
+            labels=rl,
+        )
+        badput = CounterMetricFamily(
+            "meshprof_badput_seconds",
+            "wall time lost since the rank started recording, by cause (the report's ledger)",
+            labels=[*rl, "cause"],
+        )
+        goodput = CounterMetricFamily(
+            "meshprof_goodput_seconds",
+            "wall time in productive compute since the rank started recording",
+            labels=rl,
+        )
+        wall = CounterMetricFamily(
+            "meshprof_wall_seconds",
+            "wall time the ledger covers: goodput + every badput cause",
+            labels=rl,
+        )
+        scores = straggler_scores(recs, stale)
+        waits = wait_estimates(recs, stale)
         for r, x in recs.items():
             lab = [str(r), x.hostname or x.node_id]
+            if r in scores:
+                score.add_metric(lab, scores[r])
+            if r in waits:
+                wait.add_metric(lab, waits[r] / 1e9)
+            parts = self.badput.update(x, waits.get(r, 0), carvable_exposed_ns(x))
+            if parts:
+                for c in TimeCause:
+                    if c.badput:
+                        badput.add_metric([*lab, c.value], parts.get(c, 0) / 1e9)
+                goodput.add_metric(lab, parts.get(TimeCause.COMPUTE, 0) / 1e9)
+                wall.add_metric(lab, x.ledger_wall_ns / 1e9)
             if x.compute_ns > 0:
                 compute.add_metric(lab, x.compute_ns / 1e9)
             storage.add_metric(lab, 0.0 if x.storage else 1.0)
@@ -170,7 +232,7 @@ class LiveCollector:
                 age = x.inflight.age_ns / 1e9  # from its issue time to the record's time
             inflight.add_metric(lab, age)
         yield from (up, step, steps, sps, tps, coll, hist, comm, exposed, mem, peak, cap, inflight)
-        yield from (compute, storage)
+        yield from (compute, storage, score, wait, badput, goodput, wall)
 
 
 def _buckets(counts: list[int]) -> list[tuple[str, float]]:
@@ -234,14 +296,15 @@ class Exporter:
 def start_exporter(
     run_dir: str | os.PathLike[str], port: int, addr: str = "127.0.0.1", node_id: str | None = None
 ) -> Exporter | None:
-    """Serve ``/metrics`` for ``run_dir``'s ranks on ``node_id`` at ``addr:port``. A port that
-    cannot be bound is one warning line on stderr and None: the job runs without metrics."""
+    """Serve ``/metrics`` for ``run_dir``'s ranks on ``node_id`` at ``addr:port`` (GET, and
+    HEAD: the same status and headers, no body). A port that cannot be bound is one warning
+    line on stderr and None: the job runs without metrics."""
     try:
-        from prometheus_client import CollectorRegistry, start_http_server
+        from prometheus_client import CollectorRegistry
 
         registry = CollectorRegistry(auto_describe=False)
         registry.register(LiveCollector(run_dir, node_id))
-        server, thread = start_http_server(port, addr=addr, registry=registry)
+        server = _wsgi_server(addr, port, _head_as_get(_metrics_app(registry)))
     except Exception as e:
         why = getattr(e, "strerror", None) or str(e) or type(e).__name__
         print(
@@ -250,7 +313,50 @@ def start_exporter(
             file=sys.stderr,
         )
         return None
+    thread = threading.Thread(target=server.serve_forever, name="meshprof-metrics", daemon=True)
+    thread.start()
     return Exporter(server, thread, int(server.server_address[1]))
+
+
+def _metrics_app(registry: Any) -> Any:
+    from prometheus_client import make_wsgi_app
+
+    return make_wsgi_app(registry)
+
+
+def _head_as_get(app: Any) -> Any:
+    """A WSGI app that answers HEAD as ``app`` answers GET, without the body
+    (``prometheus_client``'s answers it 405)."""
+
+    def head_as_get(environ: dict[str, Any], start_response: Any) -> Any:
+        if environ.get("REQUEST_METHOD") != "HEAD":
+            return app(environ, start_response)
+        got: list[Any] = []
+        body = b"".join(app({**environ, "REQUEST_METHOD": "GET"}, lambda *a: got.append(a)))
+        status, headers = got[0][0], list(got[0][1])
+        if not any(k.lower() == "content-length" for k, _ in headers):
+            headers.append(("Content-Length", str(len(body))))
+        start_response(status, headers)
+        return [b""]
+
+    return head_as_get
+
+
+def _wsgi_server(addr: str, port: int, app: Any) -> Any:
+    """A threading WSGI server bound to ``addr:port``, quiet (no access log)."""
+    import socket
+    from socketserver import ThreadingMixIn
+    from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+    class Quiet(WSGIRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    class Server(ThreadingMixIn, WSGIServer):
+        daemon_threads = True
+        address_family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+
+    return make_server(addr, port, app, Server, handler_class=Quiet)
 
 
 __all__ = [

@@ -20,6 +20,9 @@ Routes:
 * ``/report`` — ``meshprof report``'s HTML of the run, built on demand from the rank files and
   cached until they change.
 
+Every route answers ``HEAD`` as ``GET`` — the same status and headers (``Content-Length``
+included), no body — so uptime checks and Prometheus' probes see 200.
+
 A sampler thread reads the run's live state every ``poll_s`` seconds (one read however many
 pages poll; less often when a read takes more than half of that) and appends a sample for each
 rank whose record changed.
@@ -140,7 +143,18 @@ class LiveServer:
         self._report: tuple[Any, str] | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._collector: Any = None
         self.sample()
+
+    def collector(self) -> Any:
+        """The ``/metrics`` collector (one per server: it folds the straggler wait scrape by
+        scrape, :class:`~meshprof.analyze.live.badput.BadputBook`)."""
+        with self._lock:
+            if self._collector is None:
+                from meshprof.live.metrics import LiveCollector
+
+                self._collector = LiveCollector(self.run_dir)
+            return self._collector
 
     # -- sampling -------------------------------------------------------------------------------
     def sample(self) -> None:
@@ -239,7 +253,18 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
         pass  # no access log on the terminal
 
+    head = False
+    """Answering a HEAD request: headers only."""
+
+    def do_HEAD(self) -> None:
+        self.head = True
+        self._answer()
+
     def do_GET(self) -> None:
+        self.head = False  # (a kept-alive connection's handler answers several requests)
+        self._answer()
+
+    def _answer(self) -> None:
         try:
             self._route()
         except Exception as e:  # one bad request never takes the server down
@@ -272,13 +297,13 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(404, b"not found\n", "text/plain; charset=utf-8")
 
     def _metrics(self) -> None:
-        from meshprof.live.metrics import LiveCollector, metrics_available, metrics_text
+        from meshprof.live.metrics import metrics_available, metrics_text
 
         if not metrics_available():
             msg = b"prometheus-client is not installed (pip install 'meshprof[metrics]')\n"
             self._send(501, msg, "text/plain; charset=utf-8")
             return
-        body, ctype = metrics_text(LiveCollector(self.server.live.run_dir))
+        body, ctype = metrics_text(self.server.live.collector())
         self._send(200, body, ctype)
 
     def _send(
@@ -291,6 +316,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         self.send_header("Cache-Control", "no-store")
         self.end_headers()
+        if self.head:
+            return
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
             self.wfile.write(body)
 

@@ -162,6 +162,15 @@ class RankLive:
     storage: str = ""
     """Why the rank stopped writing its files to the run directory ("writing stopped: ENOSPC
     (No space left on device)"); "" while it writes. Training and recording go on."""
+    ledger_ns: dict[str, int] = field(default_factory=dict)
+    """The rank's wall time since it started recording, by cause (a
+    :class:`~meshprof.records.ledger.TimeCause` value, the report's time ledger's names),
+    cumulative, ns; the parts sum to ``ledger_wall_ns`` exactly. ``straggler_wait`` is 0 here
+    (one rank cannot see whom it waited for: the exporter carves it out across ranks). Empty
+    before the first step."""
+    ledger_wall_ns: int = 0
+    """Wall time the ledger covers: from when the rank started recording (or its first step,
+    when earlier) to the end of its last completed step (to the last record once ended), ns."""
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON record."""

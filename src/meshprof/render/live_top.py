@@ -109,6 +109,7 @@ def render_top(t: TopTable, run_dir: str, interactive: bool = False) -> Renderab
         ("throughput", "right"),
         ("comm", "right"),
         ("exposed", "right"),
+        ("vs peers", "right"),
         ("memory", "right"),
         ("in flight", "left"),
         ("state", "left"),
@@ -124,6 +125,7 @@ def render_top(t: TopTable, run_dir: str, interactive: bool = False) -> Renderab
             fmt_throughput(r.rate, r.rate_unit),
             fmt_pct(r.comm_share),
             fmt_pct(r.exposed_share),
+            f"{r.score:.2f}×" if r.score > 0 else MISSING,
             _memory(r),
             _inflight(r),
             _state(r),
@@ -154,6 +156,7 @@ def render_waiting(run_dir: str) -> RenderableType:
 
 def _sort_column(sort: str) -> str:
     return {
+        "cost": "vs peers",
         "step": "step p50",
         "throughput": "throughput",
         "comm": "comm",

@@ -35,6 +35,7 @@ from meshprof.events import FLAG_UNSAMPLED, OP_NAMES
 from meshprof.process import env_rank
 from meshprof.records.live import HIST_BOUNDS_S, DimLive, InflightLive, OpSeries, RankLive
 from meshprof.rundir.live import LiveWriter, live_file
+from meshprof.session.live_ledger import LiveLedger
 
 #: Steps in the recent window (medians, shares, rates).
 WINDOW_STEPS = 32
@@ -182,6 +183,7 @@ class LivePublisher:
         self.extra = extra if extra is not None else {}
         lay = layout if layout is not None else getattr(monitor, "layout", None)
         self.counters = LiveCounters(prof, lay)
+        self.ledger = LiveLedger(self.counters)
         self.started_ns = time.time_ns()
         self.publishes = 0
         self.failures = 0
@@ -276,6 +278,7 @@ class LivePublisher:
             rec.step = int(getattr(mon, "current_step", -1))
             self._fill_steps(rec, recent_steps(mon))
             self._fill_memory(rec, mon)
+            self.ledger.fill(rec, mon)
         ops = reading.pending.ops if reading is not None else self._ops_in_flight()
         rec.inflight_count = len(ops)
         rec.inflight = self._inflight(ops)

@@ -4,6 +4,7 @@ live stragglers in it."""
 from __future__ import annotations
 
 import os
+import statistics
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -52,6 +53,59 @@ def _stragglers_among(
         if med > 0 and excess > min_ns and excess / med > min_ratio:
             out.append(LiveStraggler(r, c, med, excess, excess / med))
     return out
+
+
+def _peer_sets(ranks: dict[int, RankLive], stale: list[int] | set[int]) -> list[dict[int, int]]:
+    """The fresh ranks with a compute time, by pipeline stage: ``{rank: compute_ns}`` each."""
+    by_stage: dict[int, dict[int, int]] = {}
+    for r, x in ranks.items():
+        if r not in stale and x.compute_ns > 0:
+            by_stage.setdefault(x.stage, {})[r] = x.compute_ns
+    return list(by_stage.values())
+
+
+def straggler_scores(ranks: dict[int, RankLive], stale: list[int] | set[int]) -> dict[int, float]:
+    """Per fresh rank, its **straggler score**: its recent compute time
+    (:attr:`RankLive.compute_ns`: the median over its recent steps of step time − exposed
+    communication) over the median of the *other* fresh running ranks' of its pipeline stage
+    (with two ranks: the other rank's). 1 is a typical rank; 1.5 computes 50 % longer than its
+    peers, and the peers wait for it. Ranks alone in their stage (or without a step yet) have
+    none."""
+    out: dict[int, float] = {}
+    for peers in _peer_sets(ranks, stale):
+        if len(peers) < 2:
+            continue
+        for r, c in peers.items():
+            med = statistics.median(v for p, v in peers.items() if p != r)
+            if med > 0:
+                out[r] = c / med
+    return out
+
+
+def wait_estimates(ranks: dict[int, RankLive], stale: list[int] | set[int]) -> dict[int, int]:
+    """Per fresh rank, the time it waits per step for the slowest rank of its pipeline
+    stage (ns; recent medians): max(0, the slowest peer's compute − its own), at most its
+    exposed data-parallel, tensor-parallel and other communication per step (waiting hidden
+    behind compute costs nothing; a stage's waiting on pipeline send/recv is its bubble). An
+    estimate from the ranks' records, which carry no per-collective arrival times; the report
+    measures it per collective (``straggler_wait`` in its time ledger)."""
+    out: dict[int, int] = {}
+    for peers in _peer_sets(ranks, stale):
+        if len(peers) < 2:
+            continue
+        slowest = max(peers.values())
+        for r, c in peers.items():
+            out[r] = min(max(slowest - c, 0), carvable_exposed_ns(ranks[r]))
+    return out
+
+
+def carvable_exposed_ns(x: RankLive) -> int:
+    """The rank's exposed communication per step over its recent window outside the pipeline
+    dimension (ns): where a straggler wait can hide (:func:`wait_estimates`)."""
+    n = len(x.recent_step_ns)
+    if n == 0:
+        return 0
+    return sum(d.exposed_ns for d in x.dims if d.dim != "pp") // n
 
 
 def read_snapshot(run_dir: str | os.PathLike[str], now_ns: int | None = None) -> LiveSnapshot:

@@ -9,9 +9,11 @@ import statistics
 from dataclasses import dataclass, field
 
 from meshprof.analyze.live.alerts import inflight_age_ns, rank_rate
+from meshprof.analyze.live.snapshot import straggler_scores
 from meshprof.records.live import Alert, LiveSnapshot, LiveStraggler, RankLive
 
 SORT_KEYS: dict[str, str] = {
+    "o": "cost",
     "s": "step",
     "t": "throughput",
     "c": "comm",
@@ -20,7 +22,12 @@ SORT_KEYS: dict[str, str] = {
     "i": "inflight",
     "r": "rank",
 }
-"""Key → sort order of ``meshprof top`` (``--sort`` takes the name)."""
+"""Key → sort order of ``meshprof top`` (``--sort`` takes the name; ``cost`` is the default)."""
+
+STUCK_STEPS = 10
+"""A running rank in its step for more than this many of its median steps (and
+:data:`STUCK_MIN_NS`) is stuck: ``cost`` shows it before the others."""
+STUCK_MIN_NS = 10 * 10**9
 
 _ASCENDING = {"rank", "throughput"}
 """Orders shown smallest first (the slowest throughput is the interesting one)."""
@@ -56,6 +63,15 @@ class TopRow:
     record_age_ns: int
     """Age of the rank's record at the snapshot."""
     straggler: bool
+    score: float = 0.0
+    """Its straggler score (recent compute / its peers' median,
+    :func:`~meshprof.analyze.live.snapshot.straggler_scores`); 0: none (no peer, no step)."""
+    in_step_ns: int = 0
+    """How long a running rank has been in its current step at the snapshot (0: unknown)."""
+    cost: int = 3
+    """The ``cost`` order's tier: 0 stale, or ended abnormally while the job runs; 1 stuck in
+    its step (:data:`STUCK_STEPS`) with no collective in flight (the hang's culprit); 2 stuck
+    waiting in a collective; 3 the others (by straggler score); 4 ended normally."""
 
 
 @dataclass(slots=True)
@@ -81,8 +97,10 @@ class TopTable:
     """The most recent alerts, oldest first."""
 
 
-def top_row(rec: RankLive, snap: LiveSnapshot, stragglers: set[int]) -> TopRow:
-    """The row of one rank."""
+def top_row(
+    rec: RankLive, snap: LiveSnapshot, stragglers: set[int], scores: dict[int, float] | None = None
+) -> TopRow:
+    """The row of one rank (``scores``: the snapshot's straggler scores)."""
     rate, unit = rank_rate(rec)
     if rec.rank in snap.stale:
         state = "stale"
@@ -91,6 +109,18 @@ def top_row(rec: RankLive, snap: LiveSnapshot, stragglers: set[int]) -> TopRow:
     else:
         state = "ended"  # a rank killed with its job never wrote its "ended" record
     f = rec.inflight
+    in_step = 0
+    if state == "running" and rec.last_step_end_ns > 0:
+        in_step = max(snap.taken_ns - rec.last_step_end_ns, 0)
+    age = inflight_age_ns(rec, snap.taken_ns) if state == "running" else 0
+    if state == "stale" or (state == "ended" and rec.exit_how not in ("", "normal")):
+        cost = 0
+    elif state == "ended":
+        cost = 4
+    elif in_step > max(STUCK_STEPS * rec.step_ns, STUCK_MIN_NS):
+        cost = 2 if f is not None else 1
+    else:
+        cost = 3
     return TopRow(
         rank=rec.rank,
         host=rec.hostname,
@@ -106,13 +136,23 @@ def top_row(rec: RankLive, snap: LiveSnapshot, stragglers: set[int]) -> TopRow:
         memory_bytes=rec.memory_bytes,
         memory_capacity_bytes=rec.memory_capacity_bytes,
         inflight_op=f"{f.op} {f.dim}" if f is not None else "",
-        inflight_age_ns=inflight_age_ns(rec, snap.taken_ns) if state == "running" else 0,
+        inflight_age_ns=age,
         record_age_ns=max(snap.taken_ns - rec.updated_ns, 0),
         straggler=rec.rank in stragglers,
+        score=(scores or {}).get(rec.rank, 0.0),
+        in_step_ns=in_step,
+        cost=cost,
     )
 
 
-def _key(sort: str, r: TopRow) -> float:
+def _key(sort: str, r: TopRow) -> tuple[float, ...]:
+    if sort == "cost":  # the worst first: its tier, then the straggler score, then step time
+        return (r.cost, -r.score, -r.step_ns)
+    sign = 1 if sort in _ASCENDING else -1
+    return (r.state != "stale", sign * _value(sort, r))
+
+
+def _value(sort: str, r: TopRow) -> float:
     return {
         "step": r.step_ns,
         "throughput": r.rate,
@@ -125,17 +165,19 @@ def _key(sort: str, r: TopRow) -> float:
 
 
 def build_top_table(
-    snap: LiveSnapshot, sort: str = "step", limit: int | None = None, alerts: int = 5
+    snap: LiveSnapshot, sort: str = "cost", limit: int | None = None, alerts: int = 5
 ) -> TopTable:
-    """The table of ``snap`` sorted by ``sort`` (a value of :data:`SORT_KEYS`; largest first,
-    except rank and throughput), stale ranks first, cut to ``limit`` rows (None: all), with the
-    last ``alerts`` alerts."""
+    """The table of ``snap`` sorted by ``sort`` (a value of :data:`SORT_KEYS`): ``cost`` puts
+    the worst rank first (:attr:`TopRow.cost`'s tiers, then the highest straggler score), so
+    the culprit is on screen however few rows fit; the others stale ranks first, then largest
+    first, except rank and throughput. Cut to ``limit`` rows (None: all), with the last
+    ``alerts`` alerts."""
     if sort not in SORT_KEYS.values():
         raise ValueError(f"unknown sort {sort!r}")
     strag = {s.rank for s in snap.stragglers}
-    rows = [top_row(x, snap, strag) for x in snap.ranks.values()]
-    sign = 1 if sort in _ASCENDING else -1
-    rows.sort(key=lambda r: (r.state != "stale", sign * _key(sort, r), r.rank))
+    scores = straggler_scores(snap.ranks, snap.stale)
+    rows = [top_row(x, snap, strag, scores) for x in snap.ranks.values()]
+    rows.sort(key=lambda r: (*_key(sort, r), r.rank))
     steps = [r.step_ns for r in rows if r.step_ns > 0 and r.state != "stale"]
     shown = rows if limit is None else rows[: max(limit, 0)]
     return TopTable(
@@ -153,4 +195,12 @@ def build_top_table(
     )
 
 
-__all__ = ["SORT_KEYS", "TopRow", "TopTable", "build_top_table", "top_row"]
+__all__ = [
+    "SORT_KEYS",
+    "STUCK_MIN_NS",
+    "STUCK_STEPS",
+    "TopRow",
+    "TopTable",
+    "build_top_table",
+    "top_row",
+]
