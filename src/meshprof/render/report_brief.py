@@ -64,6 +64,8 @@ def _headline(rep: RunReport, console: Console) -> None:
     if md.get("status"):
         nodes = md.get("nodes") or []
         where = f", {len(nodes)} nodes" if len(nodes) > 1 else ""
+        if md.get("nodes_missing"):  # node-local directories: the others were not read
+            where += f"; {md['nodes_missing']} of {md.get('nnodes')} nodes not read"
         say(console, f"job: {md['status']}, exit code {md.get('exit_code')}{where}")
     failures = rep[FAILURES]
     if failures:
