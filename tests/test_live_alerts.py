@@ -62,8 +62,8 @@ def test_straggler_after_n_fresh_looks_once_per_episode(tmp_path: Path) -> None:
     assert at(2.5, 150 * MS, published=2) == []  # the same records again: not a new look
     (a,) = at(3, 150 * MS)
     assert a.kind == "straggler" and a.ranks == (2,) and a.severity == "warning"
-    # the others' median is 100.5 ms: +49.5 ms (+49%)
-    assert a.value == pytest.approx(49.5)
+    # the others' median is 100.5 ms: +49.5 ms (+49%), a ratio in the record
+    assert a.value == pytest.approx(49.5 / 100.5) and a.threshold == 0.2 and a.unit == "ratio"
     assert a.message == "rank 2 is a straggler: +50 ms compute per step (+49%)"
     assert at(4, 150 * MS) == [] and at(5, 150 * MS) == []  # the same episode
     assert at(6, 100 * MS) == []  # one look without: not over yet (clear_looks 2)
@@ -78,7 +78,9 @@ def _steps(steps_done: int, durs: list[int]) -> RankLive:
 
 
 def test_step_regression_against_the_ranks_own_early_steps(tmp_path: Path) -> None:
-    rules = AlertRules(AlertConfig(warmup_steps=5, baseline_steps=10, recent_steps=8))
+    rules = AlertRules(
+        AlertConfig(warmup_steps=5, baseline_steps=10, recent_steps=8, hold_looks=1)
+    )
     warm = [300 * MS] * 5  # steps 0-4: warm-up, ignored
     base = [100 * MS, 98 * MS, 102 * MS] * 3 + [100 * MS]  # steps 5-14: median 100 ms
     assert look(rules, tmp_path, 1, [_steps(12, warm + base[:7])]) == []
@@ -89,9 +91,10 @@ def test_step_regression_against_the_ranks_own_early_steps(tmp_path: Path) -> No
     assert look(rules, tmp_path, 3, [_steps(23, warm + base + [115 * MS] * 8)]) == []
     (a,) = look(rules, tmp_path, 4, [_steps(31, warm + base + [115 * MS] * 8 + [125 * MS] * 8)])
     assert a.kind == "step_regression" and a.ranks == (0,)
-    assert a.value == pytest.approx(25.0) and a.threshold == 20.0
-    assert (
-        a.message == "step time regressed on rank 0: 125 ms per step vs 100 ms at the start (+25%)"
+    assert a.value == pytest.approx(0.25) and a.threshold == 0.2 and a.unit == "ratio"
+    assert a.since_step == 15  # from step 15 on, steps take more than half the limit (110 ms)
+    assert a.message == (
+        "step time regressed on rank 0: 125 ms per step vs 100 ms at the start (+25%, limit +20%)"
     )
     assert look(rules, tmp_path, 5, [_steps(39, [125 * MS] * 32)]) == []  # same episode
 
@@ -104,7 +107,9 @@ def test_step_regression_is_one_alert_for_ranks_that_publish_at_other_moments(
     # rank 2's written before it. The alert waits for their next records, then names both
     # ranks that regressed, not rank 2 (whose next record shows no regression); a stale rank
     # (3) and an ended one (4) hold nothing up.
-    rules = AlertRules(AlertConfig(warmup_steps=5, baseline_steps=10, recent_steps=8))
+    rules = AlertRules(
+        AlertConfig(warmup_steps=5, baseline_steps=10, recent_steps=8, hold_looks=1)
+    )
     base = [300 * MS] * 5 + [100 * MS] * 10
     slow = base + [150 * MS] * 8
 
@@ -125,11 +130,13 @@ def test_step_regression_is_one_alert_for_ranks_that_publish_at_other_moments(
     (a,) = at(4, rank(0, 3.5, slow), rank(1, 3.9, slow), rank(2, 3.6, base))
     assert a.kind == "step_regression" and a.ranks == (0, 1) and a.t_ns == T0 + 4 * 10**9
     assert a.message.startswith("step time regressed on 2 ranks (0, 1): worst rank")
-    assert a.value == pytest.approx(50.0)
+    assert a.value == pytest.approx(0.5)
     assert at(5, rank(0, 4.5, slow), rank(1, 4.9, slow), rank(2, 4.6, base)) == []  # same episodes
     # the job ends while an alert is held: the watcher's stop raises it
     run = tmp_path / "w"
-    w = AlertWatcher(run, AlertConfig(warmup_steps=5, baseline_steps=10), stream=io.StringIO())
+    w = AlertWatcher(
+        run, AlertConfig(warmup_steps=5, baseline_steps=10, hold_looks=1), stream=io.StringIO()
+    )
     for t, durs in ((1, base), (2, slow)):
         write_rank_live(run, rank(0, t - 0.5, base))
         write_rank_live(run, rank(1, t - 0.4, durs))
@@ -147,7 +154,9 @@ def test_step_baseline_when_the_watcher_looked_late(tmp_path: Path) -> None:
 
 
 def test_throughput_drop_tokens_and_steps(tmp_path: Path) -> None:
-    rules = AlertRules(AlertConfig(warmup_steps=5, baseline_looks=3, throughput_drop_pct=30))
+    rules = AlertRules(
+        AlertConfig(warmup_steps=5, baseline_looks=3, throughput_drop_pct=30, hold_looks=1)
+    )
 
     def at(t: float, done: int, tps: float, sps: float = 10.0) -> list[Alert]:
         r = rec(
@@ -158,16 +167,18 @@ def test_throughput_drop_tokens_and_steps(tmp_path: Path) -> None:
 
     at(1, 12, 5000.0)  # the window (steps 4..11) still holds a warm-up step: no sample
     assert rules.baselines[0].rate_samples == []
-    for t, tps in ((2, 1000.0), (3, 1200.0), (4, 1100.0)):
+    for t, tps in ((2, 1000.0), (3, 1100.0), (4, 1100.0)):
         assert at(t, 10 + 3 * t, tps) == []
     assert rules.baselines[0].rate == 1100.0 and rules.baselines[0].rate_unit == "tokens/s"
     assert rules.baselines[1].rate == 10.0 and rules.baselines[1].rate_unit == "steps/s"
     assert at(5, 30, 800.0) == []  # -27 %
     (a,) = at(6, 33, 700.0, sps=6.0)  # rank 0: -36 % tokens/s; rank 1: -40 % steps/s
     assert a.kind == "throughput_drop" and a.ranks == (0, 1)
-    assert a.value == pytest.approx(40.0)  # the worst first
+    assert a.value == pytest.approx(0.4) and a.unit == "ratio"  # the worst first
+    assert a.threshold == pytest.approx(0.3)
     assert a.message.startswith(
-        "throughput dropped on 2 ranks (0, 1): worst rank 1: 6 steps/s vs 10 at the start (-40%)"
+        "throughput dropped on 2 ranks (0, 1): worst rank 1: 6 steps/s vs 10 at the start "
+        "(-40%, limit -30%)"
     )
 
 
@@ -184,7 +195,8 @@ def test_memory_inflight_and_grouping(tmp_path: Path) -> None:
     alerts = look(rules, tmp_path, 1, recs)
     assert [a.kind for a in alerts] == ["memory"]  # 55 s in flight: not yet
     (m,) = alerts
-    assert m.ranks == (0, 1) and m.value == pytest.approx(95.0)
+    assert m.ranks == (0, 1) and m.value == int(9.5 * gib) and m.unit == "bytes"
+    assert m.threshold == pytest.approx(9 * gib)
     assert m.message == ("memory above 90% on 2 ranks (0, 1): worst rank 0: 9.5 of 10.0 GiB (95%)")
     # the record is 3 s old at the look and the collective was 58 s old then: 61 s
     stuck.age_ns = 58 * 10**9
@@ -193,7 +205,7 @@ def test_memory_inflight_and_grouping(tmp_path: Path) -> None:
         r.updated_ns = 0
     (a,) = look(rules, tmp_path, 5, recs)
     assert a.kind == "inflight" and a.ranks == (2,) and a.severity == "critical"
-    assert a.value == pytest.approx(61.0)
+    assert a.value == pytest.approx(61.0) and a.threshold == 60 and a.unit == "s"
     assert (
         a.message
         == "collective stuck on rank 2: all_reduce on mesh_dp (seq 1234) in flight for 61 s"
@@ -340,7 +352,7 @@ def test_watcher_prints_appends_and_runs_the_command_rate_limited(tmp_path: Path
         "meshprof alert: memory above 90% on rank 0: 9.5 of 10.0 GiB (95%)",
         "meshprof alert: memory above 90% on rank 0: 9.8 of 10.0 GiB (98%)",
     ]
-    assert [a.value for a in read_alerts(tmp_path)] == [pytest.approx(95.0), pytest.approx(98.0)]
+    assert [a.value for a in read_alerts(tmp_path)] == [int(9.5 * gib), int(9.8 * gib)]
     (sent,) = [json.loads(x) for x in out.read_text().splitlines()]
     assert sent["kind"] == "memory" and sent["ranks"] == [0] and sent["run_dir"] == str(tmp_path)
 
