@@ -15,11 +15,11 @@ in alerts, so one noisy run can cost several), recall = TP / faulty runs.
 
 Fault kinds:
 
-* ``clean`` / ``clean_load``: no fault; ``clean_load`` also spins one busy process per CPU
-  beside the job for the whole run.
+* ``clean`` / ``clean_load``: no fault; ``clean_load`` also spins ``--load`` busy processes
+  (default 1, half of a 2-CPU machine) beside the job for the whole run.
 * ``slow_rank``: one rank computes 1–2× its step time more per step from a random step on.
 * ``hang``: one rank posts a ``recv`` that no rank ever sends (the others wait in the step's
-  ``all_reduce``); the job ends on gloo's timeout.
+  ``all_reduce``); the job ends on gloo's timeout (15 s).
 * ``kill``: one rank SIGKILLs itself (torchrun then stops the others).
 * ``slow_link``: 4 ranks; the all_reduce of one 2-rank group ({2, 3}) grows from 4 KiB to
   32 MiB from a random step on (a slower collective, no rank computes longer).
@@ -92,12 +92,13 @@ def job(kind: str, fault_rank: int, onset: int, seconds: float, extra: float, ma
     import torch
     import torch.distributed as dist
 
-    timeout = datetime.timedelta(seconds=25 if kind == "hang" else 120)
+    timeout = datetime.timedelta(seconds=15 if kind == "hang" else 120)
     dist.init_process_group("gloo", timeout=timeout)
     rank, world = dist.get_rank(), dist.get_world_size()
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     pair = None
+    small, big = torch.ones(1024), torch.ones(8 << 20)  # allocated once: only the link slows
     if kind == "slow_link":
         groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
         pair = groups[rank // 2]
@@ -130,8 +131,7 @@ def job(kind: str, fault_rank: int, onset: int, seconds: float, extra: float, ma
             buf = torch.zeros(4)
             dist.recv(buf, src=(rank + 1) % world)  # never sent: in flight until the timeout
         if pair is not None:
-            n = (8 << 20) if i >= onset and rank in (2, 3) else 1024
-            dist.all_reduce(torch.ones(n), group=pair)
+            dist.all_reduce(big if i >= onset and rank in (2, 3) else small, group=pair)
         flat = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
         # the stop flag rides in the step's all_reduce: every rank stops after the same step
         flag = torch.cat(
@@ -170,7 +170,7 @@ class RunResult:
 def run_one(kind: str, rng: random.Random, args: argparse.Namespace, i: int) -> RunResult:
     world = 4 if kind == "slow_link" else 2
     fault_rank = 2 if kind == "slow_link" else rng.randrange(world)
-    onset = rng.randrange(60, 120)
+    onset = rng.randrange(40, 100)
     extra = rng.uniform(1.0, 2.0)
     seconds = args.seconds if kind.startswith("clean") else 0.0
     # faulty runs: about onset + 12 s of steps (the window the alerts must fall in)
@@ -202,7 +202,7 @@ def run_one(kind: str, rng: random.Random, args: argparse.Namespace, i: int) -> 
     load: list[subprocess.Popen[bytes]] = []
     if kind == "clean_load":
         spin = "import time\nwhile True: pass"
-        load = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(os.cpu_count() or 1)]
+        load = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(args.load)]
     t0 = time.monotonic()
     try:
         p = subprocess.run(cmd, capture_output=True, timeout=seconds + 120)
@@ -293,8 +293,9 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=48, help="runs in all, spread over the kinds")
     ap.add_argument("--kinds", default=",".join(KINDS), help="comma-separated fault kinds")
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--seconds", type=float, default=14.0, help="a clean run's length")
-    ap.add_argument("--window", type=float, default=12.0, help="seconds of steps after an onset")
+    ap.add_argument("--seconds", type=float, default=10.0, help="a clean run's length")
+    ap.add_argument("--window", type=float, default=9.0, help="seconds of steps after an onset")
+    ap.add_argument("--load", type=int, default=1, help="busy processes beside clean_load runs")
     ap.add_argument(
         "--extra",
         default="--alert-stall-floor 5",

@@ -78,9 +78,7 @@ def _steps(steps_done: int, durs: list[int]) -> RankLive:
 
 
 def test_step_regression_against_the_ranks_own_early_steps(tmp_path: Path) -> None:
-    rules = AlertRules(
-        AlertConfig(warmup_steps=5, baseline_steps=10, recent_steps=8, hold_looks=1)
-    )
+    rules = AlertRules(AlertConfig(warmup_steps=5, baseline_steps=10, recent_steps=8, hold_looks=1))
     warm = [300 * MS] * 5  # steps 0-4: warm-up, ignored
     base = [100 * MS, 98 * MS, 102 * MS] * 3 + [100 * MS]  # steps 5-14: median 100 ms
     assert look(rules, tmp_path, 1, [_steps(12, warm + base[:7])]) == []
@@ -107,9 +105,7 @@ def test_step_regression_is_one_alert_for_ranks_that_publish_at_other_moments(
     # rank 2's written before it. The alert waits for their next records, then names both
     # ranks that regressed, not rank 2 (whose next record shows no regression); a stale rank
     # (3) and an ended one (4) hold nothing up.
-    rules = AlertRules(
-        AlertConfig(warmup_steps=5, baseline_steps=10, recent_steps=8, hold_looks=1)
-    )
+    rules = AlertRules(AlertConfig(warmup_steps=5, baseline_steps=10, recent_steps=8, hold_looks=1))
     base = [300 * MS] * 5 + [100 * MS] * 10
     slow = base + [150 * MS] * 8
 

@@ -73,10 +73,11 @@ class AlertWatcher:
         self._thread.start()
         return self
 
-    def stop(self) -> None:
+    def stop(self, died: dict[int, str] | None = None) -> None:
         """Stop looking; raise the job-wide alerts still held and a ``stale`` alert for the
-        ranks that ended without their last record (:meth:`AlertRules.flush`); wait (up to
-        :data:`STOP_WAIT_S`) for the commands still running."""
+        ranks in ``died`` (rank -> how, as torchrun saw it) that ended without their last
+        record (:meth:`AlertRules.flush`); wait (up to :data:`STOP_WAIT_S`) for the commands
+        still running."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=self.config.poll_s + 5.0)
@@ -85,7 +86,7 @@ class AlertWatcher:
             with contextlib.suppress(Exception):
                 if (self.run_dir / "live").is_dir():
                     snap = read_snapshot(self.run_dir)
-            for a in self.rules.flush(time.time_ns(), snap):
+            for a in self.rules.flush(time.time_ns(), snap, died):
                 self.emit(a)
         deadline = time.monotonic() + STOP_WAIT_S
         for t in list(self._commands):

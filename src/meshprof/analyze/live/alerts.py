@@ -354,26 +354,29 @@ class AlertRules:
             a for rule in RULES if (a := self._alert(rule, trips[rule], snap.taken_ns)) is not None
         ]
 
-    def flush(self, now_ns: int, snap: LiveSnapshot | None = None) -> list[Alert]:
+    def flush(
+        self, now_ns: int, snap: LiveSnapshot | None = None, died: dict[int, str] | None = None
+    ) -> list[Alert]:
         """The watcher's last word when the job ended, at ``now_ns`` (ns): the job-wide alerts
-        still held (:meth:`_gather`), raised now; and, given the last ``snap``, a ``stale``
-        alert for the ranks that never wrote their last record (killed: SIGKILL, the OOM
-        killer) and were not already alerted on as stale."""
+        still held (:meth:`_gather`), raised now; and a ``stale`` alert for the ranks in
+        ``died`` (rank -> how, from torchrun: "killed by SIGKILL") whose last record in
+        ``snap`` says running — they ended without a word (SIGKILL, the OOM killer, a segfault)
+        — unless one was raised already."""
         held, self._pending = self._pending, {}
         out = [
             a
             for rule in JOB_WIDE
             if rule in held and (a := self._alert(rule, held[rule].trips, now_ns))
         ]
-        if snap is not None and self.config.stale and not snap.ended:
-            ended = [x for x in snap.ranks.values() if x.status != "running"]
-            gone = [
-                self._stale_trip(x, now_ns)
-                for r, x in snap.ranks.items()
-                if x.status == "running"
-                and ended  # the others said goodbye: this one could not
-                and not self._active("stale", r)
-            ]
+        if snap is not None and died and self.config.stale:
+            gone = []
+            for r, how in sorted(died.items()):
+                x = snap.ranks.get(r)
+                if x is None or x.status != "running" or self._active("stale", r):
+                    continue
+                t = self._stale_trip(x, now_ns)
+                t.text = f"{how}, last record {_secs(now_ns - x.updated_ns)} before"
+                gone.append(t)
             if (a := self._alert("stale", gone, now_ns)) is not None:
                 out.append(a)
         return out
