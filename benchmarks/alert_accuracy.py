@@ -159,6 +159,10 @@ class RunResult:
     """Onset → first right alert, s."""
     first: str = ""
     """The first right alert's kind."""
+    by_kind: dict[str, float] = field(default_factory=dict)
+    """Onset → the first right alert of each kind, s."""
+    dir: str = ""
+    """The run's folder (its run directory is ``run``, the marks ``mark``)."""
     false: list[str] = field(default_factory=list)
     """The false positives, as "kind@ranks (+t s)"."""
     warmup_alerts: int = 0
@@ -229,7 +233,9 @@ def judge(
         alerts = [json.loads(x) for x in alerts_file.read_text().splitlines() if x.strip()]
     warm = int((mark / "warm").read_text()) if (mark / "warm").exists() else None
     onset = int((mark / "onset").read_text()) if (mark / "onset").exists() else None
-    res = RunResult(kind, fault_rank, onset_step, False, None, rc=rc, wall_s=wall)
+    res = RunResult(
+        kind, fault_rank, onset_step, False, None, rc=rc, wall_s=wall, dir=str(out.parent)
+    )
     if warm is None:
         res.false.append("no warm-up mark (the job failed early)")
         return res
@@ -249,6 +255,7 @@ def judge(
             if not res.detected:
                 res.detected, res.latency_s = True, (t - onset) / 1e9
                 res.first = a["kind"]
+            res.by_kind.setdefault(a["kind"], (t - onset) / 1e9)
         else:
             ref = onset if onset is not None else warm
             res.false.append(f"{a['kind']}@{a['ranks']} ({(t - ref) / 1e9:+.1f} s)")
@@ -281,6 +288,16 @@ def table(results: list[RunResult]) -> str:
         if rs:
             rows.append(row(k, rs))
     rows.append(row("**all**", results))
+    rows += ["", "| fault | alert kind | runs it came in | onset → alert median s | max s |"]
+    rows.append("|---|---|---:|---:|---:|")
+    for k in KINDS:
+        rs = [r for r in results if r.kind == k]
+        for ak in sorted({a for r in rs for a in r.by_kind}):
+            lat = [r.by_kind[ak] for r in rs if ak in r.by_kind]
+            rows.append(
+                f"| {k} | {ak} | {len(lat)} of {len(rs)} | {statistics.median(lat):.1f} "
+                f"| {max(lat):.1f} |"
+            )
     return "\n".join(rows)
 
 
