@@ -7,16 +7,21 @@ Rules (each one can be turned off in :class:`AlertConfig`):
   exceeds the other ranks' median, :func:`~meshprof.analyze.live.snapshot.find_stragglers`) by more than
   ``straggler_pct`` % for ``straggler_looks`` consecutive fresh records.
 * ``step_regression`` — a rank's recent step time (median of its last ``recent_steps`` steps)
-  exceeds its own baseline by more than ``step_regression_pct`` %. The baseline is the median
-  duration of the rank's steps ``warmup_steps`` .. ``warmup_steps + baseline_steps - 1`` (read from
-  the record's ``recent_step_ns``; when the watcher looked too late to see those, the oldest
-  ``baseline_steps`` steps after the warmup that it saw).
-* ``throughput_drop`` — a rank's tokens/s (steps/s when its steps carry no tokens) falls more
-  than ``throughput_drop_pct`` % below its baseline: the median of the first ``baseline_looks``
-  fresh records whose whole recent window lies after the warmup. Unlike step time, throughput
-  counts the time between steps (data loading, evaluation, checkpoints).
+  exceeds its own baseline by more than ``step_regression_pct`` % and by more than ``noise_k`` ×
+  the baseline's spread (:func:`spread`), in ``hold_looks`` consecutive fresh records. The
+  baseline is the median duration of the rank's steps ``warmup_steps`` .. ``warmup_steps +
+  baseline_steps - 1`` (read from the record's ``recent_step_ns``; when the watcher looked too
+  late to see those, the oldest ``baseline_steps`` steps after the warmup that it saw).
+* ``throughput_drop`` — a rank's tokens/s (steps/s when its steps carry no tokens) falls below
+  its baseline by more than ``throughput_drop_pct`` % and more than ``noise_k`` × the baseline's
+  spread, in ``hold_looks`` consecutive fresh records: the baseline is the median of the first
+  ``baseline_looks`` fresh records whose whole recent window lies after the warmup. Unlike step
+  time, throughput counts the time between steps (data loading, evaluation, checkpoints).
 * ``memory`` — a rank's memory (CUDA allocated, else the process RSS) exceeds ``memory_pct`` % of
   its capacity.
+* ``memory_growth`` — a rank's memory exceeds its own baseline (the median of its first
+  ``baseline_looks`` fresh records after the warmup) by more than ``memory_growth_pct`` % and
+  more than ``memory_growth_floor_bytes``, in ``hold_looks`` consecutive fresh records: a leak.
 * ``inflight`` — a rank's oldest collective has been in flight longer than ``inflight_s``
   seconds (its age in the record plus the record's age).
 * ``stall`` — a rank's record is fresh (its publisher still writes) but its step has not
@@ -24,10 +29,16 @@ Rules (each one can be turned off in :class:`AlertConfig`):
   compute, the data loader or a deadlock that releases the GIL, with or without a collective in
   flight (the alert says which; ranks with none come first, the others usually wait for them).
   Counted from the end of the rank's last completed step, so not before its first step.
-* ``stale`` — a running rank stopped publishing (see :meth:`RankLive.is_stale`).
+* ``stale`` — a running rank stopped publishing (see :meth:`RankLive.is_stale`); and, when the
+  job has ended, a rank torchrun saw die whose last record says running (:meth:`AlertRules.flush`).
+
+Every alert's ``value`` and ``threshold`` are in the rule's SI unit (:data:`UNITS`: a ratio,
+bytes or seconds; the message may say ms, GiB or %), and ``since_step`` is the step at which the
+condition began.
 
 An alert is raised once per episode: a (rule, rank) condition raises when it becomes true
-(after ``straggler_looks`` looks for stragglers) and can raise again only after it has been
+(after ``straggler_looks`` looks for stragglers, ``hold_looks`` for step regressions,
+throughput drops and memory growth) and can raise again only after it has been
 false for ``clear_looks`` consecutive looks. Conditions are counted on *fresh* records only (a
 rank's record whose ``updated_ns`` changed since the last look), except ``stale``, which is a
 property of the look itself. The ranks that trip the same rule in the same look make one alert.
