@@ -9,7 +9,12 @@ started the fault into ``MARK/onset``, and the time it finished its warm-up step
 ``MARK/warm``. An alert is *right* when its kind is one the fault explains (table below) and,
 for the rules that name a culprit (straggler, stall, memory, memory_growth, stale), it names the
 faulty rank. *False positives* are the alerts raised after the warm-up in a clean run, before
-the onset in a faulty run, and of a wrong kind or rank after it. A faulty run is a true positive
+the onset in a faulty run, and of a wrong kind or rank after it — unless the job's own clock
+confirms them as a side effect of the fault (a leak that slows the steps): the job writes its
+step and compute times (``MARK/times{rank}.json``), and a ``step_regression`` or
+``throughput_drop`` after the onset is a *side effect* (not counted either way, but listed)
+when some rank's median step after the onset is 20 % above its median before, a ``straggler``
+when every rank it names computed 20 % longer than the others' median after the onset. A faulty run is a true positive
 when a right alert comes after the onset, else a miss. Precision = TP / (TP + FP) (FP counted
 in alerts, so one noisy run can cost several), recall = TP / faulty runs.
 
@@ -49,6 +54,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 KINDS = (
     "clean",
@@ -109,7 +115,10 @@ def job(kind: str, fault_rank: int, onset: int, seconds: float, extra: float, ma
         if rank == (fault_rank if name == "onset" else 0):
             (mark / name).write_text(str(time.time_ns()))
 
+    steps: list[float] = []
+    computes: list[float] = []
     for i in range(10**9):
+        t0 = time.perf_counter()
         if i == WARMUP_STEPS:
             note("warm")
         faulty = i >= onset and rank == fault_rank
@@ -130,6 +139,7 @@ def job(kind: str, fault_rank: int, onset: int, seconds: float, extra: float, ma
         if kind == "hang" and faulty:
             buf = torch.zeros(4)
             dist.recv(buf, src=(rank + 1) % world)  # never sent: in flight until the timeout
+        computes.append(time.perf_counter() - t0)
         if pair is not None:
             dist.all_reduce(big if i >= onset and rank in (2, 3) else small, group=pair)
         flat = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
@@ -140,8 +150,11 @@ def job(kind: str, fault_rank: int, onset: int, seconds: float, extra: float, ma
         dist.all_reduce(flag)
         opt.step()
         opt.zero_grad()
+        steps.append(time.perf_counter() - t0)
         if flag[-1].item() > 0:
             break
+    # the job's own step and compute times (wall, s): the truth of a fault's side effects
+    (mark / f"times{rank}.json").write_text(json.dumps({"step": steps, "compute": computes}))
     dist.barrier()
     dist.destroy_process_group()
 
@@ -167,6 +180,9 @@ class RunResult:
     """The false positives, as "kind@ranks (+t s)"."""
     warmup_alerts: int = 0
     """Alerts before the warm-up ended (not counted)."""
+    side_effects: list[str] = field(default_factory=list)
+    """Alerts after the onset of a kind the fault does not explain but that the job's own clock
+    confirms (its steps slowed, a rank computed longer: :func:`side_effects`); not counted."""
     rc: int = 0
     wall_s: float = 0.0
 
@@ -239,17 +255,21 @@ def judge(
     if warm is None:
         res.false.append("no warm-up mark (the job failed early)")
         return res
+    side = side_effects(mark, onset_step) if not kind.startswith("clean") else set()
     for a in alerts:
         t = a["t_ns"]
         if t < warm:
             res.warmup_alerts += 1
             continue
+        after = onset is not None and t >= onset
         right = (
-            onset is not None
-            and t >= onset
+            after
             and a["kind"] in RIGHT[kind]
             and (a["kind"] not in CULPRIT_RULES or fault_rank in a["ranks"])
         )
+        if after and not right and _explained(a, side):
+            res.side_effects.append(f"{a['kind']}@{a['ranks']}")
+            continue
         if right:
             assert onset is not None
             if not res.detected:
@@ -262,11 +282,48 @@ def judge(
     return res
 
 
+SLOWER = 0.2
+"""A step (or a rank's compute) more than this much slower after the onset than before it, by
+the job's own clock, is a side effect of the fault (the rules' default 20 %)."""
+
+
+def side_effects(mark: Path, onset_step: int) -> set[tuple[str, int]]:
+    """What the job itself measured besides its fault (from ``MARK/times{rank}.json``):
+    ("slower", -1) when some rank's median step after the onset is more than :data:`SLOWER`
+    above its median step between the warm-up and the onset; ("compute", rank) for each rank
+    whose median compute after the onset exceeds the other ranks' median by more than that."""
+    times = {}
+    for f in mark.glob("times*.json"):
+        times[int(f.stem[5:])] = json.loads(f.read_text())
+    out: set[tuple[str, int]] = set()
+    lo, on = WARMUP_STEPS, onset_step
+    for d in times.values():
+        before, after = d["step"][lo:on], d["step"][on:]
+        if before and after and statistics.median(after) > (1 + SLOWER) * statistics.median(before):
+            out.add(("slower", -1))
+    comp = {r: statistics.median(d["compute"][on:]) for r, d in times.items() if d["compute"][on:]}
+    for r, c in comp.items():
+        others = [v for q, v in comp.items() if q != r]
+        if others and c > (1 + SLOWER) * statistics.median(others):
+            out.add(("compute", r))
+    return out
+
+
+def _explained(alert: dict[str, Any], side: set[tuple[str, int]]) -> bool:
+    """A job-wide slowdown alert when the job's steps did slow; a straggler alert whose ranks
+    all computed longer than the others by the job's own clock."""
+    if alert["kind"] in ("step_regression", "throughput_drop"):
+        return ("slower", -1) in side
+    if alert["kind"] == "straggler":
+        return all(("compute", r) in side for r in alert["ranks"])
+    return False
+
+
 def table(results: list[RunResult]) -> str:
     rows = [
         "| kind | runs | true positives | false positives | misses | precision | recall "
-        "| onset → alert median s | max s |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| onset → alert median s | max s | side-effect alerts |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
 
     def row(name: str, rs: list[RunResult]) -> str:
@@ -281,7 +338,11 @@ def table(results: list[RunResult]) -> str:
         lat = [r.latency_s for r in faulty if r.latency_s is not None]
         med = f"{statistics.median(lat):.1f}" if lat else "—"
         mx = f"{max(lat):.1f}" if lat else "—"
-        return f"| {name} | {len(rs)} | {tp} | {fp} | {miss} | {prec} | {rec} | {med} | {mx} |"
+        side = sum(len(r.side_effects) for r in rs)
+        return (
+            f"| {name} | {len(rs)} | {tp} | {fp} | {miss} | {prec} | {rec} | {med} | {mx} "
+            f"| {side} |"
+        )
 
     for k in KINDS:
         rs = [r for r in results if r.kind == k]
@@ -342,7 +403,8 @@ def main() -> None:
         )
         print(
             f"[{i + 1}/{args.runs}] {k} rank {r.fault_rank} onset step {r.onset_step}: {lat}; "
-            f"false: {', '.join(r.false) or 'none'}; warm-up alerts {r.warmup_alerts}; "
+            f"false: {', '.join(r.false) or 'none'}; side effects: "
+            f"{', '.join(r.side_effects) or 'none'}; warm-up alerts {r.warmup_alerts}; "
             f"rc {r.rc}; {r.wall_s:.0f} s",
             flush=True,
         )
