@@ -124,7 +124,7 @@ class AlertConfig:
     spread (1.4826 × the median absolute deviation of the baseline's steps or records: a
     standard deviation robust to outliers), so that a noisy job (a busy machine, a jittery data
     loader) does not regress by its noise alone. 0: the percentages alone."""
-    hold_looks: int = 2
+    hold_looks: int = 3
     """Consecutive fresh records a step regression, throughput drop or memory growth must hold
     before the alert (a passing hiccup raises nothing)."""
     memory_pct: float = 90.0
