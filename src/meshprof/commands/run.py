@@ -194,26 +194,34 @@ def add_alert_options(p: argparse.ArgumentParser) -> None:
         "--alert-interval",
         default="60",
         metavar="SECONDS",
-        help="at most one --alert-cmd per rule per this many seconds (default 60)",
+        help="at most one --alert-cmd per rule and rank per this many seconds (default 60)",
     )
     g.add_argument(
         "--alert-step-regression",
         default="20",
         metavar="PCT",
         help="a rank's recent step time above its own early steps' by more than PCT %% "
-        "(default 20)",
+        "and more than 3 times their spread (default 20)",
     )
     g.add_argument(
         "--alert-throughput-drop",
         default="30",
         metavar="PCT",
-        help="tokens/s (or steps/s) below the rank's early rate by more than PCT %% (default 30)",
+        help="tokens/s (or steps/s) below the rank's early rate by more than PCT %% and more "
+        "than 3 times its spread (default 30)",
     )
     g.add_argument(
         "--alert-memory",
         default="90",
         metavar="PCT",
         help="memory above PCT %% of the device's (or host's) capacity (default 90)",
+    )
+    g.add_argument(
+        "--alert-memory-growth",
+        default="50",
+        metavar="PCT",
+        help="a rank's memory above its own early records' by more than PCT %% and 256 MiB "
+        "(a leak; default 50)",
     )
     g.add_argument(
         "--alert-inflight",
@@ -321,6 +329,7 @@ def alert_config_from_args(args: argparse.Namespace) -> AlertConfig:
         step_regression_pct=_number(args.alert_step_regression, "--alert-step-regression"),
         throughput_drop_pct=_number(args.alert_throughput_drop, "--alert-throughput-drop"),
         memory_pct=_number(args.alert_memory, "--alert-memory"),
+        memory_growth_pct=_number(args.alert_memory_growth, "--alert-memory-growth"),
         inflight_s=_number(args.alert_inflight, "--alert-inflight"),
         stall_factor=_number(args.alert_stall, "--alert-stall"),
         stall_floor_s=_number(args.alert_stall_floor, "--alert-stall-floor"),

@@ -42,7 +42,7 @@ from meshprof.records.worker_settings import WORKER_ENV, WorkerSettings
 from meshprof.rundir.hang_dumps import dump_files
 from meshprof.rundir.manifest import write_node_record
 from meshprof.rundir.schema import HANG_DIR, Manifest
-from meshprof.rundir.worker_exits import read_worker_exits, worker_exits_path
+from meshprof.rundir.worker_exits import WorkerExit, read_worker_exits, worker_exits_path
 
 ENV_LAYOUT = "MESHPROF_LAYOUT"
 """The job's dp × tp × pp layout when ``--layout`` is not given (``dp=2,tp=4,pp=2`` or
@@ -341,7 +341,7 @@ def launch(opts: RunOptions) -> LaunchResult:
         if relay is not None:
             relay.stop()
         if alerts is not None:
-            alerts.stop()
+            alerts.stop(_died(read_worker_exits(private / "workers.json")))
         if exporter is not None:
             exporter.stop()
     if manifest is None:  # several nodes, and the job ended before the launchers agreed
@@ -431,6 +431,14 @@ def _start_alerts(opts: RunOptions, run_dir: Path) -> Any:
         layout = Layout.from_any(os.environ.get(ENV_LAYOUT) or None)
         capture = CaptureTrigger(run_dir, opts.capture, layout)
     return AlertWatcher(run_dir, opts.alerts, capture=capture).start()
+
+
+def _died(exits: dict[int, WorkerExit]) -> dict[int, str]:
+    """rank -> how it ended, for the alert watcher's last word (a rank killed without a word)."""
+    return {
+        r: f"killed by {e.signal}" if e.signal else f"exit code {e.exit_code}"
+        for r, e in exits.items()
+    }
 
 
 def _watchdog_available() -> bool:

@@ -4,7 +4,9 @@ alert, prints one line on stderr, appends it to ``RUN_DIR/live/alerts.jsonl`` (`
 and ``serve`` show it) and runs the user's ``--alert-cmd`` with the alert as JSON on stdin.
 
 The command runs in a shell on its own thread (never blocking the watcher or the launcher), at
-most once per rule per ``command_interval_s`` seconds, and is killed after
+most once per (rule, rank) per ``command_interval_s`` seconds — an alert runs it unless every
+rank it names had one for its rule that recently, so one rule's or rank's noise never mutes
+another's alert — and is killed after
 ``command_timeout_s``; a failure is one warning on stderr. The watcher never raises: a look that
 fails is counted and reported once.
 """
@@ -55,10 +57,13 @@ class AlertWatcher:
         self.raised: list[Alert] = []
         self.commands_run = 0
         self.commands_skipped = 0
-        """Commands not run because their rule ran one less than ``command_interval_s`` ago."""
+        """Commands not run because every rank the alert names had one for its rule less than
+        ``command_interval_s`` ago."""
         self.command_failures = 0
         self.look_failures = 0
-        self._last_command: dict[str, float] = {}
+        self._last_command: dict[tuple[str, int], float] = {}
+        """Monotonic time of the last command per (rule, rank)."""
+        self._last_snap: LiveSnapshot | None = None
         self._commands: list[threading.Thread] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -68,14 +73,20 @@ class AlertWatcher:
         self._thread.start()
         return self
 
-    def stop(self) -> None:
-        """Stop looking; raise the job-wide alerts still held (:meth:`AlertRules.flush`); wait (up
-        to :data:`STOP_WAIT_S`) for the commands still running."""
+    def stop(self, died: dict[int, str] | None = None) -> None:
+        """Stop looking; raise the job-wide alerts still held and a ``stale`` alert for the
+        ranks in ``died`` (rank -> how, as torchrun saw it) that ended without their last
+        record (:meth:`AlertRules.flush`); wait (up to :data:`STOP_WAIT_S`) for the commands
+        still running."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=self.config.poll_s + 5.0)
         if self._thread is None or not self._thread.is_alive():
-            for a in self.rules.flush(time.time_ns()):
+            snap = self._last_snap
+            with contextlib.suppress(Exception):
+                if (self.run_dir / "live").is_dir():
+                    snap = read_snapshot(self.run_dir)
+            for a in self.rules.flush(time.time_ns(), snap, died):
                 self.emit(a)
         deadline = time.monotonic() + STOP_WAIT_S
         for t in list(self._commands):
@@ -92,6 +103,7 @@ class AlertWatcher:
             if not live.is_dir():
                 return []
             snap = read_snapshot(self.run_dir, now_ns)
+            self._last_snap = snap
             alerts = self.rules.evaluate(snap)
             for a in alerts:
                 self.emit(a, snap)
@@ -104,7 +116,7 @@ class AlertWatcher:
 
     def emit(self, alert: Alert, snap: LiveSnapshot | None = None) -> None:
         """Print, append to alerts.jsonl, capture (``--capture-on``), run the command
-        (rate-limited; after the capture, with it)."""
+        (rate-limited per (rule, rank); after the capture, with it)."""
         self.raised.append(alert)
         self._say(f"meshprof alert: {alert.message}")
         try:
@@ -114,12 +126,19 @@ class AlertWatcher:
         cmd = self.config.command
         if cmd:
             now = time.monotonic()
-            last = self._last_command.get(alert.kind)
-            if last is not None and now - last < self.config.command_interval_s:
+            keys = [(str(alert.kind), r) for r in alert.ranks] or [(str(alert.kind), -1)]
+            recent = [
+                k
+                for k in keys
+                if k in self._last_command
+                and now - self._last_command[k] < self.config.command_interval_s
+            ]
+            if len(recent) == len(keys):
                 self.commands_skipped += 1
                 cmd = None
             else:
-                self._last_command[alert.kind] = now
+                for k in keys:
+                    self._last_command[k] = now
                 self.commands_run += 1
         capture = self.capture is not None and snap is not None and self.capture.wants(alert)
         if not cmd and not capture:

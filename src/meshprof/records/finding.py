@@ -106,6 +106,8 @@ class FindingKind(StrEnum):
     """A rank's recent step time exceeds its own baseline."""
     THROUGHPUT_DROP = "throughput_drop"
     """A rank's throughput fell below its baseline."""
+    MEMORY_GROWTH = "memory_growth"
+    """A rank's memory grew far above its own baseline (a leak)."""
     INFLIGHT = "inflight"
     """A collective has been in flight too long (a forming hang)."""
     STALL = "stall"

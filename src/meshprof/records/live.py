@@ -200,19 +200,31 @@ class RankLive:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Alert(Finding):
     """One alert raised by a live rule (kind: straggler, step_regression, throughput_drop,
-    memory, inflight, stall, stale; severity warning or critical); ``title`` is written
-    ``message`` in the JSON line."""
+    memory, memory_growth, inflight, stall, stale; severity warning or critical); ``title`` is
+    written ``message`` in the JSON line. Every rule gives ``value`` and ``threshold`` in one SI
+    unit, named by ``unit``: a ratio (0.25 for 25 %), bytes or seconds."""
 
     title: str = field(metadata=json_key("message"))
-    """One line for people."""
+    """One line for people (its figures may be in ms, GiB or %; the fields are SI)."""
     severity: Severity = Severity.WARNING
     """``warning`` or ``critical``."""
     t_ns: int
     """When it was raised (wall clock)."""
-    value: float | None = None
-    """The measured value that tripped the rule (its unit depends on the rule)."""
-    threshold: float | None = None
-    """The rule's threshold, in the value's unit."""
+    value: float = 0.0
+    """The measured value that tripped the rule, in ``unit``: the excess compute over the
+    other ranks' median (straggler), the step time's rise (step_regression) or the throughput's
+    fall (throughput_drop) over the rank's baseline, as ratios; memory in use (memory) or its
+    growth over the rank's baseline (memory_growth), bytes; how long the collective has been in
+    flight (inflight), the step has lasted (stall) or the record is old (stale), seconds. For an
+    alert naming several ranks, the worst rank's."""
+    threshold: float = 0.0
+    """The limit ``value`` crossed, in ``unit`` (the rule's option, or the noise band or the
+    step-time multiple when that is larger)."""
+    unit: str = ""
+    """``ratio``, ``bytes`` or ``s``."""
+    since_step: int = -1
+    """The step at which the condition began (the earliest of the ranks named; for a stall, the
+    step the rank is stuck in); -1 when no step is known."""
 
     @property
     def message(self) -> str:

@@ -7,16 +7,21 @@ Rules (each one can be turned off in :class:`AlertConfig`):
   exceeds the other ranks' median, :func:`~meshprof.analyze.live.snapshot.find_stragglers`) by more than
   ``straggler_pct`` % for ``straggler_looks`` consecutive fresh records.
 * ``step_regression`` — a rank's recent step time (median of its last ``recent_steps`` steps)
-  exceeds its own baseline by more than ``step_regression_pct`` %. The baseline is the median
-  duration of the rank's steps ``warmup_steps`` .. ``warmup_steps + baseline_steps - 1`` (read from
-  the record's ``recent_step_ns``; when the watcher looked too late to see those, the oldest
-  ``baseline_steps`` steps after the warmup that it saw).
-* ``throughput_drop`` — a rank's tokens/s (steps/s when its steps carry no tokens) falls more
-  than ``throughput_drop_pct`` % below its baseline: the median of the first ``baseline_looks``
-  fresh records whose whole recent window lies after the warmup. Unlike step time, throughput
-  counts the time between steps (data loading, evaluation, checkpoints).
+  exceeds its own baseline by more than ``step_regression_pct`` % and by more than ``noise_k`` ×
+  the baseline's spread (:func:`spread`), in ``hold_looks`` consecutive fresh records. The
+  baseline is the median duration of the rank's steps ``warmup_steps`` .. ``warmup_steps +
+  baseline_steps - 1`` (read from the record's ``recent_step_ns``; when the watcher looked too
+  late to see those, the oldest ``baseline_steps`` steps after the warmup that it saw).
+* ``throughput_drop`` — a rank's tokens/s (steps/s when its steps carry no tokens) falls below
+  its baseline by more than ``throughput_drop_pct`` % and more than ``noise_k`` × the baseline's
+  spread, in ``hold_looks`` consecutive fresh records: the baseline is the median of the first
+  ``baseline_looks`` fresh records whose whole recent window lies after the warmup. Unlike step
+  time, throughput counts the time between steps (data loading, evaluation, checkpoints).
 * ``memory`` — a rank's memory (CUDA allocated, else the process RSS) exceeds ``memory_pct`` % of
   its capacity.
+* ``memory_growth`` — a rank's memory exceeds its own baseline (the median of its first
+  ``baseline_looks`` fresh records after the warmup) by more than ``memory_growth_pct`` % and
+  more than ``memory_growth_floor_bytes``, in ``hold_looks`` consecutive fresh records: a leak.
 * ``inflight`` — a rank's oldest collective has been in flight longer than ``inflight_s``
   seconds (from its issue time to the record's time: :func:`inflight_age_ns`).
 * ``stall`` — a rank's record is fresh (its publisher still writes) but its step has not
@@ -24,10 +29,16 @@ Rules (each one can be turned off in :class:`AlertConfig`):
   compute, the data loader or a deadlock that releases the GIL, with or without a collective in
   flight (the alert says which; ranks with none come first, the others usually wait for them).
   Counted from the end of the rank's last completed step, so not before its first step.
-* ``stale`` — a running rank stopped publishing (see :meth:`RankLive.is_stale`).
+* ``stale`` — a running rank stopped publishing (see :meth:`RankLive.is_stale`); and, when the
+  job has ended, a rank torchrun saw die whose last record says running (:meth:`AlertRules.flush`).
+
+Every alert's ``value`` and ``threshold`` are in the rule's SI unit (:data:`UNITS`: a ratio,
+bytes or seconds; the message may say ms, GiB or %), and ``since_step`` is the step at which the
+condition began.
 
 An alert is raised once per episode: a (rule, rank) condition raises when it becomes true
-(after ``straggler_looks`` looks for stragglers) and can raise again only after it has been
+(after ``straggler_looks`` looks for stragglers, ``hold_looks`` for step regressions,
+throughput drops and memory growth) and can raise again only after it has been
 false for ``clear_looks`` consecutive looks. Conditions are counted on *fresh* records only (a
 rank's record whose ``updated_ns`` changed since the last look), except ``stale``, which is a
 property of the look itself. The ranks that trip the same rule in the same look make one alert.
@@ -48,18 +59,39 @@ from dataclasses import dataclass, field
 
 from meshprof.errors import MeshprofError
 from meshprof.records.finding import FindingKind, Severity
-from meshprof.records.live import Alert, LiveSnapshot, RankLive
+from meshprof.records.live import (
+    STALE_GRACE_S,
+    STALE_INTERVALS,
+    Alert,
+    LiveSnapshot,
+    LiveStraggler,
+    RankLive,
+)
 
 RULES: tuple[str, ...] = (
     "straggler",
     "step_regression",
     "throughput_drop",
     "memory",
+    "memory_growth",
     "inflight",
     "stall",
     "stale",
 )
 """Every rule's name (the :attr:`Alert.kind` it raises)."""
+
+UNITS: dict[str, str] = {
+    "straggler": "ratio",
+    "step_regression": "ratio",
+    "throughput_drop": "ratio",
+    "memory": "bytes",
+    "memory_growth": "bytes",
+    "inflight": "s",
+    "stall": "s",
+    "stale": "s",
+}
+"""The SI unit of each rule's :attr:`Alert.value` and :attr:`Alert.threshold`: ``ratio`` (0.25
+for 25 %), ``bytes`` or ``s``."""
 
 JOB_WIDE: tuple[str, ...] = ("step_regression", "throughput_drop")
 """Rules whose alert waits for every running rank's next record (see the module docstring)."""
@@ -77,15 +109,32 @@ class AlertConfig:
     """False: no watcher, no alerts (``meshprof run --no-alerts``)."""
     straggler_pct: float = 20.0
     """A live straggler whose compute exceeds the other ranks' median by more than this many
-    percent (the snapshot's straggler list starts at 10 %: noise on a busy machine)."""
+    percent (the snapshot's straggler list starts at 10 %: noise on a busy machine). The alert's
+    ``value`` and ``threshold`` are ratios (0.2 for 20 %)."""
     straggler_looks: int = 3
     """Consecutive fresh records a rank must be such a straggler in before the alert."""
     step_regression_pct: float = 20.0
-    """Recent step time above the rank's own baseline by more than this many percent."""
+    """Recent step time above the rank's own baseline by more than this many percent (and by
+    more than ``noise_k`` × the baseline's spread)."""
     throughput_drop_pct: float = 30.0
-    """Tokens/s (or steps/s) below the rank's own baseline by more than this many percent."""
+    """Tokens/s (or steps/s) below the rank's own baseline by more than this many percent (and
+    by more than ``noise_k`` × the baseline's spread)."""
+    noise_k: float = 3.0
+    """A step regression or throughput drop must also exceed this many times its baseline's
+    spread (1.4826 × the median absolute deviation of the baseline's steps or records: a
+    standard deviation robust to outliers), so that a noisy job (a busy machine, a jittery data
+    loader) does not regress by its noise alone. 0: the percentages alone."""
+    hold_looks: int = 3
+    """Consecutive fresh records a step regression, throughput drop or memory growth must hold
+    before the alert (a passing hiccup raises nothing)."""
     memory_pct: float = 90.0
     """Memory above this percentage of the rank's capacity."""
+    memory_growth_pct: float = 50.0
+    """Memory grown above the rank's own baseline (the median of its first ``baseline_looks``
+    fresh records after the warm-up) by more than this many percent and more than
+    ``memory_growth_floor_bytes``: a leak, long before the ``memory_pct`` of capacity."""
+    memory_growth_floor_bytes: int = 256 << 20
+    """... and by more than this many bytes."""
     inflight_s: float = 60.0
     """A collective in flight longer than this many seconds."""
     stall_factor: float = 10.0
@@ -95,12 +144,12 @@ class AlertConfig:
     """... and more than this many seconds."""
     stale: bool = True
     """Alert when a running rank stops publishing its live state."""
-    warmup_steps: int = 5
+    warmup_steps: int = 10
     """Steps ignored at the start (compilation, allocator and cache warm-up) for the baselines."""
-    baseline_steps: int = 10
-    """Steps whose median duration is the step-time baseline."""
-    baseline_looks: int = 3
-    """Fresh records whose median rate is the throughput baseline."""
+    baseline_steps: int = 20
+    """Steps whose median duration is the step-time baseline (their spread its noise band)."""
+    baseline_looks: int = 5
+    """Fresh records whose median rate (and memory) is the throughput (and memory) baseline."""
     recent_steps: int = 8
     """Last steps whose median is compared with the step-time baseline."""
     clear_looks: int = 3
@@ -108,7 +157,9 @@ class AlertConfig:
     command: str | None = None
     """Shell command run for an alert with the alert as JSON on stdin (``--alert-cmd``)."""
     command_interval_s: float = 60.0
-    """At most one command per rule per this many seconds (``--alert-interval``)."""
+    """At most one command per (rule, rank) per this many seconds (``--alert-interval``): an
+    alert runs the command unless every rank it names had one for its rule that recently, so
+    noise from one rule or rank never mutes another."""
     command_timeout_s: float = 30.0
     """A command still running after this many seconds is killed (one warning)."""
     poll_s: float = 1.0
@@ -123,6 +174,9 @@ class AlertConfig:
             ("inflight_s", "--alert-inflight"),
             ("stall_factor", "--alert-stall"),
             ("stall_floor_s", "--alert-stall-floor"),
+            ("memory_growth_pct", "--alert-memory-growth"),
+            ("memory_growth_floor_bytes", "alert memory_growth_floor_bytes"),
+            ("noise_k", "alert noise_k"),
             ("command_interval_s", "--alert-interval"),
         ):
             v = getattr(self, name)
@@ -136,7 +190,13 @@ class AlertConfig:
             raise MeshprofError(
                 f"--alert-straggler-looks {self.straggler_looks}: must be >= 0 (0 turns it off)"
             )
-        for name in ("warmup_steps", "baseline_steps", "baseline_looks", "recent_steps"):
+        for name in (
+            "warmup_steps",
+            "baseline_steps",
+            "baseline_looks",
+            "recent_steps",
+            "hold_looks",
+        ):
             if getattr(self, name) < (0 if name == "warmup_steps" else 1):
                 raise MeshprofError(f"alert {name} {getattr(self, name)}: too small")
         if not (self.poll_s > 0 and self.command_timeout_s > 0 and self.clear_looks >= 1):
@@ -150,10 +210,14 @@ class _Episode:
     on: int = 0
     off: int = 0
     active: bool = False
+    since_step: int = -1
+    """The rank's step at the first look of the current run of true looks."""
 
-    def observe(self, cond: bool, need_on: int, need_off: int) -> bool:
+    def observe(self, cond: bool, need_on: int, need_off: int, step: int) -> bool:
         """Count one look; True when the condition just became an episode (raise now)."""
         if cond:
+            if self.on == 0 and not self.active:
+                self.since_step = step
             self.on, self.off = self.on + 1, 0
             if not self.active and self.on >= need_on:
                 self.active = True
@@ -171,11 +235,18 @@ class RankBaseline:
 
     step_ns: int | None = None
     """Median duration of the baseline steps, ns."""
+    step_spread_ns: float = 0.0
+    """1.4826 × the median absolute deviation of the baseline steps' durations, ns."""
     rate: float | None = None
     """Median tokens/s (or steps/s, see :attr:`rate_unit`) of the baseline records."""
+    rate_spread: float = 0.0
+    """1.4826 × the median absolute deviation of the baseline records' rates."""
     rate_unit: str = ""
     """"tokens/s" or "steps/s"."""
     rate_samples: list[float] = field(default_factory=list)
+    memory_bytes: int | None = None
+    """Median memory of the baseline records, bytes."""
+    memory_samples: list[int] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -186,7 +257,11 @@ class _Trip:
     text: str
     """Its part of the message."""
     value: float
-    threshold: float | None
+    """The measured value, in the rule's SI unit (:data:`UNITS`)."""
+    threshold: float
+    """The threshold it crossed, in the same unit."""
+    since_step: int
+    """The rank's step at which the condition began."""
     first: int = 0
     """Sort group, lower first (the stall rule puts the ranks with no collective in flight,
     the likely cause, before the ranks waiting in one)."""
@@ -199,6 +274,15 @@ class _Pending:
     since_ns: int
     """Time of the look that first tripped it (the snapshot's ``taken_ns``), ns."""
     trips: list[_Trip] = field(default_factory=list)
+
+
+def spread(values: list[float] | list[int]) -> float:
+    """1.4826 × the median absolute deviation: the standard deviation of normal noise, robust to
+    a few outliers (0 for fewer than 2 values)."""
+    if len(values) < 2:
+        return 0.0
+    m = statistics.median(values)
+    return 1.4826 * statistics.median([abs(v - m) for v in values])
 
 
 def rank_rate(rec: RankLive) -> tuple[float, str]:
@@ -263,34 +347,18 @@ class AlertRules:
         stragglers = {s.rank: s for s in snap.stragglers}
         trips: dict[str, list[_Trip]] = {k: [] for k in RULES}
         for r, x in fresh.items():
-            s = stragglers.get(r)
-            if s is not None and s.excess_ratio * 100 <= cfg.straggler_pct:
-                s = None
-            if (
-                cfg.straggler_looks > 0
-                and cfg.straggler_pct > 0
-                and self._observe("straggler", r, s is not None, cfg.straggler_looks)
-                and s is not None
-            ):
-                trips["straggler"].append(
-                    _Trip(
-                        r,
-                        f"+{_ms(s.excess_ns)} compute per step (+{s.excess_ratio:.0%})",
-                        s.excess_ns / 1e6,
-                        None,
-                    )
-                )
+            self._rule_straggler(r, x, stragglers.get(r), trips)
             self._rule_step(r, x, trips)
             self._rule_rate(r, x, trips)
             self._rule_memory(r, x, trips)
+            self._rule_memory_growth(r, x, trips)
             self._rule_inflight(r, x, snap.taken_ns, trips)
             self._rule_stall(r, x, snap.taken_ns, trips)
         if cfg.stale:
             for r, x in snap.ranks.items():
                 cond = r in snap.stale
-                if self._observe("stale", r, cond, 1) and cond:
-                    age = max(snap.taken_ns - x.updated_ns, 0) / 1e9
-                    trips["stale"].append(_Trip(r, f"last record {age:.0f} s ago", age, None))
+                if self._observe("stale", r, cond, x.step) and cond:
+                    trips["stale"].append(self._stale_trip(x, snap.taken_ns))
         for r, x in snap.ranks.items():  # an ended rank's episodes are over
             if x.status != "running":
                 for rule in RULES:
@@ -301,15 +369,32 @@ class AlertRules:
             a for rule in RULES if (a := self._alert(rule, trips[rule], snap.taken_ns)) is not None
         ]
 
-    def flush(self, now_ns: int) -> list[Alert]:
-        """The job-wide alerts still held (:meth:`_gather`), raised now at ``now_ns`` (ns): the
-        watcher's last word when the job ends before every rank published again."""
+    def flush(
+        self, now_ns: int, snap: LiveSnapshot | None = None, died: dict[int, str] | None = None
+    ) -> list[Alert]:
+        """The watcher's last word when the job ended, at ``now_ns`` (ns): the job-wide alerts
+        still held (:meth:`_gather`), raised now; and a ``stale`` alert for the ranks in
+        ``died`` (rank -> how, from torchrun: "killed by SIGKILL") whose last record in
+        ``snap`` says running — they ended without a word (SIGKILL, the OOM killer, a segfault)
+        — unless one was raised already."""
         held, self._pending = self._pending, {}
-        return [
+        out = [
             a
             for rule in JOB_WIDE
             if rule in held and (a := self._alert(rule, held[rule].trips, now_ns))
         ]
+        if snap is not None and died and self.config.stale:
+            gone = []
+            for r, how in sorted(died.items()):
+                x = snap.ranks.get(r)
+                if x is None or x.status != "running" or self._active("stale", r):
+                    continue
+                t = self._stale_trip(x, now_ns)
+                t.text = f"{how}, last record {_secs(now_ns - x.updated_ns)} before"
+                gone.append(t)
+            if (a := self._alert("stale", gone, now_ns)) is not None:
+                out.append(a)
+        return out
 
     def _gather(self, rule: str, new: list[_Trip], snap: LiveSnapshot) -> list[_Trip]:
         """A job-wide rule's trips to raise now: none while a running, non-stale rank that has
@@ -335,50 +420,93 @@ class AlertRules:
         return p.trips
 
     # -- rules -------------------------------------------------------------------------------
-    def _observe(self, rule: str, rank: int, cond: bool, need_on: int = 1) -> bool:
+    def _observe(self, rule: str, rank: int, cond: bool, step: int, need_on: int = 1) -> bool:
         ep = self._episodes.get((rule, rank))
         if ep is None:
             if not cond:
                 return False
             ep = self._episodes[(rule, rank)] = _Episode()
-        return ep.observe(cond, need_on, self.config.clear_looks)
+        return ep.observe(cond, need_on, self.config.clear_looks, step)
+
+    def _active(self, rule: str, rank: int) -> bool:
+        ep = self._episodes.get((rule, rank))
+        return ep is not None and ep.active
+
+    def _since(self, rule: str, rank: int) -> int:
+        ep = self._episodes.get((rule, rank))
+        return ep.since_step if ep is not None else -1
+
+    def _rule_straggler(
+        self, r: int, x: RankLive, s: LiveStraggler | None, trips: dict[str, list[_Trip]]
+    ) -> None:
+        cfg = self.config
+        if cfg.straggler_looks <= 0 or cfg.straggler_pct <= 0:
+            return
+        if s is not None and s.excess_ratio * 100 <= cfg.straggler_pct:
+            s = None
+        if self._observe("straggler", r, s is not None, x.step, cfg.straggler_looks) and s:
+            trips["straggler"].append(
+                _Trip(
+                    r,
+                    f"+{_ms(s.excess_ns)} compute per step (+{s.excess_ratio:.0%})",
+                    s.excess_ratio,
+                    cfg.straggler_pct / 100,
+                    self._since("straggler", r),
+                )
+            )
 
     def _rule_step(self, r: int, x: RankLive, trips: dict[str, list[_Trip]]) -> None:
-        pct = self.config.step_regression_pct
+        cfg = self.config
         base = self.baselines.get(r)
-        if pct <= 0 or base is None or base.step_ns is None or base.step_ns <= 0:
+        if cfg.step_regression_pct <= 0 or base is None or not base.step_ns:
             return
-        recent = x.recent_step_ns[-self.config.recent_steps :]
+        recent = x.recent_step_ns[-cfg.recent_steps :]
         if not recent:
             return
         now = statistics.median(recent)
         up = now / base.step_ns - 1.0
-        if self._observe("step_regression", r, up * 100 > pct):
+        limit = max(cfg.step_regression_pct / 100, cfg.noise_k * base.step_spread_ns / base.step_ns)
+        if self._observe("step_regression", r, up > limit, x.steps_done, cfg.hold_looks):
+            # the condition began where the run of slow steps at the window's end began
+            cut = base.step_ns * (1.0 + limit / 2)
+            run = 0
+            for d in reversed(x.recent_step_ns):
+                if d <= cut:
+                    break
+                run += 1
+            since = x.steps_done - run if run else self._since("step_regression", r)
             trips["step_regression"].append(
                 _Trip(
                     r,
-                    f"{_ms(now)} per step vs {_ms(base.step_ns)} at the start (+{up:.0%})",
-                    up * 100,
-                    pct,
+                    f"{_ms(now)} per step vs {_ms(base.step_ns)} at the start (+{up:.0%}, "
+                    f"limit +{limit:.0%})",
+                    up,
+                    limit,
+                    since,
                 )
             )
 
     def _rule_rate(self, r: int, x: RankLive, trips: dict[str, list[_Trip]]) -> None:
-        pct = self.config.throughput_drop_pct
+        cfg = self.config
         base = self.baselines.get(r)
-        if pct <= 0 or base is None or not base.rate:
+        if cfg.throughput_drop_pct <= 0 or base is None or not base.rate:
             return
         rate, unit = rank_rate(x)
         if unit != base.rate_unit:
             return
         drop = 1.0 - rate / base.rate
-        if self._observe("throughput_drop", r, drop * 100 > pct):
+        limit = min(
+            max(cfg.throughput_drop_pct / 100, cfg.noise_k * base.rate_spread / base.rate), 0.99
+        )
+        if self._observe("throughput_drop", r, drop > limit, x.steps_done, cfg.hold_looks):
             trips["throughput_drop"].append(
                 _Trip(
                     r,
-                    f"{rate:.3g} {unit} vs {base.rate:.3g} at the start (-{drop:.0%})",
-                    drop * 100,
-                    pct,
+                    f"{rate:.3g} {unit} vs {base.rate:.3g} at the start (-{drop:.0%}, "
+                    f"limit -{limit:.0%})",
+                    drop,
+                    limit,
+                    self._since("throughput_drop", r),
                 )
             )
 
@@ -387,14 +515,36 @@ class AlertRules:
         if pct <= 0 or x.memory_capacity_bytes <= 0 or x.memory_bytes < 0:
             return
         share = x.memory_bytes / x.memory_capacity_bytes
-        if self._observe("memory", r, share * 100 > pct):
+        if self._observe("memory", r, share * 100 > pct, x.step):
             trips["memory"].append(
                 _Trip(
                     r,
                     f"{x.memory_bytes / 2**30:.1f} of {x.memory_capacity_bytes / 2**30:.1f} GiB "
                     f"({share:.0%})",
-                    share * 100,
-                    pct,
+                    float(x.memory_bytes),
+                    pct / 100 * x.memory_capacity_bytes,
+                    self._since("memory", r),
+                )
+            )
+
+    def _rule_memory_growth(self, r: int, x: RankLive, trips: dict[str, list[_Trip]]) -> None:
+        cfg = self.config
+        base = self.baselines.get(r)
+        if cfg.memory_growth_pct <= 0 or base is None or not base.memory_bytes:
+            return
+        if x.memory_bytes < 0:
+            return
+        grown = x.memory_bytes - base.memory_bytes
+        limit = max(cfg.memory_growth_pct / 100 * base.memory_bytes, cfg.memory_growth_floor_bytes)
+        if self._observe("memory_growth", r, grown > limit, x.step, cfg.hold_looks):
+            trips["memory_growth"].append(
+                _Trip(
+                    r,
+                    f"{x.memory_bytes / 2**30:.2f} GiB vs {base.memory_bytes / 2**30:.2f} GiB "
+                    f"at the start (+{grown / 2**20:.0f} MiB)",
+                    float(grown),
+                    float(limit),
+                    self._since("memory_growth", r),
                 )
             )
 
@@ -405,7 +555,7 @@ class AlertRules:
         if limit <= 0:
             return
         age_s = inflight_age_ns(x, now_ns) / 1e9
-        if self._observe("inflight", r, age_s > limit) and x.inflight is not None:
+        if self._observe("inflight", r, age_s > limit, x.step) and x.inflight is not None:
             f = x.inflight
             trips["inflight"].append(
                 _Trip(
@@ -413,6 +563,7 @@ class AlertRules:
                     f"{f.op} on {f.group} (seq {f.seq}) in flight for {age_s:.0f} s",
                     age_s,
                     limit,
+                    self._since("inflight", r),
                 )
             )
 
@@ -423,7 +574,7 @@ class AlertRules:
         limit_ns = max(cfg.stall_factor * x.step_ns, cfg.stall_floor_s * 1e9)
         stuck_ns = stall_ns(x, now_ns)
         cond = stuck_ns > limit_ns
-        if self._observe("stall", r, cond) and cond:
+        if self._observe("stall", r, cond, x.step) and cond:
             f = x.inflight
             where = (
                 "no collective in flight"
@@ -438,9 +589,16 @@ class AlertRules:
                     + where,
                     stuck_ns / 1e9,
                     limit_ns / 1e9,
+                    x.step,
                     first=0 if f is None else 1,
                 )
             )
+
+    @staticmethod
+    def _stale_trip(x: RankLive, now_ns: int) -> _Trip:
+        age = max(now_ns - x.updated_ns, 0) / 1e9
+        limit = STALE_INTERVALS * max(x.interval_s, 0.0) + STALE_GRACE_S
+        return _Trip(x.rank, f"last record {age:.0f} s ago", age, limit, x.step)
 
     # -- baselines ---------------------------------------------------------------------------
     def _update_baseline(self, r: int, x: RankLive) -> None:
@@ -453,7 +611,10 @@ class AlertRules:
             pick = durs[lo : lo + cfg.baseline_steps]
             if len(pick) == cfg.baseline_steps:
                 b.step_ns = int(statistics.median(pick))
-        if b.rate is None and durs and first >= cfg.warmup_steps:
+                b.step_spread_ns = spread(pick)
+        if not durs or first < cfg.warmup_steps:
+            return
+        if b.rate is None:
             rate, unit = rank_rate(x)
             if rate > 0:
                 if b.rate_unit and unit != b.rate_unit:
@@ -462,6 +623,11 @@ class AlertRules:
                 b.rate_samples.append(rate)
                 if len(b.rate_samples) >= cfg.baseline_looks:
                     b.rate = statistics.median(b.rate_samples)
+                    b.rate_spread = spread(b.rate_samples)
+        if b.memory_bytes is None and x.memory_bytes > 0:
+            b.memory_samples.append(x.memory_bytes)
+            if len(b.memory_samples) >= cfg.baseline_looks:
+                b.memory_bytes = int(statistics.median(b.memory_samples))
 
     # -- the alert ---------------------------------------------------------------------------
     def _alert(self, rule: str, trips: list[_Trip], taken_ns: int) -> Alert | None:
@@ -487,10 +653,12 @@ class AlertRules:
             "step_regression": f"step time regressed on {subject}: {detail}",
             "throughput_drop": f"throughput dropped on {subject}: {detail}",
             "memory": f"memory above {self.config.memory_pct:g}% on {subject}: {detail}",
+            "memory_growth": f"memory grew on {subject}: {detail}",
             "inflight": f"collective stuck on {subject}: {detail}",
             "stall": f"step stalled on {subject}: {detail}",
             "stale": f"{subject} stopped publishing live state: {detail}",
         }[rule]
+        known = [t.since_step for t in trips if t.since_step >= 0]
         return Alert(
             kind=FindingKind(rule),
             title=message,
@@ -499,16 +667,20 @@ class AlertRules:
             severity=Severity.CRITICAL if rule in ("inflight", "stale") else Severity.WARNING,
             value=worst.value,
             threshold=worst.threshold,
+            unit=UNITS[rule],
+            since_step=min(known) if known else -1,
         )
 
 
 __all__ = [
     "JOB_WIDE",
     "RULES",
+    "UNITS",
     "AlertConfig",
     "AlertRules",
     "RankBaseline",
     "inflight_age_ns",
     "rank_rate",
+    "spread",
     "stall_ns",
 ]

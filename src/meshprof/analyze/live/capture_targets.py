@@ -41,6 +41,7 @@ _RULES = (
     "step_regression",
     "throughput_drop",
     "memory",
+    "memory_growth",
     "inflight",
     "stall",
     "stale",
