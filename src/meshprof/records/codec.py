@@ -89,6 +89,9 @@ def to_json(value: Any) -> Any:
         return dataclass_to_json(value)
     if isinstance(value, enum.Enum):
         return to_json(value.value)
+    own = getattr(value, "to_json_data", None)
+    if own is not None:  # a value type that writes itself (``Members``)
+        return to_json(own())
     if isinstance(value, np.ndarray):
         return to_json(value.tolist())
     if isinstance(value, np.floating | float):
@@ -216,6 +219,8 @@ def _decode(tp: Any, data: Any, where: str) -> Any:
                 return data
         elif isinstance(data, tp):
             return data
+        elif hasattr(tp, "from_json_data"):  # a value type that reads itself (``Members``)
+            return tp.from_json_data(data, where)
         raise RecordError(f"{where}: expected {tp.__name__}, got {_describe(data)}")
     return data
 

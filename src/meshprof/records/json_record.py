@@ -124,6 +124,8 @@ def _plain(v: Any) -> Any:
         return [_plain(x) for x in v]
     if dataclasses.is_dataclass(v) and not isinstance(v, type):
         return to_json(v)
+    if hasattr(v, "to_json_data"):  # a value type that writes itself (``Members``)
+        return to_json(v)
     return v
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from meshprof.errors import MeshprofError, NoUsableRankFileError
 from meshprof.layout import Layout
+from meshprof.records.members import Members
 from meshprof.rundir.crashsafe import crashsafe_ranks, is_newer_than, recover_rank
 from meshprof.rundir.manifest import merge_node_records, read_manifest, read_node_records
 from meshprof.rundir.rankfile import RankData, load_rank_file
@@ -75,10 +76,10 @@ class LoadedRun:
 
 def _load_or_reason(
     path: Path,
-    shared: dict[tuple[str, int], list[Any]] | None = None,
+    shared: dict[Members, Members] | None = None,
     lean: bool = False,
     sample_limit: int | None = None,
-    shared_text: dict[str, list[int]] | None = None,
+    shared_text: dict[str, Members] | None = None,
     meta_only: bool = False,
 ) -> RankData | str:
     try:
@@ -101,17 +102,17 @@ def _load_or_reason(
     return rd
 
 
-def _share_members(rd: RankData, shared: dict[tuple[str, int], list[Any]]) -> None:
-    """Every rank file lists the members of each of its groups: share one list per group
-    (4,096 ranks each holding the world group's 4,096 members would be 16M Python ints)."""
+def _share_members(rd: RankData, shared: dict[Members, Members]) -> None:
+    """One :class:`Members` per distinct group membership across the ranks: a progression is
+    three numbers anyway, but an irregular group is its list, and 4,096 ranks each holding
+    their own copy of a large one would be millions of Python ints."""
     groups = rd.meta.groups or []
     for i, g in enumerate(groups):
         ranks = g.ranks
-        if not isinstance(ranks, list):
+        if ranks is None or ranks.as_range is not None:
             continue
-        key = (str(g.name or ""), len(ranks))
-        have = shared.setdefault(key, ranks)
-        if have is not ranks and have == ranks:
+        have = shared.setdefault(ranks, ranks)
+        if have is not ranks:
             groups[i] = dataclasses.replace(g, ranks=have)  # (the meta's own list)
 
 
@@ -128,8 +129,8 @@ def _load_forked(
     from meshprof.forking import chunks, start
 
     def load_chunk(part: list[Path]) -> list[RankData | str]:
-        shared: dict[tuple[str, int], list[Any]] = {}
-        text: dict[str, list[int]] = {}
+        shared: dict[Members, Members] = {}
+        text: dict[str, Members] = {}
         return [_load_or_reason(p, shared, lean, sample_limit, text, meta_only) for p in part]
 
     parts = chunks(paths, processes)
@@ -137,7 +138,7 @@ def _load_forked(
     if forked is None:
         return None
     out: list[RankData | str] = []
-    shared: dict[tuple[str, int], list[Any]] = {}
+    shared: dict[Members, Members] = {}
     for part, got in zip(parts, forked.results(), strict=True):
         loaded = load_chunk(part) if got is None else got
         for rd in loaded:
@@ -161,8 +162,8 @@ def _load_all(
     JSON metadata); 1,024 small files took 1.4 s on 8 threads and 1.0 s on one (thread switches
     under the GIL), 8 files of 54 MB 0.8–1.1 s either way. ``processes`` > 1: small files are
     read on that many forked processes instead, where forking is safe (:func:`_load_forked`)."""
-    shared: dict[tuple[str, int], list[Any]] = {}
-    shared_text: dict[str, list[int]] = {}  # long member lists, parsed once (rankfile)
+    shared: dict[Members, Members] = {}
+    shared_text: dict[str, Members] = {}  # long member lists, parsed once (rankfile)
     workers = min(len(paths), os.cpu_count() or 1, 8)
     if workers > 1:
         try:

@@ -21,6 +21,7 @@ import numpy as np
 from meshprof.errors import MeshprofError
 from meshprof.events import EVENT_DTYPE, MEMORY_DTYPE, SPAN_DTYPE
 from meshprof.records.codec import RecordError
+from meshprof.records.members import Members
 from meshprof.records.rank_meta import Recovered
 from meshprof.rundir.atomic import atomic_write_text
 from meshprof.rundir.rankfile import RankData, lean_events, parse_meta
@@ -43,7 +44,7 @@ def load_rank_dir(
     *,
     lean: bool = False,
     sample_limit: int | None = None,
-    shared_ranks: dict[str, list[int]] | None = None,
+    shared_ranks: dict[str, Members] | None = None,
     meta_only: bool = False,
 ) -> RankData:
     """Load one rank folder (the arguments as for
