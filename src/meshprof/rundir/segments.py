@@ -115,7 +115,7 @@ def join_rows(parts: list[np.ndarray], dtype: np.dtype) -> np.ndarray:
     promotes a structured dtype field by field on every call)."""
     if not parts:
         return np.zeros(0, dtype)
-    buf = bytearray().join(memoryview(np.ascontiguousarray(p, dtype)).cast("B") for p in parts)
+    buf = bytearray().join(np.ascontiguousarray(p, dtype).data.cast("B") for p in parts)
     return np.frombuffer(buf, dtype)
 
 
