@@ -164,6 +164,9 @@ def _decode(tp: Any, data: Any, where: str) -> Any:
         options = targs
         if data is None and type(None) in options:
             return None
+        kind = type(data)
+        if (kind is int or kind is str or kind is bool or kind is float) and kind in options:
+            return data  # (``int | None`` and the like: most of a rank meta's keys)
         errors = []
         for option in options:
             if option is type(None):
