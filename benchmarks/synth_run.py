@@ -24,12 +24,19 @@ the collectives can align the clocks). Steps start on a common grid, one memory 
     python benchmarks/synth_run.py OUT_DIR [--ranks 8] [--collectives 1000000] [--steps 1000]
                                            [--layout 8x4x8] [--clock-ms 30] [--no-exchange]
 
-Writes OUT_DIR/manifest.json and OUT_DIR/rankNNNNN.npz (the format of :mod:`meshprof.rundir`).
+Writes OUT_DIR/manifest.json and a folder of segments per rank, OUT_DIR/rankNNNNN/ (through
+meshprof's own writer, :func:`meshprof.rundir.rank_segments.write_rank_segments`: the format a
+real run leaves, groups as ranges); ``--format npz``: one rankNNNNN.npz file per rank, as older
+versions wrote. ``--template small``: 6 collectives per step on every kind of group (tp
+all_reduce, pipeline send/recv both ways, dp reduce_scatter, world all_reduce), for runs whose
+point is the world size. At the end it prints the bytes on disk: per event, per rank folder and
+per rank meta.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -38,7 +45,9 @@ from pathlib import Path
 import numpy as np
 
 from meshprof.events import EVENT_DTYPE, MEMORY_DTYPE, OP_CODES, SPAN_DTYPE
+from meshprof.records.rank_meta import ClockSync, GroupRecord
 from meshprof.rundir import Manifest, RankData, RankMeta, write_manifest, write_rank_file
+from meshprof.rundir.rank_segments import write_rank_segments
 
 US = 1_000
 MS = 1_000_000
@@ -112,6 +121,19 @@ def make_template(k: int, rng: np.random.Generator) -> Template:
     return Template(kind, op, nbytes, gap, phase)
 
 
+def make_small_template(rng: np.random.Generator) -> Template:
+    """6 slots: forward tp all_reduce, pipeline send (even stage → odd), backward tp
+    all_reduce, pipeline send back, dp reduce_scatter, and the world all_reduce (grad norm)."""
+    names = ("tp", "pp_fwd", "tp", "pp_bwd", "dp", "world")
+    kind = np.asarray([KINDS.index(k) for k in names])
+    phase = np.asarray([1, 1, 2, 2, 2, 3])
+    op = np.full(len(names), OP_CODES["all_reduce"])
+    op[4] = OP_CODES["reduce_scatter"]
+    nbytes = np.asarray([2**20, 2**22, 2**20, 2**22, 2**24, 4], dtype=np.int64)
+    gap = rng.integers(20 * US, 60 * US, size=len(names)).astype(np.int64)
+    return Template(kind, op, nbytes, gap, phase)
+
+
 def groups_for(
     n: int, layout: tuple[int, int, int] | None = None
 ) -> tuple[list[dict], dict[str, np.ndarray]]:
@@ -126,7 +148,7 @@ def groups_for(
         "pp": r.reshape(-1, pp),
         "pairs": r.reshape(-1, 2) if pp >= 2 else r.reshape(-1, 1),
     }
-    groups = [{"name": "0", "desc": "default_pg", "ranks": list(range(n)), "backend": "nccl"}]
+    groups = [{"name": "0", "desc": "default_pg", "ranks": range(n), "backend": "nccl"}]
     for dim in ("dp", "tp", "pp"):
         m = members[dim]
         if m.shape[1] < 2:
@@ -136,7 +158,7 @@ def groups_for(
                 {
                     "name": f"{dim}{i}",
                     "desc": f"mesh_{dim}",
-                    "ranks": [int(x) for x in row],
+                    "ranks": row.tolist(),
                     "backend": "nccl",
                 }
             )
@@ -230,15 +252,26 @@ def write_run(
     extra_phase: int = 1,
     jitter: bool = True,
     slow_from: int = 0,
+    fmt: str = "segments",
+    template: str = "default",
 ) -> dict:
-    """Write the run directory; returns a summary (events per rank, layout, truth:
+    """Write the run directory (``fmt``: "segments", a folder per rank written by meshprof's
+    own writer, or "npz", the rank files of older versions; ``template``: "default" or
+    "small", :func:`make_small_template`); returns a summary (events per rank, layout, truth:
     ``slow_rank``, ``clock_offsets_ns`` = each rank's clock minus the true clock,
     ``aligned_offsets_ns`` = what clock alignment should find: its negation, and
     ``job_step_end_ns``: per step, the true time from the step's start to the end of its last
     rank). ``extra_ns``, ``extra_phase``, ``jitter``, ``slow_from``: see :func:`simulate`."""
+    if fmt not in ("segments", "npz"):
+        raise ValueError(f"format {fmt!r}: expected segments or npz")
     rng = np.random.default_rng(seed)
-    k = max(collectives // steps, 2)
-    t = make_template(k, rng)
+    if template == "small":
+        t = make_small_template(rng)
+    elif template == "default":
+        t = make_template(max(collectives // steps, 2), rng)
+    else:
+        raise ValueError(f"template {template!r}: expected default or small")
+    k = len(t.kind)
     slow_rank = n - 1 if slow_rank is None else slow_rank
     dp, tp, pp = layout_for(n, layout)
     arr, done, end = simulate(
@@ -262,8 +295,12 @@ def write_run(
     offsets[0] = 0
     groups, members = groups_for(n, (dp, tp, pp))
     gindex = {g["name"]: i for i, g in enumerate(groups)}
+    records = [
+        GroupRecord(name=g["name"], desc=g["desc"], ranks=g["ranks"], backend=g["backend"])
+        for g in groups
+    ]  # (one record per group, shared by its members' metas; members as ranges)
     # per rank: the groups it belongs to (in run order) and, per dimension, its instance
-    mine: list[list[dict]] = [[groups[0]] for _ in range(n)]
+    mine: list[list[GroupRecord]] = [[records[0]] for _ in range(n)]
     inst_of: dict[str, np.ndarray] = {}
     for dim in ("dp", "tp", "pp"):
         m = members[dim]
@@ -273,12 +310,12 @@ def write_run(
         if m.shape[1] < 2:
             continue
         for i, row in enumerate(m):
-            g = groups[gindex[f"{dim}{i}"]]
+            g = records[gindex[f"{dim}{i}"]]
             for x in row.tolist():
                 mine[x].append(g)
     for r in range(n):
         my_groups = mine[r]
-        local = {g["name"]: i for i, g in enumerate(my_groups)}
+        local = {str(g.name): i for i, g in enumerate(my_groups)}
         # this rank's group (local code), peer and op per slot
         code = np.zeros(k, dtype=np.uint16)
         peer = np.full(k, -1, dtype=np.int32)
@@ -376,22 +413,20 @@ def write_run(
             labels=[],
             span_names=SPAN_NAMES,
             layout={"dp": dp, "tp": tp, "pp": pp},
-            clock_sync={
-                "method": "pg",
-                "ref_rank": 0,
-                "rank": r,
-                "rounds": 10,
-                "samples": samples,
-                "error": "",
-            },
+            clock_sync=ClockSync(
+                method="pg", ref_rank=0, rank=r, rounds=10, samples=samples, error=""
+            ),
         )
-        write_rank_file(out, RankData(r, ev, sp, mem, meta))
+        if fmt == "npz":
+            write_rank_file(out, RankData(r, ev, sp, mem, meta))
+        else:
+            write_rank_segments(out, RankData(r, ev, sp, mem, meta))
     write_manifest(
         out,
         Manifest(
             world_size=n,
             command=f"synth_run.py --ranks {n} --collectives {collectives} --steps {steps}"
-            f" --layout {dp}x{tp}x{pp}",
+            f" --layout {dp}x{tp}x{pp} --template {template} --format {fmt}",
             layout={"dp": dp, "tp": tp, "pp": pp},
         ),
     )
@@ -405,6 +440,30 @@ def write_run(
         "slow_rank": slow_rank,
         "clock_offsets_ns": offsets.tolist(),
         "job_step_end_ns": end.max(axis=0).tolist(),
+    }
+
+
+def disk_usage(run_dir: Path) -> dict:
+    """What the run takes on disk: files, bytes (apparent: what was written) and allocated
+    (blocks: what the file system holds), and per rank folder / per rank meta (means)."""
+    files = size = blocks = metas = meta_bytes = folders = 0
+    for top in os.scandir(run_dir):
+        entries = os.scandir(top.path) if top.is_dir() else [top]
+        folders += top.is_dir() and top.name.startswith("rank")
+        for e in entries:
+            st = e.stat()
+            files += 1
+            size += st.st_size
+            blocks += st.st_blocks * 512
+            if e.name.endswith("-meta.json"):
+                metas += 1
+                meta_bytes += st.st_size
+    return {
+        "files": files,
+        "bytes": size,
+        "allocated": blocks,
+        "rank_folders": folders,
+        "meta_bytes_mean": meta_bytes / max(metas, 1),
     }
 
 
@@ -426,6 +485,8 @@ def main(argv: list[str] | None = None) -> int:
         help="the slow rank is slow in every phase (forward only by default: with large TP "
         "groups it then arrives last in under half of its collectives, and is not named)",
     )
+    p.add_argument("--format", choices=("segments", "npz"), default="segments")
+    p.add_argument("--template", choices=("default", "small"), default="default")
     a = p.parse_args(argv)
     t0 = time.perf_counter()
     info = write_run(
@@ -440,9 +501,20 @@ def main(argv: list[str] | None = None) -> int:
         clock_ms=a.clock_ms,
         exchange=not a.no_exchange,
         slow_phases=(1, 2, 3) if a.slow_all else (1,),
+        fmt=a.format,
+        template=a.template,
     )
-    short = {k: v for k, v in info.items() if "offsets" not in k}
+    short = {k: v for k, v in info.items() if "offsets" not in k and k != "job_step_end_ns"}
     print(f"wrote {a.out} in {time.perf_counter() - t0:.1f} s: {short}")
+    du = disk_usage(a.out)
+    events = info["events_per_rank"] * a.ranks
+    print(
+        f"on disk: {du['files']:,} files, {du['bytes'] / 1e6:,.1f} MB written "
+        f"({du['allocated'] / 1e6:,.1f} MB allocated) for {events:,} events: "
+        f"{du['bytes'] / events:.1f} B/event written ({du['allocated'] / events:.1f} allocated); "
+        f"per rank {du['bytes'] / a.ranks:,.0f} B ({du['allocated'] / a.ranks:,.0f} allocated), "
+        f"rank meta {du['meta_bytes_mean']:,.0f} B"
+    )
     return 0
 
 

@@ -104,7 +104,7 @@ from meshprof import forking
 from meshprof.rundir import load_run
 
 run_dir = Path({run!r})
-write_run(run_dir, 24, collectives=120, steps=4, slow_rank=7, seed=5, layout=(3, 2, 4))
+write_run(run_dir, 24, collectives=120, steps=4, slow_rank=7, seed=5, layout=(3, 2, 4), fmt="npz")
 damaged = run_dir / "rank00011.npz"
 damaged.write_bytes(damaged.read_bytes()[:300])
 started = []

@@ -18,6 +18,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from meshprof.errors import MeshprofError
+from meshprof.records.members import Members
 
 DIMS = ("dp", "tp", "pp")
 _PAIR_RE = re.compile(r"^\s*[A-Za-z_]\w*\s*=\s*\d+\s*$")
@@ -117,7 +118,9 @@ def dimension_of(group_ranks: Iterable[int], layout: object, desc: str = "") -> 
         lay = None
     # every rank file lists the same groups: one answer per distinct group (the per-rank step
     # analyses of a 4,096-rank run otherwise redo the world group's 4,096 members per rank)
-    members = tuple(group_ranks)
+    # (a group read from a run is Members: hashed and compared in O(1) when a range, where a
+    # tuple of the world group's 100,000 members per rank made the step analyses O(N²))
+    members = group_ranks if isinstance(group_ranks, Members) else tuple(group_ranks)
     try:
         return _dimension_cached(members, lay, desc)
     except TypeError:  # unhashable members
@@ -135,7 +138,7 @@ def group_label(name: str, group_ranks: Iterable[int], layout: object, desc: str
 
 
 @functools.lru_cache(maxsize=4096)
-def _dimension_cached(group_ranks: tuple[int, ...], lay: Layout | None, desc: str) -> str:
+def _dimension_cached(group_ranks: Sequence[int], lay: Layout | None, desc: str) -> str:
     return _dimension(group_ranks, lay, desc)
 
 

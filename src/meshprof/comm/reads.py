@@ -29,6 +29,7 @@ from meshprof.events import (
     nccl_tests_size_array,
     size_bucket_array,
 )
+from meshprof.records.members import Members
 from meshprof.stats import ALL_GROUPS, ALL_RANKS, Accumulator, Key, StatsReport, compute_stats
 
 
@@ -177,7 +178,12 @@ class RecordQueries:
             "internal_errors": self.internal_errors,
             "first_internal_error": self.first_internal_error,
             "groups": [
-                {"name": g.name, "desc": g.desc, "ranks": list(g.ranks), "backend": g.backend}
+                {
+                    "name": g.name,
+                    "desc": g.desc,
+                    "ranks": Members.of(g.ranks).to_json_data(),  # O(1) for a progression
+                    "backend": g.backend,
+                }
                 for g in self.log.groups
             ],
             "config": self.config.to_dict(),

@@ -2,7 +2,13 @@
 
 RUN is a run directory (its tables are built in memory) or a folder written by
 ``meshprof export`` (its Parquet files are read in place). The tables are ``events``,
-``spans``, ``memory``, ``groups`` and ``ranks`` (see :mod:`meshprof.render.parquet`).
+``spans``, ``memory``, ``steps``, ``groups`` and ``ranks`` (see :mod:`meshprof.render.parquet`).
+
+``--rank R`` (and ``--step S``) is the point question: only those ranks' folders are read (at
+100,000 ranks, one folder instead of the run), the tables hold only their rows (and only step
+S's); without SQL it prints the step totals and the events. Their times are the rank's own
+clock aligned by its own timestamp exchange; ``wait_ns`` is null (a wait needs the other
+members of each collective: query the whole run for it).
 """
 
 from __future__ import annotations
@@ -23,13 +29,27 @@ def register(sub: argparse._SubParsersAction) -> None:
         "events, spans, memory, groups, ranks. Needs the 'query' extra (duckdb, pyarrow).",
     )
     p.add_argument(
-        "dirs",
+        "items",
         nargs="+",
-        metavar="DIR",
+        metavar="DIR ... SQL",
         help="a run directory (several: the node-local directories of one run), or a folder "
-        "written by `meshprof export`",
+        'written by `meshprof export`; then the SQL, e.g. "SELECT op, count(*) FROM events '
+        'GROUP BY op" (optional with --rank: the step totals and events of the ranks)',
     )
-    p.add_argument("sql", help='e.g. "SELECT op, count(*) FROM events GROUP BY op"')
+    p.add_argument(
+        "--rank",
+        type=parse_ranks,
+        default=None,
+        metavar="R",
+        help="read only these ranks (47, or 40-47,63): a point query that does not load the run",
+    )
+    p.add_argument(
+        "--step",
+        type=int,
+        default=None,
+        metavar="S",
+        help="with --rank: only step S's rows in events, spans, memory and steps",
+    )
     p.add_argument("--json", action="store_true", help="print the rows as a JSON list")
     p.set_defaults(func=run)
 
@@ -42,6 +62,82 @@ def _require_duckdb() -> Any:
             "this needs duckdb: pip install 'meshprof[query]' (or pip install duckdb pyarrow)"
         ) from None
     return duckdb
+
+
+def parse_ranks(text: str) -> tuple[int, ...]:
+    """ "47" → (47,); "40-43,63" → (40, 41, 42, 43, 63). argparse turns the ValueError into
+    its one-line usage error (exit 2)."""
+    out: list[int] = []
+    for part in text.split(","):
+        lo, sep, hi = part.strip().partition("-")
+        if not lo.isdigit() or (sep and not hi.isdigit()):
+            raise argparse.ArgumentTypeError(f"{text!r}: expected ranks such as 47 or 40-47,63")
+        a, b = int(lo), int(hi) if sep else int(lo)
+        if b < a or b - a >= 65536:
+            raise argparse.ArgumentTypeError(f"{part!r}: expected a range low-high, at most 65,536")
+        out.extend(range(a, b + 1))
+    return tuple(dict.fromkeys(out))
+
+
+STEP_TABLES = ("events", "spans", "memory", "steps")
+"""The tables with a ``step`` column (``--step`` keeps only that step's rows)."""
+
+POINT_COLUMNS = {
+    "steps": (
+        "rank", "step", "duration_ns", "collectives", "comm_ns", "comm_bytes", "tokens",
+        "memory_peak", "start_ns",
+    ),
+    "events": (
+        "rank", "step", "index", "op", "status", "group_name", "dimension", "seq", "peer",
+        "in_bytes", "out_bytes", "start_ns", "duration_ns",
+    ),
+}  # fmt: skip
+"""What ``--rank`` prints without SQL: each step's totals, then the events (in the rank's
+order); read without DuckDB, whose start alone (it imports pandas) is a second or more."""
+
+
+def point_tables(dirs: list[Path], ranks: tuple[int, ...], step: int | None) -> dict[str, Any]:
+    """The tables (``pyarrow.Table``) of ``ranks`` only, read from their own folders
+    (:func:`~meshprof.rundir.loader.load_run` with ``only_ranks``), and only ``step``'s rows
+    in the tables with a step column when it is given."""
+    from meshprof.errors import NoUsableRankFileError
+    from meshprof.render.parquet import export_tables, require_pyarrow
+    from meshprof.rundir import load_run
+    from meshprof.rundir.manifest import read_manifest
+
+    pa = require_pyarrow()
+    import pyarrow.compute as pc
+
+    for d in dirs:
+        if d.is_dir() and (d / "events.parquet").exists():
+            raise MeshprofError(
+                f"{d}: an export folder; --rank reads a run directory (filter the export "
+                "in SQL: WHERE rank = R)"
+            )
+    try:
+        run = load_run(dirs, only_ranks=ranks)
+        absent = [r for r in ranks if r not in run.ranks]
+        world, why = run.world_size, run.problems.get(absent[0], "") if absent else ""
+    except NoUsableRankFileError:
+        absent = list(ranks)
+        try:
+            world, why = int(read_manifest(dirs[0]).world_size or 0), ""
+        except MeshprofError:
+            world, why = 0, ""
+    if absent:
+        size = f"the run has {world:,} ranks, 0-{world - 1}" if world > 0 else "no such rank"
+        raise MeshprofError(f"rank {absent[0]}: not in {dirs[0]} ({why or size})")
+    tables = export_tables(run)
+    if step is None:
+        return tables
+    steps = tables["steps"]["step"]
+    if not len(pc.filter(steps, pc.equal(steps, step))) and len(steps):
+        lo, hi = pc.min(steps).as_py(), pc.max(steps).as_py()
+        raise MeshprofError(f"step {step}: not recorded by rank {ranks[0]} (its steps: {lo}-{hi})")
+    for name in STEP_TABLES:
+        t = tables[name]
+        tables[name] = t.filter(pc.equal(t["step"], pa.scalar(step, t.schema.field("step").type)))
+    return tables
 
 
 def connect(run_dir: Path | list[Path]) -> Any:
@@ -71,20 +167,68 @@ def connect(run_dir: Path | list[Path]) -> Any:
     return con
 
 
+def split_items(items: list[str], point: bool) -> tuple[list[Path], str | None]:
+    """The directories and the SQL of ``DIR ... SQL``: the last item is the SQL, except with
+    ``--rank`` (``point``) when it is an existing directory (the point query's default)."""
+    if point and Path(items[-1]).is_dir():
+        return [Path(x) for x in items], None
+    if len(items) < 2:
+        raise MeshprofError(
+            f"{items[0]}: no such run directory"
+            if point
+            else 'give a run directory, then the SQL: meshprof query DIR "SELECT ..."'
+        )
+    return [Path(x) for x in items[:-1]], items[-1]
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.step is not None and args.rank is None:
+        raise MeshprofError("--step needs --rank (or filter in SQL: WHERE step = S)")
+    dirs, sql = split_items(list(args.items), args.rank is not None)
+    if args.rank is None:
+        assert sql is not None
+        return _print(_query(connect(dirs), sql), args.json)
+    tables = point_tables(dirs, args.rank, args.step)
+    if sql is not None:
+        con = _require_duckdb().connect()
+        for name, t in tables.items():
+            con.register(name, t)
+        return _print(_query(con, sql), args.json)
+    got = {}
+    for name, cols in POINT_COLUMNS.items():
+        t = tables[name].select(list(cols))
+        got[name] = (list(cols), [tuple(r.values()) for r in t.to_pylist()])
+    if args.json:
+        print(json.dumps({name: _records(*res) for name, res in got.items()}, default=str))
+        return 0
+    for i, (name, res) in enumerate(got.items()):
+        print(("\n" if i else "") + f"{name}:")
+        _print(res, False)
+    return 0
+
+
+def _query(con: Any, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
     duckdb = _require_duckdb()
-    con = connect([Path(d) for d in args.dirs])
     try:
-        rel = con.sql(args.sql)
+        rel = con.sql(sql)
         if rel is None:  # a statement without a result
-            return 0
-        cols = list(rel.columns)
-        rows = rel.fetchall()
+            return [], []
+        return list(rel.columns), rel.fetchall()
     except duckdb.Error as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise MeshprofError(f"query failed: {first}") from None
-    if args.json:
-        print(json.dumps([dict(zip(cols, r, strict=True)) for r in rows], default=str))
+
+
+def _records(cols: list[str], rows: list[tuple[Any, ...]]) -> list[dict[str, Any]]:
+    return [dict(zip(cols, r, strict=True)) for r in rows]
+
+
+def _print(res: tuple[list[str], list[tuple[Any, ...]]], as_json: bool) -> int:
+    cols, rows = res
+    if not cols:
+        return 0
+    if as_json:
+        print(json.dumps(_records(cols, rows), default=str))
         return 0
     text = [[_fmt(v) for v in r] for r in rows]
     widths = [max([len(c)] + [len(r[i]) for r in text]) for i, c in enumerate(cols)]

@@ -89,6 +89,9 @@ def to_json(value: Any) -> Any:
         return dataclass_to_json(value)
     if isinstance(value, enum.Enum):
         return to_json(value.value)
+    own = getattr(value, "to_json_data", None)
+    if own is not None:  # a value type that writes itself (``Members``)
+        return to_json(own())
     if isinstance(value, np.ndarray):
         return to_json(value.tolist())
     if isinstance(value, np.floating | float):
@@ -138,14 +141,32 @@ def _describe(data: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
+_SHAPES: dict[Any, tuple[Any, tuple[Any, ...]]] = {}
+
+
+def _shape(tp: Any) -> tuple[Any, tuple[Any, ...]]:
+    """``typing.get_origin(tp), typing.get_args(tp)``, cached per annotation (a run's 100,000
+    rank metas decode the same few hundred annotations)."""
+    try:
+        got = _SHAPES.get(tp)
+    except TypeError:  # (an unhashable annotation)
+        return typing.get_origin(tp), typing.get_args(tp)
+    if got is None:
+        got = _SHAPES[tp] = (typing.get_origin(tp), typing.get_args(tp))
+    return got
+
+
 def _decode(tp: Any, data: Any, where: str) -> Any:
     if tp is Any or tp is object:
         return data
-    origin = typing.get_origin(tp)
+    origin, targs = _shape(tp)
     if origin is typing.Union or origin is types.UnionType:
-        options = typing.get_args(tp)
+        options = targs
         if data is None and type(None) in options:
             return None
+        kind = type(data)
+        if (kind is int or kind is str or kind is bool or kind is float) and kind in options:
+            return data  # (``int | None`` and the like: most of a rank meta's keys)
         errors = []
         for option in options:
             if option is type(None):
@@ -158,13 +179,13 @@ def _decode(tp: Any, data: Any, where: str) -> Any:
             errors[0] if len(errors) == 1 else f"{where}: {_describe(data)} fits none of {tp}"
         )
     if origin is typing.Literal:
-        if data in typing.get_args(tp):
+        if data in targs:
             return data
-        raise RecordError(f"{where}: expected one of {typing.get_args(tp)}, got {_describe(data)}")
+        raise RecordError(f"{where}: expected one of {targs}, got {_describe(data)}")
     if origin in (list, tuple, set, frozenset) or tp in (list, tuple):
         if not isinstance(data, list | tuple):
             raise RecordError(f"{where}: expected an array, got {_describe(data)}")
-        args = typing.get_args(tp)
+        args = targs
         if origin is tuple and args and args[-1] is not Ellipsis:
             if len(args) != len(data):
                 raise RecordError(f"{where}: expected {len(args)} items, got {len(data)}")
@@ -180,7 +201,7 @@ def _decode(tp: Any, data: Any, where: str) -> Any:
     if origin is dict or tp is dict or origin is Mapping:
         if not isinstance(data, dict):
             raise RecordError(f"{where}: expected an object, got {_describe(data)}")
-        args = typing.get_args(tp)
+        args = targs
         kt, vt = args if args else (Any, Any)
         return {
             _decode(kt, k, f"{where}.{k}"): _decode(vt, v, f"{where}.{k}") for k, v in data.items()
@@ -216,6 +237,8 @@ def _decode(tp: Any, data: Any, where: str) -> Any:
                 return data
         elif isinstance(data, tp):
             return data
+        elif hasattr(tp, "from_json_data"):  # a value type that reads itself (``Members``)
+            return tp.from_json_data(data, where)
         raise RecordError(f"{where}: expected {tp.__name__}, got {_describe(data)}")
     return data
 

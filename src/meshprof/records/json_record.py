@@ -20,6 +20,7 @@ from meshprof.records.codec import decode, to_json
 R = TypeVar("R", bound="JsonRecord")
 
 _BASE_FIELDS = frozenset({"extra", "key_order"})
+_KNOWN: dict[type, dict[str, str]] = {}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -34,12 +35,16 @@ class JsonRecord:
 
     @classmethod
     def known(cls) -> dict[str, str]:
-        """JSON key -> field name of every known key."""
-        return {
-            str(f.metadata.get("meshprof_json_name", f.name)): f.name
-            for f in dataclasses.fields(cls)
-            if f.name not in _BASE_FIELDS
-        }
+        """JSON key -> field name of every known key (computed once per class; do not modify
+        the dict returned)."""
+        got = _KNOWN.get(cls)
+        if got is None:
+            got = _KNOWN[cls] = {
+                str(f.metadata.get("meshprof_json_name", f.name)): f.name
+                for f in dataclasses.fields(cls)
+                if f.name not in _BASE_FIELDS
+            }
+        return got
 
     @classmethod
     def known_keys(cls) -> tuple[str, ...]:
@@ -123,6 +128,8 @@ def _plain(v: Any) -> Any:
     if isinstance(v, list | tuple) and any(isinstance(x, JsonRecord) for x in v):
         return [_plain(x) for x in v]
     if dataclasses.is_dataclass(v) and not isinstance(v, type):
+        return to_json(v)
+    if hasattr(v, "to_json_data"):  # a value type that writes itself (``Members``)
         return to_json(v)
     return v
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from meshprof.records.codec import RecordError, json_key
 from meshprof.records.json_record import JsonRecord
+from meshprof.records.members import Members
 from meshprof.records.storage import StorageInfo
 
 RANK_FORMAT = "meshprof-rank/1"
@@ -98,10 +99,18 @@ class GroupRecord(JsonRecord):
     """The group's name (``"0"`` for the default group)."""
     desc: str | None = None
     """Its description (``"default_pg"``, ``"mesh_tp"``, ...)."""
-    ranks: list[int] | None = None
-    """Global ranks of its members, in group-rank order."""
+    ranks: Members | None = None
+    """Global ranks of its members, in group-rank order: ``{"start", "stop", "step"}`` (a
+    progression, ``stop`` exclusive: the world group, a DeviceMesh dimension's groups) or the
+    list of them (an irregular group; every group in files of earlier versions). Read as
+    :class:`~meshprof.records.members.Members`, a sequence of ints never expanded unless
+    iterated; a list given in code is made one."""
     backend: str | None = None
     """``"nccl"``, ``"gloo"``, ..."""
+
+    def __post_init__(self) -> None:
+        if self.ranks is not None and not isinstance(self.ranks, Members):
+            object.__setattr__(self, "ranks", Members.of(self.ranks))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -59,8 +59,8 @@ OPTIONAL_TABLES = frozenset({"steps"})
 def require_pyarrow() -> Any:
     """The pyarrow module, or a :class:`MeshprofError` naming the extra to install."""
     try:
-        import pyarrow as pa
-        import pyarrow.parquet
+        import pyarrow as pa  # (not pyarrow.parquet: it imports pandas, 1-2 s; only writing
+        # needs it, write_parquet imports it)
     except ImportError:
         raise MeshprofError(
             "this needs pyarrow: pip install 'meshprof[parquet]' (or pip install pyarrow)"

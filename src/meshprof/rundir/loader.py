@@ -8,19 +8,26 @@ but did not store (retention, a full disk) is said in :attr:`LoadedRun.storage_n
 
 from __future__ import annotations
 
-import dataclasses
 import os
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from meshprof.errors import MeshprofError, NoUsableRankFileError
 from meshprof.layout import Layout
+from meshprof.records.members import Members
 from meshprof.rundir.crashsafe import crashsafe_ranks, is_newer_than, recover_rank
 from meshprof.rundir.manifest import merge_node_records, read_manifest, read_node_records
 from meshprof.rundir.rankfile import RankData, load_rank_file
-from meshprof.rundir.schema import MANIFEST, Manifest, rank_entries, rank_file, resolve_layout
+from meshprof.rundir.schema import (
+    MANIFEST,
+    Manifest,
+    rank_dir,
+    rank_entries,
+    rank_file,
+    resolve_layout,
+)
 from meshprof.rundir.segment_reader import load_rank_dir
 from meshprof.rundir.storage_notes import StorageNote, storage_notes
 
@@ -75,10 +82,10 @@ class LoadedRun:
 
 def _load_or_reason(
     path: Path,
-    shared: dict[tuple[str, int], list[Any]] | None = None,
+    shared: dict[Members, Members] | None = None,
     lean: bool = False,
     sample_limit: int | None = None,
-    shared_text: dict[str, list[int]] | None = None,
+    shared_text: dict[str, Members] | None = None,
     meta_only: bool = False,
 ) -> RankData | str:
     try:
@@ -101,18 +108,21 @@ def _load_or_reason(
     return rd
 
 
-def _share_members(rd: RankData, shared: dict[tuple[str, int], list[Any]]) -> None:
-    """Every rank file lists the members of each of its groups: share one list per group
-    (4,096 ranks each holding the world group's 4,096 members would be 16M Python ints)."""
+def _share_members(rd: RankData, shared: dict[Members, Members]) -> None:
+    """One :class:`Members` per distinct group membership across the ranks: an irregular group
+    is its list, and 4,096 ranks each holding their own copy of a large one would be millions
+    of Python ints; a progression is three numbers, shared all the same (100,000 ranks × their
+    groups' objects)."""
     groups = rd.meta.groups or []
-    for i, g in enumerate(groups):
+    for g in groups:
         ranks = g.ranks
-        if not isinstance(ranks, list):
+        if ranks is None:
             continue
-        key = (str(g.name or ""), len(ranks))
-        have = shared.setdefault(key, ranks)
-        if have is not ranks and have == ranks:
-            groups[i] = dataclasses.replace(g, ranks=have)  # (the meta's own list)
+        have = shared.setdefault(ranks, ranks)
+        if have is not ranks:
+            # (the record was just decoded for this rank alone: set in place, equal value;
+            # dataclasses.replace costs 0.2 ms, a minute over 100,000 ranks' groups)
+            object.__setattr__(g, "ranks", have)
 
 
 _THREADED_MIN_BYTES = 4 << 20
@@ -128,8 +138,8 @@ def _load_forked(
     from meshprof.forking import chunks, start
 
     def load_chunk(part: list[Path]) -> list[RankData | str]:
-        shared: dict[tuple[str, int], list[Any]] = {}
-        text: dict[str, list[int]] = {}
+        shared: dict[Members, Members] = {}
+        text: dict[str, Members] = {}
         return [_load_or_reason(p, shared, lean, sample_limit, text, meta_only) for p in part]
 
     parts = chunks(paths, processes)
@@ -137,7 +147,7 @@ def _load_forked(
     if forked is None:
         return None
     out: list[RankData | str] = []
-    shared: dict[tuple[str, int], list[Any]] = {}
+    shared: dict[Members, Members] = {}
     for part, got in zip(parts, forked.results(), strict=True):
         loaded = load_chunk(part) if got is None else got
         for rd in loaded:
@@ -161,8 +171,8 @@ def _load_all(
     JSON metadata); 1,024 small files took 1.4 s on 8 threads and 1.0 s on one (thread switches
     under the GIL), 8 files of 54 MB 0.8–1.1 s either way. ``processes`` > 1: small files are
     read on that many forked processes instead, where forking is safe (:func:`_load_forked`)."""
-    shared: dict[tuple[str, int], list[Any]] = {}
-    shared_text: dict[str, list[int]] = {}  # long member lists, parsed once (rankfile)
+    shared: dict[Members, Members] = {}
+    shared_text: dict[str, Members] = {}  # long member lists, parsed once (rankfile)
     workers = min(len(paths), os.cpu_count() or 1, 8)
     if workers > 1:
         try:
@@ -259,6 +269,7 @@ def load_run(
     sample_reason: str = "",
     processes: int = 1,
     meta_only: bool = False,
+    only_ranks: Collection[int] | None = None,
 ) -> LoadedRun:
     """Load every rank of a run directory, or of several directories of one run (each node's
     own: their ranks, node records and manifests are merged; a rank found in two is read from
@@ -273,7 +284,9 @@ def load_run(
     collectives, chosen by the recorder's (group, seq) hash (:mod:`meshprof.rundir.sampling`).
     ``processes`` > 1: many small rank files are read on that many forked processes where that
     is safe (Linux, no other thread running; the result is the same). ``meta_only``: the
-    ranks' metas (and how a dead rank ended) without their rows, for the launcher's record."""
+    ranks' metas (and how a dead rank ended) without their rows, for the launcher's record.
+    ``only_ranks``: read only these ranks' folders (or files), nothing of the others (a point
+    query at 100,000 ranks reads one folder); ``problems`` then names only these."""
     from meshprof.rundir.sampling import threshold
 
     if not (0.0 < sample <= 1.0):
@@ -291,8 +304,9 @@ def load_run(
     raw_manifest, records, manifest_state, manifest_problem = _read_manifests(dirs)
     manifest = merge_node_records(raw_manifest, records)
     chosen: dict[int, Path] = {}
+    wanted = None if only_ranks is None else {int(r) for r in only_ranks}
     for d in dirs:
-        for r, p in rank_entries(d):
+        for r, p in _entries(d, wanted):
             have = chosen.get(r)
             if have is None or _entry_time(p) > _entry_time(have):
                 chosen[r] = p
@@ -310,6 +324,8 @@ def load_run(
             problems[r] = got
     for d in dirs:
         for r in crashsafe_ranks(d):
+            if wanted is not None and r not in wanted:
+                continue
             rec = recover_rank(d, r)
             if rec is not None and is_newer_than(rec, ranks.get(r)):
                 ranks[r] = rec
@@ -318,8 +334,9 @@ def load_run(
     for rd in ranks.values():
         world = max(world, rd.world_size)
     world = max(world, max(list(ranks) + list(problems), default=-1) + 1)
-    elsewhere = _elsewhere(manifest, records, set(range(world)) - set(ranks) - set(problems))
-    for r in range(world):
+    expected = set(range(world)) if wanted is None else wanted
+    elsewhere = _elsewhere(manifest, records, expected - set(ranks) - set(problems))
+    for r in sorted(expected):
         if r not in ranks and r not in problems:
             problems[r] = (
                 f"{rank_file(dirs[0], r).stem}: on another node, whose run directory was not "
@@ -344,6 +361,21 @@ def load_run(
         elsewhere=frozenset(elsewhere),
         storage_notes=() if meta_only else storage_notes(ranks),
     )
+
+
+def _entries(run_dir: Path, wanted: set[int] | None) -> list[tuple[int, Path]]:
+    """The rank entries of ``run_dir`` (:func:`rank_entries`), or only the ``wanted`` ranks'
+    (looked up by name: the directory is not listed)."""
+    if wanted is None:
+        return rank_entries(run_dir)
+    out: list[tuple[int, Path]] = []
+    for r in sorted(wanted):
+        folder, file = rank_dir(run_dir, r), rank_file(run_dir, r)
+        if folder.is_dir():
+            out.append((r, folder))
+        elif file.is_file():
+            out.append((r, file))
+    return out
 
 
 def _elsewhere(manifest: Manifest, records: list[dict[str, Any]], missing: set[int]) -> set[int]:

@@ -37,6 +37,7 @@ from meshprof.events import (
     STEP_TOTALS_DTYPE,
 )
 from meshprof.records.codec import RecordError
+from meshprof.records.members import Members
 from meshprof.records.rank_meta import GroupRecord
 from meshprof.rundir.atomic import atomic_write_bytes
 from meshprof.rundir.schema import RANK_FILE_RE, RANK_FORMAT, RankMeta, rank_file
@@ -333,21 +334,22 @@ _LONG_RANKS = re.compile(r'"ranks": ?(\[[0-9, ]{2048,}\])')
 _SHARED = "@meshprof-shared-"
 
 
-def parse_meta(text: str, shared: dict[str, list[int]] | None) -> Any:
+def parse_meta(text: str, shared: dict[str, Members] | None) -> Any:
     """The meta JSON. With ``shared`` (one dict per run load), every long ``"ranks": [...]``
-    list is parsed once per distinct text and the same list object is put in every rank's
-    meta that has it: every rank file lists the world group's members, so 4,096 files hold
-    4,096 × 4,096 numbers, and parsing them was most of the load time. The result equals
-    ``json.loads(text)``."""
+    list (files of versions before issue 31 list every group's members) is parsed once per
+    distinct text, made :class:`~meshprof.records.members.Members` (a progression: three
+    numbers), and the same object is put in every rank's meta that has it: 4,096 such files
+    hold 4,096 × 4,096 numbers, and parsing them was most of the load time. The result equals
+    ``json.loads(text)`` but for those lists, which are ``Members`` (equal to them)."""
     if shared is None or len(text) < 2048:
         return json.loads(text)
-    found: list[list[int]] = []
+    found: list[Members] = []
 
     def swap(m: re.Match[str]) -> str:
         body = m.group(1)
         lst = shared.get(body)
         if lst is None:
-            lst = shared[body] = json.loads(body)
+            lst = shared[body] = Members(json.loads(body))
         found.append(lst)
         return f'"ranks": "{_SHARED}{len(found) - 1}"'
 
@@ -371,7 +373,7 @@ def load_rank_file(
     *,
     lean: bool = False,
     sample_limit: int | None = None,
-    shared_ranks: dict[str, list[int]] | None = None,
+    shared_ranks: dict[str, Members] | None = None,
 ) -> RankData:
     """Load one rank file; a damaged or foreign file raises :class:`MeshprofError`.
 

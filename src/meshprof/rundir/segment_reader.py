@@ -21,6 +21,7 @@ import numpy as np
 from meshprof.errors import MeshprofError
 from meshprof.events import EVENT_DTYPE, MEMORY_DTYPE, SPAN_DTYPE
 from meshprof.records.codec import RecordError
+from meshprof.records.members import Members
 from meshprof.records.rank_meta import Recovered
 from meshprof.rundir.atomic import atomic_write_text
 from meshprof.rundir.rankfile import RankData, lean_events, parse_meta
@@ -28,10 +29,15 @@ from meshprof.rundir.schema import ExitStatus, RankMeta, rank_entries
 from meshprof.rundir.segments import (
     RANK_DIR_RE,
     iter_batches,
+    join_rows,
     read_cursor,
     read_step_totals,
     scan_rank_dir,
 )
+
+_LEAN_HOLD = 4 << 20
+"""A lean load holds a rank's rows as read while they are under this many bytes, and makes its
+narrow copy from them in one pass; a larger rank is read again in chunks (never held whole)."""
 
 
 def _empty(dtype: np.dtype) -> np.ndarray:
@@ -43,7 +49,7 @@ def load_rank_dir(
     *,
     lean: bool = False,
     sample_limit: int | None = None,
-    shared_ranks: dict[str, list[int]] | None = None,
+    shared_ranks: dict[str, Members] | None = None,
     meta_only: bool = False,
 ) -> RankData:
     """Load one rank folder (the arguments as for
@@ -89,8 +95,8 @@ def load_rank_dir(
         if n:
             if first_id < 0:
                 first_id = int(b.info["first_event_id"])
-            if not lean and not meta_only:
-                events.append(b.events)
+            if not meta_only and (not lean or rows * EVENT_DTYPE.itemsize < _LEAN_HOLD):
+                events.append(b.events)  # (lean: a small rank's rows, one pass below)
             if b.side:
                 _side(b.side, int(b.info["first_event_id"]), rows, errors, metadata)
             rows += n
@@ -104,13 +110,16 @@ def load_rank_dir(
         groups = raw.get("groups") if isinstance(raw.get("groups"), list) else []
 
         def chunks() -> Iterator[np.ndarray]:
+            if sum(map(len, events)) == rows:  # held: one chunk, the files not read again
+                yield join_rows(events, EVENT_DTYPE) if len(events) != 1 else events[0]
+                return
             for b in iter_batches(files):
                 if len(b.events):
                     yield b.events
 
         ev = lean_events(chunks, groups or [], sample_limit)
     else:
-        ev = np.concatenate(events) if events else _empty(EVENT_DTYPE)
+        ev = join_rows(events, EVENT_DTYPE)
     total = int(meta.total_events if meta.total_events is not None else rows)
     changes: dict[str, Any] = {
         "first_event_id": max(first_id, 0),
@@ -147,8 +156,8 @@ def load_rank_dir(
     return RankData(
         rank=rank,
         events=ev,
-        spans=np.concatenate(spans) if spans else _empty(SPAN_DTYPE),
-        memory=np.concatenate(memory) if memory else _empty(MEMORY_DTYPE),
+        spans=join_rows(spans, SPAN_DTYPE),
+        memory=join_rows(memory, MEMORY_DTYPE),
         meta=meta,
         file_events=rows,
         steps=read_step_totals(files),

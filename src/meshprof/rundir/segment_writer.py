@@ -73,6 +73,11 @@ class StorageLimits:
     process' own death loses nothing that was appended; fsync guards against the machine's."""
     tick_s: float = TICK_S
     """Seconds between two appends (the rank writer's tick)."""
+    reserve_bytes: int = RESERVE_BYTES
+    """Space set aside at start for the meta written after the disk filled up (0: none)."""
+    fsync: bool = True
+    """False: never fsync (a run written whole by a tool, :func:`meshprof.rundir.rank_segments.
+    write_rank_segments`: nothing to guard against a crash of the machine mid-run)."""
 
 
 def error_name(e: BaseException) -> str:
@@ -243,7 +248,7 @@ class SegmentWriter:
             and now - self._last_sync >= self.limits.fsync_interval_s
         )
         try:
-            if self._dirty and (due or final):
+            if self._dirty and self.limits.fsync and (due or final):
                 # the segment every interval; the small steps file only when closing (the page
                 # cache keeps it across a process' death, the kernel writes it back in seconds)
                 for fd in (self._seg_fd, self._steps_fd) if final else (self._seg_fd,):
@@ -263,8 +268,9 @@ class SegmentWriter:
         self.maintain(final=True)
         self._close_fds()
         self.closed_ns = time.time_ns()
-        with contextlib.suppress(OSError):
-            (self.dir / RESERVE).unlink()
+        if self.limits.reserve_bytes > 0:
+            with contextlib.suppress(OSError):
+                (self.dir / RESERVE).unlink()
 
     def note_step(self, step: int, t_ns: int) -> None:
         """The rank entered ``step`` at ``t_ns``: rewrite the cursor in place (one ``pwrite`` of
@@ -311,12 +317,14 @@ class SegmentWriter:
         self._reserve()
 
     def _reserve(self) -> None:
+        if self.limits.reserve_bytes <= 0:
+            return
         try:
             fd = os.open(self.dir / RESERVE, os.O_WRONLY | os.O_CREAT, FILE_MODE)
         except OSError:
             return
         try:
-            os.posix_fallocate(fd, 0, RESERVE_BYTES)
+            os.posix_fallocate(fd, 0, self.limits.reserve_bytes)
         except (OSError, AttributeError):
             pass
         finally:
@@ -370,7 +378,7 @@ class SegmentWriter:
 
     def _rotate(self) -> None:
         if self._seg_fd >= 0:
-            if self._dirty:
+            if self._dirty and self.limits.fsync:
                 os.fsync(self._seg_fd)
                 self.fsyncs += 1
             os.close(self._seg_fd)

@@ -60,13 +60,13 @@ def wait_causes(
     by_rank = np.bincount(causes, weights=caused).astype(np.int64)
     counts = np.bincount(causes)
     n_groups = len(table.groups)
-    by_rank_group = np.bincount(
-        causes * max(n_groups, 1) + gids, weights=caused, minlength=len(by_rank) * max(n_groups, 1)
-    ).reshape(len(by_rank), max(n_groups, 1))
     order = [int(r) for r in np.argsort(-by_rank, kind="stable") if by_rank[r] > 0][:top]
     out = []
     for r in order:
-        g = int(np.argmax(by_rank_group[r]))
+        # (per named rank, not a ranks × groups matrix: 100,000 ranks × 37,533 groups is 28 GiB)
+        mine = causes == r
+        per_group = np.bincount(gids[mine], weights=caused[mine]).astype(np.int64)
+        g = int(np.argmax(per_group))
         ref = table.groups[g] if g < n_groups else None
         out.append(
             WaitCause(
@@ -75,7 +75,7 @@ def wait_causes(
                 share=float(by_rank[r] / total),
                 collectives=int(counts[r]),
                 group=(ref.desc or ref.name) if ref is not None else "",
-                group_ns=int(by_rank_group[r, g]),
+                group_ns=int(per_group[g]),
             )
         )
     return tuple(out)

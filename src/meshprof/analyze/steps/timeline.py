@@ -85,10 +85,13 @@ class StepTimeline:
     """The rank's memory samples (MEMORY_DTYPE)."""
 
 
-def _group_fields(g: Any) -> tuple[tuple[int, ...], str]:
+def _group_fields(g: Any) -> tuple[Sequence[int], str]:
+    """(members, description) of a group record (or its JSON object); the members as they are
+    (a ``Members`` range is not expanded: the world group at 100,000 ranks, once per rank)."""
     if isinstance(g, dict):
         return tuple(g.get("ranks", ())), str(g.get("desc", ""))
-    return tuple(getattr(g, "ranks", None) or ()), str(getattr(g, "desc", None) or "")
+    ranks = getattr(g, "ranks", None)
+    return (ranks if ranks is not None else ()), str(getattr(g, "desc", None) or "")
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +111,7 @@ class _Collectives:
 def _collectives(events: np.ndarray, groups: Sequence[Any], layout: Layout | None) -> _Collectives:
     """Completed events (duration ≥ 0), sorted by start, each with its group's dimension
     (events of an unknown group: "other")."""
-    dims = [dimension_of(_group_fields(g)[0], layout, _group_fields(g)[1]) for g in groups]
+    dims = [dimension_of(m, layout, desc) for m, desc in map(_group_fields, groups)]
     done = events["duration_ns"] >= 0
     ev = events if done.all() else events[done]  # (a lean load holds completed events only)
     ev_start = ev["start_ns"].astype(np.int64)
