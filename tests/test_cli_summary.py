@@ -98,3 +98,26 @@ def test_summary_bad_input_one_line_exit_2(
 def test_summary_directory_is_an_error(tmp_path: Path, cli) -> None:
     r = cli.process("summary", tmp_path)
     assert r.returncode == 2 and "is a directory" in r.stderr
+
+
+def test_one_command_imports_only_its_own_module() -> None:
+    """``meshprof report …`` builds the report's parser alone (every command module imports
+    what its command needs: building them all cost every command's imports); an option or an
+    unknown command gets the full parser, which lists every command."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from meshprof.cli import main\n"
+        "try: main(['version'])\n"
+        "except SystemExit: pass\n"
+        "print(sorted(m for m in sys.modules if m.startswith('meshprof.commands.')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "['meshprof.commands.version']"
+    from meshprof.cli import COMMANDS, command_of
+
+    assert command_of(["build-native", "--json"]) == "build_native"
+    assert command_of(["--help"]) is None and command_of([]) is None
+    assert command_of(["bogus"]) is None and len(COMMANDS) > 10
