@@ -327,3 +327,22 @@ def test_a_straggler_on_node_1_alerts_on_node_0(tmp_path: Path, cli) -> None:
         outs = [p.communicate(timeout=120) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], [o[1][-2000:] for o in outs]
     assert "meshprof alert: rank 1 is a straggler" in outs[0][1]
+
+
+def test_collect_takes_the_newest_copy_of_a_file_two_nodes_hold(tmp_path: Path) -> None:
+    """A rank's live record is in its own node's directory and, relayed, in the others': the
+    gathered copy is the one written last, and collecting again copies nothing (before, the
+    two copies overwrote each other at every collect)."""
+    from meshprof.rundir.gather import collect_into
+
+    a, b, dest = tmp_path / "a", tmp_path / "b", tmp_path / "dest"
+    for d, text, t in ((a, "relayed, older", 1_000), (b, "own, newer", 2_000)):
+        f = d / "live" / "rank00001.json"
+        f.parent.mkdir(parents=True)
+        f.write_text(text)
+        os.utime(f, ns=(t * 10**9, t * 10**9))
+    first = collect_into(dest, [a, b])
+    assert first.files == 2 and (dest / "live" / "rank00001.json").read_text() == "own, newer"
+    assert collect_into(dest, [a, b]).files == 0
+    assert collect_into(dest, [b, a]).files == 0
+    assert (dest / "live" / "rank00001.json").read_text() == "own, newer"

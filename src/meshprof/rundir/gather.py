@@ -88,7 +88,11 @@ class Collected:
 
 def _copy_new(src: Path, dst: Path) -> int:
     """Bring ``dst`` up to ``src``: append the new bytes of an append-only file, else copy it
-    whole when it differs. Bytes written (0: already up to date)."""
+    whole when it is newer. Bytes written (0: already up to date).
+
+    The newest copy wins: a file several sources hold (a rank's live record, which the
+    launchers relay into every node's ``live/``) is copied from the one written last, and a
+    later collect copies nothing again (``copy2`` keeps the mtime)."""
     s = src.stat()
     try:
         d = dst.stat()
@@ -96,6 +100,10 @@ def _copy_new(src: Path, dst: Path) -> int:
         d = None
     if d is not None and d.st_size == s.st_size and d.st_mtime >= s.st_mtime:
         return 0
+    if d is not None and d.st_mtime_ns >= s.st_mtime_ns and not (
+        src.suffix in _APPEND_ONLY and d.st_size < s.st_size
+    ):
+        return 0  # the copy is as new (another source's, written later)
     dst.parent.mkdir(parents=True, exist_ok=True)
     if d is not None and src.suffix in _APPEND_ONLY and 0 < d.st_size < s.st_size:
         with src.open("rb") as fi, dst.open("ab") as fo:
