@@ -100,8 +100,10 @@ def _copy_new(src: Path, dst: Path) -> int:
         d = None
     if d is not None and d.st_size == s.st_size and d.st_mtime >= s.st_mtime:
         return 0
-    if d is not None and d.st_mtime_ns >= s.st_mtime_ns and not (
-        src.suffix in _APPEND_ONLY and d.st_size < s.st_size
+    if (
+        d is not None
+        and d.st_mtime_ns >= s.st_mtime_ns
+        and not (src.suffix in _APPEND_ONLY and d.st_size < s.st_size)
     ):
         return 0  # the copy is as new (another source's, written later)
     dst.parent.mkdir(parents=True, exist_ok=True)
