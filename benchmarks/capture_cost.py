@@ -19,27 +19,8 @@ import time
 import types
 from typing import Any
 
-
-def _open_without_capture_hook(self: Any, span: Any) -> None:
-    """``StepMonitor._open`` as it was before captures (no boundary hook check)."""
-    from meshprof.monitor.step_monitor import _STEP
-
-    stack = self._stack()
-    if span.kind == _STEP:
-        if stack and stack[0] is self._implicit and span is not self._implicit:
-            self._close(self._implicit, False)
-            self._implicit = None
-            stack = self._stack()
-        span.step = self._step_no
-        prof = self._prof()
-        if prof is not None:
-            prof.step = span.step
-    else:
-        span.step = stack[0].step if stack else -1
-    span.depth = len(stack)
-    stack.append(span)
-    span.cpu0 = time.thread_time_ns()
-    span.t0 = time.perf_counter_ns()
+# (run as a script: its folder is on sys.path)
+from training_overhead import _open_without_capture_hook
 
 
 def _steps_cpu_ns(mon: Any, n: int) -> float:

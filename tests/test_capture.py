@@ -531,7 +531,7 @@ def test_trigger_rate_disk_and_one_at_a_time(tmp_path: Path) -> None:
 
 
 def test_watcher_runs_the_command_after_the_capture_with_it(tmp_path: Path) -> None:
-    from meshprof.analyze.live.alerts import AlertConfig
+    from meshprof.analyze.live.alert_config import AlertConfig
     from meshprof.live.watch import AlertWatcher
 
     out = tmp_path / "cmd.jsonl"

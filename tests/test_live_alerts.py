@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from live_helpers import wait_for
-from meshprof.analyze.live.alerts import RULES, UNITS, AlertConfig, AlertRules
+from meshprof.analyze.live.alert_config import RULES, UNITS, AlertConfig
+from meshprof.analyze.live.alerts import AlertRules
 from meshprof.analyze.live.snapshot import read_snapshot
 from meshprof.errors import MeshprofError
 from meshprof.live.watch import AlertWatcher

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from meshprof.analyze.live.alerts import AlertConfig
+from meshprof.analyze.live.alert_config import AlertConfig
 from meshprof.analyze.live.capture_targets import CaptureConfig
 from meshprof.errors import MeshprofError
 from meshprof.launch.launcher import LaunchResult, launch

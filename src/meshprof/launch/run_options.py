@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from meshprof.analyze.live.alerts import AlertConfig
+from meshprof.analyze.live.alert_config import AlertConfig
 from meshprof.analyze.live.capture_targets import CaptureConfig
 from meshprof.errors import MeshprofError
 from meshprof.monitor.step_detect import STEP_DETECT_MODES

@@ -24,7 +24,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from meshprof.analyze.live.alerts import AlertConfig, AlertRules
+from meshprof.analyze.live.alert_config import AlertConfig
+from meshprof.analyze.live.alerts import AlertRules
 from meshprof.analyze.live.snapshot import read_snapshot
 from meshprof.records.live import Alert, LiveSnapshot
 from meshprof.rundir.live import append_alert

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from meshprof.errors import MeshprofError
+from meshprof.records.stacks import StackFrame
 from meshprof.rundir.schema import HANG_DIR
 
 _DUMP_RE = re.compile(r"^rank(\d+)\.json$")
@@ -67,16 +68,8 @@ _INTERNAL = (
 )
 
 
-@dataclass(frozen=True, slots=True)
-class Frame:
-    """One Python stack frame."""
-
-    file: str
-    line: int
-    function: str
-
-    def __str__(self) -> str:
-        return f"{self.file}:{self.line} in {self.function}"
+Frame = StackFrame
+"""One Python stack frame of a dump: the frame ``meshprof stacks`` records too."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from meshprof.records.stacks import RankStacks, StackFrame
 
@@ -33,19 +33,6 @@ _MACHINERY = (
     f"{os.sep}_contextlib.py",
     "<frozen ",
 )
-
-
-class FrameLike(Protocol):
-    """A frame of either source (a :class:`StackFrame`, a hang dump's frame)."""
-
-    @property
-    def file(self) -> str: ...
-
-    @property
-    def line(self) -> int: ...
-
-    @property
-    def function(self) -> str: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,11 +137,11 @@ def rank_ranges(ranks: Sequence[int]) -> str:
     return ("rank " if len(rs) == 1 else "ranks ") + ", ".join(parts)
 
 
-def _interesting(f: FrameLike) -> bool:
+def _interesting(f: StackFrame) -> bool:
     return not f.file.startswith(_PACKAGE_DIR) and not any(m in f.file for m in _MACHINERY)
 
 
-def describe_where(frames: Sequence[FrameLike], n: int = WHERE_FRAMES) -> str:
+def describe_where(frames: Sequence[StackFrame], n: int = WHERE_FRAMES) -> str:
     """The innermost ``n`` frames outside meshprof and Python's machinery, innermost first
     (all frames when every one is machinery)."""
     picked = [f for f in reversed(frames) if _interesting(f)][:n] or list(reversed(frames))[:n]
@@ -162,12 +149,12 @@ def describe_where(frames: Sequence[FrameLike], n: int = WHERE_FRAMES) -> str:
 
 
 def cluster_stacks(
-    stacks: Mapping[int, Sequence[FrameLike]], missing: Sequence[int] = ()
+    stacks: Mapping[int, Sequence[StackFrame]], missing: Sequence[int] = ()
 ) -> StackClusters:
     """Group the ranks by identical stacks (``stacks``: rank -> frames, outermost first; a rank
     with no frame counts as missing)."""
     groups: dict[tuple[tuple[str, int, str], ...], list[int]] = {}
-    first: dict[tuple[tuple[str, int, str], ...], Sequence[FrameLike]] = {}
+    first: dict[tuple[tuple[str, int, str], ...], Sequence[StackFrame]] = {}
     absent = set(missing)
     for r, frames in stacks.items():
         if not frames:
