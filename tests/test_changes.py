@@ -150,7 +150,7 @@ def test_real_job_rank_slow_from_mid_run(tmp_path, cli) -> None:
     cost = next(c for c in rep[WHAT_IF] if c.rank == 1).step_saving_ns
     assert cost == pytest.approx(30 * MS, rel=0.3), cost
     text = " ".join(cli("report", out).stdout.split())  # (the console wraps at 80 columns)
-    assert "the latest regime" in text and "rank 1's compute rose" in text
+    assert "the latest regime" in text and "rank 1's compute rose" in text, text
     whole = json.loads(cli("report", out, "--json", "--steps", "all").stdout)
     assert whole["changes"]["window_lo"] is None and whole["changes"]["reason"] == ""
 
@@ -182,3 +182,18 @@ def test_cost_holds_at_any_world_size(tmp_path, n) -> None:
     )
     got = next(c for c in rep[WHAT_IF] if c.rank == n - 1).step_saving_ns
     assert got == pytest.approx(truth, rel=0.2), (n, got, truth)
+
+
+def test_the_brief_names_the_largest_changes_not_the_latest() -> None:
+    """Two small later shifts (a loaded host) never push a 30 ms change off the brief's lines."""
+    from meshprof.analyze.run.changes import Change, Timeline
+    from meshprof.render.changes import changes_lines
+
+    big = Change(1, "compute", 50, 0, 5 * MS, 35 * MS)
+    small = [Change(0, "compute", s, 0, 5 * MS, 5.4 * MS) for s in (60, 70)]
+    lines = changes_lines(Timeline((big, *small), 0, 79, 50, None, "latest_regime"), limit=2)
+    assert "the latest regime" in lines[0]
+    assert "rank 1's compute rose" in lines[1] and "at step 70" in lines[1]
+    assert "at step 60" not in lines[1] and "(+1 smaller: --json)" in lines[1]
+    # latest first among those shown
+    assert lines[1].index("step 70") < lines[1].index("step 50")

@@ -36,15 +36,21 @@ def window_text(t: Timeline) -> str:
 
 
 def changes_lines(t: Timeline, limit: int = 3) -> list[str]:
-    """The window, then the changes (the latest ``limit``; the count of the others)."""
+    """The window, then the changes: the ``limit`` largest (by how much the figure moved; a
+    small shift on a loaded host never hides a large one), latest first, and the count of the
+    others."""
     out = [x for x in (window_text(t),) if x]
     if t.changes:
-        shown = t.changes[-limit:]
+        ranked = sorted(
+            range(len(t.changes)),
+            key=lambda i: (abs(t.changes[i].after_ns - t.changes[i].before_ns), i),
+        )
+        shown = [t.changes[i] for i in sorted(ranked[-limit:], reverse=True)]
         more = len(t.changes) - len(shown)
         out.append(
             "changed: "
-            + "; ".join(change_text(c) for c in reversed(shown))
-            + (f" (+{more} earlier: --json)" if more else "")
+            + "; ".join(change_text(c) for c in shown)
+            + (f" (+{more} smaller: --json)" if more else "")
         )
     return out
 
