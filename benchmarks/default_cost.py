@@ -1,7 +1,7 @@
 """Added cost per collective of the default recorder, measured so that a noisy machine can still
 resolve a fraction of a microsecond.
 
-    python benchmarks/default_cost.py [--batch 500] [--rounds 60] [--workload fake|gloo1]
+    python benchmarks/default_cost.py [--batch 500] [--rounds 60] [--workload fake|gloo1|nccl1]
     python benchmarks/default_cost.py --loop 1000000 --mode default   # one mode, whole process
 
 Paired batches in one process: each round times one batch of ``--batch`` calls per mode, the
@@ -17,7 +17,10 @@ Modes: ``disabled`` (PyTorch alone), ``floor`` (the native kernels installed wit
 ``default`` (the default recorder: typed kernels at BackendSelect and the unboxed autograd
 passthrough), ``default-typed`` (typed kernels, PyTorch's boxed autograd fallback:
 ``MESHPROF_NATIVE_AUTOGRAD=0``), ``default-boxed`` (one boxed kernel for every op, the native
-recorder before both: ``MESHPROF_NATIVE_TYPED=0``) and ``python`` (``native=False``).
+recorder before both: ``MESHPROF_NATIVE_TYPED=0``), ``python`` (``native=False``) and, with
+``--workload nccl1`` (a one-rank NCCL group on this process's GPU, 4 float32 on the device,
+each batch ending in a device synchronize), ``native`` (``native=True``: the C++ kernel with its
+own CUDA events, where ``default`` is the kernel chosen for CUDA).
 
 PyTorch alone boxes every c10d call at the autograd key (its autograd fallback, a boxed kernel,
 runs for these ops); the default recorder replaces that with an unboxed passthrough, so its
@@ -52,6 +55,8 @@ from typing import Any
 import numpy as np
 
 MODES = ("disabled", "floor", "default", "default-typed", "default-boxed", "python")
+CUDA_MODES = ("disabled", "default", "native", "python")
+_DEVICE = ["cpu"]
 
 
 def _set_mode(mode: str) -> str:
@@ -73,6 +78,10 @@ def _set_mode(mode: str) -> str:
         return meshprof.enable(
             meshprof.ProfilerConfig(max_events=100_000, enabled=False)
         ).backend_name
+    if mode == "native":
+        return meshprof.enable(
+            meshprof.ProfilerConfig(max_events=100_000, native=True)
+        ).backend_name
     if mode == "python":
         return meshprof.enable(
             meshprof.ProfilerConfig(max_events=100_000, native=False)
@@ -85,11 +94,14 @@ def _batch(n: int) -> tuple[int, int]:
     import torch
     import torch.distributed as dist
 
-    t = torch.ones(4)
+    t = torch.ones(4, device=_DEVICE[0])
     all_reduce = dist.all_reduce
+    sync = torch.cuda.synchronize if _DEVICE[0] == "cuda" else (lambda: None)
+    sync()
     c0, w0 = time.thread_time_ns(), time.perf_counter_ns()
     for _ in range(n):
         all_reduce(t)
+    sync()
     return time.thread_time_ns() - c0, time.perf_counter_ns() - w0
 
 
@@ -134,6 +146,14 @@ def _init(workload: str) -> None:
         from torch.testing._internal.distributed.fake_pg import FakeStore
 
         dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+    elif workload == "nccl1":
+        from meshprof.launch.spawn import free_port
+
+        torch.cuda.set_device(0)
+        _DEVICE[0] = "cuda"
+        dist.init_process_group(
+            "nccl", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1
+        )
     else:
         from meshprof.launch.spawn import free_port
 
@@ -168,10 +188,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description="added cost per collective, paired batches")
     ap.add_argument("--batch", type=int, default=500, help="calls per mode per round")
     ap.add_argument("--rounds", type=int, default=60)
-    ap.add_argument("--workload", choices=("fake", "gloo1"), default="fake")
+    ap.add_argument("--workload", choices=("fake", "gloo1", "nccl1"), default="fake")
     ap.add_argument("--no-python", action="store_true", help="leave out the Python kernel")
     ap.add_argument("--loop", type=int, default=0, help="whole-process mode: N calls, then exit")
-    ap.add_argument("--mode", choices=MODES, default="default")
+    ap.add_argument("--mode", choices=(*MODES, "native"), default="default")
     args = ap.parse_args()
     _init(args.workload)
     if args.loop:
@@ -181,7 +201,8 @@ def main() -> None:
         return
     import torch
 
-    modes = MODES[:-1] if args.no_python else MODES
+    modes = CUDA_MODES if args.workload == "nccl1" else MODES
+    modes = tuple(m for m in modes if m != "python") if args.no_python else modes
     res = measure(args.batch, args.rounds, modes)
     print(
         f"machine: {platform.processor() or platform.machine()}, {platform.system()}, "

@@ -17,7 +17,8 @@ duration, the ratio device/kernel, and whether the recording path synchronized t
 (a pass under ``torch.cuda.set_sync_debug_mode("error")``). Exit status 1 when a check fails:
 every op recorded once, device-timed (``host_duration_ns`` present), no host synchronization,
 and device time >= 0.9 x the kernel time and <= kernel time + 1 ms (the events bracket the
-kernel plus the stream waits around it). Prints a table; nothing here is a unit test.
+kernel plus the stream waits around it; with one rank NCCL launches no all-reduce kernel, so
+that comparison needs two GPUs). Prints a table; nothing here is a unit test.
 """
 
 from __future__ import annotations
@@ -34,15 +35,24 @@ MODES = ("python", "native", "native-timing")
 
 
 def _kernel_durations_us(prof: Any) -> list[float]:
-    """torch.profiler's NCCL all-reduce kernels (device side), in issue order."""
-    from torch.autograd import DeviceType
+    """torch.profiler's NCCL all-reduce kernels (device side, from its Chrome trace: the
+    kernels are not all among ``prof.events()`` in every torch version), in issue order."""
+    import os
+    import tempfile
 
+    fd, path = tempfile.mkstemp(suffix=".json")
+    os.close(fd)
+    try:
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            doc = json.load(f)
+    finally:
+        os.unlink(path)
     out = []
-    for e in prof.events():
-        name = e.name.lower()
-        if e.device_type == DeviceType.CUDA and "nccl" in name and "allreduce" in name:
-            start = e.time_range.start
-            out.append((start, float(e.time_range.elapsed_us())))
+    for e in doc.get("traceEvents", []):
+        name = str(e.get("name", "")).lower()
+        if e.get("cat") == "kernel" and "nccl" in name and "allreduce" in name:
+            out.append((float(e.get("ts", 0)), float(e.get("dur", 0))))
     return [d for _s, d in sorted(out)]
 
 
@@ -137,8 +147,9 @@ def main() -> int:
                 "once": s["n"] == args.iters and s["n_sync_pass"] == args.iters,
                 "device-timed": all(h >= 0 for h in s["host_us"]),
                 "no host sync": not s["synced"],
-                "vs kernel": 0.9 * ker <= dev <= ker + 1000.0,
             }
+            if ws > 1 or s["kernel_us"]:  # one rank: NCCL runs no kernel (nothing to compare)
+                checks["vs kernel"] = 0.9 * ker <= dev <= ker + 1000.0
             failed = [k for k, v in checks.items() if not v]
             ok = ok and not failed and r0["internal_errors"] == 0
             print(

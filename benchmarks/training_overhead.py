@@ -14,8 +14,11 @@ what each cost (the ranks' statuses: torch.profiler's start and stop at the boun
 annotations, writing the trace off the training thread, the traced steps against the steps
 before), and the steps while the first capture's agent imports what torch.profiler needs.
 
-    python benchmarks/training_overhead.py [--nproc 2] [--rounds 8] [--steps 20] [--model ddp|demo]
-        [--captures N]
+    python benchmarks/training_overhead.py [--nproc 2] [--rounds 8] [--steps 20]
+        [--model ddp|demo|gpt] [--device cpu|cuda] [--captures N]
+
+``--device cuda`` runs NCCL with one GPU per rank (each timed round ends with a device
+synchronize); ``--model gpt`` is benchmarks/gpt_model.py's small GPT under DDP (cuda only).
 """
 
 from __future__ import annotations
@@ -29,12 +32,37 @@ from typing import Any
 VARIANTS = (
     "plain",
     "meshprof",
+    "meshprof python",
     "meshprof native",
     "meshprof, no capture code",
     "meshprof + idle capture agent",
     "torch.profiler",
     "torch.profiler schedule",
 )
+#: On CUDA: the capture variants left out, the parts of meshprof taken apart instead.
+CUDA_VARIANTS = (
+    "plain",
+    "meshprof",
+    "meshprof python",
+    "meshprof python, no device timing",
+    "meshprof native",
+    "recorder only",
+    "step monitor only",
+    "torch.profiler",
+    "torch.profiler schedule",
+)
+#: Recorder settings per variant (absent: no recorder). "meshprof" is the default (the native
+#: kernel where it can run, meshprof.comm.selection); the step monitor times every variant
+#: whose name starts with "meshprof" and "step monitor only".
+CONFIGS: dict[str, dict[str, Any]] = {
+    "meshprof": {},
+    "meshprof python": {"native": False},
+    "meshprof python, no device timing": {"native": False, "device_timing": False},
+    "meshprof native": {"native": True},
+    "meshprof, no capture code": {},
+    "meshprof + idle capture agent": {},
+    "recorder only": {},
+}
 
 
 def _open_without_capture_hook(self: Any, span: Any) -> None:
@@ -100,6 +128,37 @@ def _ddp_step_factory(rank: int) -> Any:
     return step
 
 
+def _gpt_step_factory(rank: int) -> Any:
+    """One step of a small GPT (benchmarks/gpt_model.py) under DDP on this rank's GPU, ending in
+    ``loss.item()`` as training loops that log the loss do (the host waits for the step)."""
+    import sys
+    from pathlib import Path
+
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import gpt_model
+
+    cfg = gpt_model.GPTConfig()
+    dev = torch.device("cuda", torch.cuda.current_device())
+    model = DDP(gpt_model.build(cfg, dev), device_ids=[dev.index])
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    x, y = gpt_model.batch(cfg, dev)
+
+    def step(mon: Any) -> None:
+        with mon.phase("forward") if mon else contextlib.nullcontext():
+            loss = gpt_model.loss_fn(model, x, y)
+        with mon.phase("backward") if mon else contextlib.nullcontext():
+            loss.backward()
+        with mon.phase("optimizer") if mon else contextlib.nullcontext():
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        loss.item()
+
+    return step
+
+
 def _demo_step_factory(rank: int, world: int) -> Any:
     """One optimizer step of the demo's transformer, dp × pp over the ranks (pp=2 when even)."""
     import torch
@@ -115,7 +174,11 @@ def _demo_step_factory(rank: int, world: int) -> Any:
         ModelConfig(),
         seed=0,
         dtype=torch.float32,
-        device=torch.device("cpu"),
+        device=(
+            torch.device("cuda", torch.cuda.current_device())
+            if torch.cuda.is_available() and torch.distributed.get_backend() == "nccl"
+            else torch.device("cpu")
+        ),
         lr=1e-3,
     )
 
@@ -136,59 +199,72 @@ def _worker(
     import meshprof
     from meshprof.api import StepMonitor
 
-    step = _ddp_step_factory(rank) if model == "ddp" else _demo_step_factory(rank, world)
+    cuda = torch.distributed.get_backend() == "nccl"
+    if cuda:
+        torch.cuda.set_device(rank)
+    if model == "gpt":
+        step = _gpt_step_factory(rank)
+    elif model == "ddp":
+        step = _ddp_step_factory(rank)
+    else:
+        step = _demo_step_factory(rank, world)
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    acts = [torch.profiler.ProfilerActivity.CPU]
+    if cuda:
+        acts.append(torch.profiler.ProfilerActivity.CUDA)
     for _ in range(5):
         step(None)
     from meshprof.session.capture_agent import CaptureAgent
 
-    times: dict[str, Any] = {v: [] for v in VARIANTS}
-    mon = StepMonitor({"dp": world} if model == "ddp" else {"dp": world // 2, "pp": 2})
+    variants = CUDA_VARIANTS if cuda else VARIANTS
+    times: dict[str, Any] = {v: [] for v in variants}
+    mon = StepMonitor({"dp": world // 2, "pp": 2} if model == "demo" else {"dp": world})
     box = [tempfile.mkdtemp(prefix="meshprof-capture-bench-") if rank == 0 else ""]
     torch.distributed.broadcast_object_list(box)
     run_dir = box[0]
     host = _Host(mon, rank)
     for r in range(rounds):
-        order = VARIANTS[r % len(VARIANTS) :] + VARIANTS[: r % len(VARIANTS)]
+        order = variants[r % len(variants) :] + variants[: r % len(variants)]
         for variant in order:
             agent = None
-            if variant.startswith("meshprof"):
+            if variant in CONFIGS:
                 # installing the hooks is a one-time cost, not timed
-                meshprof.enable(meshprof.ProfilerConfig(native=variant == "meshprof native"))
+                meshprof.enable(meshprof.ProfilerConfig(**CONFIGS[variant]))
             if variant == "meshprof, no capture code":
                 mon._open = types.MethodType(_open_without_capture_hook, mon)  # type: ignore[method-assign]
             if variant == "meshprof + idle capture agent":
                 agent = CaptureAgent(run_dir, host).start()
+            sync()
             torch.distributed.barrier()
             t0 = time.perf_counter()
-            if variant == "plain":
+            if variant in ("plain", "recorder only"):
                 for _ in range(steps):
                     step(None)
-            elif variant.startswith("meshprof"):
+            elif variant.startswith("meshprof") or variant == "step monitor only":
                 for _ in range(steps):
-                    if model == "ddp":
+                    if model != "demo":
                         with mon.step(tokens=64):
                             step(mon)
                     else:
                         step(mon)  # the demo's loop opens the step itself
             elif variant == "torch.profiler":
-                with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+                with torch.profiler.profile(activities=acts):
                     for _ in range(steps):
                         step(None)
             else:
                 sched = torch.profiler.schedule(wait=steps - 4, warmup=1, active=2, repeat=1)
-                with torch.profiler.profile(
-                    activities=[torch.profiler.ProfilerActivity.CPU], schedule=sched
-                ) as p:
+                with torch.profiler.profile(activities=acts, schedule=sched) as p:
                     for _ in range(steps):
                         step(None)
                         p.step()
+            sync()
             torch.distributed.barrier()
             times[variant].append((time.perf_counter() - t0) / steps)
             if agent is not None:
                 agent.stop()
             if "_open" in vars(mon):
                 del mon._open
-            if variant.startswith("meshprof"):
+            if variant in CONFIGS:
                 meshprof.reset()
     if captures:
         times["captures"] = _capture_costs(rank, world, mon, host, run_dir, step, model, captures)
@@ -226,7 +302,7 @@ def _capture_costs(
         t_req = time.time_ns()
         done = torch.zeros(1)
         while done.item() < world:
-            if model == "ddp":
+            if model != "demo":
                 with mon.step(tokens=64):
                     step(mon)
             else:
@@ -255,7 +331,10 @@ def main() -> None:
     ap.add_argument("--nproc", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--model", choices=("ddp", "demo"), default="ddp")
+    ap.add_argument("--model", choices=("ddp", "demo", "gpt"), default="ddp")
+    ap.add_argument(
+        "--device", choices=("cpu", "cuda"), default="cpu", help="cuda: NCCL, one GPU per rank"
+    )
     ap.add_argument("--captures", type=int, default=0, help="captures of 3 steps to take after")
     args = ap.parse_args()
     import meshprof.comm.native
@@ -263,18 +342,29 @@ def main() -> None:
     meshprof.comm.native.load()  # build the native recorder once, before the ranks start
     from meshprof.launch.spawn import run_ranks
 
+    if args.model == "gpt" and args.device != "cuda":
+        ap.error("--model gpt needs --device cuda")
     res = run_ranks(
-        _worker, args.nproc, args=(args.model, args.rounds, args.steps, args.captures), timeout=1800
+        _worker,
+        args.nproc,
+        args=(args.model, args.rounds, args.steps, args.captures),
+        timeout=1800,
+        backend="nccl" if args.device == "cuda" else "gloo",
     )
     t = res[0]
-    print(f"model={args.model} nproc={args.nproc} rounds={args.rounds} steps/round={args.steps}")
-    print(f"{'variant':<30}{'step ms (median)':>14}{'steps/s':>10}{'overhead vs plain':>20}")
-    for v in VARIANTS:
+    print(
+        f"model={args.model} device={args.device} nproc={args.nproc} rounds={args.rounds} "
+        f"steps/round={args.steps}"
+    )
+    print(f"{'variant':<36}{'step ms (median)':>14}{'steps/s':>10}{'overhead vs plain':>20}")
+    for v in [k for k in t if k in VARIANTS + CUDA_VARIANTS]:
         ratios = [a / b for a, b in zip(t[v], t["plain"], strict=True)]
         med = statistics.median(t[v])
         print(
-            f"{v:<30}{med * 1e3:>14.2f}{1 / med:>10.1f}{(statistics.median(ratios) - 1) * 100:>19.2f}%"
+            f"{v:<36}{med * 1e3:>14.2f}{1 / med:>10.1f}{(statistics.median(ratios) - 1) * 100:>19.2f}%"
         )
+    if "meshprof + idle capture agent" not in t:
+        return
     pre, idle = t["meshprof, no capture code"], t["meshprof + idle capture agent"]
     ratios = sorted(a / b for a, b in zip(idle, pre, strict=True))
     print(

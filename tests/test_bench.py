@@ -124,3 +124,25 @@ def test_cli_bad_input(cli):
     p = cli("bench", "--ops", "all_reduce,nope")
     assert p.returncode == 2
     assert "unknown op 'nope'" in p.stderr
+
+
+def test_backend_needs_a_gpu_per_local_rank(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NCCL refuses two ranks on one GPU: the default backend is nccl only with a GPU for every
+    local rank, and ``--backend nccl`` with fewer GPUs is a one-line error."""
+    import argparse
+
+    import torch
+
+    from meshprof.commands.arguments import backend_of
+    from meshprof.errors import MeshprofError
+
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert backend_of(argparse.Namespace(backend=None, nproc=2)) == "gloo"
+    assert backend_of(argparse.Namespace(backend=None, nproc=1)) == "nccl"
+    assert backend_of(argparse.Namespace(backend="gloo", nproc=4)) == "gloo"
+    with pytest.raises(MeshprofError, match="one GPU per local rank: 2 rank"):
+        backend_of(argparse.Namespace(backend="nccl", nproc=2))
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")  # under torchrun: the launcher's local ranks
+    assert backend_of(argparse.Namespace(backend=None, nproc=None)) == "gloo"

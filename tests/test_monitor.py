@@ -343,3 +343,61 @@ def test_pipeline_bubble_matches_theory(schedule_name):
         assert (
             0 < local_bubble < 1
         )  # the stage-local view (see meshprof.analyze.compute.pipeline_bubble)
+
+
+def test_instrumented_steps_are_left_out_of_the_analysis() -> None:
+    """Steps meshprof itself slowed (a FLOP counter, a profiler trace) are left out like
+    warm-up, unless that would leave none."""
+    from meshprof.api import StepMonitor as ApiMonitor
+
+    mon = ApiMonitor()
+    for i in range(6):
+        if i == 2:
+            mon.mark_instrumented(i)
+        with mon.step():
+            time.sleep(0.05 if i == 2 else 0.005)
+    a = mon.analysis()
+    assert a.steps == 5 and [r.step for r in a.per_step] == [0, 1, 3, 4, 5]
+    assert a.step_time.p95_ns < 30e6
+    assert mon.to_meta()["instrumented_steps"] == [2]
+    only = ApiMonitor()
+    only.mark_instrumented(0)
+    with only.step():
+        pass
+    assert only.analysis().steps == 1  # nothing else to analyse: kept
+
+
+def test_cuda_memory_samples_read_the_allocator_once_and_never_reset_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On CUDA one read of the allocator's statistics per sample, and the user's peak counter
+    (torch.cuda.max_memory_allocated) is never reset."""
+    import torch
+
+    from meshprof.monitor import memory_sampler
+
+    reads: list[int] = []
+
+    def stats(dev: int) -> dict:
+        reads.append(dev)
+        return {
+            "allocated_bytes": {"all": {"current": 300, "peak": 900}},
+            "reserved_bytes": {"all": {"current": 1024}},
+        }
+
+    def forbidden(*a: object, **k: object) -> None:
+        raise AssertionError("the user's peak counter was reset")
+
+    class Props:
+        total_memory = 80 << 30
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    monkeypatch.setattr(torch.cuda, "memory_stats_as_nested_dict", stats)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: Props())
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", forbidden)
+    monkeypatch.setattr(memory_sampler, "_CAPACITY", {})
+    row = memory_sampler.sample_memory(7)  # no device given: the current one, CUDA initialized
+    assert row[0] == 7 and row[2:5] == (300, 1024, 900) and row[6] == 80 << 30
+    assert reads == [3]

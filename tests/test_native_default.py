@@ -69,17 +69,24 @@ def test_opt_out_records_with_python(cli: Any) -> None:
     assert "MESHPROF_NATIVE=0" in out["recorder"]["reason"]
 
 
-def test_cuda_keeps_the_python_recorder(monkeypatch: pytest.MonkeyPatch) -> None:
-    """With CUDA present the native kernel (host timing) is not chosen: one predicate says so."""
+def test_cuda_without_the_toolkit_keeps_the_python_recorder(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With CUDA present the native kernel is the default only where its CUDA build (device
+    timing) is possible: one predicate says so."""
     import torch
 
-    from meshprof.comm import selection
+    from meshprof.comm import native_ext, selection
 
-    assert selection.native_supports_device() is (not torch.cuda.is_available())
+    cuda = torch.cuda.is_available()
+    assert selection.native_supports_device() is (not cuda or native_ext.build_with_cuda())
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(native_ext, "build_with_cuda", lambda: False)
     assert selection.native_supports_device() is False
     planned = selection.planned_recorder(native=None)
-    assert planned["kernel"] == "python" and "CUDA" in planned["reason"]
+    assert planned["kernel"] == "python" and "CUDA toolkit" in planned["reason"]
+    monkeypatch.setattr(native_ext, "build_with_cuda", lambda: True)
+    assert selection.native_supports_device() is True
 
 
 # -- a failed build ----------------------------------------------------------------------------

@@ -303,7 +303,7 @@ MEMORY_DTYPE = np.dtype(
         ("t_ns", np.int64),  # wall clock
         ("allocated", np.int64),  # CUDA: torch.cuda.memory_allocated
         ("reserved", np.int64),  # CUDA: torch.cuda.memory_reserved
-        ("peak", np.int64),  # CUDA: max_memory_allocated since the last sample; CPU: peak RSS
+        ("peak", np.int64),  # CUDA: max_memory_allocated (never reset by meshprof); CPU: peak RSS
         ("rss", np.int64),  # host resident set size (psutil)
         ("capacity", np.int64),  # device memory (CUDA) or host memory (CPU) in total
     ]

@@ -10,7 +10,6 @@ resolved later at a flush, never by synchronizing the host. Times are ``perf_cou
 from __future__ import annotations
 
 import contextlib
-import functools
 import sys
 import threading
 import time
@@ -23,7 +22,7 @@ import numpy as np
 import torch
 
 from meshprof.comm.patching import Patches
-from meshprof.events import EVENT_DTYPE, FLAG_ASYNC, GroupInfo
+from meshprof.events import EVENT_DTYPE, FLAG_ASYNC, FLAG_DEVICE_TIMING, GroupInfo
 
 _Work = torch._C._distributed_c10d.Work
 
@@ -306,9 +305,14 @@ class Completion:
     def watch(self, rec: PendingOp, out: Any, wait_in_thread: bool) -> None:
         """Arrange for the completion of the op that returned ``out`` to be noticed.
 
-        Host timing never puts a Python callback on the backend's thread (it would need the GIL
-        there, stalling the backend's worker and skewing the timestamp by the GIL wait). Called
-        by the kernel itself (the caller's frame is looked up at a fixed depth).
+        Never a Python callback on the backend's thread: it would need the GIL there, stalling
+        the backend's worker and skewing the timestamp by the GIL wait (measured on an H200
+        with NCCL: future callbacks for CUDA end events, every one on NCCL's thread, made a GPT
+        training step 16-20 % slower; ``benchmarks/gpu_kernel_probe.py``). A CUDA op's end
+        event is marked where the current stream is ordered after the op, on the thread that
+        issued or waited on it: a synchronous op's return (no work), ``Work.wait()``. A work
+        nobody waits on from Python (DDP's reducer, FSDP) is polled and keeps its host time.
+        Called by the kernel itself (the caller's frame is looked up at a fixed depth).
         """
         try:
             work = out[1] if isinstance(out, tuple) and len(out) == 2 else out
@@ -316,12 +320,11 @@ class Completion:
                 self._sink.complete(rec, time.perf_counter_ns(), None)
                 return
             w = _Work.unbox(work)
-            if rec.start_event is not None:  # CUDA: the end event goes on the work's stream
-                fut = w.get_future()
-                if fut.done():
-                    self._on_future(rec, fut)
-                else:
-                    fut.add_done_callback(functools.partial(self._on_future, rec))
+            if w is None:
+                # no work: the backend ran the op synchronously at the C++ level (NCCL with
+                # async_op=False since torch 2.7: the op is ordered on the current stream),
+                # so the host saw it end now and an end event marked now follows it
+                self._ended_now(rec)
                 return
             rec.work = w
             self._by_work[id(w)] = (w, rec)
@@ -336,39 +339,44 @@ class Completion:
             self._sink.discard(rec)
             self._sink.report_internal_error(e)
 
+    def _ended_now(self, rec: PendingOp, end: int | None = None) -> None:
+        """The op ended for the host now (or at ``end``), with the current stream ordered after
+        it: a CUDA op's end event is marked on that stream."""
+        end = time.perf_counter_ns() if end is None else end
+        if rec.start_event is not None:
+            rec.end_event = torch.cuda.Event(enable_timing=True)
+            rec.end_event.record()
+            rec.host_end = end
+            self._device_pending.append(rec)
+            return
+        self._sink.complete(rec, end, None)
+
     def awaited_works(self) -> list[Any]:
         """The works whose completion is awaited (waiting on them completes their ops)."""
         return [w for w, _rec in list(self._by_work.values())]
 
     def work_waited(self, w: Any, end: int, err: BaseException | None) -> None:
-        """``Work.wait()`` returned (or raised) in Python: complete the op it belongs to."""
+        """``Work.wait()`` returned (or raised) in Python: complete the op it belongs to (a CUDA
+        op: its end event marked now, the waiting thread's current stream being ordered after
+        the work)."""
         entry = self._by_work.pop(id(w), None)
         if entry is not None and entry[0] is w:
-            self._sink.complete(entry[1], end, err)
+            rec = entry[1]
+            if rec.start_event is not None and err is None:
+                self._ended_now(rec, end)
+            else:
+                self._sink.complete(rec, end, err)
 
     def _polled(self, rec: PendingOp, end: int, err: BaseException | None) -> None:
         entry = self._by_work.get(id(rec.work)) if rec.work is not None else None
         if entry is not None and entry[1] is rec:
             self._by_work.pop(id(rec.work), None)
+        if rec.start_event is not None:
+            # seen complete by the poller thread: no end event can be placed after the op from
+            # here, so the op keeps its host time (issue -> seen complete), not device-timed
+            rec.start_event = None
+            rec.flags &= ~FLAG_DEVICE_TIMING
         self._sink.complete(rec, end, err)
-
-    def _on_future(self, rec: PendingOp, fut: Any) -> None:
-        end = time.perf_counter_ns()
-        err: BaseException | None = None
-        try:
-            fut.value()
-        except BaseException as e:
-            err = e
-        try:
-            if rec.start_event is not None and err is None:
-                rec.end_event = torch.cuda.Event(enable_timing=True)
-                rec.end_event.record()  # on the stream the future synchronized with the work
-                rec.host_end = end
-                self._device_pending.append(rec)
-                return
-            self._sink.complete(rec, end, err)
-        except Exception as e:
-            self._sink.report_internal_error(e)
 
     def resolve_device(self) -> None:
         """Complete the CUDA-timed ops whose end event has been reached (duration from the

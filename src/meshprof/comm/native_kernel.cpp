@@ -471,7 +471,9 @@ void issued(const Spec& spec, const Rec& r, bool device, const c10::intrusive_pt
       }
       watch(*work, r.token, spec.wait_thread != 0, device);
     } else {
-      complete(r.token, now_ns(), nullptr);  // synchronous op (monitored_barrier)
+      // no work: a synchronous op (monitored_barrier; NCCL with async_op=False since torch 2.7,
+      // ordered on the current stream), so an end marked on the current stream now follows it
+      complete(r.token, now_ns(), nullptr, nullptr, device);
     }
   } catch (...) {
     try {

@@ -39,13 +39,15 @@ if TYPE_CHECKING:
 
 
 def native_supports_device() -> bool:
-    """Whether the native kernel is the *default* here: no CUDA. With CUDA the native kernel's
-    device timing (CUDA build, :func:`meshprof.comm.native_ext.build_with_cuda`) is opt-in
-    (``native=True``) until it is verified on a GPU; the default stays the Python kernel and its
-    CUDA-event timing. Flip this once ``benchmarks/gpu_native_check.py`` has passed."""
+    """Whether the native kernel is the *default* here: no CUDA, or CUDA with the CUDA
+    toolkit for its device-timing build (:func:`meshprof.comm.native_ext.build_with_cuda`).
+    Verified on an H200 (torch 2.11, NCCL 2.28; ``benchmarks/gpu_native_check.py``: every
+    all_reduce recorded once, device-timed within the NCCL kernel's time, no host
+    synchronization). With CUDA but no toolkit the default is the Python kernel and its
+    CUDA-event timing."""
     import torch
 
-    return not torch.cuda.is_available()
+    return not torch.cuda.is_available() or native_can_time_device()
 
 
 def native_can_time_device() -> bool:
@@ -244,7 +246,10 @@ def planned_recorder(native: bool | None = None) -> dict[str, Any]:
     if mode is False:
         out["reason"] = "MESHPROF_NATIVE=0"
     elif not native_supports_device():
-        out["reason"] = "CUDA is present: the native recorder times on the host only"
+        out["reason"] = (
+            "CUDA is present but the CUDA toolkit (CUDA_HOME) is not: the native recorder "
+            "could time on the host only"
+        )
     elif out["native_built"]:
         out["kernel"] = "native"
         out["reason"] = "built and cached"

@@ -34,12 +34,26 @@ def add_rank_options(p: argparse.ArgumentParser) -> None:
 
 
 def backend_of(args: argparse.Namespace) -> str:
-    """``--backend``, else nccl when CUDA is available, else gloo."""
-    if args.backend:
-        return str(args.backend)
+    """``--backend``, else nccl when CUDA is available with a GPU for every local rank (NCCL
+    refuses two ranks on one GPU), else gloo. Raises :class:`MeshprofError` for ``--backend
+    nccl`` with more local ranks than GPUs."""
+    import os
+
     import torch
 
-    return "nccl" if torch.cuda.is_available() else "gloo"
+    try:
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", "0")) or local_nproc(args)
+    except ValueError:
+        local = local_nproc(args)
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if args.backend:
+        if args.backend == "nccl" and local > gpus:
+            raise MeshprofError(
+                f"--backend nccl needs one GPU per local rank: {local} rank(s), {gpus} GPU(s) "
+                "(use --backend gloo or fewer ranks)"
+            )
+        return str(args.backend)
+    return "nccl" if 0 < local <= gpus else "gloo"
 
 
 def local_nproc(args: argparse.Namespace) -> int:

@@ -45,28 +45,54 @@ def _peak_rss() -> int:
         return -1
 
 
+_CAPACITY: dict[int, int] = {}  # CUDA device index -> total memory (bytes)
+
+
+def _cuda_device(device: int | None) -> int | None:
+    """The CUDA device to sample: ``device``, else the current one once this process has
+    initialized CUDA (a job that never touches the GPU is sampled as a CPU job)."""
+    try:
+        import torch
+
+        if device is not None:
+            return device if torch.cuda.is_available() else None
+        if torch.cuda.is_initialized():
+            return int(torch.cuda.current_device())
+    except Exception:
+        pass
+    return None
+
+
 def sample_memory(step: int, device: int | None = None) -> tuple[int, int, int, int, int, int, int]:
     """One MEMORY_DTYPE row for ``step``: (step, t_ns, allocated, reserved, peak, rss, capacity).
 
-    On CUDA: allocated/reserved from the caching allocator, peak = max_memory_allocated since the
-    previous sample (the peak counter is reset after reading), capacity = the device's total
-    memory. On CPU: allocated = reserved = RSS, peak = the process's peak RSS, capacity = host RAM.
+    On CUDA (``device``, else the current device once CUDA is initialized): allocated/reserved
+    from the caching allocator, peak = the allocator's peak since the process started or the
+    user last reset it (``torch.cuda.max_memory_allocated``; never reset here: the user's own
+    readings of it stay theirs), capacity = the device's total memory. One read of the
+    allocator's statistics per sample (``torch.cuda.memory_allocated`` and its siblings each
+    flatten the whole table: ~470 µs for the three on an H200, ``benchmarks/gpu_step_check.py``).
+    On CPU: allocated = reserved = RSS, peak = the process's peak RSS, capacity = host RAM.
     The peak is never below the allocated figure of the same row.
     Bytes; -1 where unknown.
     """
     rss, host_total = _rss_and_total()
-    try:
-        import torch
+    dev = _cuda_device(device)
+    if dev is not None:
+        try:
+            import torch
 
-        if device is not None and torch.cuda.is_available():
-            alloc = int(torch.cuda.memory_allocated(device))
-            reserved = int(torch.cuda.memory_reserved(device))
-            peak = max(int(torch.cuda.max_memory_allocated(device)), alloc)
-            torch.cuda.reset_peak_memory_stats(device)
-            cap = int(torch.cuda.get_device_properties(device).total_memory)
+            stats = torch.cuda.memory_stats_as_nested_dict(dev)
+            allocated = stats.get("allocated_bytes", {}).get("all", {})
+            alloc = int(allocated.get("current", 0))
+            reserved = int(stats.get("reserved_bytes", {}).get("all", {}).get("current", 0))
+            peak = max(int(allocated.get("peak", 0)), alloc)
+            cap = _CAPACITY.get(dev)
+            if cap is None:
+                cap = _CAPACITY[dev] = int(torch.cuda.get_device_properties(dev).total_memory)
             return (step, time.time_ns(), alloc, reserved, peak, rss, cap)
-    except Exception:
-        pass
+        except Exception:
+            pass
     # ru_maxrss and psutil's RSS are read at different moments (and RSS may come from the
     # cache above): the peak is never below the current figure it is shown with
     return (step, time.time_ns(), rss, rss, max(_peak_rss(), rss), rss, host_total)

@@ -31,6 +31,10 @@ _ERR = STATUS_CODES["error"]
 _active: StepMonitor | None = None
 
 
+MAX_INSTRUMENTED = 10_000
+"""Instrumented step numbers a monitor keeps (the newest)."""
+
+
 def get_monitor() -> StepMonitor | None:
     """The most recently created StepMonitor of this process (used by automatic hooks)."""
     return _active
@@ -142,6 +146,10 @@ class StepMonitor:
         self.internal_errors = 0
         self.user_marks = 0
         """Calls of :func:`meshprof.mark_step` (the user marks steps: automatic detection stops)."""
+        self.instrumented_steps: deque[int] = deque(maxlen=MAX_INSTRUMENTED)
+        """Steps meshprof itself slowed (``@performance_monitor``'s FLOP-counter, memory-snapshot
+        and torch.profiler steps, a capture's traced steps): the step analysis leaves them out,
+        as it does warm-up (:meth:`mark_instrumented`)."""
         self.boundary_hook: Callable[[int], None] | None = None
         """Called on the training thread with the step's number as each step opens, before its
         clock starts (a capture agent sets it only while a capture is pending: otherwise each
@@ -344,6 +352,11 @@ class StepMonitor:
         rows = list(self._memory)
         return np.array(rows, dtype=MEMORY_DTYPE) if rows else np.zeros(0, dtype=MEMORY_DTYPE)
 
+    def mark_instrumented(self, step: int) -> None:
+        """Step ``step`` runs under meshprof's own instrumentation (a FLOP counter, a profiler
+        trace): its time says nothing of the job, so the step analysis leaves it out."""
+        self.instrumented_steps.append(int(step))
+
     def to_meta(self) -> dict[str, Any]:
         """Monitor settings for a rank file's meta."""
         lay = self.layout
@@ -355,6 +368,7 @@ class StepMonitor:
             "flops_per_step": self.flops_per_step,
             "peak_tflops": self.peak_tflops,
             "warmup_steps": self.warmup_steps,
+            "instrumented_steps": sorted(set(self.instrumented_steps)) or None,
             "thresholds": self.thresholds.to_dict(),
             "span_names": list(self._names),
             "monitor_internal_errors": self.internal_errors,

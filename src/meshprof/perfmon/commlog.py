@@ -48,6 +48,7 @@ class CommLogPart:
         self._later.flush()
         if st.step != self.ctx.config.comm_logger_step:
             return
+        self.ctx.mon.mark_instrumented(st.step)
         try:
             from torch.distributed.tensor.debug import CommDebugMode
 

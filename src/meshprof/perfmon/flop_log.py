@@ -29,6 +29,7 @@ class FlopCounterPart:
             return
         from torch.utils.flop_counter import FlopCounterMode
 
+        self.ctx.mon.mark_instrumented(st.step)
         self._mode = st.stack.enter_context(FlopCounterMode(display=False))
 
     def after_step(self, st: StepState) -> None:

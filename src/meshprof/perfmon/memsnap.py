@@ -30,6 +30,7 @@ class MemorySnapshotPart:
             return
         import torch
 
+        self.ctx.mon.mark_instrumented(st.step)
         torch.cuda.memory._record_memory_history(max_entries=MAX_ENTRIES)
         self._recording = True
 

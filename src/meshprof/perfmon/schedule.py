@@ -59,6 +59,12 @@ class ProfilerSchedulePart:
 
     def before_step(self, st: StepState) -> None:
         self._step = st.step
+        prof = self._prof
+        if prof is not None:
+            from torch.profiler import ProfilerAction
+
+            if getattr(prof, "current_action", ProfilerAction.NONE) != ProfilerAction.NONE:
+                self.ctx.mon.mark_instrumented(st.step)  # warm-up and traced steps
 
     def after_step(self, st: StepState) -> None:
         if self._prof is not None:

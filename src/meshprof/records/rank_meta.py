@@ -131,6 +131,9 @@ class MonitorSettings(JsonRecord):
     """The device's peak TFLOP/s; None when unknown."""
     warmup_steps: int | None = None
     """Steps left out of the averages at the start."""
+    instrumented_steps: list[int] | None = None
+    """Steps meshprof itself slowed (``@performance_monitor``'s FLOP-counter, memory-snapshot
+    and torch.profiler steps, a capture's traced steps), left out of the averages."""
     thresholds: dict[str, float] | None = None
     """The bottleneck rules' thresholds (``BottleneckThresholds``)."""
     span_names: list[str] | None = None

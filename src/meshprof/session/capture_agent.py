@@ -391,6 +391,7 @@ class CaptureAgent:
         _add_distributed_info()
         c.annotation = record_function(f"ProfilerStep#{step}")
         c.annotation.__enter__()
+        _mark_instrumented(c.monitor, step)
         c.step_open = (step, time.time_ns())
         c.state = CaptureState.TRACING
         c.cost = replace(c.cost, start_ns=time.perf_counter_ns() - t0)
@@ -407,6 +408,7 @@ class CaptureAgent:
 
         c.annotation = record_function(f"ProfilerStep#{step}")
         c.annotation.__enter__()
+        _mark_instrumented(c.monitor, step)
         c.step_open = (step, now)
         c.cost = replace(c.cost, boundary_ns=c.cost.boundary_ns + time.perf_counter_ns() - t0)
 
@@ -589,6 +591,13 @@ def _activities(asked: tuple[str, ...]) -> tuple[tuple[str, ...], str]:
     out = [a for a in asked if a == "cpu" or (a == "cuda" and cuda)]
     note = "" if cuda or "cuda" not in asked else "cuda asked but not available here: not traced"
     return tuple(out) or ("cpu",), note
+
+
+def _mark_instrumented(monitor: Any, step: int) -> None:
+    """The step analysis leaves the traced step out (the step monitor's own record)."""
+    mark = getattr(monitor, "mark_instrumented", None)
+    if mark is not None:
+        mark(step)
 
 
 def _median_recent_step(monitor: Any) -> int:

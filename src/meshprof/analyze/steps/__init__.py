@@ -81,7 +81,14 @@ def analyze_recorded(
 ) -> StepAnalysis:
     """Analyze one rank's recorded arrays (see :func:`analyze_steps`) with ``options``."""
     t = build_timeline(
-        spans, span_names, events, groups, memory, options.layout, options.warmup_steps
+        spans,
+        span_names,
+        events,
+        groups,
+        memory,
+        options.layout,
+        options.warmup_steps,
+        options.skip_steps,
     )
     return run_steps(t, options)
 

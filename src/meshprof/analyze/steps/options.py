@@ -32,6 +32,9 @@ class StepOptions:
     """Thresholds of the bottleneck rules."""
     warmup_steps: int = 0
     """Steps left out at the start (at most all but one)."""
+    skip_steps: tuple[int, ...] = ()
+    """Step numbers left out besides (meshprof's own instrumented steps: the FLOP counter's,
+    torch.profiler's, a capture's), unless that would leave none."""
 
     @classmethod
     def from_meta(
@@ -52,4 +55,5 @@ class StepOptions:
             if m.thresholds is not None
             else BottleneckThresholds(),
             warmup_steps=int(m.warmup_steps or 0),
+            skip_steps=tuple(int(s) for s in m.instrumented_steps or ()),
         )

@@ -279,15 +279,22 @@ def build_timeline(
     memory: np.ndarray,
     layout: Layout | None,
     warmup_steps: int,
+    skip_steps: Sequence[int] = (),
 ) -> StepTimeline:
     """Measure one rank. ``spans``/``events``/``memory`` are SPAN_DTYPE, EVENT_DTYPE and
     MEMORY_DTYPE arrays on the same clock; ``groups`` index the events' group codes. Steps are
-    taken in start order; the first ``warmup_steps`` (at most all but one) are left out."""
+    taken in start order; the first ``warmup_steps`` (at most all but one) are left out, and
+    the steps numbered in ``skip_steps`` (meshprof's own instrumented ones) unless that would
+    leave none."""
     names = list(span_names)
     steps_all = spans[(spans["kind"] == _STEP)]
     steps_all = steps_all[np.argsort(steps_all["start_ns"], kind="stable")]
     warm = min(warmup_steps, max(len(steps_all) - 1, 0))
     steps = steps_all[warm:]
+    if len(skip_steps) and len(steps):
+        keep = ~np.isin(steps["step"], np.asarray(skip_steps, dtype=np.int64))
+        if keep.any():
+            steps = steps[keep]
     phases = spans[spans["kind"] == _PHASE]
     is_fb = [i < len(names) and names[i] in FB_PHASES for i in phases["name"].tolist()]
     coll = _collectives(events, groups, layout)
