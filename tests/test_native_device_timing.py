@@ -90,6 +90,15 @@ def _worker(rank: int, ws: int) -> dict[str, Any]:
     out["abandoned"] = [(e.duration_ns, dict(e.metadata)) for e in prof.events(start2)]
     out["abandon_window_ns"] = b - a
     mod.set_device_timeout(int(native.DEVICE_TIMEOUT_S * 1e9))
+
+    # a synchronous op that returns no work (gloo's monitored_barrier; NCCL's async_op=False
+    # ops since torch 2.7, seen on an H200): its end is marked on the current stream when it
+    # returns, so it is device-timed like the others
+    mod.test_device_script(True, [(3 * MS, 0)])
+    start4 = prof.log.total
+    dist.monitored_barrier()
+    prof.flush()
+    out["sync_op"] = [(e.op, e.duration_ns, dict(e.metadata)) for e in prof.events(start4)]
     mod.test_device_script(False, [])
 
     # script off: host-timed again, nothing pending
@@ -135,6 +144,8 @@ def test_native_device_timers_resolve_without_waiting() -> None:
         assert 0 < dur <= r["abandon_window_ns"]
         ((dur, meta),) = r["after"]
         assert meta == {} and dur > 0
+        ((op, dur, meta),) = r["sync_op"]
+        assert op == "barrier" and dur == 3 * MS and meta["host_duration_ns"] > 0
 
 
 def _cuda_worker(rank: int, ws: int) -> dict[str, Any]:
