@@ -179,3 +179,32 @@ def test_streamed_json_is_json_dumps_of_to_dict(sample):
         ["verdict", "sampling", "summary"] if sample < 1 else ["verdict", "summary", "ledger"]
     )
     assert rep[RANK_ANALYSES]  # the streamed list is not empty
+
+
+def test_json_leaves_per_step_rows_out_above_the_limit_and_says_so(
+    tmp_path, cli, monkeypatch
+) -> None:
+    """Above PER_STEP_JSON_RANKS ranks ``--json`` leaves each rank's per-step rows out (3/4 of
+    the JSON at 16,384 ranks) and names what it left in ``omitted``; ``--full`` writes them."""
+    import json
+
+    from meshprof.report import run_report
+
+    synthetic_run(tmp_path, 4, [0, 0, 0, 0], slow_rank=-1)
+    full = json.loads(cli("report", tmp_path, "--json").stdout)
+    assert "omitted" not in full and all(a["per_step"] for a in full["rank_analyses"])
+    monkeypatch.setattr(run_report, "PER_STEP_JSON_RANKS", 3)
+    brief = json.loads(cli("report", tmp_path, "--json").stdout)
+    assert all("per_step" not in a for a in brief["rank_analyses"])
+    assert brief["omitted"] == [
+        "rank_analyses[].per_step: 4 ranks, more than 3; meshprof report --json --full writes "
+        "them, meshprof query DIR --rank R has each rank's steps"
+    ]
+    # everything else as before
+    for a, b in zip(full["rank_analyses"], brief["rank_analyses"], strict=True):
+        assert {k: v for k, v in a.items() if k != "per_step"} == b
+    assert {k: v for k, v in full.items() if k != "rank_analyses"} == {
+        k: v for k, v in brief.items() if k not in ("rank_analyses", "omitted")
+    }
+    again = json.loads(cli("report", tmp_path, "--json", "--full").stdout)
+    assert "omitted" not in again and all(a["per_step"] for a in again["rank_analyses"])

@@ -82,31 +82,13 @@ def parse_ranks(text: str) -> tuple[int, ...]:
 STEP_TABLES = ("events", "spans", "memory", "steps")
 """The tables with a ``step`` column (``--step`` keeps only that step's rows)."""
 
-POINT_COLUMNS = {
-    "steps": (
-        "rank", "step", "duration_ns", "collectives", "comm_ns", "comm_bytes", "tokens",
-        "memory_peak", "start_ns",
-    ),
-    "events": (
-        "rank", "step", "index", "op", "status", "group_name", "dimension", "seq", "peer",
-        "in_bytes", "out_bytes", "start_ns", "duration_ns",
-    ),
-}  # fmt: skip
-"""What ``--rank`` prints without SQL: each step's totals, then the events (in the rank's
-order); read without DuckDB, whose start alone (it imports pandas) is a second or more."""
 
-
-def point_tables(dirs: list[Path], ranks: tuple[int, ...], step: int | None) -> dict[str, Any]:
-    """The tables (``pyarrow.Table``) of ``ranks`` only, read from their own folders
-    (:func:`~meshprof.rundir.loader.load_run` with ``only_ranks``), and only ``step``'s rows
-    in the tables with a step column when it is given."""
+def _load_point(dirs: list[Path], ranks: tuple[int, ...]) -> Any:
+    """The run with ``ranks`` loaded from their own folders (:func:`load_run` with
+    ``only_ranks``); a rank that is not there is a :class:`MeshprofError` naming the run's."""
     from meshprof.errors import NoUsableRankFileError
-    from meshprof.render.parquet import export_tables, require_pyarrow
     from meshprof.rundir import load_run
     from meshprof.rundir.manifest import read_manifest
-
-    pa = require_pyarrow()
-    import pyarrow.compute as pc
 
     for d in dirs:
         if d.is_dir() and (d / "events.parquet").exists():
@@ -114,6 +96,7 @@ def point_tables(dirs: list[Path], ranks: tuple[int, ...], step: int | None) -> 
                 f"{d}: an export folder; --rank reads a run directory (filter the export "
                 "in SQL: WHERE rank = R)"
             )
+    run = None
     try:
         run = load_run(dirs, only_ranks=ranks)
         absent = [r for r in ranks if r not in run.ranks]
@@ -127,13 +110,24 @@ def point_tables(dirs: list[Path], ranks: tuple[int, ...], step: int | None) -> 
     if absent:
         size = f"the run has {world:,} ranks, 0-{world - 1}" if world > 0 else "no such rank"
         raise MeshprofError(f"rank {absent[0]}: not in {dirs[0]} ({why or size})")
+    return run
+
+
+def point_tables(dirs: list[Path], ranks: tuple[int, ...], step: int | None) -> dict[str, Any]:
+    """The tables (``pyarrow.Table``) of ``ranks`` only, read from their own folders, and only
+    ``step``'s rows in the tables with a step column when it is given (for SQL over them)."""
+    from meshprof.commands.query_point import point_rows
+    from meshprof.render.parquet import export_tables, require_pyarrow
+
+    pa = require_pyarrow()
+    import pyarrow.compute as pc
+
+    run = _load_point(dirs, ranks)
+    if step is not None:
+        point_rows(run, ranks[:1], step)  # a step the rank did not record: the error
     tables = export_tables(run)
     if step is None:
         return tables
-    steps = tables["steps"]["step"]
-    if not len(pc.filter(steps, pc.equal(steps, step))) and len(steps):
-        lo, hi = pc.min(steps).as_py(), pc.max(steps).as_py()
-        raise MeshprofError(f"step {step}: not recorded by rank {ranks[0]} (its steps: {lo}-{hi})")
     for name in STEP_TABLES:
         t = tables[name]
         tables[name] = t.filter(pc.equal(t["step"], pa.scalar(step, t.schema.field("step").type)))
@@ -188,16 +182,15 @@ def run(args: argparse.Namespace) -> int:
     if args.rank is None:
         assert sql is not None
         return _print(_query(connect(dirs), sql), args.json)
-    tables = point_tables(dirs, args.rank, args.step)
     if sql is not None:
+        tables = point_tables(dirs, args.rank, args.step)
         con = _require_duckdb().connect()
         for name, t in tables.items():
             con.register(name, t)
         return _print(_query(con, sql), args.json)
-    got = {}
-    for name, cols in POINT_COLUMNS.items():
-        t = tables[name].select(list(cols))
-        got[name] = (list(cols), [tuple(r.values()) for r in t.to_pylist()])
+    from meshprof.commands.query_point import point_rows
+
+    got = point_rows(_load_point(dirs, args.rank), args.rank, args.step)
     if args.json:
         print(json.dumps({name: _records(*res) for name, res in got.items()}, default=str))
         return 0

@@ -35,7 +35,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--full",
         action="store_true",
         help="print every table (one row per rank and group) after the verdict, instead of the "
-        "brief view (spreads across ranks, outliers, groups by kind)",
+        "brief view (spreads across ranks, outliers, groups by kind); with --json: every "
+        "rank's per-step rows also above 1,024 ranks",
     )
     p.add_argument(
         "--ranks",
@@ -314,7 +315,10 @@ def run(args: argparse.Namespace) -> int:
         _merge_kineto(trace, parts.run, parts.clock)
         written.append(write_trace(Path(args.trace), trace))
     if args.json:
-        rep.write_json(sys.stdout)  # (section by section: no whole dict of the report)
+        from meshprof.report.run_report import PER_STEP_JSON_RANKS
+
+        # section by section: no whole dict of the report
+        rep.write_json(sys.stdout, per_step_ranks=None if args.full else PER_STEP_JSON_RANKS)
         sys.stdout.write("\n")
         return 0
     console = Console(width=None if sys.stdout.isatty() else (160 if args.full else 80))

@@ -17,6 +17,12 @@ from meshprof.report.stage import Key, Stage
 
 T = TypeVar("T")
 
+RANK_ANALYSES_KEY = "rank_analyses"
+"""The JSON key of every rank's step analysis (:data:`meshprof.report.stages.RANK_ANALYSES`)."""
+PER_STEP_JSON_RANKS = 1024
+"""``meshprof report --json`` writes each rank's per-step rows up to this many ranks (``--full``:
+always)."""
+
 
 class RunReport:
     """The report's sections by key (read-only)."""
@@ -59,18 +65,40 @@ class RunReport:
         """The JSON-ready report (the ``--json`` object)."""
         return {name: to_json(v) for name, v in self.json_sections()}
 
-    def write_json(self, out: TextIO) -> None:
+    def write_json(self, out: TextIO, per_step_ranks: int | None = None) -> None:
         """Write ``json.dumps(self.to_dict(), default=str)``, byte for byte, one section (and one
         item of a list section) at a time: the whole dict of a report at thousands of ranks
-        holds millions of objects (~100 MiB at 4,096 ranks), more than the rest of the report."""
+        holds millions of objects (~100 MiB at 4,096 ranks), more than the rest of the report.
+
+        ``per_step_ranks``: above this many rank analyses their ``per_step`` rows (one per rank
+        and step: 3/4 of the JSON at 16,384 ranks) are left out, and a last key ``omitted`` says
+        so and where they are; None: always written."""
         out.write("{")
+        trim = (
+            per_step_ranks is not None and len(self.get_named(RANK_ANALYSES_KEY)) > per_step_ranks
+        )
         for i, (name, value) in enumerate(self.json_sections()):
             out.write((", " if i else "") + json.dumps(name) + ": ")
             if isinstance(value, tuple | list):
                 out.write("[")
                 for j, item in enumerate(value):
-                    out.write((", " if j else "") + json.dumps(to_json(item), default=str))
+                    data = to_json(item)
+                    if trim and name == RANK_ANALYSES_KEY and isinstance(data, dict):
+                        data.pop("per_step", None)
+                    out.write((", " if j else "") + json.dumps(data, default=str))
                 out.write("]")
             else:
                 out.write(json.dumps(to_json(value), default=str))
+        if trim:
+            n = len(self.get_named(RANK_ANALYSES_KEY))
+            note = (
+                f"rank_analyses[].per_step: {n:,} ranks, more than {per_step_ranks:,}; "
+                "meshprof report --json --full writes them, meshprof query DIR --rank R has "
+                "each rank's steps"
+            )
+            out.write(", " + json.dumps("omitted") + ": " + json.dumps([note]))
         out.write("}")
+
+    def get_named(self, name: str) -> Any:
+        """The section written under the JSON key ``name`` (an empty tuple when absent)."""
+        return self._values.get(name, ())
