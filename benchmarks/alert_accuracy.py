@@ -34,6 +34,9 @@ Fault kinds:
 
 * ``clean`` / ``clean_load``: no fault; ``clean_load`` also spins ``--load`` busy processes
   (default 1, half of a 2-CPU machine) beside the job for the whole run.
+* ``clean_burst``: no fault; a passing load: from the warm-up on, ``--burst`` busy processes
+  (default 3: more than the 2 CPUs) spin for 1–2.5 s every 1.5–3.5 s (a shared machine's other
+  jobs, a compile next door).
 * ``pause``: no fault either: rank 0 pauses 15 s between two steps once (a checkpoint or an
   evaluation, no collective in flight on it) while the other rank waits in the next step's
   ``all_reduce``. Any alert after the warm-up is false (the stall floor exists for this).
@@ -69,6 +72,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -77,6 +81,7 @@ from typing import Any
 KINDS = (
     "clean",
     "clean_load",
+    "clean_burst",
     "slow_rank",
     "hang",
     "kill",
@@ -86,12 +91,13 @@ KINDS = (
     "pause",
 )
 
-CLEAN = frozenset({"clean", "clean_load", "pause"})
+CLEAN = frozenset({"clean", "clean_load", "clean_burst", "pause"})
 """Runs with no fault: every alert after the warm-up is false."""
 
 RIGHT: dict[str, frozenset[str]] = {
     "clean": frozenset(),
     "clean_load": frozenset(),
+    "clean_burst": frozenset(),
     "slow_rank": frozenset({"straggler", "step_regression", "throughput_drop"}),
     "hang": frozenset({"stall", "inflight", "stale"}),
     "kill": frozenset({"stale", "stall", "inflight"}),
@@ -223,9 +229,9 @@ def run_one(kind: str, rng: random.Random, args: argparse.Namespace, i: int) -> 
     fault_rank = 2 if kind == "slow_link" else rng.randrange(world)
     onset = rng.randrange(40, 100)
     extra = rng.uniform(1.0, 2.0)
-    seconds = args.seconds if kind in ("clean", "clean_load") else 0.0
+    seconds = args.seconds if kind in STEADY else 0.0
     # faulty runs: about onset + 12 s of steps (the window the alerts must fall in)
-    if kind not in ("clean", "clean_load"):
+    if kind not in STEADY:
         seconds = onset * (BASE_S + 0.01) + args.window
     if kind == "pause":
         fault_rank, seconds = 0, seconds + 15.0
@@ -247,15 +253,20 @@ def run_one(kind: str, rng: random.Random, args: argparse.Namespace, i: int) -> 
         "--job",
         kind,
         str(fault_rank),
-        str(onset if kind not in ("clean", "clean_load") else 10**9),
+        str(onset if kind not in STEADY else 10**9),
         str(seconds),
         f"{extra:.3f}",
         str(mark),
     ]
     load: list[subprocess.Popen[bytes]] = []
     if kind == "clean_load":
-        spin = "import time\nwhile True: pass"
-        load = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(args.load)]
+        load = [subprocess.Popen([sys.executable, "-c", SPIN]) for _ in range(args.load)]
+    stop = threading.Event()
+    burster = threading.Thread(
+        target=bursts, args=(mark, stop, args.burst, rng.randrange(2**32)), daemon=True
+    )
+    if kind == "clean_burst":
+        burster.start()
     t0 = time.monotonic()
     try:
         p = subprocess.run(cmd, capture_output=True, timeout=seconds + 120)
@@ -265,11 +276,36 @@ def run_one(kind: str, rng: random.Random, args: argparse.Namespace, i: int) -> 
     except subprocess.TimeoutExpired:
         rc = -1
     finally:
+        stop.set()
+        if burster.is_alive():
+            burster.join()
         for q in load:
             q.kill()
             q.wait()
     wall = time.monotonic() - t0
     return judge(kind, fault_rank, onset, out, mark, rc, wall)
+
+
+SPIN = "while True: pass"
+"""A busy process's program."""
+
+STEADY = ("clean", "clean_load", "clean_burst")
+"""Runs of ``--seconds`` with no onset."""
+
+
+def bursts(mark: Path, stop: threading.Event, n: int, seed: int) -> None:
+    """``clean_burst``'s load: from the warm-up mark on until ``stop``, ``n`` busy processes
+    for 1–2.5 s every 1.5–3.5 s."""
+    r = random.Random(seed)
+    while not (mark / "warm").exists():
+        if stop.wait(0.1):
+            return
+    while not stop.wait(r.uniform(1.5, 3.5)):
+        procs = [subprocess.Popen([sys.executable, "-c", SPIN]) for _ in range(n)]
+        stop.wait(r.uniform(1.0, 2.5))
+        for q in procs:
+            q.kill()
+            q.wait()
 
 
 def judge(
@@ -416,6 +452,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=10.0, help="a clean run's length")
     ap.add_argument("--window", type=float, default=9.0, help="seconds of steps after an onset")
     ap.add_argument("--load", type=int, default=1, help="busy processes beside clean_load runs")
+    ap.add_argument("--burst", type=int, default=3, help="busy processes of clean_burst's bursts")
     ap.add_argument(
         "--extra",
         default="",
