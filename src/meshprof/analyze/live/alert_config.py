@@ -67,8 +67,8 @@ class AlertConfig:
     hold_s: float = 3.0
     """... and, a step regression or throughput drop, for this many seconds by the rank's own
     records (from the first record it held in to this one): a busy machine's slowdown of a
-    second or two raises nothing, whatever the rank's step rate (at 20 steps/s three records
-    can be a second apart)."""
+    second or two raises nothing, whatever the live interval (three records span 2 s at
+    ``--live-interval 1``, 1 s at 0.5)."""
     memory_pct: float = 90.0
     """Memory above this percentage of the rank's capacity."""
     memory_growth_pct: float = 50.0
