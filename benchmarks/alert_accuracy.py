@@ -8,20 +8,38 @@ Truth comes from the injection, not from meshprof: the job writes the wall time 
 started the fault into ``MARK/onset``, and the time it finished its warm-up steps into
 ``MARK/warm``. An alert is *right* when its kind is one the fault explains (table below) and,
 for the rules that name a culprit (straggler, stall, memory, memory_growth, stale), it names the
-faulty rank. *False positives* are the alerts raised after the warm-up in a clean run, before
-the onset in a faulty run, and of a wrong kind or rank after it — unless the job's own clock
-confirms them as a side effect of the fault (a leak that slows the steps): the job writes its
-step and compute times (``MARK/times{rank}.json``), and a ``step_regression`` or
-``throughput_drop`` after the onset is a *side effect* (not counted either way, but listed)
-when some rank's median step after the onset is 20 % above its median before, a ``straggler``
-when every rank it names computed 20 % longer than the others' median after the onset. A faulty run is a true positive
-when a right alert comes after the onset, else a miss. Precision = TP / (TP + FP) (FP counted
-in alerts, so one noisy run can cost several), recall = TP / faulty runs.
+faulty rank. *False positives* are every alert raised after the warm-up in a clean run (``clean``,
+``clean_load``, ``pause``: whatever it says), before the onset in a faulty run, and of a wrong
+kind or rank after it — unless it is a *side effect* of the fault that the job's own clock
+confirms (a leak that slows the leaking rank's steps): not counted either way, but listed.
+
+The judge of side effects (:func:`confirmed`) reads the job's own clock, not meshprof's: every
+rank writes each step's duration, its compute time (the step less its collectives) and the wall
+time at which it ended (``MARK/times{rank}.json``). An alert about steps — ``step_regression``,
+``throughput_drop``, ``straggler`` — claims something over a window: the steps from its
+``since_step`` to the last step every rank it names had ended at the alert's time (at least the
+rule's last 8 steps, its ``recent_steps``). It is confirmed when, over exactly that window and
+for every rank it names, the job's clock shows the claim beyond the alert's own ``threshold``
+(the rule's margin, a ratio): ``step_regression``, the median step above (1 + threshold) × the
+rank's median of steps 10–29 (the rule's baseline); ``throughput_drop``, steps per second over
+the window (steps / the wall time from the end of the step before it to the end of its last)
+below (1 − threshold) × those of steps 10–29; ``straggler``, the rank's median compute above
+(1 + threshold) × the median of the other ranks' medians over the same steps. Else it is false.
+
+A faulty run is a true positive when a right alert comes after the onset, else a miss.
+Precision = TP / (TP + FP) (FP counted in alerts, so one noisy run can cost several), recall =
+TP / faulty runs.
 
 Fault kinds:
 
 * ``clean`` / ``clean_load``: no fault; ``clean_load`` also spins ``--load`` busy processes
   (default 1, half of a 2-CPU machine) beside the job for the whole run.
+* ``clean_burst`` (not in the default ``--kinds``): no fault; a passing load: from the warm-up
+  on, ``--burst`` processes of torch matrix products (default 3, each on every CPU) run for
+  1–2.5 s every 1.5–3.5 s (a neighbour's tests, a compile next door).
+* ``pause``: no fault either: rank 0 pauses 15 s between two steps once (a checkpoint or an
+  evaluation, no collective in flight on it) while the other rank waits in the next step's
+  ``all_reduce``. Any alert after the warm-up is false (the stall floor exists for this).
 * ``slow_rank``: one rank computes 1–2× its step time more per step from a random step on.
 * ``hang``: one rank posts a ``recv`` that no rank ever sends (the others wait in the step's
   ``all_reduce``); the job ends on gloo's timeout (15 s).
@@ -34,14 +52,17 @@ Fault kinds:
     PYTHONPATH=src python benchmarks/alert_accuracy.py --runs 48 --seed 1
     PYTHONPATH=src python benchmarks/alert_accuracy.py --runs 8 --kinds clean,slow_rank
 
-The hang latency depends on ``--alert-stall-floor`` (default 120 s so that evaluation or a
-checkpoint between steps is no stall); this benchmark passes ``--extra`` (default
-``--alert-stall-floor 5``) to every run, and says so in its output.
+``--extra`` passes ``meshprof run`` options to every run (default none: the defaults are
+measured; the output says which). A hang is a stall after ``--alert-hang-floor`` (5 s) when
+every rank waits in a collective, else after ``--alert-stall-floor`` (120 s, so that evaluation
+or a checkpoint between steps is no stall): the ``data_stall`` fault (a rank outside any
+collective for 10 s) is then found by other rules or not at all, as a ``pause`` would be.
 """
 
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import os
 import random
@@ -51,6 +72,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -59,23 +81,30 @@ from typing import Any
 KINDS = (
     "clean",
     "clean_load",
+    "clean_burst",
     "slow_rank",
     "hang",
     "kill",
     "slow_link",
     "mem_leak",
     "data_stall",
+    "pause",
 )
+
+CLEAN = frozenset({"clean", "clean_load", "clean_burst", "pause"})
+"""Runs with no fault: every alert after the warm-up is false."""
 
 RIGHT: dict[str, frozenset[str]] = {
     "clean": frozenset(),
     "clean_load": frozenset(),
+    "clean_burst": frozenset(),
     "slow_rank": frozenset({"straggler", "step_regression", "throughput_drop"}),
     "hang": frozenset({"stall", "inflight", "stale"}),
     "kill": frozenset({"stale", "stall", "inflight"}),
     "slow_link": frozenset({"step_regression", "throughput_drop"}),
     "mem_leak": frozenset({"memory_growth", "memory"}),
     "data_stall": frozenset({"stall", "inflight", "throughput_drop", "step_regression"}),
+    "pause": frozenset(),
 }
 """The alert kinds that explain each fault."""
 
@@ -117,12 +146,16 @@ def job(kind: str, fault_rank: int, onset: int, seconds: float, extra: float, ma
 
     steps: list[float] = []
     computes: list[float] = []
+    ends: list[int] = []
     for i in range(10**9):
+        if kind == "pause" and i == onset and rank == fault_rank:
+            note("onset")
+            time.sleep(15.0)  # a checkpoint between two steps: no collective in flight here
         t0 = time.perf_counter()
         if i == WARMUP_STEPS:
             note("warm")
-        faulty = i >= onset and rank == fault_rank
-        if i == onset:
+        faulty = i >= onset and rank == fault_rank and kind != "pause"
+        if i == onset and kind != "pause":
             note("onset")
         if kind == "data_stall" and faulty and i == onset:
             time.sleep(10.0)  # the loader stalls: no collective in flight on this rank
@@ -151,10 +184,14 @@ def job(kind: str, fault_rank: int, onset: int, seconds: float, extra: float, ma
         opt.step()
         opt.zero_grad()
         steps.append(time.perf_counter() - t0)
+        ends.append(time.time_ns())
         if flag[-1].item() > 0:
             break
-    # the job's own step and compute times (wall, s): the truth of a fault's side effects
-    (mark / f"times{rank}.json").write_text(json.dumps({"step": steps, "compute": computes}))
+    # the job's own step and compute times (wall, s) and step ends (ns): the truth of a fault's
+    # side effects
+    (mark / f"times{rank}.json").write_text(
+        json.dumps({"step": steps, "compute": computes, "end": ends})
+    )
     dist.barrier()
     dist.destroy_process_group()
 
@@ -192,10 +229,12 @@ def run_one(kind: str, rng: random.Random, args: argparse.Namespace, i: int) -> 
     fault_rank = 2 if kind == "slow_link" else rng.randrange(world)
     onset = rng.randrange(40, 100)
     extra = rng.uniform(1.0, 2.0)
-    seconds = args.seconds if kind.startswith("clean") else 0.0
+    seconds = args.seconds if kind in STEADY else 0.0
     # faulty runs: about onset + 12 s of steps (the window the alerts must fall in)
-    if not kind.startswith("clean"):
+    if kind not in STEADY:
         seconds = onset * (BASE_S + 0.01) + args.window
+    if kind == "pause":
+        fault_rank, seconds = 0, seconds + 15.0
     tmp = Path(tempfile.mkdtemp(prefix=f"alert-{kind}-"))
     mark, out = tmp / "mark", tmp / "run"
     mark.mkdir()
@@ -214,15 +253,20 @@ def run_one(kind: str, rng: random.Random, args: argparse.Namespace, i: int) -> 
         "--job",
         kind,
         str(fault_rank),
-        str(onset if not kind.startswith("clean") else 10**9),
+        str(onset if kind not in STEADY else 10**9),
         str(seconds),
         f"{extra:.3f}",
         str(mark),
     ]
     load: list[subprocess.Popen[bytes]] = []
     if kind == "clean_load":
-        spin = "import time\nwhile True: pass"
-        load = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(args.load)]
+        load = [subprocess.Popen([sys.executable, "-c", SPIN]) for _ in range(args.load)]
+    stop = threading.Event()
+    burster = threading.Thread(
+        target=bursts, args=(mark, stop, args.burst, rng.randrange(2**32)), daemon=True
+    )
+    if kind == "clean_burst":
+        burster.start()
     t0 = time.monotonic()
     try:
         p = subprocess.run(cmd, capture_output=True, timeout=seconds + 120)
@@ -232,11 +276,40 @@ def run_one(kind: str, rng: random.Random, args: argparse.Namespace, i: int) -> 
     except subprocess.TimeoutExpired:
         rc = -1
     finally:
+        stop.set()
+        if burster.is_alive():
+            burster.join()
         for q in load:
             q.kill()
             q.wait()
     wall = time.monotonic() - t0
     return judge(kind, fault_rank, onset, out, mark, rc, wall)
+
+
+SPIN = "while True: pass"
+"""A busy process's program."""
+
+MATMUL = "import torch\na = torch.randn(1024, 1024)\nwhile True: a @ a"
+"""A burst's process: torch's threads on every CPU and the memory bus (a neighbour's test or
+training; its import alone is a second of work)."""
+
+STEADY = ("clean", "clean_load", "clean_burst")
+"""Runs of ``--seconds`` with no onset."""
+
+
+def bursts(mark: Path, stop: threading.Event, n: int, seed: int) -> None:
+    """``clean_burst``'s load: from the warm-up mark on until ``stop``, ``n`` busy processes
+    for 1–2.5 s every 1.5–3.5 s."""
+    r = random.Random(seed)
+    while not (mark / "warm").exists():
+        if stop.wait(0.1):
+            return
+    while not stop.wait(r.uniform(1.5, 3.5)):
+        procs = [subprocess.Popen([sys.executable, "-c", MATMUL]) for _ in range(n)]
+        stop.wait(r.uniform(1.0, 2.5))
+        for q in procs:
+            q.kill()
+            q.wait()
 
 
 def judge(
@@ -255,7 +328,7 @@ def judge(
     if warm is None:
         res.false.append("no warm-up mark (the job failed early)")
         return res
-    side = side_effects(mark, onset_step) if not kind.startswith("clean") else set()
+    times = {int(f.stem[5:]): json.loads(f.read_text()) for f in mark.glob("times*.json")}
     for a in alerts:
         t = a["t_ns"]
         if t < warm:
@@ -267,7 +340,8 @@ def judge(
             and a["kind"] in RIGHT[kind]
             and (a["kind"] not in CULPRIT_RULES or fault_rank in a["ranks"])
         )
-        if after and not right and _explained(a, side):
+        ok = confirmed(a, times)
+        if after and not right and kind not in CLEAN and ok:
             res.side_effects.append(f"{a['kind']}@{a['ranks']}")
             continue
         if right:
@@ -278,45 +352,53 @@ def judge(
             res.by_kind.setdefault(a["kind"], (t - onset) / 1e9)
         else:
             ref = onset if onset is not None else warm
-            res.false.append(f"{a['kind']}@{a['ranks']} ({(t - ref) / 1e9:+.1f} s)")
+            note = " (the job's clock confirms it)" if ok else ""
+            res.false.append(f"{a['kind']}@{a['ranks']} ({(t - ref) / 1e9:+.1f} s){note}")
     return res
 
 
-SLOWER = 0.2
-"""A step (or a rank's compute) more than this much slower after the onset than before it, by
-the job's own clock, is a side effect of the fault (the rules' default 20 %)."""
+BASELINE = (10, 30)
+"""The steps whose median is a rank's baseline (the rules' warm-up of 10 steps, then 20)."""
+
+RECENT = 8
+"""The rules' ``recent_steps``: an alert's window is at least this many steps."""
 
 
-def side_effects(mark: Path, onset_step: int) -> set[tuple[str, int]]:
-    """What the job itself measured besides its fault (from ``MARK/times{rank}.json``):
-    ("slower", -1) when some rank's median step after the onset is more than :data:`SLOWER`
-    above its median step between the warm-up and the onset; ("compute", rank) for each rank
-    whose median compute after the onset exceeds the other ranks' median by more than that."""
-    times = {}
-    for f in mark.glob("times*.json"):
-        times[int(f.stem[5:])] = json.loads(f.read_text())
-    out: set[tuple[str, int]] = set()
-    lo, on = WARMUP_STEPS, onset_step
-    for d in times.values():
-        before, after = d["step"][lo:on], d["step"][on:]
-        if before and after and statistics.median(after) > (1 + SLOWER) * statistics.median(before):
-            out.add(("slower", -1))
-    comp = {r: statistics.median(d["compute"][on:]) for r, d in times.items() if d["compute"][on:]}
-    for r, c in comp.items():
-        others = [v for q, v in comp.items() if q != r]
-        if others and c > (1 + SLOWER) * statistics.median(others):
-            out.add(("compute", r))
-    return out
-
-
-def _explained(alert: dict[str, Any], side: set[tuple[str, int]]) -> bool:
-    """A job-wide slowdown alert when the job's steps did slow; a straggler alert whose ranks
-    all computed longer than the others by the job's own clock."""
-    if alert["kind"] in ("step_regression", "throughput_drop"):
-        return ("slower", -1) in side
-    if alert["kind"] == "straggler":
-        return all(("compute", r) in side for r in alert["ranks"])
-    return False
+def confirmed(alert: dict[str, Any], times: dict[int, dict[str, list[float]]]) -> bool:
+    """Whether the job's own clock confirms a step alert's claim over the alert's own window,
+    by its own threshold (see the module docstring); False for the other kinds."""
+    kind, thr = alert["kind"], float(alert.get("threshold") or 0.0)
+    if kind not in ("step_regression", "throughput_drop", "straggler") or not alert["ranks"]:
+        return False
+    lo0, hi0 = BASELINE
+    for r in alert["ranks"]:
+        d = times.get(r)
+        if d is None or len(d["end"]) < hi0:
+            return False
+        n = bisect.bisect_right(d["end"], alert["t_ns"])  # steps ended by the alert
+        lo = max(min(int(alert.get("since_step", -1)), n - RECENT), hi0)
+        if n - lo < 2:
+            return False
+        if kind == "step_regression":
+            base = statistics.median(d["step"][lo0:hi0])
+            if not statistics.median(d["step"][lo:n]) > (1 + thr) * base:
+                return False
+        elif kind == "throughput_drop":
+            e = d["end"]
+            base_rate = (hi0 - lo0) / (e[hi0 - 1] - e[lo0 - 1])
+            rate = (n - lo) / (e[n - 1] - e[lo - 1])
+            if not rate < (1 - thr) * base_rate:
+                return False
+        else:
+            mine = statistics.median(d["compute"][lo:n])
+            others = [
+                statistics.median(q["compute"][lo:n])
+                for k, q in times.items()
+                if k != r and q["compute"][lo:n]
+            ]
+            if not others or not mine > (1 + thr) * statistics.median(others):
+                return False
+    return True
 
 
 def table(results: list[RunResult]) -> str:
@@ -327,7 +409,7 @@ def table(results: list[RunResult]) -> str:
     ]
 
     def row(name: str, rs: list[RunResult]) -> str:
-        faulty = [r for r in rs if not r.kind.startswith("clean")]
+        faulty = [r for r in rs if r.kind not in CLEAN]
         tp = sum(r.detected for r in faulty)
         fp = sum(len(r.false) for r in rs)
         miss = len(faulty) - tp
@@ -369,14 +451,19 @@ def main() -> None:
         return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=48, help="runs in all, spread over the kinds")
-    ap.add_argument("--kinds", default=",".join(KINDS), help="comma-separated fault kinds")
+    ap.add_argument(
+        "--kinds",
+        default=",".join(k for k in KINDS if k != "clean_burst"),
+        help="comma-separated fault kinds (default: all but clean_burst)",
+    )
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--seconds", type=float, default=10.0, help="a clean run's length")
     ap.add_argument("--window", type=float, default=9.0, help="seconds of steps after an onset")
     ap.add_argument("--load", type=int, default=1, help="busy processes beside clean_load runs")
+    ap.add_argument("--burst", type=int, default=3, help="busy processes of clean_burst's bursts")
     ap.add_argument(
         "--extra",
-        default="--alert-stall-floor 5",
+        default="",
         help="meshprof run options added to every run (default: %(default)s)",
     )
     ap.add_argument("--json", type=Path, help="also write every run's result here")
@@ -398,7 +485,7 @@ def main() -> None:
             f"{r.first} {r.latency_s:.1f} s"
             if r.latency_s is not None
             else "missed"
-            if k[:5] != "clean"
+            if k not in CLEAN
             else "-"
         )
         print(

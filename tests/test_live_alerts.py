@@ -81,7 +81,9 @@ def _steps(steps_done: int, durs: list[int]) -> RankLive:
 
 
 def test_step_regression_against_the_ranks_own_early_steps(tmp_path: Path) -> None:
-    rules = AlertRules(AlertConfig(warmup_steps=5, baseline_steps=10, recent_steps=8, hold_looks=1))
+    rules = AlertRules(
+        AlertConfig(warmup_steps=5, baseline_steps=10, recent_steps=8, hold_looks=1, hold_s=0)
+    )
     warm = [300 * MS] * 5  # steps 0-4: warm-up, ignored
     base = [100 * MS, 98 * MS, 102 * MS] * 3 + [100 * MS]  # steps 5-14: median 100 ms
     assert look(rules, tmp_path, 1, [_steps(12, warm + base[:7])]) == []
@@ -108,7 +110,9 @@ def test_step_regression_is_one_alert_for_ranks_that_publish_at_other_moments(
     # rank 2's written before it. The alert waits for their next records, then names both
     # ranks that regressed, not rank 2 (whose next record shows no regression); a stale rank
     # (3) and an ended one (4) hold nothing up.
-    rules = AlertRules(AlertConfig(warmup_steps=5, baseline_steps=10, recent_steps=8, hold_looks=1))
+    rules = AlertRules(
+        AlertConfig(warmup_steps=5, baseline_steps=10, recent_steps=8, hold_looks=1, hold_s=0)
+    )
     base = [300 * MS] * 5 + [100 * MS] * 10
     slow = base + [150 * MS] * 8
 
@@ -134,7 +138,9 @@ def test_step_regression_is_one_alert_for_ranks_that_publish_at_other_moments(
     # the job ends while an alert is held: the watcher's stop raises it
     run = tmp_path / "w"
     w = AlertWatcher(
-        run, AlertConfig(warmup_steps=5, baseline_steps=10, hold_looks=1), stream=io.StringIO()
+        run,
+        AlertConfig(warmup_steps=5, baseline_steps=10, hold_looks=1, hold_s=0),
+        stream=io.StringIO(),
     )
     for t, durs in ((1, base), (2, slow)):
         write_rank_live(run, rank(0, t - 0.5, base))
@@ -154,7 +160,9 @@ def test_step_baseline_when_the_watcher_looked_late(tmp_path: Path) -> None:
 
 def test_throughput_drop_tokens_and_steps(tmp_path: Path) -> None:
     rules = AlertRules(
-        AlertConfig(warmup_steps=5, baseline_looks=3, throughput_drop_pct=30, hold_looks=1)
+        AlertConfig(
+            warmup_steps=5, baseline_looks=3, throughput_drop_pct=30, hold_looks=1, hold_s=0
+        )
     )
 
     def at(t: float, done: int, tps: float, sps: float = 10.0) -> list[Alert]:
@@ -321,6 +329,113 @@ def test_alert_config_and_run_options_validate(cli, tmp_path: Path) -> None:  # 
     )
     r = cli("run", "--alert-stall", "often", script)
     assert r.returncode == 2 and "--alert-stall 'often': expected a number" in r.stderr
+
+
+def test_step_regression_must_hold_for_seconds(tmp_path: Path) -> None:
+    # records 0.5 s apart (a fast job): 3 slow records span 1 s, a busy machine's hiccup; the
+    # alert waits until the slowdown has held hold_s = 3 s of the rank's records
+    rules = AlertRules(
+        AlertConfig(warmup_steps=5, baseline_steps=10, baseline_looks=1, recent_steps=8)
+    )
+    base = [300 * MS] * 5 + [100 * MS] * 10
+    slow = base + [150 * MS] * 8
+
+    def at(t: float, durs: list[int]) -> list[Alert]:
+        x = rec(0, steps_done=len(durs), step=len(durs), recent_step_ns=durs)
+        return look(rules, tmp_path, t, [x])
+
+    assert at(1.0, base) == []
+    assert at(1.5, base) == []
+    for t in (2.0, 2.5, 3.0):  # 3 looks, 1 s: a hiccup
+        assert at(t, slow) == []
+    assert at(3.5, base) == []  # over
+    for t in (4.0, 4.5, 5.0, 5.5, 6.0, 6.5):
+        assert at(t, slow) == []  # 2.5 s so far
+    (a,) = at(7.0, slow)  # 3 s of slow records
+    assert a.kind == "step_regression" and a.since_step == 15
+    # hold_s = 0: the looks alone (3 records)
+    rules = AlertRules(
+        AlertConfig(warmup_steps=5, baseline_steps=10, baseline_looks=1, recent_steps=8, hold_s=0)
+    )
+    assert at(1.0, base) == [] and at(1.5, base) == []
+    assert at(2.0, slow) == [] and at(2.5, slow) == []
+    assert [a.kind for a in at(3.0, slow)] == ["step_regression"]
+
+
+def test_stall_of_ranks_all_waiting_in_collectives_is_a_hang_in_seconds(tmp_path: Path) -> None:
+    # default floors: 120 s for a stall, 5 s when every running rank waits in a collective
+    s = 10**9
+
+    def at(rules: AlertRules, run: Path, t: float, inflight: dict[int, str | None]) -> list[Alert]:
+        recs = []
+        for r, op in inflight.items():
+            x = rec(r, step=50, step_ns=50 * MS, last_step_end_ns=T0 + 10 * s)
+            if op is not None:
+                x.inflight = InflightLive(op, "default_pg", "world", 50, int((t - 10) * s))
+            recs.append(x)
+        return look(rules, run, t, recs)
+
+    # a hang: rank 1 in a recv no rank sends, rank 0 in the step's all_reduce
+    hang = AlertRules(AlertConfig())
+    assert at(hang, tmp_path / "a", 14.5, {0: "all_reduce", 1: "recv"}) == []
+    (a,) = at(hang, tmp_path / "a", 15.5, {0: "all_reduce", 1: "recv"})
+    assert a.kind == "stall" and a.ranks == (0, 1)
+    assert a.threshold == pytest.approx(5.0) and a.value == pytest.approx(5.5)
+    # a checkpoint on rank 0 (no collective in flight), rank 1 waiting for it: no stall
+    # before the 120 s floor
+    ckpt = AlertRules(AlertConfig(inflight_s=0))  # (rank 1's all_reduce: 60 s in flight)
+    for t in (15.5, 30, 60, 129):
+        assert at(ckpt, tmp_path / "b", t, {0: None, 1: "all_reduce"}) == []
+    (b,) = at(ckpt, tmp_path / "b", 131, {0: None, 1: "all_reduce"})
+    assert b.kind == "stall" and b.threshold == pytest.approx(120.0) and b.ranks[0] == 0
+    # --alert-hang-floor 0: the 120 s floor for hangs too
+    off = AlertRules(AlertConfig(hang_floor_s=0))
+    assert at(off, tmp_path / "c", 60, {0: "all_reduce", 1: "recv"}) == []
+
+
+def test_alert_noise_options(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    import argparse
+
+    from meshprof.commands.run_alert_options import add_alert_options, alert_config_from_args
+
+    p = argparse.ArgumentParser()
+    add_alert_options(p)
+    cfg = alert_config_from_args(p.parse_args([]))
+    assert (cfg.noise_k, cfg.hold_looks, cfg.hold_s, cfg.hang_floor_s) == (3.0, 3, 3.0, 5.0)
+    assert cfg.memory_growth_floor_bytes == 256 << 20
+    args = p.parse_args(
+        [
+            "--alert-noise-k",
+            "4.5",
+            "--alert-hold-looks",
+            "5",
+            "--alert-hold-seconds",
+            "10",
+            "--alert-hang-floor",
+            "8",
+            "--alert-memory-growth-floor",
+            "1G",
+        ]
+    )
+    cfg = alert_config_from_args(args)
+    assert (cfg.noise_k, cfg.hold_looks, cfg.hold_s, cfg.hang_floor_s) == (4.5, 5, 10.0, 8.0)
+    assert cfg.memory_growth_floor_bytes == 1 << 30
+    script = tmp_path / "s.py"
+    script.write_text("")
+    for argv, err in (
+        (["--alert-noise-k", "-1"], "--alert-noise-k -1.0: must be >= 0 (0 turns it off)"),
+        (["--alert-hold-looks", "0"], "--alert-hold-looks 0: must be >= 1"),
+        (["--alert-hold-looks", "2.5"], "--alert-hold-looks '2.5': expected a number"),
+        (["--alert-hold-seconds", "x"], "--alert-hold-seconds 'x': expected a number"),
+        (["--alert-hang-floor", "-5"], "--alert-hang-floor -5.0: must be >= 0 (0 turns it off)"),
+        (
+            ["--alert-memory-growth-floor", "lots"],
+            "--alert-memory-growth-floor 'lots': expected a size such as 256M or 1G",
+        ),
+    ):
+        r = cli("run", *argv, script)
+        assert r.returncode == 2 and r.stderr.strip().endswith(err), (argv, r.stderr)
+        assert len(r.stderr.strip().splitlines()) == 1
 
 
 def test_watcher_prints_appends_and_runs_the_command_rate_limited(tmp_path: Path) -> None:
@@ -543,7 +658,9 @@ def test_a_clean_noisy_job_raises_nothing_and_a_real_slowdown_still_does(tmp_pat
     assert alerts == []
     # the same noise with the percentages alone and no held looks (the rules before issue 27)
     # raises noise: the test's noise is enough to need the bands
-    old = AlertRules(AlertConfig(stall_floor_s=5, noise_k=0, hold_looks=1, warmup_steps=5))
+    old = AlertRules(
+        AlertConfig(stall_floor_s=5, noise_k=0, hold_looks=1, hold_s=0, warmup_steps=5)
+    )
     rng = random.Random(5)
     assert any(look(old, tmp_path / "b", t, _noisy(rng, t)) for t in range(120))
     # a real slowdown (+80 %, both ranks of the synchronous job) raises within a few looks
@@ -561,6 +678,7 @@ def test_every_rule_gives_si_value_threshold_and_since_step(tmp_path: Path) -> N
     cfg = AlertConfig(
         straggler_looks=1,
         hold_looks=1,
+        hold_s=0,
         clear_looks=1,
         warmup_steps=0,
         baseline_steps=4,

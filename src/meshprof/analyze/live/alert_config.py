@@ -64,6 +64,11 @@ class AlertConfig:
     hold_looks: int = 3
     """Consecutive fresh records a step regression, throughput drop or memory growth must hold
     before the alert (a passing hiccup raises nothing)."""
+    hold_s: float = 3.0
+    """... and, a step regression or throughput drop, for this many seconds by the rank's own
+    records (from the first record it held in to this one): a busy machine's slowdown of a
+    second or two raises nothing, whatever the live interval (three records span 2 s at
+    ``--live-interval 1``, 1 s at 0.5)."""
     memory_pct: float = 90.0
     """Memory above this percentage of the rank's capacity."""
     memory_growth_pct: float = 50.0
@@ -78,7 +83,13 @@ class AlertConfig:
     """A step that has lasted more than this many times the rank's median step time (and more
     than ``stall_floor_s``) is stalled."""
     stall_floor_s: float = 120.0
-    """... and more than this many seconds."""
+    """... and more than this many seconds (evaluation or a checkpoint between steps, while the
+    other ranks wait for the one that does it, is no stall) ..."""
+    hang_floor_s: float = 5.0
+    """... or only this many seconds when every running rank is waiting in a collective: no
+    rank computes, loads data or checkpoints, so none can end the wait (a hang; a pause for a
+    checkpoint leaves the rank that writes it outside any collective). 0: always
+    ``stall_floor_s``."""
     stale: bool = True
     """Alert when a running rank stops publishing its live state."""
     warmup_steps: int = 10
@@ -111,9 +122,11 @@ class AlertConfig:
             ("inflight_s", "--alert-inflight"),
             ("stall_factor", "--alert-stall"),
             ("stall_floor_s", "--alert-stall-floor"),
+            ("hang_floor_s", "--alert-hang-floor"),
+            ("hold_s", "--alert-hold-seconds"),
             ("memory_growth_pct", "--alert-memory-growth"),
-            ("memory_growth_floor_bytes", "alert memory_growth_floor_bytes"),
-            ("noise_k", "alert noise_k"),
+            ("memory_growth_floor_bytes", "--alert-memory-growth-floor"),
+            ("noise_k", "--alert-noise-k"),
             ("command_interval_s", "--alert-interval"),
         ):
             v = getattr(self, name)
@@ -134,8 +147,10 @@ class AlertConfig:
             "recent_steps",
             "hold_looks",
         ):
-            if getattr(self, name) < (0 if name == "warmup_steps" else 1):
-                raise MeshprofError(f"alert {name} {getattr(self, name)}: too small")
+            lo = 0 if name == "warmup_steps" else 1
+            if getattr(self, name) < lo:
+                what = "--alert-hold-looks" if name == "hold_looks" else f"alert {name}"
+                raise MeshprofError(f"{what} {getattr(self, name)}: must be >= {lo}")
         if not (self.poll_s > 0 and self.command_timeout_s > 0 and self.clear_looks >= 1):
             raise MeshprofError("alert poll_s, command_timeout_s and clear_looks must be positive")
 

@@ -8,13 +8,16 @@ Rules (each one can be turned off in :class:`AlertConfig`):
   ``straggler_pct`` % for ``straggler_looks`` consecutive fresh records.
 * ``step_regression`` — a rank's recent step time (median of its last ``recent_steps`` steps)
   exceeds its own baseline by more than ``step_regression_pct`` % and by more than ``noise_k`` ×
-  the baseline's spread (:func:`spread`), in ``hold_looks`` consecutive fresh records. The
+  the baseline's spread (:func:`spread`), in ``hold_looks`` consecutive fresh records spanning
+  at least ``hold_s`` seconds of the rank's records (a busy machine's second of slowness is no
+  regression). The
   baseline is the median duration of the rank's steps ``warmup_steps`` .. ``warmup_steps +
   baseline_steps - 1`` (read from the record's ``recent_step_ns``; when the watcher looked too
   late to see those, the oldest ``baseline_steps`` steps after the warmup that it saw).
 * ``throughput_drop`` — a rank's tokens/s (steps/s when its steps carry no tokens) falls below
   its baseline by more than ``throughput_drop_pct`` % and more than ``noise_k`` × the baseline's
-  spread, in ``hold_looks`` consecutive fresh records: the baseline is the median of the first
+  spread, in ``hold_looks`` consecutive fresh records over ``hold_s`` seconds: the baseline is
+  the median of the first
   ``baseline_looks`` fresh records whose whole recent window lies after the warmup. Unlike step
   time, throughput counts the time between steps (data loading, evaluation, checkpoints).
 * ``memory`` — a rank's memory (CUDA allocated, else the process RSS) exceeds ``memory_pct`` % of
@@ -28,7 +31,11 @@ Rules (each one can be turned off in :class:`AlertConfig`):
   advanced for more than max(``stall_factor`` × its median step time, ``stall_floor_s``): stuck in
   compute, the data loader or a deadlock that releases the GIL, with or without a collective in
   flight (the alert says which; ranks with none come first, the others usually wait for them).
-  Counted from the end of the rank's last completed step, so not before its first step.
+  When every running rank has a collective in flight (none computes, loads data or writes a
+  checkpoint, so none can end the wait: a hang), the floor is ``hang_floor_s`` instead: a hang
+  is found in seconds, while evaluation or a checkpoint on one rank, the others waiting for it
+  in a collective, is no stall before ``stall_floor_s``. Counted from the end of the rank's
+  last completed step, so not before its first step.
 * ``stale`` — a running rank stopped publishing (see :meth:`RankLive.is_stale`); and, when the
   job has ended, a rank torchrun saw die whose last record says running (:meth:`AlertRules.flush`).
 
@@ -81,14 +88,20 @@ class _Episode:
     active: bool = False
     since_step: int = -1
     """The rank's step at the first look of the current run of true looks."""
+    since_ns: int = 0
+    """The rank's record time (``updated_ns``) at that look, ns."""
 
-    def observe(self, cond: bool, need_on: int, need_off: int, step: int) -> bool:
-        """Count one look; True when the condition just became an episode (raise now)."""
+    def observe(
+        self, cond: bool, need_on: int, need_off: int, step: int, t_ns: int = 0, need_ns: int = 0
+    ) -> bool:
+        """Count one look (of a record written at ``t_ns``); True when the condition just
+        became an episode (raise now): true in ``need_on`` looks in a row spanning at least
+        ``need_ns``."""
         if cond:
             if self.on == 0 and not self.active:
-                self.since_step = step
+                self.since_step, self.since_ns = step, t_ns
             self.on, self.off = self.on + 1, 0
-            if not self.active and self.on >= need_on:
+            if not self.active and self.on >= need_on and t_ns - self.since_ns >= need_ns:
                 self.active = True
                 return True
         else:
@@ -214,6 +227,10 @@ class AlertRules:
         for r, x in fresh.items():
             self._update_baseline(r, x)
         stragglers = {s.rank: s for s in snap.stragglers}
+        running = [x for x in snap.ranks.values() if x.status == "running"]
+        waiting = bool(running) and all(
+            x.inflight is not None and x.rank not in snap.stale for x in running
+        )  # every running rank waits in a collective: none can end the wait
         trips: dict[str, list[_Trip]] = {k: [] for k in RULES}
         for r, x in fresh.items():
             self._rule_straggler(r, x, stragglers.get(r), trips)
@@ -222,7 +239,7 @@ class AlertRules:
             self._rule_memory(r, x, trips)
             self._rule_memory_growth(r, x, trips)
             self._rule_inflight(r, x, snap.taken_ns, trips)
-            self._rule_stall(r, x, snap.taken_ns, trips)
+            self._rule_stall(r, x, snap.taken_ns, trips, waiting)
         if cfg.stale:
             for r, x in snap.ranks.items():
                 cond = r in snap.stale
@@ -289,13 +306,24 @@ class AlertRules:
         return p.trips
 
     # -- rules -------------------------------------------------------------------------------
-    def _observe(self, rule: str, rank: int, cond: bool, step: int, need_on: int = 1) -> bool:
+    def _observe(
+        self,
+        rule: str,
+        rank: int,
+        cond: bool,
+        step: int,
+        need_on: int = 1,
+        x: RankLive | None = None,
+    ) -> bool:
+        """One look at a (rule, rank) condition; with the rank's record ``x``, the condition
+        must also have held for ``hold_s`` seconds of its records."""
         ep = self._episodes.get((rule, rank))
         if ep is None:
             if not cond:
                 return False
             ep = self._episodes[(rule, rank)] = _Episode()
-        return ep.observe(cond, need_on, self.config.clear_looks, step)
+        t, need = (x.updated_ns, int(self.config.hold_s * 1e9)) if x is not None else (0, 0)
+        return ep.observe(cond, need_on, self.config.clear_looks, step, t, need)
 
     def _active(self, rule: str, rank: int) -> bool:
         ep = self._episodes.get((rule, rank))
@@ -335,7 +363,7 @@ class AlertRules:
         now = statistics.median(recent)
         up = now / base.step_ns - 1.0
         limit = max(cfg.step_regression_pct / 100, cfg.noise_k * base.step_spread_ns / base.step_ns)
-        if self._observe("step_regression", r, up > limit, x.steps_done, cfg.hold_looks):
+        if self._observe("step_regression", r, up > limit, x.steps_done, cfg.hold_looks, x):
             # the condition began where the run of slow steps at the window's end began
             cut = base.step_ns * (1.0 + limit / 2)
             run = 0
@@ -367,7 +395,7 @@ class AlertRules:
         limit = min(
             max(cfg.throughput_drop_pct / 100, cfg.noise_k * base.rate_spread / base.rate), 0.99
         )
-        if self._observe("throughput_drop", r, drop > limit, x.steps_done, cfg.hold_looks):
+        if self._observe("throughput_drop", r, drop > limit, x.steps_done, cfg.hold_looks, x):
             trips["throughput_drop"].append(
                 _Trip(
                     r,
@@ -436,11 +464,16 @@ class AlertRules:
                 )
             )
 
-    def _rule_stall(self, r: int, x: RankLive, now_ns: int, trips: dict[str, list[_Trip]]) -> None:
+    def _rule_stall(
+        self, r: int, x: RankLive, now_ns: int, trips: dict[str, list[_Trip]], waiting: bool
+    ) -> None:
         cfg = self.config
         if cfg.stall_factor <= 0 or x.step_ns <= 0 or x.last_step_end_ns <= 0:
             return
-        limit_ns = max(cfg.stall_factor * x.step_ns, cfg.stall_floor_s * 1e9)
+        floor = cfg.stall_floor_s
+        if waiting and cfg.hang_floor_s > 0:
+            floor = min(floor, cfg.hang_floor_s)
+        limit_ns = max(cfg.stall_factor * x.step_ns, floor * 1e9)
         stuck_ns = stall_ns(x, now_ns)
         cond = stuck_ns > limit_ns
         if self._observe("stall", r, cond, x.step) and cond:
