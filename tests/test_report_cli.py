@@ -208,3 +208,18 @@ def test_json_leaves_per_step_rows_out_above_the_limit_and_says_so(
     }
     again = json.loads(cli("report", tmp_path, "--json", "--full").stdout)
     assert "omitted" not in again and all(a["per_step"] for a in again["rank_analyses"])
+
+
+def test_no_usable_rank_file_names_three_problems_and_counts_the_rest(tmp_path) -> None:
+    """At 100,000 ranks every rank's problem on the error's one line was megabytes."""
+    from meshprof.errors import NoUsableRankFileError
+
+    problems = {r: f"rank {r}: damaged" for r in range(100_000)}
+    e = NoUsableRankFileError(tmp_path, problems)
+    msg = str(e)
+    assert msg == (
+        f"{tmp_path}: no usable rank file (rank 0: damaged; rank 1: damaged; rank 2: damaged; "
+        "and 99,997 more)"
+    )
+    assert len(e.problems) == 100_000
+    assert "rank 0: damaged)" in str(NoUsableRankFileError(tmp_path, {0: "rank 0: damaged"}))

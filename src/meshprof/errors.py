@@ -22,8 +22,16 @@ class NoUsableRankFileError(MeshprofError):
         self.run_dir = run_dir
         self.problems = dict(problems)
         """Rank → what is wrong with its file (missing, damaged); empty: no rank files at all."""
-        detail = "; ".join(problems.values()) if problems else "no rank files (rank*.npz)"
+        shown = list(problems.values())[:SHOWN_PROBLEMS]
+        more = len(problems) - len(shown)
+        detail = "; ".join(shown) + (f"; and {more:,} more" if more > 0 else "")
+        detail = detail if problems else "no rank files (rank*.npz)"
         super().__init__(f"{run_dir}: no usable rank file ({detail})")
+
+
+SHOWN_PROBLEMS = 3
+"""The ranks' problems a :class:`NoUsableRankFileError` message names (the rest counted: at
+100,000 ranks every problem on its one line was megabytes); all are in ``.problems``."""
 
 
 class NotATraceError(MeshprofError):
