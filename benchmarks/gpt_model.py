@@ -100,3 +100,24 @@ def loss_fn(model: Any, x: Any, y: Any) -> Any:
     with torch.autocast("cuda", dtype=torch.bfloat16, enabled=x.is_cuda):
         logits = model(x)
     return F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.reshape(-1))
+
+
+def ddp_train_step(cfg: GPTConfig, device: Any) -> tuple[Any, Any]:
+    """The model under DDP (the default process group) on ``device``, and one training step
+    (forward, backward, AdamW, zero_grad) returning the loss tensor, without waiting for it."""
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    cuda = torch.device(device).type == "cuda"
+    model = DDP(build(cfg, device), device_ids=[torch.device(device).index] if cuda else None)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=cuda)
+    x, y = batch(cfg, device)
+
+    def train_step() -> Any:
+        loss = loss_fn(model, x, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+
+    return model, train_step

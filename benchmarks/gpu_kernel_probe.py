@@ -28,7 +28,6 @@ import gpt_model
 def main() -> int:
     import torch
     import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel as DDP
 
     import meshprof
     from meshprof.launch.spawn import free_port
@@ -37,18 +36,10 @@ def main() -> int:
     dist.init_process_group(
         "nccl", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1
     )
-    cfg = gpt_model.GPTConfig()
-    dev = torch.device("cuda", 0)
-    model = DDP(gpt_model.build(cfg, dev), device_ids=[0])
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
-    x, y = gpt_model.batch(cfg, dev)
+    _model, train_step = gpt_model.ddp_train_step(gpt_model.GPTConfig(), torch.device("cuda", 0))
 
     def step() -> None:
-        loss = gpt_model.loss_fn(model, x, y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        loss.item()
+        train_step().item()
 
     modes: dict[str, dict[str, Any] | None] = {
         "none": None,

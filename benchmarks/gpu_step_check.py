@@ -61,7 +61,6 @@ def main() -> int:
 
     import torch
     import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel as DDP
     from torch.utils.flop_counter import FlopCounterMode
 
     import meshprof
@@ -78,17 +77,7 @@ def main() -> int:
     name = torch.cuda.get_device_name(0)
     print(f"# {name}, torch {torch.__version__}")
     cfg = gpt_model.GPTConfig()
-    dev = torch.device("cuda", 0)
-    model = DDP(gpt_model.build(cfg, dev), device_ids=[0])
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
-    x, y = gpt_model.batch(cfg, dev)
-
-    def train_step() -> Any:
-        loss = gpt_model.loss_fn(model, x, y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return loss
+    model, train_step = gpt_model.ddp_train_step(cfg, torch.device("cuda", 0))
 
     checks: dict[str, tuple[bool, str]] = {}
     res: dict[str, Any] = {"device": name, "torch": torch.__version__}

@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from meshprof.analyze.live.alert_config import RULES
 from meshprof.errors import MeshprofError
 from meshprof.layout import Layout
 from meshprof.records.captures import MAX_CAPTURE_STEPS
@@ -36,16 +37,6 @@ HANG_KINDS = frozenset(TRIGGERS["hang"])
 """Alert kinds of a forming hang: the ranks may never reach a step boundary, so the capture also
 takes every rank's stacks and does not wait long."""
 
-_RULES = (
-    "straggler",
-    "step_regression",
-    "throughput_drop",
-    "memory",
-    "memory_growth",
-    "inflight",
-    "stall",
-    "stale",
-)
 
 GIB = 1 << 30
 
@@ -70,8 +61,8 @@ class CaptureConfig:
 
     def __post_init__(self) -> None:
         for t in self.on:
-            if t not in TRIGGERS and t not in _RULES:
-                names = ", ".join([*TRIGGERS, *(r for r in _RULES if r not in TRIGGERS)])
+            if t not in TRIGGERS and t not in RULES:
+                names = ", ".join([*TRIGGERS, *(r for r in RULES if r not in TRIGGERS)])
                 raise MeshprofError(f"--capture-on {t!r}: expected some of {names}")
         if not 1 <= self.steps <= MAX_CAPTURE_STEPS:
             raise MeshprofError(
