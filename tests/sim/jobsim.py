@@ -86,6 +86,9 @@ class Job:
     dp_ns: int = 300 * US
     """Transfer time of a DP collective (a bucket or a layer in ddp / fsdp mode)."""
     world_ns: int = 20 * US
+    norm_ns: int = 0
+    """Compute between the wait for the DP collectives and the world all_reduce (a local
+    gradient norm before the global one)."""
     bucket_layers: int = 2
     """ddp: layers per gradient bucket."""
     jitter: float = 0.0
@@ -357,6 +360,8 @@ def _build(job: Job) -> _Program:
             if job.dp > 1 and job.dp_mode == "zero":
                 b.coll(r, "reduce_scatter", "dp", job.dp_ns, 1 << 26, False)
                 b.coll(r, "all_gather", "dp", job.dp_ns, 1 << 26, False)
+            if job.norm_ns:
+                b.compute(r, job.norm_ns, "optimizer")
             if n > 1:
                 b.coll(r, "all_reduce", "world", job.world_ns, 4, False)
             b.compute(r, job.opt_ns, "optimizer")

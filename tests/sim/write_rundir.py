@@ -19,9 +19,20 @@ BASE_NS = 1_750_000_000 * 10**9
 SPAN_NAMES = [*PHASES, "step"]
 
 
-def write_run(out: Path, tl: Timeline) -> Path:
-    """Write ``tl`` under ``out`` (created); returns ``out``."""
+def write_run(
+    out: Path,
+    tl: Timeline,
+    lag_ns: int = 0,
+    late_share: float = 0.0,
+    late_ns: int = 0,
+    lag_seed: int = 0,
+) -> Path:
+    """Write ``tl`` under ``out`` (created); returns ``out``. The recorder may see async ops
+    complete late (a completion waited for in C++ and polled, on a loaded machine: a flaw of
+    the recording, not of the job): each by a uniform draw in [0, ``lag_ns``), a share
+    ``late_share`` of them by one in [``late_ns``, 3 × ``late_ns``) instead."""
     job = tl.job
+    lag_rng = np.random.default_rng(lag_seed)
     out.mkdir(parents=True, exist_ok=True)
     all_groups = groups(job)
     layout = {"dp": job.dp, "tp": job.tp, "pp": job.pp}
@@ -47,6 +58,12 @@ def write_run(out: Path, tl: Timeline) -> Path:
             ev[j]["flags"] = FLAG_ASYNC if op.is_async else 0
         ev["start_ns"] = rows[:, 1] + BASE_NS + off
         ev["duration_ns"] = rows[:, 2] - rows[:, 1]
+        if lag_ns > 0 or late_share > 0:
+            lag = lag_rng.integers(0, max(lag_ns, 1), len(ev))
+            late = lag_rng.random(len(ev)) < late_share
+            lag[late] = lag_rng.integers(late_ns, 3 * late_ns + 1, int(late.sum()))
+            seen = (ev["flags"] & FLAG_ASYNC) != 0
+            ev["duration_ns"][seen] += lag[seen]
         ev["step"] = tl.step_of[r]
         sp = np.zeros(len(tl.spans[r]), dtype=SPAN_DTYPE)
         for j, (name, step, t0, t1, cpu) in enumerate(tl.spans[r]):

@@ -8,7 +8,9 @@ send/recv pair, or itself alone (an unmatched event).
 - An earlier event's completion is *waited for* from the first later event of its chain issued
   at or after it (its *join*: the next event, for a blocking op; an async op still in flight
   when later events were issued joins where it had completed; one that completed after the
-  chain's last issue joins none).
+  chain's last issue joins none). Where every chain of the program that tells waited for an op
+  before the next issue, every chain does: a completion recorded after that issue was seen
+  late by the recorder (its next gap is then negative).
 - An event's *compute gap* is its arrival (issue) minus what it waited for on its own rank: the
   latest of the previous event's issue and the completions joined so far (the step's start for
   the chain's first event). An event issued while the previous one was in flight is

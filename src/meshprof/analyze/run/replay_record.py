@@ -337,11 +337,16 @@ def _harmonized(
         with_it = (a0[m + 1] - e0[m]).astype(np.float64)
         without = (a0[m + 1] - a0[m]).astype(np.float64)
         sub = unique_inverse(g * (int(ch.c_rank.max(initial=0)) + 1) + ch.c_rank[ch.chain[m]])[1]
-        w_sp, wo_sp = _spread(with_it, g, ng, sub), _spread(without, g, ng, sub)
-        # (a real wait taken for compute freezes it into every scenario: strong evidence only)
+        # (a real wait taken for compute freezes it into every scenario: strong evidence only,
+        # by the standard deviations and by robust spreads too: a completion the recorder saw
+        # late now and then — a polled work on a loaded machine — must not make an op the
+        # program waits for look async)
         scale = np.zeros(ng)
         np.maximum.at(scale, g, np.abs(without))
-        async_like = (w_sp > 1.5 * wo_sp + np.maximum(100, 0.002 * scale)) & blocking
+        floor = np.maximum(100, 0.002 * scale)
+        w_sp, wo_sp = _spread(with_it, g, ng, sub), _spread(without, g, ng, sub)
+        w_rs, wo_rs = _robust_spread(with_it, g, ng, sub), _robust_spread(without, g, ng, sub)
+        async_like = (w_sp > 1.5 * wo_sp + floor) & (w_rs > 1.5 * wo_rs + floor) & blocking
         if is_async is not None and collective is not None:
             # an async collective (not a receive, whose data the next compute needs): also
             # when it varies more over the chains
@@ -374,8 +379,14 @@ def _harmonized(
         d[moved] += 1
         active &= moved
     step = d[key]
-    # never before the chain's own first issue after the completion
-    return np.maximum(np.where(step < none, idx + step, end), j)
+    at = np.where(step < none, idx + step, end)
+    # never before the chain's own first issue after the completion, except at a blocking
+    # op's: every chain of the program that tells waited for it before its next issue, so a
+    # chain whose completion was recorded after that issue waited there too — the recorder
+    # saw the completion late (a work waited for in C++, DDP's buckets, is polled: on a
+    # loaded machine the poll lags by milliseconds), and joining it later would count the
+    # whole wait as compute. Its next gap is then negative: minus the lag.
+    return np.where(blocking[key], at, np.maximum(at, j))
 
 
 def _spread(x: np.ndarray, g: np.ndarray, ng: int, sub: np.ndarray | None = None) -> np.ndarray:
@@ -389,6 +400,33 @@ def _spread(x: np.ndarray, g: np.ndarray, ng: int, sub: np.ndarray | None = None
         mean = np.bincount(sub, weights=x)[sub] / sc[sub]
     dev = x - mean
     return np.sqrt(np.bincount(g, weights=dev * dev, minlength=ng) / cnt)
+
+
+def _medians(x: np.ndarray, code: np.ndarray, n: int) -> np.ndarray:
+    """Per code in [0, n): the median of ``x`` over its members (NaN for none)."""
+    order = np.lexsort((x, code))
+    xs, cs = x[order], code[order]
+    cnt = np.bincount(cs, minlength=n)
+    start = np.cumsum(cnt) - cnt
+    out = np.full(n, np.nan)
+    has = cnt > 0
+    lo = start[has] + (cnt[has] - 1) // 2
+    hi = start[has] + cnt[has] // 2
+    out[has] = (xs[lo] + xs[hi]) / 2
+    return out
+
+
+def _robust_spread(
+    x: np.ndarray, g: np.ndarray, ng: int, sub: np.ndarray | None = None
+) -> np.ndarray:
+    """:func:`_spread` by the median absolute deviation (× 1.4826: a normal sample's standard
+    deviation), about each member's group median or, with ``sub``, its subgroup's (pooled over
+    the group): a few outlying members do not move it. 0 for a group without members."""
+    code = g if sub is None else sub
+    n = ng if sub is None else int(sub.max(initial=-1)) + 1
+    dev = np.abs(x - _medians(x, code, n)[code])
+    out = 1.4826 * _medians(dev, g, ng)
+    return np.nan_to_num(out, nan=0.0)
 
 
 def _eager_sends(

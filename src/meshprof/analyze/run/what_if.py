@@ -275,7 +275,8 @@ def what_if(
     sys_ex, sys_tex, measured = _systematic(ex, tex, rec, ch, sig)
     # a scenario takes the rank's systematic excess off its gaps (its step-to-step noise,
     # which no fix removes, stays)
-    gmed = np.maximum(rec.gap - sys_ex, 0)
+    # (a negative gap, a completion the recorder saw after the next issue, is kept as it is)
+    gmed = np.where(rec.gap > 0, np.maximum(rec.gap - sys_ex, 0), rec.gap)
     # the compute after the step's last collective delays the rank's next step: in a rank's
     # scenario its step starts that much earlier (so that it saves what it would in the next
     # step: nothing where the rank then waits anyway), rather than ending earlier
