@@ -12,6 +12,8 @@ contention the sleep removes — tens of ms, more on a loaded machine."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from data.counterfactual_jobs import KINDS, counterfactual_worker, measured_saving_ns
@@ -51,3 +53,25 @@ def test_sleeping_rank_costs_the_measured_difference(runs, kind):
     assert top.ci_low_ns > 0
     fast = _what_if(runs / kind / "fast")
     assert fast.notable == (), fast.ranks
+
+
+RECORDED = Path(__file__).parent / "data" / "whatif_recorded"
+
+
+@pytest.mark.parametrize("name", ["ddp_late_completion", "gpipe_late_recv"])
+def test_recorded_runs_that_once_failed(name):
+    # two runs of the jobs above kept as they were recorded (4 gloo ranks on 2 loaded cores),
+    # each of which the what-if once got wrong in some steps: "ddp_late_completion", a DDP
+    # bucket's completion seen 1.5 ms after the next all_reduce was issued (its 800 ms wait
+    # for rank 1 taken for compute); "gpipe_late_recv", a receive's issue recorded 3 ms after
+    # its send completed (the rendezvous send taken for eager, its 400 ms wait frozen): the
+    # saving was half the measured difference
+    d = RECORDED / name
+    measured = measured_saving_ns(d / "fast", d / "slow")
+    w = _what_if(d / "slow")
+    assert w.note == "" and w.replay_error_ns == 0, w
+    top = w.ranks[0]
+    assert top.rank == SLOW_RANK and top in w.notable, w.ranks
+    assert abs(top.step_saving_ns - measured) <= 0.1 * measured, (top, measured)
+    assert top.ci_low_ns > 0.9 * measured, (top, measured)  # in every replayed step
+    assert _what_if(d / "fast").notable == ()

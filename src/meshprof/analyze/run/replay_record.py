@@ -16,9 +16,10 @@ from meshprof.analyze.run.table import EventTable
 from meshprof.rundir import LoadedRun
 
 I64_MIN = int(np.iinfo(np.int64).min)
-MUST_WAIT = SYNC_OPS | {"recv", "recv_object_list"}
+MUST_WAIT = SYNC_OPS | {"recv", "recv_object_list", "send", "send_object_list"}
 """Ops none of whose members can complete before the last one arrives (a receive: before its
-send)."""
+send; a send of a rendezvous direction: before its receive — an eager one never waits, see
+:func:`record`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,9 +187,11 @@ def record(
     np.maximum.at(release0, coll, np.where(lead, e0, a0))
     after_ns = release0[coll]  # (in place: a member array fewer at the peak)
     del release0
-    # a member of a synchronizing collective or a receive cannot complete before the release:
-    # it waits whatever the clocks say (a completion seen a little before the release is the
-    # clock alignment's error, which would otherwise freeze its whole wait into its duration)
+    # a member of a synchronizing collective, a receive or a rendezvous send cannot complete
+    # before the release: it waits whatever the clocks say (a completion seen a little before
+    # the release is the clock alignment's error, or the receive's issue recorded late — a
+    # batch of p2p ops is issued as one —, which would otherwise freeze its whole wait into
+    # its duration)
     must = np.isin(table.op[rows], [i for i, o in enumerate(table.ops) if o in MUST_WAIT])
     must &= coll < first_pair + n_pairs  # (matched, not alone)
     waits = ((e0 >= after_ns) | must) & ~lead
@@ -440,7 +443,8 @@ def _eager_sends(
 ) -> np.ndarray:
     """bool [member]: the sends of the *eager* (sender, receiver) directions (a send completes
     without waiting for its receiver), judged over every matched message of the direction
-    (aligned clock). A send that completed before its receive was issued votes eager; one issued
+    (aligned clock). A send that completed before its receive was issued, in less than half
+    that lead, votes eager; one issued
     a time Δ before its receive, Δ more than half the direction's transfer time (the median
     duration of its sends issued after their receive: the send then takes the transfer
     whatever the semantics), votes eager when its duration is nearer that time than Δ + that
@@ -469,7 +473,10 @@ def _eager_sends(
         if len(f):
             xfer[d] = float(np.median(d_s[f]))
     x = xfer[inv]
-    strong = a_s + d_s < a_r
+    # a send that completed before its receive was issued is strong evidence, unless it took
+    # most of that lead: a rendezvous send whose receive's issue was recorded late (a batch of
+    # p2p ops is recorded as one) looks like that
+    strong = (a_s + d_s < a_r) & (2 * d_s < delta)
     known = np.isfinite(x)
     known[known] = delta[known] > x[known] / 2  # (a shorter lead says little against noise)
     with np.errstate(invalid="ignore"):
