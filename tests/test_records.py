@@ -4,9 +4,11 @@ field documented (the file-format page is generated from those docstrings)."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import math
+import pickle
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -100,6 +102,39 @@ def test_a_record_keeps_unknown_keys_and_their_order() -> None:
         RankMeta.from_dict({"writer": {"writes": "3"}})
     with pytest.raises(RecordError, match=r"manifest\.nodes\[0\]\.ranks\[1\]: expected int"):
         Manifest.from_dict({"nodes": [{"ranks": [0, "one"]}]}, "manifest")
+
+
+def test_records_read_and_pickled_quickly_are_the_same_records() -> None:
+    # the fast paths (a scalar taken as it is; pickled as class + field values, rebuilt by a
+    # per-class setter) change nothing a reader or another process sees
+    raw = {
+        "rank": 5,
+        "hostname": "node0",
+        "groups": [
+            {"name": "0", "ranks": {"start": 0, "stop": 64, "step": 1}, "backend": "nccl"},
+            {"name": "tp1", "ranks": [1, 5, 9], "backend": "nccl", "color": "red"},
+        ],
+        "clock_sync": {"method": "pg", "rank": 5, "samples": [[1, 2, 3]], "error": ""},
+        "monitor": {"microbatches": 8, "new_setting": True},
+        "unknown": [1, {"a": None}],
+    }
+    meta = RankMeta.from_dict(raw)
+    back = pickle.loads(pickle.dumps(meta))
+    assert back == meta and back.to_dict() == meta.to_dict() == raw
+    assert back.key_order == meta.key_order and back.extra == {"unknown": [1, {"a": None}]}
+    assert back.groups is not None and back.groups[1].extra == {"color": "red"}
+    assert list(back.groups[0].ranks) == list(range(64))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        back.rank = 6  # type: ignore[misc]
+    # what the fast path must not take as it is: still decoded, or refused by the key
+    with pytest.raises(RecordError, match=r"RankMeta\.rank: expected int, got True"):
+        RankMeta.from_dict({"rank": True})
+    with pytest.raises(RecordError, match=r"RankMeta\.hostname: .*fits none|expected str"):
+        RankMeta.from_dict({"hostname": 3})
+    assert (
+        RankMeta.from_dict({"rank": 2.0}).rank == 2
+        and RankMeta.from_dict({"rank": None}).rank is None
+    )
 
 
 def test_a_damaged_meta_is_one_clear_error_of_that_rank(tmp_path: Path) -> None:

@@ -243,6 +243,29 @@ def _decode(tp: Any, data: Any, where: str) -> Any:
     return data
 
 
+_AS_IS: dict[Any, frozenset[type]] = {}
+_SCALARS = (int, str, bool, float, type(None))
+
+
+def as_is_types(tp: Any) -> frozenset[type]:
+    """The exact types of JSON data that :func:`decode` returns unchanged as a ``tp``: ``int``,
+    ``str``, ``bool`` for themselves, ``float`` for ``float`` (an int is converted, a null made
+    NaN), and a union's scalar members (``int | None``: int and NoneType); empty for anything
+    else. A record reader can take such a value without a call (cached per annotation)."""
+    got = _AS_IS.get(tp)
+    if got is None:
+        origin, targs = _shape(tp)
+        if origin is typing.Union or origin is types.UnionType:
+            opts = frozenset(targs)
+            got = opts if opts <= frozenset(_SCALARS) else frozenset()
+        elif tp in _SCALARS[:4]:
+            got = frozenset((tp,))
+        else:
+            got = frozenset()
+        _AS_IS[tp] = got
+    return got
+
+
 def _all_exactly(data: list[Any], item: Any) -> bool:
     """Every element of ``data`` is already of the primitive type ``item`` (or ``item`` is Any)."""
     if item is Any:

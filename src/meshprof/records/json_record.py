@@ -12,15 +12,58 @@ Every field is optional (None: the key is absent, unless it was read with a null
 from __future__ import annotations
 
 import dataclasses
+import operator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from meshprof.records.codec import decode, to_json
+from meshprof.records.codec import as_is_types, decode, to_json
 
 R = TypeVar("R", bound="JsonRecord")
 
 _BASE_FIELDS = frozenset({"extra", "key_order"})
 _KNOWN: dict[type, dict[str, str]] = {}
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+_SETTERS: dict[type, Callable[[Any, tuple[Any, ...]], None]] = {}
+_GETTERS: dict[type, operator.attrgetter[Any]] = {}
+_AS_IS_BY_CLASS: dict[type, dict[str, frozenset[type]]] = {}
+
+
+def _field_names(cls: type) -> tuple[str, ...]:
+    """Every field's attribute name, in declaration order (computed once per class)."""
+    got = _FIELD_NAMES.get(cls)
+    if got is None:
+        got = _FIELD_NAMES[cls] = tuple(f.name for f in dataclasses.fields(cls))
+    return got
+
+
+def _setter(cls: type) -> Callable[[Any, tuple[Any, ...]], None]:
+    """A function that sets every field of a new ``cls`` from a tuple of values, one statement
+    per field (made once per class, as :mod:`dataclasses` makes ``__init__``: a loop over the
+    names costs twice as much)."""
+    got = _SETTERS.get(cls)
+    if got is None:
+        names = _field_names(cls)
+        body = "".join(f"    s(o, {n!r}, v[{i}])\n" for i, n in enumerate(names)) or "    pass\n"
+        scope: dict[str, Any] = {"s": object.__setattr__}
+        exec(f"def set_fields(o, v):\n{body}", scope)  # (the names: the class' fields)
+        got = _SETTERS[cls] = scope["set_fields"]
+    return got
+
+
+def _as_is(cls: type) -> dict[str, frozenset[type]]:
+    """Field name -> the exact JSON value types it takes unchanged (:func:`as_is_types`)."""
+    got = _AS_IS_BY_CLASS.get(cls)
+    if got is None:
+        got = _AS_IS_BY_CLASS[cls] = {n: as_is_types(tp) for n, tp in _hints(cls).items()}
+    return got
+
+
+def _rebuild(cls: type[R], values: tuple[Any, ...]) -> R:
+    """A record from its field values (see :meth:`JsonRecord.__reduce__`)."""
+    obj = object.__new__(cls)
+    _setter(cls)(obj, values)
+    return obj
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -63,15 +106,28 @@ class JsonRecord:
             return decode(dict, d, where)  # type: ignore[no-any-return]  # raises
         known = cls.known()
         hints = _hints(cls)
+        as_is = _as_is(cls)
         kwargs: dict[str, Any] = {}
         extra: dict[str, Any] = {}
         for k, v in d.items():
             name = known.get(k)
             if name is None:
                 extra[k] = v
+            elif type(v) in as_is[name]:
+                kwargs[name] = v  # (what decode returns for it: most of a rank meta's keys)
             else:
                 kwargs[name] = decode(hints[name], v, f"{where}.{k}")
         return cls(**kwargs, extra=extra, key_order=tuple(d))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled as its class and field values: a process that loads rank files sends
+        100,000 rank metas back to the report, and the slots dataclass' own state methods
+        (``dataclasses.fields`` on every call) made each cost ~0.2 ms to pickle and load."""
+        cls = type(self)
+        get = _GETTERS.get(cls)
+        if get is None:
+            get = _GETTERS[cls] = operator.attrgetter(*_field_names(cls))
+        return (_rebuild, (cls, get(self)))
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object: keys as read (in their order), then set fields, then new extras."""
