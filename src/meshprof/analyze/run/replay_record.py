@@ -9,7 +9,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from meshprof.analyze.compute.sorting import RowsByKey, stable_argsort, unique_inverse
+from meshprof.analyze.compute.sorting import (
+    RowsByKey,
+    grouped_median,
+    stable_argsort,
+    unique_inverse,
+)
 from meshprof.analyze.run.clock import SYNC_OPS
 from meshprof.analyze.run.match import CollectiveMatch
 from meshprof.analyze.run.table import EventTable
@@ -405,20 +410,6 @@ def _spread(x: np.ndarray, g: np.ndarray, ng: int, sub: np.ndarray | None = None
     return np.sqrt(np.bincount(g, weights=dev * dev, minlength=ng) / cnt)
 
 
-def _medians(x: np.ndarray, code: np.ndarray, n: int) -> np.ndarray:
-    """Per code in [0, n): the median of ``x`` over its members (NaN for none)."""
-    order = np.lexsort((x, code))
-    xs, cs = x[order], code[order]
-    cnt = np.bincount(cs, minlength=n)
-    start = np.cumsum(cnt) - cnt
-    out = np.full(n, np.nan)
-    has = cnt > 0
-    lo = start[has] + (cnt[has] - 1) // 2
-    hi = start[has] + cnt[has] // 2
-    out[has] = (xs[lo] + xs[hi]) / 2
-    return out
-
-
 def _robust_spread(
     x: np.ndarray, g: np.ndarray, ng: int, sub: np.ndarray | None = None
 ) -> np.ndarray:
@@ -427,8 +418,8 @@ def _robust_spread(
     the group): a few outlying members do not move it. 0 for a group without members."""
     code = g if sub is None else sub
     n = ng if sub is None else int(sub.max(initial=-1)) + 1
-    dev = np.abs(x - _medians(x, code, n)[code])
-    out = 1.4826 * _medians(dev, g, ng)
+    dev = np.abs(x - grouped_median(x, code, n)[code])
+    out = 1.4826 * grouped_median(dev, g, ng)
     return np.nan_to_num(out, nan=0.0)
 
 

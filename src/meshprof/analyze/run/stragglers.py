@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from meshprof.analyze.compute import intervals
-from meshprof.analyze.compute.sorting import RowsByKey, stable_argsort
+from meshprof.analyze.compute.sorting import RowsByKey, grouped_median, stable_argsort
 from meshprof.analyze.run.clock import ClockAlignment
 from meshprof.analyze.run.match import CollectiveMatch, arrived_last_share
 from meshprof.analyze.run.replay_record import (
@@ -220,8 +220,11 @@ def find_stragglers(
     shape = (len(ranks), len(steps))
     step_ns, comm_ns, wait_ns = (np.full(shape, np.nan) for _ in range(3))
     phase_names: list[str] = []
-    phase_seen: set[str] = set()
-    phase_vals: dict[tuple[int, str], list[float]] = {}
+    phase_col: dict[str, int] = {}
+    # per (rank, phase) of a step every rank recorded: its compute (ns), one row each
+    pv_rank: list[int] = []
+    pv_col: list[int] = []
+    pv_val: list[float] = []
     # the lower quartile of arrival skews: how closely the members arrive when none waits
     multi = match.present >= 2
     jitter_ns = float(np.percentile(match.skew_ns[multi], 25)) if multi.any() else 0.0
@@ -267,11 +270,14 @@ def find_stragglers(
                 name = names[n] if n < len(names) else f"#{n}"
                 per[(name, s)] = per.get((name, s), 0.0) + c
             for (name, s), c in per.items():
-                if name not in phase_seen:
-                    phase_seen.add(name)
+                col = phase_col.get(name)
+                if col is None:
+                    col = phase_col[name] = len(phase_names)
                     phase_names.append(name)
                 if not common or s in common_set:
-                    phase_vals.setdefault((r, name), []).append(c)
+                    pv_rank.append(ri)
+                    pv_col.append(col)
+                    pv_val.append(c)
     compute = step_ns - comm_ns
     if f >= 1 and len(table) and steps:
         _waited_compute(run, table, ranks, steps, compute)
@@ -283,11 +289,10 @@ def find_stragglers(
         RankScore(r, float(med_rank[i]), float(score[i]), *last.get(r, (0, 0)))
         for i, r in enumerate(ranks)
     )
-    phase_ns = np.full((len(ranks), len(phase_names)), np.nan)
-    row_of = {r: i for i, r in enumerate(ranks)}
-    col_of = {name: j for j, name in enumerate(phase_names)}
-    for (r, name), v in phase_vals.items():
-        phase_ns[row_of[r], col_of[name]] = float(np.median(v))
+    # each (rank, phase)'s median, all at once
+    n_ph = len(phase_names)
+    code = np.asarray(pv_rank, dtype=np.int64) * n_ph + np.asarray(pv_col, dtype=np.int64)
+    phase_ns = grouped_median(np.asarray(pv_val), code, len(ranks) * n_ph).reshape(len(ranks), n_ph)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         phase_med = (
