@@ -75,6 +75,10 @@ BATCH_DTYPE = np.dtype(
     ]
 )
 """The fixed part of a batch (52 bytes)."""
+_BATCH_COUNTS = struct.Struct("=28x4I4xI")
+"""The row counts of :data:`BATCH_DTYPE` (n_events, n_spans, n_memory, n_side, n_inflight):
+read with ``struct``, a tenth of the cost of five fields of a numpy record."""
+assert _BATCH_COUNTS.size == BATCH_DTYPE.itemsize
 
 DTYPES = {
     "events": EVENT_DTYPE,
@@ -194,8 +198,7 @@ def decode_batch(payload: memoryview) -> Batch:
     if len(payload) < b:
         raise ValueError("batch shorter than its fixed part")
     info = np.frombuffer(payload, BATCH_DTYPE, 1)[0]
-    keys = ("n_events", "n_spans", "n_memory", "n_inflight", "n_side")
-    ne, ns, nm, ni, nside = (int(info[k]) for k in keys)
+    ne, ns, nm, nside, ni = _BATCH_COUNTS.unpack_from(payload)
     sizes = (
         ne * EVENT_DTYPE.itemsize,
         ns * SPAN_DTYPE.itemsize,
