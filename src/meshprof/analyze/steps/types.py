@@ -38,7 +38,7 @@ class Distribution:
     p95_ns: float
 
     @classmethod
-    def of(cls, values: Sequence[float]) -> Distribution:
+    def of(cls, values: Sequence[float] | np.ndarray) -> Distribution:
         if len(values) == 0:
             return cls(0, math.nan, math.nan, math.nan)
         a = np.asarray(values, dtype=np.float64)
