@@ -115,8 +115,10 @@ class Segments:
     def key(self, seg: np.ndarray, t: np.ndarray) -> np.ndarray:
         """Times of windows of segment ``seg`` on the shared axis (clamped into the segment)."""
         seg = np.asarray(seg, dtype=np.int64)
-        t = np.clip(np.asarray(t, dtype=np.int64), self.seg_min[seg], self.seg_max[seg])
-        return t - self.seg_min[seg] + self.base[seg]
+        lo = self.seg_min[seg]
+        # (np.minimum/np.maximum: the same as np.clip, at ~half its fixed cost per call)
+        t = np.minimum(np.maximum(np.asarray(t, dtype=np.int64), lo), self.seg_max[seg])
+        return t - lo + self.base[seg]
 
     def clipped_totals(
         self, subset: np.ndarray | None, seg: np.ndarray, a: np.ndarray, b: np.ndarray

@@ -10,7 +10,7 @@ schedule's makespan, so this is a lower bound (the joint figure:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -19,7 +19,7 @@ from meshprof.analyze.compute.pipeline_bubble import pipeline_bubble_theory
 from meshprof.analyze.steps.exposure import exposure
 from meshprof.analyze.steps.options import StepOptions
 from meshprof.analyze.steps.timeline import StepTimeline
-from meshprof.analyze.steps.types import PipelineStats, StepAnalysis
+from meshprof.analyze.steps.types import PipelineStats, StepAnalysis, updated
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,4 +113,4 @@ def add_pipeline(a: StepAnalysis, t: StepTimeline, o: StepOptions) -> StepAnalys
         bubble_theory=pipeline_bubble_theory(o.schedule, p, m, o.virtual_stages),
         utilization=1.0 - bubble,
     )
-    return replace(a, pipeline=pipeline)
+    return updated(a, pipeline=pipeline)

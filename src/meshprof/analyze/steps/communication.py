@@ -19,14 +19,18 @@ efficiency, and the per-step rows.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 
 from meshprof.analyze.steps.exposure import exposure
 from meshprof.analyze.steps.options import StepOptions
 from meshprof.analyze.steps.timeline import StepTimeline
-from meshprof.analyze.steps.types import CommDimStats, StepAnalysis, StepRow
+from meshprof.analyze.steps.types import (
+    CommDimStats,
+    PackedRows,
+    StepAnalysis,
+    pack_row_values,
+    updated,
+)
 
 
 def tp_efficiency(t: StepTimeline) -> float | None:
@@ -37,21 +41,24 @@ def tp_efficiency(t: StepTimeline) -> float | None:
     return 1.0 - (float(int(ph.tp_ns[ph.is_fb].sum())) / fb_sum) if fb_sum > 0 else None
 
 
-def step_rows(t: StepTimeline) -> list[StepRow]:
-    """The per-step rows (ns): exposed communication from :func:`~.exposure.exposure`."""
+def step_rows(t: StepTimeline) -> PackedRows:
+    """The per-step rows (ns; :class:`StepRow`'s fields, packed): exposed communication from
+    :func:`~.exposure.exposure`."""
     st = t.steps
     exposed = exposure(t).total
-    return list(
-        map(
-            StepRow,
-            st.step.tolist(),
-            st.duration_ns.tolist(),
-            st.cpu_ns.tolist(),
-            st.comm_ns.tolist(),
-            exposed.tolist(),
-            (st.duration_ns - exposed).tolist(),
-            st.tokens.tolist(),
-            st.samples.tolist(),
+    return pack_row_values(
+        np.stack(
+            [
+                st.step,
+                st.duration_ns,
+                st.cpu_ns,
+                st.comm_ns,
+                exposed,
+                st.duration_ns - exposed,
+                st.tokens,
+                st.samples,
+            ],
+            axis=1,
         )
     )
 
@@ -61,7 +68,7 @@ def add_communication(a: StepAnalysis, t: StepTimeline, o: StepOptions) -> StepA
     ``per_step``."""
     dims = t.dimensions
     st = t.steps
-    rows = step_rows(t)
+    n_st = t.count
     comm: list[CommDimStats] = []
     # every mean over steps from one call: row i of a C-ordered float64 matrix is reduced as
     # np.mean of that row alone would be (pairwise, then / n), so the figures are the same
@@ -80,17 +87,17 @@ def add_communication(a: StepAnalysis, t: StepTimeline, o: StepOptions) -> StepA
         )
         .mean(axis=1)
         .tolist()
-        if rows
+        if n_st
         else []
     )
     for di, d in enumerate(dims):
-        tot = means[di] if rows else 0.0
-        exp = means[nd + di] if rows else 0.0
+        tot = means[di] if n_st else 0.0
+        exp = means[nd + di] if n_st else 0.0
         comm.append(
             CommDimStats(
                 dimension=d,
-                count=round(means[2 * nd + di]) if rows else 0,
-                bytes=int(means[3 * nd + di]) if rows else 0,
+                count=round(means[2 * nd + di]) if n_st else 0,
+                bytes=int(means[3 * nd + di]) if n_st else 0,
                 total_ns=tot,
                 exposed_ns=exp,
                 hidden_ns=max(tot - exp, 0.0),
@@ -98,8 +105,8 @@ def add_communication(a: StepAnalysis, t: StepTimeline, o: StepOptions) -> StepA
                 exposed_share=a.share_of_step(exp),
             )
         )
-    total_share = a.share_of_step(means[4 * nd]) if rows else 0.0
-    exposed_share = a.share_of_step(means[4 * nd + 1]) if rows else 0.0
+    total_share = a.share_of_step(means[4 * nd]) if n_st else 0.0
+    exposed_share = a.share_of_step(means[4 * nd + 1]) if n_st else 0.0
     layout = o.layout
     dp_eff: float | None = None
     if (layout is not None and layout.dp > 1) or "dp" in dims:
@@ -107,12 +114,12 @@ def add_communication(a: StepAnalysis, t: StepTimeline, o: StepOptions) -> StepA
     tp_eff: float | None = None
     if (layout is not None and layout.tp > 1) or "tp" in dims:
         tp_eff = tp_efficiency(t)
-    return replace(
+    return updated(
         a,
+        step_rows(t) if n_st else None,
         comm=comm,
         comm_total_share=total_share,
         comm_exposed_share=exposed_share,
         dp_efficiency=dp_eff,
         tp_efficiency=tp_eff,
-        per_step=rows,
     )

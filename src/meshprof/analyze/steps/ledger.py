@@ -22,8 +22,6 @@ The straggler wait is carved out of the exposed communication across ranks
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 
 from meshprof.analyze.steps.bubble import chunk_cover, schedule_window
@@ -31,7 +29,7 @@ from meshprof.analyze.steps.exposure import exposure
 from meshprof.analyze.steps.options import StepOptions
 from meshprof.analyze.steps.phases import DATA_PHASES
 from meshprof.analyze.steps.timeline import StepSpan, StepTimeline, timeline_of_spans
-from meshprof.analyze.steps.types import StepAnalysis
+from meshprof.analyze.steps.types import StepAnalysis, updated
 from meshprof.records.ledger import TimeCause, exposed_cause
 
 OPTIMIZER_PHASES = ("optimizer", "optimizer_step", "optim", "checkpoint", "ckpt", "save")
@@ -154,6 +152,6 @@ def add_ledger(a: StepAnalysis, t: StepTimeline, o: StepOptions) -> StepAnalysis
     parts = step_parts(t)
     totals = np.cumsum(parts, axis=0)[-1].tolist() if len(parts) else [0.0] * len(CAUSES)
     wall = int(t.steps.duration_ns.sum())
-    return replace(
+    return updated(
         a, ledger=whole_ns(dict(zip(CAUSES, totals, strict=True)), wall), ledger_wall_ns=wall
     )

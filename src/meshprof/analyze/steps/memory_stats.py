@@ -7,13 +7,11 @@ resident set size (no CUDA allocator), else "cuda"; capacity 0 means unknown.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 
 from meshprof.analyze.steps.options import StepOptions
 from meshprof.analyze.steps.timeline import StepTimeline
-from meshprof.analyze.steps.types import MemoryStats, StepAnalysis
+from meshprof.analyze.steps.types import MemoryStats, StepAnalysis, updated
 
 
 def memory_stats(memory: np.ndarray, steps: np.ndarray) -> MemoryStats | None:
@@ -47,4 +45,4 @@ def memory_stats(memory: np.ndarray, steps: np.ndarray) -> MemoryStats | None:
 
 def add_memory(a: StepAnalysis, t: StepTimeline, o: StepOptions) -> StepAnalysis:
     """Fill ``memory``."""
-    return replace(a, memory=memory_stats(t.memory, t.steps.step))
+    return updated(a, memory=memory_stats(t.memory, t.steps.step))

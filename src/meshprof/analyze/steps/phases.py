@@ -7,13 +7,11 @@ its share is the mean over steps / the mean step time. Data loading is the phase
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 
 from meshprof.analyze.steps.options import StepOptions
 from meshprof.analyze.steps.timeline import StepTimeline
-from meshprof.analyze.steps.types import Distribution, PhaseStats, StepAnalysis
+from meshprof.analyze.steps.types import Distribution, PhaseStats, StepAnalysis, updated
 
 DATA_PHASES = ("data", "data_loading", "dataloader")
 """Phase names that mean waiting for the next batch."""
@@ -25,16 +23,21 @@ def add_phases(a: StepAnalysis, t: StepTimeline, o: StepOptions) -> StepAnalysis
     ph = t.phases
     n_st, n_names = t.count, len(ph.names)
     if not n_st:
-        return replace(a, phases=[], data_loading_share=0.0)
+        return updated(a, phases=[], data_loading_share=0.0)
     key = ph.step_index * n_names + ph.name
     # a name's time in a step: its spans' float(duration) added one by one, in recorded order
     per_step = np.bincount(key, weights=ph.duration_ns, minlength=n_st * n_names)
     per_step = per_step.reshape(n_st, n_names)
     occurs = np.bincount(key, minlength=n_st * n_names).reshape(n_st, n_names) > 0
     used, first = np.unique(ph.name, return_index=True)
+    order = used[np.argsort(first, kind="stable")].tolist()  # by first occurrence
+    every = set(np.flatnonzero(occurs.all(axis=0)).tolist())
+    # the names of every step at once; the others one by one
+    in_all = [n for n in order if n in every]
+    times = dict(zip(in_all, Distribution.of_rows(per_step[:, in_all].T), strict=True))
     stats = []
-    for n in used[np.argsort(first, kind="stable")].tolist():
-        time = Distribution.of(per_step[occurs[:, n], n])
+    for n in order:
+        time = times[n] if n in times else Distribution.of(per_step[occurs[:, n], n])
         stats.append(
             PhaseStats(name=ph.names[n], time=time, share_of_step=a.share_of_step(time.mean_ns))
         )
@@ -43,4 +46,4 @@ def add_phases(a: StepAnalysis, t: StepTimeline, o: StepOptions) -> StepAnalysis
     # (sums of whole nanoseconds: exact in any order)
     data_time = per_step[:, data].sum(axis=1) if data else np.zeros(n_st)
     data_share = a.share_of_step(float(np.mean(data_time)))
-    return replace(a, phases=stats, data_loading_share=data_share)
+    return updated(a, phases=stats, data_loading_share=data_share)

@@ -230,10 +230,12 @@ def _collectives(events: np.ndarray, groups: Sequence[Any], layout: Layout | Non
     labels = [*dims, "other"]
     g = ev["group"].astype(np.int64)
     ev_label = np.where(g < len(dims), g, len(dims))
-    dim_names = sorted({str(labels[i]) for i in np.unique(ev_label).tolist()})
+    dim_names = sorted({str(labels[i]) for i in np.flatnonzero(np.bincount(ev_label)).tolist()})
     to_code = np.asarray([dim_names.index(x) if x in dim_names else -1 for x in labels])
     ev_dcode = to_code[ev_label] if len(ev) else np.zeros(0, dtype=np.int64)
     ev_bytes = np.maximum(ev["in_bytes"], ev["out_bytes"]).astype(np.int64)
+    if (ev_start[1:] >= ev_start[:-1]).all():  # (recorded in issue order: nearly always)
+        return _Collectives(ev_start, ev_end, ev_dcode, ev_bytes, dim_names)
     order = np.argsort(ev_start, kind="stable")
     return _Collectives(ev_start[order], ev_end[order], ev_dcode[order], ev_bytes[order], dim_names)
 
@@ -287,54 +289,61 @@ def _measure(
     top-level and the forward/backward phase windows."""
     n_st, nd, n = len(t0), len(c.dims), len(c.start)
     order = np.argsort(c.dim, kind="stable")  # by dimension, in start order within each
-    edges = [0, *(n + np.searchsorted(c.dim[order], np.arange(nd + 1))).tolist()]
-    starts = np.concatenate([c.start, c.start[order]])
-    ends = np.concatenate([c.end, c.end[order]])
-    lo = np.empty((nd + 1, n_st), dtype=np.int64)
-    hi = np.empty((nd + 1, n_st), dtype=np.int64)
-    for q in range(nd + 1):
-        block = starts[edges[q] : edges[q + 1]]
-        lo[q] = edges[q] + np.searchsorted(block, t0, side="left")
-        hi[q] = np.maximum(edges[q] + np.searchsorted(block, t1, side="left"), lo[q])
-    segs = Segments(starts, ends, lo.ravel(), hi.ravel(), np.tile(t0, nd + 1))
+    # of the first i collectives (start order), how many are of each dimension, and their bytes
+    of_dim = c.dim == np.arange(nd, dtype=np.int64)[:, None]
+    counts = np.zeros((2 * nd, n + 1), dtype=np.int64)
+    np.cumsum(np.concatenate([of_dim, of_dim * c.nbytes]), axis=1, out=counts[:, 1:])
+    lo_all = np.searchsorted(c.start, t0, side="left")
+    hi_all = np.maximum(np.searchsorted(c.start, t1, side="left"), lo_all)
+    # a step's collectives of dimension d: a range of its block (start order within it)
+    block = n + counts[:nd, -1].cumsum() - counts[:nd, -1]
+    lo = np.concatenate([lo_all[None, :], block[:, None] + counts[:nd, lo_all]])
+    hi = np.concatenate([hi_all[None, :], block[:, None] + counts[:nd, hi_all]])
+    segs = Segments(
+        np.concatenate([c.start, c.start[order]]),
+        np.concatenate([c.end, c.end[order]]),
+        lo.ravel(),
+        hi.ravel(),
+        np.concatenate([t0] * (nd + 1)),
+    )
     k_top, a_top, b_top = top
     k_fb, a_fb, b_fb = fb
     n_top = len(k_top)
     tp = c.dims.index("tp") if "tp" in c.dims else -1
+    with_fb = tp >= 0 and len(k_fb) > 0
+    # windows: every subset's top-level phases, then its steps, then TP's fb phases
     q_of = np.arange(nd + 1, dtype=np.int64)[:, None] * n_st
-    steps = np.arange(n_st, dtype=np.int64)
-    seg = [(q_of + k_top).ravel(), (q_of + steps).ravel()]
-    wa = [np.tile(a_top, nd + 1), np.tile(t0, nd + 1)]
-    wb = [np.tile(b_top, nd + 1), np.tile(t1, nd + 1)]
-    if tp >= 0 and len(k_fb):
-        seg.append((1 + tp) * n_st + k_fb)
-        wa.append(a_fb)
-        wb.append(b_fb)
-    got = segs.clipped_totals(None, np.concatenate(seg), np.concatenate(wa), np.concatenate(wb))
-    in_top = got[: (nd + 1) * n_top].reshape(nd + 1, n_top)
-    in_step = got[(nd + 1) * n_top : (nd + 1) * (n_top + n_st)].reshape(nd + 1, n_st)
+    seg = np.concatenate(
+        [
+            (q_of + np.concatenate([k_top, np.arange(n_st, dtype=np.int64)])).ravel(),
+            *([(1 + tp) * n_st + k_fb] if with_fb else []),
+        ]
+    )
+    wa = np.concatenate([*[a_top, t0] * (nd + 1), *([a_fb] if with_fb else [])])
+    wb = np.concatenate([*[b_top, t1] * (nd + 1), *([b_fb] if with_fb else [])])
+    got = segs.clipped_totals(None, seg, wa, wb)
+    per_q = got[: (nd + 1) * (n_top + n_st)].reshape(nd + 1, n_top + n_st)
     fb_tp = got[(nd + 1) * (n_top + n_st) :]
-    nbytes = np.zeros(2 * n + 1, dtype=np.int64)
-    np.cumsum(np.concatenate([c.nbytes, c.nbytes[order]]), out=nbytes[1:])
     return _Measured(
-        top=in_top[0],
-        top_dim=in_top[1:],
-        fb_tp=fb_tp if len(fb_tp) else np.zeros(len(k_fb), dtype=np.int64),
-        step=in_step[0],
-        step_dim=in_step[1:],
-        count_dim=(hi - lo)[1:],
-        bytes_dim=(nbytes[hi] - nbytes[lo])[1:],
+        top=per_q[0, :n_top],
+        top_dim=per_q[1:, :n_top],
+        fb_tp=fb_tp if with_fb else np.zeros(len(k_fb), dtype=np.int64),
+        step=per_q[0, n_top:],
+        step_dim=per_q[1:, n_top:],
+        count_dim=counts[:nd, hi_all] - counts[:nd, lo_all],
+        bytes_dim=counts[nd:, hi_all] - counts[nd:, lo_all],
     )
 
 
 def _names(codes: np.ndarray, span_names: list[str]) -> tuple[np.ndarray, tuple[str, ...]]:
     """(name index of each phase, the distinct names) of phases of span-name codes ``codes``
     (a code the table lacks is named by its number)."""
-    used, inverse = np.unique(codes, return_inverse=True)
-    labels = [span_names[i] if i < len(span_names) else str(i) for i in used.tolist()]
+    used = np.flatnonzero(np.bincount(codes)).tolist()
+    labels = [span_names[i] if i < len(span_names) else str(i) for i in used]
     distinct = sorted(set(labels))
-    to_name = np.asarray([distinct.index(x) for x in labels], dtype=np.int64)
-    return to_name[inverse.reshape(-1)], tuple(distinct)
+    to_name = np.zeros(used[-1] + 1 if used else 0, dtype=np.int64)
+    to_name[used] = [distinct.index(x) for x in labels]
+    return to_name[codes], tuple(distinct)
 
 
 def build_timeline(
