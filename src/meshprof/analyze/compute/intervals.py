@@ -131,16 +131,19 @@ class Segments:
             ks, ke = ks[keep], ke[keep]
         a = np.asarray(a, dtype=np.int64)
         b = np.asarray(b, dtype=np.int64)
-        out = np.zeros(len(a), dtype=np.int64)
-        ok = b > a
-        if not len(ks) or not ok.any():
-            return out
+        if not len(ks) or not len(a):
+            return np.zeros(len(a), dtype=np.int64)
         # already sorted by start: merge without sorting again
         run_max = np.maximum.accumulate(ke)
         new = np.ones(len(ks), dtype=bool)
         new[1:] = ks[1:] > run_max[:-1]
         first = np.flatnonzero(new)
         us, ue = ks[first], np.maximum.reduceat(ke, first)
+        # both ends of every window onto the shared axis (:meth:`key`, the segment gathered
+        # once); a window with b <= a covers 0 (:func:`covered`)
         seg = np.asarray(seg, dtype=np.int64)
-        out[ok] = covered(us, ue, self.key(seg[ok], a[ok]), self.key(seg[ok], b[ok]))
-        return out
+        lo, hi = self.seg_min[seg], self.seg_max[seg]
+        shift = self.base[seg] - lo
+        ka = np.minimum(np.maximum(a, lo), hi) + shift
+        kb = np.minimum(np.maximum(b, lo), hi) + shift
+        return covered(us, ue, ka, kb)

@@ -29,12 +29,15 @@ def add_phases(a: StepAnalysis, t: StepTimeline, o: StepOptions) -> StepAnalysis
     per_step = np.bincount(key, weights=ph.duration_ns, minlength=n_st * n_names)
     per_step = per_step.reshape(n_st, n_names)
     occurs = np.bincount(key, minlength=n_st * n_names).reshape(n_st, n_names) > 0
-    used, first = np.unique(ph.name, return_index=True)
-    order = used[np.argsort(first, kind="stable")].tolist()  # by first occurrence
+    order = list(dict.fromkeys(ph.name.tolist()))  # by first occurrence
     every = set(np.flatnonzero(occurs.all(axis=0)).tolist())
-    # the names of every step at once; the others one by one
+    data = [n for n, name in enumerate(ph.names) if name in DATA_PHASES]
+    # (sums of whole nanoseconds: exact in any order)
+    data_time = per_step[:, data].sum(axis=1) if data else np.zeros(n_st)
+    # the names of every step at once, with the data loading time; the others one by one
     in_all = [n for n in order if n in every]
-    times = dict(zip(in_all, Distribution.of_rows(per_step[:, in_all].T), strict=True))
+    *got, data_dist = Distribution.of_rows(np.vstack([per_step[:, in_all].T, data_time]))
+    times = dict(zip(in_all, got, strict=True))
     stats = []
     for n in order:
         time = times[n] if n in times else Distribution.of(per_step[occurs[:, n], n])
@@ -42,8 +45,5 @@ def add_phases(a: StepAnalysis, t: StepTimeline, o: StepOptions) -> StepAnalysis
             PhaseStats(name=ph.names[n], time=time, share_of_step=a.share_of_step(time.mean_ns))
         )
     stats.sort(key=lambda p: -p.time.mean_ns)
-    data = [n for n, name in enumerate(ph.names) if name in DATA_PHASES]
-    # (sums of whole nanoseconds: exact in any order)
-    data_time = per_step[:, data].sum(axis=1) if data else np.zeros(n_st)
-    data_share = a.share_of_step(float(np.mean(data_time)))
+    data_share = a.share_of_step(data_dist.mean_ns)
     return updated(a, phases=stats, data_loading_share=data_share)
