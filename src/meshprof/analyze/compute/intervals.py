@@ -84,8 +84,9 @@ class Segments:
         hi: np.ndarray,
         seg_min: np.ndarray,
     ) -> None:
-        """``starts`` sorted ascending, ``ends`` >= ``starts``; segment k holds intervals
-        lo[k]:hi[k], whose starts are all >= seg_min[k]."""
+        """``ends`` >= ``starts``; segment k holds intervals lo[k]:hi[k], sorted by start, whose
+        starts are all >= seg_min[k] (the whole array need not be sorted: the step analysis
+        passes several start-sorted blocks one after the other)."""
         lo = np.asarray(lo, dtype=np.int64)
         hi = np.maximum(np.asarray(hi, dtype=np.int64), lo)
         n = hi - lo
