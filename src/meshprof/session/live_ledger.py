@@ -3,7 +3,7 @@ time since it started recording, split into the causes of the report's time ledg
 (:class:`~meshprof.records.ledger.TimeCause`), the parts summing to the wall time exactly.
 
 Each completed step is accounted once, by the report's own definition
-(:func:`meshprof.analyze.steps.ledger.step_ledger`, phase by phase): its collectives are those
+(:func:`meshprof.analyze.steps.ledger.step_parts`, phase by phase, a record's new steps at once): its collectives are those
 issued inside it, their union clipped to each top-level phase and per dimension, as the step
 analysis measures them. Time outside the steps (before the first, between two, after the last
 once the rank ended) is ``idle``; so are steps the monitor's bounded span buffer dropped before
@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 
 from meshprof.analyze.compute.intervals import clipped_total
-from meshprof.analyze.steps.ledger import CAUSES, step_ledger, whole_ns
-from meshprof.analyze.steps.timeline import FB_PHASES, PhaseSpan, StepSpan
+from meshprof.analyze.steps.ledger import CAUSES, step_parts, whole_ns
+from meshprof.analyze.steps.timeline import FB_PHASES, PhaseSpan, StepSpan, timeline_of_spans
 from meshprof.events import FLAG_UNSAMPLED, PIPELINE_CHUNKS
 from meshprof.records.ledger import TimeCause
 from meshprof.records.live import RankLive
@@ -80,8 +80,8 @@ class LiveLedger:
         steps = self._new_steps(monitor)
         if steps and self.origin_ns == 0:
             self.origin_ns = self.until_ns = min(rec.started_ns or steps[0][0][5], steps[0][0][5])
-        for row, phases in steps:
-            self._account(row, phases, monitor)
+        taken = [self._take(row, phases, monitor) for row, phases in steps]
+        self._account([x for x in taken if x is not None])
         if rec.status != "running":  # the last record: the tail is idle, stop listening
             if self.origin_ns and rec.updated_ns > self.until_ns:
                 self.parts[TimeCause.IDLE] += rec.updated_ns - self.until_ns
@@ -139,24 +139,40 @@ class LiveLedger:
                 continue
         return []
 
-    def _account(self, row: tuple[Any, ...], phase_rows: list[tuple[Any, ...]], mon: Any) -> None:
+    def _take(
+        self, row: tuple[Any, ...], phase_rows: list[tuple[Any, ...]], mon: Any
+    ) -> tuple[StepSpan, int, int] | None:
+        """A completed step measured, the time since the ledger's end before it counted idle:
+        (step, its part inside the ledger in ns, its duration in ns); None for a step that
+        ended before the ledger began."""
         # SPAN row: (kind, status, depth, name, step, start_ns, duration_ns, tokens, samples, cpu)
         start, dur = int(row[5]), int(row[6])
         end = start + dur
         self.last_step = int(row[4])
         if end <= self.until_ns:  # (a step that ended before the ledger began)
-            return
+            return None
         if start > self.until_ns:
             self.parts[TimeCause.IDLE] += start - self.until_ns
         st = self._step_span(row, phase_rows, getattr(mon, "span_names", []))
-        parts = step_ledger(st, tuple(self._dims))
         kept = end - max(start, self.until_ns)
-        if kept < dur:  # it began before the ledger: count the part inside it, in proportion
-            parts = {k: v * kept / dur for k, v in parts.items()}
-        for k, v in whole_ns(parts, kept).items():
-            self.parts[k] += v
         self.until_ns = end
         self._drop_before(end)
+        return st, kept, dur
+
+    def _account(self, taken: list[tuple[StepSpan, int, int]]) -> None:
+        """Add the steps' parts (:func:`~meshprof.analyze.steps.ledger.step_parts`, all the
+        steps at once): a step that began before the ledger counts its part inside it, in
+        proportion."""
+        if not taken:
+            return
+        dims = tuple(self._dims)
+        every = step_parts(timeline_of_spans([st for st, _, _ in taken], dims))
+        for (_, kept, dur), row in zip(taken, every.tolist(), strict=True):
+            parts = dict(zip(CAUSES, row, strict=True))
+            if kept < dur:
+                parts = {k: v * kept / dur for k, v in parts.items()}
+            for k, v in whole_ns(parts, kept).items():
+                self.parts[k] += v
 
     def _comm(self, lo: int, hi: int, a: int, b: int) -> tuple[int, tuple[int, ...]]:
         """Union of the collectives [lo:hi) inside [a, b), and per dimension."""

@@ -84,8 +84,9 @@ class Segments:
         hi: np.ndarray,
         seg_min: np.ndarray,
     ) -> None:
-        """``starts`` sorted ascending, ``ends`` >= ``starts``; segment k holds intervals
-        lo[k]:hi[k], whose starts are all >= seg_min[k]."""
+        """``ends`` >= ``starts``; segment k holds intervals lo[k]:hi[k], sorted by start, whose
+        starts are all >= seg_min[k] (the whole array need not be sorted: the step analysis
+        passes several start-sorted blocks one after the other)."""
         lo = np.asarray(lo, dtype=np.int64)
         hi = np.maximum(np.asarray(hi, dtype=np.int64), lo)
         n = hi - lo
@@ -115,8 +116,10 @@ class Segments:
     def key(self, seg: np.ndarray, t: np.ndarray) -> np.ndarray:
         """Times of windows of segment ``seg`` on the shared axis (clamped into the segment)."""
         seg = np.asarray(seg, dtype=np.int64)
-        t = np.clip(np.asarray(t, dtype=np.int64), self.seg_min[seg], self.seg_max[seg])
-        return t - self.seg_min[seg] + self.base[seg]
+        lo = self.seg_min[seg]
+        # (np.minimum/np.maximum: the same as np.clip, at ~half its fixed cost per call)
+        t = np.minimum(np.maximum(np.asarray(t, dtype=np.int64), lo), self.seg_max[seg])
+        return t - lo + self.base[seg]
 
     def clipped_totals(
         self, subset: np.ndarray | None, seg: np.ndarray, a: np.ndarray, b: np.ndarray
@@ -129,16 +132,19 @@ class Segments:
             ks, ke = ks[keep], ke[keep]
         a = np.asarray(a, dtype=np.int64)
         b = np.asarray(b, dtype=np.int64)
-        out = np.zeros(len(a), dtype=np.int64)
-        ok = b > a
-        if not len(ks) or not ok.any():
-            return out
+        if not len(ks) or not len(a):
+            return np.zeros(len(a), dtype=np.int64)
         # already sorted by start: merge without sorting again
         run_max = np.maximum.accumulate(ke)
         new = np.ones(len(ks), dtype=bool)
         new[1:] = ks[1:] > run_max[:-1]
         first = np.flatnonzero(new)
         us, ue = ks[first], np.maximum.reduceat(ke, first)
+        # both ends of every window onto the shared axis (:meth:`key`, the segment gathered
+        # once); a window with b <= a covers 0 (:func:`covered`)
         seg = np.asarray(seg, dtype=np.int64)
-        out[ok] = covered(us, ue, self.key(seg[ok], a[ok]), self.key(seg[ok], b[ok]))
-        return out
+        lo, hi = self.seg_min[seg], self.seg_max[seg]
+        shift = self.base[seg] - lo
+        ka = np.minimum(np.maximum(a, lo), hi) + shift
+        kb = np.minimum(np.maximum(b, lo), hi) + shift
+        return covered(us, ue, ka, kb)

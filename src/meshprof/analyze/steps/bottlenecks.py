@@ -3,8 +3,6 @@ figures the other steps filled; findings are ordered most severe first."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from meshprof.analyze.steps.options import StepOptions
 from meshprof.analyze.steps.rules import (
     Bottleneck,
@@ -15,7 +13,7 @@ from meshprof.analyze.steps.rules import (
     rule_tp,
 )
 from meshprof.analyze.steps.timeline import StepTimeline
-from meshprof.analyze.steps.types import StepAnalysis
+from meshprof.analyze.steps.types import StepAnalysis, updated
 from meshprof.records.finding import severity_order
 
 
@@ -36,4 +34,4 @@ def add_bottlenecks(a: StepAnalysis, t: StepTimeline, o: StepOptions) -> StepAna
     ]
     out = [b for b in found if b is not None]
     out.sort(key=lambda b: severity_order(b.severity))
-    return replace(a, bottlenecks=out)
+    return updated(a, bottlenecks=out)

@@ -22,15 +22,14 @@ The straggler wait is carved out of the exposed communication across ranks
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 
-from meshprof.analyze.compute.intervals import clipped_total
+from meshprof.analyze.steps.bubble import chunk_cover, schedule_window
+from meshprof.analyze.steps.exposure import exposure
 from meshprof.analyze.steps.options import StepOptions
 from meshprof.analyze.steps.phases import DATA_PHASES
-from meshprof.analyze.steps.timeline import PhaseSpan, StepSpan, StepTimeline
-from meshprof.analyze.steps.types import StepAnalysis
+from meshprof.analyze.steps.timeline import StepSpan, StepTimeline, timeline_of_spans
+from meshprof.analyze.steps.types import StepAnalysis, updated
 from meshprof.records.ledger import TimeCause, exposed_cause
 
 OPTIMIZER_PHASES = ("optimizer", "optimizer_step", "optim", "checkpoint", "ckpt", "save")
@@ -39,89 +38,91 @@ OPTIMIZER_PHASES = ("optimizer", "optimizer_step", "optim", "checkpoint", "ckpt"
 CAUSES = tuple(c.value for c in TimeCause)
 """Every cause, in :class:`TimeCause` order (a ledger lists them all, 0 when none)."""
 
-
-def _exposed(blocked: int, comm_ns: int) -> float:
-    return float(min(max(blocked, 0), comm_ns))
-
-
-def _window(st: StepSpan, chunks: list[PhaseSpan]) -> PhaseSpan | None:
-    """The top-level non-chunk phase overlapping the chunks most (None: the step itself)."""
-    if not chunks:
-        return None
-    cs = np.asarray([p.start_ns for p in chunks], dtype=np.int64)
-    ce = cs + np.asarray([p.duration_ns for p in chunks], dtype=np.int64)
-    best, found = 0, None
-    for p in st.phases:
-        if p.depth != 1 or p.is_chunk:
-            continue
-        ov = clipped_total(cs, ce, p.start_ns, p.start_ns + p.duration_ns)
-        if ov > best:
-            best, found = ov, p
-    return found
+_COL = {c: i for i, c in enumerate(CAUSES)}
+_DATA, _OPT, _BUBBLE, _COMPUTE, _IDLE = (
+    _COL[c]
+    for c in (
+        TimeCause.DATA_LOADING,
+        TimeCause.OPTIMIZER,
+        TimeCause.BUBBLE,
+        TimeCause.COMPUTE,
+        TimeCause.IDLE,
+    )
+)
 
 
-def _chunk_union(chunks: list[PhaseSpan], lo: int, hi: int) -> int:
-    cs = np.asarray([p.start_ns for p in chunks], dtype=np.int64)
-    ce = cs + np.asarray([p.duration_ns for p in chunks], dtype=np.int64)
-    return int(clipped_total(cs, ce, lo, hi))
+def _pick(cond: np.ndarray, yes: np.ndarray | float, no: np.ndarray | float) -> np.ndarray:
+    return np.where(cond, yes, no)
+
+
+def step_parts(t: StepTimeline) -> np.ndarray:
+    """Each step's wall time by cause (steps × :data:`CAUSES`, float64 ns summing to the step's
+    duration), phase by phase: each step's parts are summed in the order of a loop over its
+    top-level phases (each one's exposed shares by dimension, then the rest of the phase), then
+    the rest of the step (its exposed shares, then the rest), from 0.0 (``np.bincount`` adds
+    its weights one by one in index order)."""
+    e = exposure(t)
+    ph = t.phases
+    dims = t.dimensions
+    nd, n_st, nc = len(dims), t.count, len(CAUSES)
+    n_top = len(e.top)
+    pp = dims.index("pp") if "pp" in dims else -1
+    dim_cause = np.asarray([_COL[exposed_cause(d)] for d in dims], dtype=np.int64)
+    cover = chunk_cover(t)
+    win = np.zeros(n_top, dtype=bool)
+    in_bubble = np.zeros(n_st, dtype=bool)
+    idle = np.zeros(n_top, dtype=np.int64)
+    dur = ph.duration_ns[e.top]
+    if cover is not None:
+        w = schedule_window(t, cover, strict=True)
+        win[w[w >= 0]] = True
+        in_bubble = (w < 0) & cover.has_chunks
+        idle = dur - cover.in_top  # the window's time the chunks leave uncovered
+    shares = e.shares
+    pp_exp = np.zeros(n_top)
+    if pp >= 0 and win.any():  # the window's pipeline share is its bubble, not exposed pp
+        pp_exp = _pick(win, shares[pp], 0.0)
+        shares = shares.copy()
+        shares[pp] = _pick(win, 0.0, shares[pp])
+    base = dur - e.exposed
+    names = ph.names
+    data = np.asarray([n in DATA_PHASES for n in names], dtype=bool)[ph.name[e.top]]
+    opt = np.asarray([n in OPTIMIZER_PHASES for n in names], dtype=bool)[ph.name[e.top]] & ~data
+    in_win = win & ~data & ~opt
+    x = idle - pp_exp
+    x = _pick(x < 0.0, 0.0, x)  # max(x, 0.0)
+    extra = _pick(base < x, base, x)  # min(x, base)
+    k = e.top_step[:, None] * nc
+    slots_top = np.empty((n_top, nd + 2), dtype=np.int64)
+    slots_top[:, :nd] = k + dim_cause
+    cause = _pick(data, _DATA, _pick(opt, _OPT, _pick(in_win, _BUBBLE, _COMPUTE)))
+    slots_top[:, nd] = k[:, 0] + cause
+    slots_top[:, nd + 1] = k[:, 0] + _COMPUTE
+    w_top = np.empty((n_top, nd + 2))
+    w_top[:, :nd] = shares.T
+    w_top[:, nd] = _pick(in_win, pp_exp + extra, base)
+    w_top[:, nd + 1] = _pick(in_win, base - extra, 0.0)
+    ks = np.arange(n_st, dtype=np.int64)[:, None] * nc
+    slots_rest = np.empty((n_st, nd + 1), dtype=np.int64)
+    slots_rest[:, :nd] = ks + dim_cause
+    if pp >= 0:
+        slots_rest[:, pp] = _pick(in_bubble, ks[:, 0] + _BUBBLE, slots_rest[:, pp])
+    slots_rest[:, nd] = ks[:, 0] + _pick(in_bubble, _BUBBLE, _pick(e.has_top, _IDLE, _COMPUTE))
+    w_rest = np.empty((n_st, nd + 1))
+    w_rest[:, :nd] = e.rest_shares.T
+    r = e.rest_wall - e.rest_exposed
+    w_rest[:, nd] = _pick(r < 0.0, 0.0, r)  # max(r, 0.0)
+    parts = np.bincount(
+        np.concatenate([slots_top.ravel(), slots_rest.ravel()]),
+        weights=np.concatenate([w_top.ravel(), w_rest.ravel()]),
+        minlength=n_st * nc,
+    )
+    return parts.reshape(n_st, nc)
 
 
 def step_ledger(st: StepSpan, dims: tuple[str, ...]) -> dict[str, float]:
     """One step's wall time by cause (ns, floats summing to the step's duration)."""
-    parts = dict.fromkeys(CAUSES, 0.0)
-    pp = dims.index("pp") if "pp" in dims else -1
-    chunks = [p for p in st.phases if p.is_chunk]
-    window = _window(st, chunks)
-    top = [p for p in st.phases if p.depth == 1]
-    covered_wall = covered_cpu = covered_comm = 0
-    for p in top:
-        covered_wall += p.duration_ns
-        covered_cpu += max(p.cpu_ns, 0)
-        covered_comm += p.comm_ns
-        blocked = p.duration_ns - p.cpu_ns if p.cpu_ns >= 0 else p.duration_ns
-        exp = _exposed(blocked, p.comm_ns)
-        pp_exp = 0.0
-        tot = sum(p.comm_by_dim)
-        if exp > 0 and tot > 0:
-            for d, v in zip(dims, p.comm_by_dim, strict=True):
-                share = exp * v / tot
-                if p is window and d == "pp":
-                    pp_exp = share
-                else:
-                    parts[exposed_cause(d)] += share
-        base = p.duration_ns - exp
-        if p.name in DATA_PHASES:
-            parts[TimeCause.DATA_LOADING] += base
-        elif p.name in OPTIMIZER_PHASES:
-            parts[TimeCause.OPTIMIZER] += base
-        elif p is window:
-            idle = p.duration_ns - _chunk_union(chunks, p.start_ns, p.start_ns + p.duration_ns)
-            extra = min(max(idle - pp_exp, 0.0), base)
-            parts[TimeCause.BUBBLE] += pp_exp + extra
-            parts[TimeCause.COMPUTE] += base - extra
-        else:
-            parts[TimeCause.COMPUTE] += base
-    rest_wall = st.duration_ns - covered_wall
-    rest_comm = max(st.comm_ns - covered_comm, 0)
-    rest_exp = 0.0
-    if rest_comm > 0:
-        cpu = st.cpu_ns
-        rest_blocked = rest_wall - (cpu - covered_cpu) if cpu >= 0 else rest_wall
-        rest_exp = _exposed(rest_blocked, rest_comm)
-    in_bubble = window is None and bool(chunks)  # the chunks are the step's own phases
-    tot = sum(st.comm_by_dim)
-    if rest_exp > 0 and tot > 0:
-        for i, (d, v) in enumerate(zip(dims, st.comm_by_dim, strict=True)):
-            cause = TimeCause.BUBBLE if in_bubble and i == pp else exposed_cause(d)
-            parts[cause] += rest_exp * v / tot
-    rest = max(rest_wall - rest_exp, 0.0)
-    if in_bubble:
-        parts[TimeCause.BUBBLE] += rest
-    elif top:
-        parts[TimeCause.IDLE] += rest
-    else:
-        parts[TimeCause.COMPUTE] += rest
-    return parts
+    return dict(zip(CAUSES, step_parts(timeline_of_spans([st], dims))[0].tolist(), strict=True))
 
 
 def whole_ns(parts: dict[str, float], wall_ns: int) -> dict[str, int]:
@@ -146,11 +147,11 @@ def whole_ns(parts: dict[str, float], wall_ns: int) -> dict[str, int]:
 
 
 def add_ledger(a: StepAnalysis, t: StepTimeline, o: StepOptions) -> StepAnalysis:
-    """Fill ``ledger``: the analysed steps' wall time by cause (ns, summing to their total)."""
-    totals = dict.fromkeys(CAUSES, 0.0)
-    wall = 0
-    for st in t.steps:
-        wall += st.duration_ns
-        for k, v in step_ledger(st, t.dimensions).items():
-            totals[k] += v
-    return replace(a, ledger=whole_ns(totals, wall), ledger_wall_ns=wall)
+    """Fill ``ledger``: the analysed steps' wall time by cause (ns, summing to their total;
+    the steps' parts summed step after step, from 0.0)."""
+    parts = step_parts(t)
+    totals = np.cumsum(parts, axis=0)[-1].tolist() if len(parts) else [0.0] * len(CAUSES)
+    wall = int(t.steps.duration_ns.sum())
+    return updated(
+        a, ledger=whole_ns(dict(zip(CAUSES, totals, strict=True)), wall), ledger_wall_ns=wall
+    )

@@ -7,20 +7,23 @@ resident set size (no CUDA allocator), else "cuda"; capacity 0 means unknown.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 
 from meshprof.analyze.steps.options import StepOptions
 from meshprof.analyze.steps.timeline import StepTimeline
-from meshprof.analyze.steps.types import MemoryStats, StepAnalysis
+from meshprof.analyze.steps.types import MemoryStats, StepAnalysis, updated
 
 
-def memory_stats(memory: np.ndarray, steps: set[int]) -> MemoryStats | None:
-    """Memory statistics of the samples (MEMORY_DTYPE) of ``steps`` (None without samples)."""
+def memory_stats(memory: np.ndarray, steps: np.ndarray) -> MemoryStats | None:
+    """Memory statistics of the samples (MEMORY_DTYPE) of the step numbers ``steps`` (None
+    without samples)."""
     if len(memory) == 0:
         return None
-    mem = memory[np.isin(memory["step"], list(steps))] if steps else memory
+    mem = memory
+    if len(steps):
+        known = np.unique(steps)
+        s = memory["step"]
+        mem = memory[known[np.minimum(np.searchsorted(known, s), len(known) - 1)] == s]
     if len(mem) == 0:
         mem = memory
     alloc = mem["allocated"].astype(np.int64)
@@ -42,4 +45,4 @@ def memory_stats(memory: np.ndarray, steps: set[int]) -> MemoryStats | None:
 
 def add_memory(a: StepAnalysis, t: StepTimeline, o: StepOptions) -> StepAnalysis:
     """Fill ``memory``."""
-    return replace(a, memory=memory_stats(t.memory, {s.step for s in t.steps}))
+    return updated(a, memory=memory_stats(t.memory, t.steps.step))

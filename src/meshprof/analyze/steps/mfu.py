@@ -6,11 +6,9 @@ achieved = FLOPs per step / mean step time (TFLOP/s); MFU = achieved / peak
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from meshprof.analyze.steps.options import StepOptions
 from meshprof.analyze.steps.timeline import StepTimeline
-from meshprof.analyze.steps.types import FlopsStats, StepAnalysis
+from meshprof.analyze.steps.types import FlopsStats, StepAnalysis, updated
 from meshprof.monitor.flop_counter import mfu
 
 
@@ -20,4 +18,4 @@ def add_flops(a: StepAnalysis, t: StepTimeline, o: StepOptions) -> StepAnalysis:
     if not (o.flops_per_step and a.steps and mean_step > 0):
         return a
     achieved, m_fu = mfu(o.flops_per_step, mean_step / 1e9, o.peak_tflops)
-    return replace(a, flops=FlopsStats(float(o.flops_per_step), achieved, o.peak_tflops, m_fu))
+    return updated(a, flops=FlopsStats(float(o.flops_per_step), achieved, o.peak_tflops, m_fu))

@@ -128,13 +128,22 @@ def _finding(
     return Bottleneck(
         kind=FindingKind(category),
         severity=severity,
-        rule=rule.format(threshold),
+        rule=_shared(rule.format(threshold)),
         value=value,
         threshold=threshold,
         title=evidence,
-        suggestion=suggestion.format(hint),
+        suggestion=_shared(suggestion.format(hint)),
         metrics=metrics if metrics is not None else {},
     )
+
+
+_SHARED: dict[str, str] = {}
+
+
+def _shared(text: str) -> str:
+    """One object per distinct rule or suggestion text (a few dozen at most): pickled once
+    for all the ranks' findings a worker sends back, not once per rank."""
+    return _SHARED.setdefault(text, text)
 
 
 def rule_exposed_comm(

@@ -13,15 +13,15 @@ from meshprof.analyze.steps.types import Distribution, StepAnalysis
 
 def step_times(t: StepTimeline, o: StepOptions) -> StepAnalysis:
     """The analysis with step time and throughput filled, everything else at its default."""
-    durations = [s.duration_ns for s in t.steps]
-    total_time_s = sum(durations) / 1e9
-    tokens = sum(s.tokens for s in t.steps)
-    samples = sum(s.samples for s in t.steps)
+    st = t.steps
+    total_time_s = int(st.duration_ns.sum()) / 1e9
+    tokens = int(st.tokens.sum())
+    samples = int(st.samples.sum())
     return StepAnalysis(
         rank=o.rank,
-        steps=len(t.steps),
+        steps=t.count,
         warmup_steps=t.warmup_steps,
-        step_time=Distribution.of(durations),
+        step_time=Distribution.of(st.duration_ns),
         tokens_per_s=tokens / total_time_s if total_time_s > 0 else 0.0,
         samples_per_s=samples / total_time_s if total_time_s > 0 else 0.0,
     )

@@ -10,13 +10,13 @@ A step's collectives are those issued inside it. Times are nanoseconds on the ra
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from meshprof.analyze.compute.intervals import Segments
-from meshprof.events import PIPELINE_CHUNKS, SPAN_KINDS
+from meshprof.events import MEMORY_DTYPE, PIPELINE_CHUNKS, SPAN_KINDS
 from meshprof.layout import Layout, dimension_of
 
 FB_PHASES = ("forward", "backward", "forward_backward")
@@ -73,16 +73,127 @@ class StepSpan(NamedTuple):
 
 
 @dataclass(frozen=True, slots=True)
-class StepTimeline:
-    """One rank's analyzed steps, measured (the input of every later analysis step)."""
+class StepColumns:
+    """The analyzed steps, column by column: int64 arrays of one entry per step (S), and
+    [dimension, step] arrays (D × S, dimensions in :attr:`StepTimeline.dimensions` order)."""
 
-    steps: tuple[StepSpan, ...]
+    step: np.ndarray
+    start_ns: np.ndarray
+    duration_ns: np.ndarray
+    cpu_ns: np.ndarray
+    """Thread CPU time of the step (negative: not measured)."""
+    tokens: np.ndarray
+    samples: np.ndarray
+    comm_ns: np.ndarray
+    """Union of the step's collectives inside the step (ns)."""
+    comm_by_dim: np.ndarray
+    """The same per dimension (D × S, ns)."""
+    count_by_dim: np.ndarray
+    """Collectives issued in the step, per dimension (D × S)."""
+    bytes_by_dim: np.ndarray
+    """Their nccl-tests bytes (max(in, out)), per dimension (D × S)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PhaseColumns:
+    """The phases of the analyzed steps, column by column (P entries): step after step, each
+    step's phases in recorded order (the order of :attr:`StepSpan.phases`)."""
+
+    step_index: np.ndarray
+    """Index of the phase's step in :class:`StepColumns` (int64, non-decreasing)."""
+    name: np.ndarray
+    """Index of the phase's name in :attr:`names` (int64)."""
+    names: tuple[str, ...]
+    """The distinct phase names (a name index the span-name table lacks: its number)."""
+    start_ns: np.ndarray
+    duration_ns: np.ndarray
+    cpu_ns: np.ndarray
+    """Thread CPU time inside the phase (negative: not measured)."""
+    depth: np.ndarray
+    """1 for a top-level phase (directly inside the step)."""
+    is_fb: np.ndarray
+    """A forward/backward phase (:data:`FB_PHASES`; bool)."""
+    is_chunk: np.ndarray
+    """A pipeline micro-batch chunk (:data:`meshprof.events.PIPELINE_CHUNKS`; bool)."""
+    comm_ns: np.ndarray
+    """Union of the step's collectives inside the phase (top-level phases; else 0; ns)."""
+    comm_by_dim: np.ndarray
+    """The same per dimension (D × P; top-level phases; else 0; ns)."""
+    tp_ns: np.ndarray
+    """Union of the step's TP collectives inside the phase (forward/backward phases; else 0)."""
+
+    def labels(self) -> list[str]:
+        """Each phase's name."""
+        return [self.names[i] for i in self.name.tolist()]
+
+
+@dataclass(frozen=True, slots=True)
+class StepTimeline:
+    """One rank's analyzed steps, measured (the input of every later analysis step), as
+    columns: :attr:`steps` per step, :attr:`phases` per phase of those steps."""
+
+    steps: StepColumns
+    phases: PhaseColumns
     warmup_steps: int
     """Steps left out at the start."""
     dimensions: tuple[str, ...]
     """Parallel dimensions of the recorded collectives, sorted (dp, tp, pp, world, other, ...)."""
     memory: np.ndarray
     """The rank's memory samples (MEMORY_DTYPE)."""
+    cache: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    """Figures derived from the timeline that several analysis steps read, computed once
+    (:func:`meshprof.analyze.steps.exposure.exposure`, the pipeline chunks' cover)."""
+
+    @property
+    def count(self) -> int:
+        """Analyzed steps."""
+        return len(self.steps.step)
+
+
+def _i64(values: Any) -> np.ndarray:
+    return np.asarray(values, dtype=np.int64)
+
+
+def timeline_of_spans(
+    steps: Sequence[StepSpan],
+    dimensions: Sequence[str],
+    memory: np.ndarray | None = None,
+    warmup_steps: int = 0,
+) -> StepTimeline:
+    """The timeline of steps already measured one by one (the live ledger's), as columns."""
+    nd = len(dimensions)
+    flat = [(k, p) for k, st in enumerate(steps) for p in st.phases]
+    names = sorted({p.name for _, p in flat})
+    code = {n: i for i, n in enumerate(names)}
+    zeros = (0,) * nd
+    cols = StepColumns(
+        step=_i64([st.step for st in steps]),
+        start_ns=_i64([st.start_ns for st in steps]),
+        duration_ns=_i64([st.duration_ns for st in steps]),
+        cpu_ns=_i64([st.cpu_ns for st in steps]),
+        tokens=_i64([st.tokens for st in steps]),
+        samples=_i64([st.samples for st in steps]),
+        comm_ns=_i64([st.comm_ns for st in steps]),
+        comm_by_dim=_i64([st.comm_by_dim for st in steps]).reshape(len(steps), nd).T,
+        count_by_dim=_i64([st.count_by_dim for st in steps]).reshape(len(steps), nd).T,
+        bytes_by_dim=_i64([st.bytes_by_dim for st in steps]).reshape(len(steps), nd).T,
+    )
+    phases = PhaseColumns(
+        step_index=_i64([k for k, _ in flat]),
+        name=_i64([code[p.name] for _, p in flat]),
+        names=tuple(names),
+        start_ns=_i64([p.start_ns for _, p in flat]),
+        duration_ns=_i64([p.duration_ns for _, p in flat]),
+        cpu_ns=_i64([p.cpu_ns for _, p in flat]),
+        depth=_i64([p.depth for _, p in flat]),
+        is_fb=np.asarray([p.is_fb for _, p in flat], dtype=bool),
+        is_chunk=np.asarray([p.is_chunk for _, p in flat], dtype=bool),
+        comm_ns=_i64([p.comm_ns for _, p in flat]),
+        comm_by_dim=_i64([p.comm_by_dim or zeros for _, p in flat]).reshape(len(flat), nd).T,
+        tp_ns=_i64([p.tp_ns for _, p in flat]),
+    )
+    mem = memory if memory is not None else np.zeros(0, dtype=MEMORY_DTYPE)
+    return StepTimeline(cols, phases, warmup_steps, tuple(dimensions), mem)
 
 
 def _group_fields(g: Any) -> tuple[Sequence[int], str]:
@@ -119,156 +230,120 @@ def _collectives(events: np.ndarray, groups: Sequence[Any], layout: Layout | Non
     labels = [*dims, "other"]
     g = ev["group"].astype(np.int64)
     ev_label = np.where(g < len(dims), g, len(dims))
-    dim_names = sorted({str(labels[i]) for i in np.unique(ev_label).tolist()})
+    dim_names = sorted({str(labels[i]) for i in np.flatnonzero(np.bincount(ev_label)).tolist()})
     to_code = np.asarray([dim_names.index(x) if x in dim_names else -1 for x in labels])
     ev_dcode = to_code[ev_label] if len(ev) else np.zeros(0, dtype=np.int64)
     ev_bytes = np.maximum(ev["in_bytes"], ev["out_bytes"]).astype(np.int64)
+    if (ev_start[1:] >= ev_start[:-1]).all():  # (recorded in issue order: nearly always)
+        return _Collectives(ev_start, ev_end, ev_dcode, ev_bytes, dim_names)
     order = np.argsort(ev_start, kind="stable")
     return _Collectives(ev_start[order], ev_end[order], ev_dcode[order], ev_bytes[order], dim_names)
 
 
-def _phases_of_steps(phases: np.ndarray, steps: np.ndarray) -> list[list[int]]:
-    """Per step, the indices of its phases: same step number, issued inside the step, in
-    recorded order."""
+def _phases_of_steps(
+    phases: np.ndarray, st_no: np.ndarray, t0: np.ndarray, t1: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """(phase row, step index) of every phase of the steps: same step number, issued inside
+    the step [t0, t1); step after step, each step's in recorded order."""
     p_step = phases["step"].astype(np.int64)
     p_order = np.argsort(p_step, kind="stable")
     p_sorted = p_step[p_order]
-    st_no = steps["step"].astype(np.int64)
-    p_lo = np.searchsorted(p_sorted, st_no, side="left").tolist()
-    p_hi = np.searchsorted(p_sorted, st_no, side="right").tolist()
-    p_order_l = p_order.tolist()
-    p_start = phases["start_ns"].astype(np.int64).tolist()
-    t0s = steps["start_ns"].astype(np.int64)
-    t1s = (t0s + steps["duration_ns"].astype(np.int64)).tolist()
-    out = []
-    for k, t0 in enumerate(t0s.tolist()):
-        t1 = t1s[k]
-        out.append([i for i in p_order_l[p_lo[k] : p_hi[k]] if t0 <= p_start[i] < t1])
-    return out
+    lo = np.searchsorted(p_sorted, st_no, side="left")
+    n = np.searchsorted(p_sorted, st_no, side="right") - lo
+    k = np.repeat(np.arange(len(st_no), dtype=np.int64), n)
+    first = np.cumsum(n) - n
+    rows = p_order[np.arange(len(k), dtype=np.int64) - first[k] + lo[k]]
+    p_start = phases["start_ns"][rows].astype(np.int64)
+    inside = (t0[k] <= p_start) & (p_start < t1[k])
+    return rows[inside], k[inside]
 
 
 @dataclass(frozen=True, slots=True)
 class _Measured:
-    """Union lengths (ns) per window, in window order: the top-level phases step by step, the
-    forward/backward phases step by step, the steps; and per-step counts and bytes."""
+    """Union lengths (ns) of the step's collectives, overall and per dimension, inside each
+    top-level phase and each step; TP inside each forward/backward phase; counts and bytes."""
 
-    top: list[int]
-    top_dim: list[list[int]]
-    """[dimension][top-level phase window]."""
-    fb_tp: list[int]
-    """TP communication per forward/backward phase window."""
-    step: list[int]
-    step_dim: list[list[int]]
-    count_dim: list[list[int]]
-    bytes_dim: list[list[int]]
+    top: np.ndarray
+    top_dim: np.ndarray
+    """D × top-level phases."""
+    fb_tp: np.ndarray
+    step: np.ndarray
+    step_dim: np.ndarray
+    """D × steps."""
+    count_dim: np.ndarray
+    bytes_dim: np.ndarray
 
 
 def _measure(
     c: _Collectives,
-    steps: np.ndarray,
-    phases: np.ndarray,
-    step_ph: list[list[int]],
-    is_fb: list[bool],
+    t0: np.ndarray,
+    t1: np.ndarray,
+    top: tuple[np.ndarray, np.ndarray, np.ndarray],
+    fb: tuple[np.ndarray, np.ndarray, np.ndarray],
 ) -> _Measured:
-    """Every per-step question ("communication of this subset of the step's collectives inside
-    this window") for all steps at once (intervals.Segments): the step's collectives are those
-    issued in [t0, t1), a contiguous range of the start-sorted events. One call per subset of
-    the events (each computes that subset's union once) over all the windows."""
-    st_start = steps["start_ns"].astype(np.int64)
-    st_dur = steps["duration_ns"].astype(np.int64)
-    seg_lo = np.searchsorted(c.start, st_start, side="left")
-    seg_hi = np.maximum(np.searchsorted(c.start, st_start + st_dur, side="left"), seg_lo)
-    segs = Segments(c.start, c.end, seg_lo, seg_hi, st_start)
+    """Every per-step question ("union of this subset of the step's collectives inside this
+    window") for all steps at once, with one :class:`Segments` call: a step's collectives are
+    those issued in [t0, t1); subset 0 is every collective, subset 1 + d those of dimension d,
+    and each (subset, step) is one segment (the subset's collectives of the step: a contiguous
+    range of its start-sorted ones). ``top`` and ``fb`` are (step index, start, end) of the
+    top-level and the forward/backward phase windows."""
+    n_st, nd, n = len(t0), len(c.dims), len(c.start)
+    order = np.argsort(c.dim, kind="stable")  # by dimension, in start order within each
+    # of the first i collectives (start order), how many are of each dimension, and their bytes
+    of_dim = c.dim == np.arange(nd, dtype=np.int64)[:, None]
+    counts = np.zeros((2 * nd, n + 1), dtype=np.int64)
+    np.cumsum(np.concatenate([of_dim, of_dim * c.nbytes]), axis=1, out=counts[:, 1:])
+    lo_all = np.searchsorted(c.start, t0, side="left")
+    hi_all = np.maximum(np.searchsorted(c.start, t1, side="left"), lo_all)
+    # a step's collectives of dimension d: a range of its block (start order within it)
+    block = n + counts[:nd, -1].cumsum() - counts[:nd, -1]
+    lo = np.concatenate([lo_all[None, :], block[:, None] + counts[:nd, lo_all]])
+    hi = np.concatenate([hi_all[None, :], block[:, None] + counts[:nd, hi_all]])
+    segs = Segments(
+        np.concatenate([c.start, c.start[order]]),
+        np.concatenate([c.end, c.end[order]]),
+        lo.ravel(),
+        hi.ravel(),
+        np.concatenate([t0] * (nd + 1)),
+    )
+    k_top, a_top, b_top = top
+    k_fb, a_fb, b_fb = fb
+    n_top = len(k_top)
+    tp = c.dims.index("tp") if "tp" in c.dims else -1
+    with_fb = tp >= 0 and len(k_fb) > 0
+    # windows: every subset's top-level phases, then its steps, then TP's fb phases
+    q_of = np.arange(nd + 1, dtype=np.int64)[:, None] * n_st
+    seg = np.concatenate(
+        [
+            (q_of + np.concatenate([k_top, np.arange(n_st, dtype=np.int64)])).ravel(),
+            *([(1 + tp) * n_st + k_fb] if with_fb else []),
+        ]
+    )
+    wa = np.concatenate([*[a_top, t0] * (nd + 1), *([a_fb] if with_fb else [])])
+    wb = np.concatenate([*[b_top, t1] * (nd + 1), *([b_fb] if with_fb else [])])
+    got = segs.clipped_totals(None, seg, wa, wb)
+    per_q = got[: (nd + 1) * (n_top + n_st)].reshape(nd + 1, n_top + n_st)
+    fb_tp = got[(nd + 1) * (n_top + n_st) :]
+    return _Measured(
+        top=per_q[0, :n_top],
+        top_dim=per_q[1:, :n_top],
+        fb_tp=fb_tp if with_fb else np.zeros(len(k_fb), dtype=np.int64),
+        step=per_q[0, n_top:],
+        step_dim=per_q[1:, n_top:],
+        count_dim=counts[:nd, hi_all] - counts[:nd, lo_all],
+        bytes_dim=counts[nd:, hi_all] - counts[nd:, lo_all],
+    )
 
-    p_depth = phases["depth"].tolist()
-    top = [(k, i) for k, ph_k in enumerate(step_ph) for i in ph_k if p_depth[i] == 1]
-    fb = [(k, i) for k, ph_k in enumerate(step_ph) for i in ph_k if is_fb[i]]
-    w_k = [k for k, _ in top + fb]
-    w_i = [i for _, i in top + fb]
-    p_start = phases["start_ns"].astype(np.int64)
-    p_end = p_start + phases["duration_ns"].astype(np.int64)
-    n_top, n_fb = len(top), len(fb)
-    ws = np.concatenate([np.asarray(w_k, dtype=np.int64), np.arange(len(steps), dtype=np.int64)])
-    wa = np.concatenate([p_start[np.asarray(w_i, dtype=np.int64)], st_start])
-    wb = np.concatenate([p_end[np.asarray(w_i, dtype=np.int64)], st_start + st_dur])
-    n_w = len(ws)
-    top_sl, step_sl = slice(0, n_top), slice(n_top + n_fb, n_w)
-    not_fb = np.r_[
-        np.ones(n_top, dtype=bool),
-        np.zeros(n_fb, dtype=bool),
-        np.ones(n_w - n_top - n_fb, dtype=bool),
-    ]
-    sel_w = np.flatnonzero(not_fb)
 
-    def totals(sub: np.ndarray | None, which: np.ndarray) -> np.ndarray:
-        out = np.zeros(n_w, dtype=np.int64)
-        out[which] = segs.clipped_totals(sub, ws[which], wa[which], wb[which])
-        return out
-
-    all_w = totals(None, sel_w)
-    m = _Measured(all_w[top_sl].tolist(), [], [0] * n_fb, all_w[step_sl].tolist(), [], [], [])
-    tp_code = c.dims.index("tp") if "tp" in c.dims else -1
-    for di in range(len(c.dims)):
-        sub = c.dim == di
-        # the tp subset also answers the fb windows
-        w = totals(sub, np.arange(n_w) if di == tp_code else sel_w)
-        m.top_dim.append(w[top_sl].tolist())
-        m.step_dim.append(w[step_sl].tolist())
-        if di == tp_code:
-            m.fb_tp[:] = w[n_top : n_top + n_fb].tolist()
-        cs = np.zeros(len(sub) + 1, dtype=np.int64)
-        np.cumsum(sub, out=cs[1:])
-        m.count_dim.append((cs[seg_hi] - cs[seg_lo]).tolist())
-        np.cumsum(np.where(sub, c.nbytes, 0), out=cs[1:])
-        m.bytes_dim.append((cs[seg_hi] - cs[seg_lo]).tolist())
-    return m
-
-
-def _phase_spans(
-    phases: np.ndarray,
-    names: list[str],
-    step_ph: list[list[int]],
-    is_fb: list[bool],
-    m: _Measured,
-) -> list[tuple[PhaseSpan, ...]]:
-    """Per step, its phases with their measured communication (windows taken in the order
-    :func:`_measure` made them)."""
-    p_nm = phases["name"].tolist()
-    p_start = phases["start_ns"].astype(np.int64).tolist()
-    p_dur = phases["duration_ns"].astype(np.int64).tolist()
-    p_cpu = phases["cpu_ns"].astype(np.int64).tolist()
-    p_depth = phases["depth"].tolist()
-    p_label = [names[i] if i < len(names) else str(i) for i in p_nm]
-    p_is_chunk = [i < len(names) and names[i] in PIPELINE_CHUNKS for i in p_nm]
-    out: list[tuple[PhaseSpan, ...]] = []
-    top_w = fb_w = 0
-    for ph_k in step_ph:
-        made: list[PhaseSpan] = []
-        for i in ph_k:
-            comm, tp = 0, 0
-            by_dim: tuple[int, ...] = ()
-            if p_depth[i] == 1:
-                comm, by_dim = m.top[top_w], tuple(c[top_w] for c in m.top_dim)
-                top_w += 1
-            if is_fb[i]:
-                tp = m.fb_tp[fb_w]
-                fb_w += 1
-            made.append(
-                PhaseSpan(
-                    name=p_label[i],
-                    start_ns=p_start[i],
-                    duration_ns=p_dur[i],
-                    cpu_ns=p_cpu[i],
-                    depth=p_depth[i],
-                    is_fb=is_fb[i],
-                    is_chunk=p_is_chunk[i],
-                    comm_ns=comm,
-                    comm_by_dim=by_dim,
-                    tp_ns=tp,
-                )
-            )
-        out.append(tuple(made))
-    return out
+def _names(codes: np.ndarray, span_names: list[str]) -> tuple[np.ndarray, tuple[str, ...]]:
+    """(name index of each phase, the distinct names) of phases of span-name codes ``codes``
+    (a code the table lacks is named by its number)."""
+    used = np.flatnonzero(np.bincount(codes)).tolist()
+    labels = [span_names[i] if i < len(span_names) else str(i) for i in used]
+    distinct = sorted(set(labels))
+    to_name = np.zeros(used[-1] + 1 if used else 0, dtype=np.int64)
+    to_name[used] = [distinct.index(x) for x in labels]
+    return to_name[codes], tuple(distinct)
 
 
 def build_timeline(
@@ -286,8 +361,8 @@ def build_timeline(
     taken in start order; the first ``warmup_steps`` (at most all but one) are left out, and
     the steps numbered in ``skip_steps`` (meshprof's own instrumented ones) unless that would
     leave none."""
-    names = list(span_names)
-    steps_all = spans[(spans["kind"] == _STEP)]
+    kind = spans["kind"]
+    steps_all = spans[kind == _STEP]
     steps_all = steps_all[np.argsort(steps_all["start_ns"], kind="stable")]
     warm = min(warmup_steps, max(len(steps_all) - 1, 0))
     steps = steps_all[warm:]
@@ -295,35 +370,55 @@ def build_timeline(
         keep = ~np.isin(steps["step"], np.asarray(skip_steps, dtype=np.int64))
         if keep.any():
             steps = steps[keep]
-    phases = spans[spans["kind"] == _PHASE]
-    is_fb = [i < len(names) and names[i] in FB_PHASES for i in phases["name"].tolist()]
+    st_no = steps["step"].astype(np.int64)
+    t0 = steps["start_ns"].astype(np.int64)
+    dur = steps["duration_ns"].astype(np.int64)
+    t1 = t0 + dur
+    all_phases = spans[kind == _PHASE]
+    rows, k = _phases_of_steps(all_phases, st_no, t0, t1)
+    ph = all_phases[rows]
+    name, names = _names(ph["name"].astype(np.int64), list(span_names))
+    is_fb = np.asarray([x in FB_PHASES for x in names], dtype=bool)[name]
+    is_chunk = np.asarray([x in PIPELINE_CHUNKS for x in names], dtype=bool)[name]
+    p_start = ph["start_ns"].astype(np.int64)
+    p_dur = ph["duration_ns"].astype(np.int64)
+    p_end = p_start + p_dur
+    depth = ph["depth"].astype(np.int64)
+    top = np.flatnonzero(depth == 1)
+    fb = np.flatnonzero(is_fb)
     coll = _collectives(events, groups, layout)
-    step_ph = _phases_of_steps(phases, steps)
-    m = _measure(coll, steps, phases, step_ph, is_fb)
-    step_phases = _phase_spans(phases, names, step_ph, is_fb, m)
-    rows = zip(
-        steps["step"].astype(np.int64).tolist(),
-        steps["start_ns"].astype(np.int64).tolist(),
-        steps["duration_ns"].astype(np.int64).tolist(),
-        steps["cpu_ns"].astype(np.int64).tolist(),
-        steps["tokens"].astype(np.int64).tolist(),
-        steps["samples"].astype(np.int64).tolist(),
-        strict=True,
+    m = _measure(coll, t0, t1, (k[top], p_start[top], p_end[top]), (k[fb], p_start[fb], p_end[fb]))
+    nd, n_ph = len(coll.dims), len(ph)
+    comm = np.zeros(n_ph, dtype=np.int64)
+    comm[top] = m.top
+    comm_by_dim = np.zeros((nd, n_ph), dtype=np.int64)
+    comm_by_dim[:, top] = m.top_dim
+    tp_ns = np.zeros(n_ph, dtype=np.int64)
+    tp_ns[fb] = m.fb_tp
+    phases = PhaseColumns(
+        step_index=k,
+        name=name,
+        names=names,
+        start_ns=p_start,
+        duration_ns=p_dur,
+        cpu_ns=ph["cpu_ns"].astype(np.int64),
+        depth=depth,
+        is_fb=is_fb,
+        is_chunk=is_chunk,
+        comm_ns=comm,
+        comm_by_dim=comm_by_dim,
+        tp_ns=tp_ns,
     )
-    out = tuple(
-        StepSpan(
-            step=s_no,
-            start_ns=t0,
-            duration_ns=dur,
-            cpu_ns=cpu,
-            tokens=tok,
-            samples=smp,
-            comm_ns=m.step[k],
-            comm_by_dim=tuple(c[k] for c in m.step_dim),
-            count_by_dim=tuple(c[k] for c in m.count_dim),
-            bytes_by_dim=tuple(c[k] for c in m.bytes_dim),
-            phases=step_phases[k],
-        )
-        for k, (s_no, t0, dur, cpu, tok, smp) in enumerate(rows)
+    cols = StepColumns(
+        step=st_no,
+        start_ns=t0,
+        duration_ns=dur,
+        cpu_ns=steps["cpu_ns"].astype(np.int64),
+        tokens=steps["tokens"].astype(np.int64),
+        samples=steps["samples"].astype(np.int64),
+        comm_ns=m.step,
+        comm_by_dim=m.step_dim,
+        count_by_dim=m.count_dim,
+        bytes_by_dim=m.bytes_dim,
     )
-    return StepTimeline(out, warm, tuple(coll.dims), memory)
+    return StepTimeline(cols, phases, warm, tuple(coll.dims), memory)

@@ -6,10 +6,12 @@ Times are nanoseconds, shares are fractions of the mean step time, bytes are ncc
 
 from __future__ import annotations
 
+import itertools
 import math
+import operator
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -28,8 +30,26 @@ def _expect(ok: bool, message: str) -> None:
 _EPS = 1e-9
 
 
+class _Compact:
+    """Pickled as the arguments of its constructor, ``cls(*fields)``: one ``__init__`` call
+    where a frozen dataclass's own unpickling calls ``object.__setattr__`` field by field in
+    Python (~2× the time; the report's main process unpickles every rank's analysis)."""
+
+    __slots__ = ()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        cls = type(self)
+        names = _FIELD_NAMES.get(cls)
+        if names is None:
+            names = _FIELD_NAMES[cls] = tuple(f.name for f in fields(self))  # type: ignore[arg-type]
+        return (cls, tuple(getattr(self, n) for n in names))
+
+
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
 @dataclass(frozen=True, slots=True)
-class Distribution:
+class Distribution(_Compact):
     """Mean, median and 95th percentile of a time over steps (nanoseconds)."""
 
     count: int
@@ -38,7 +58,7 @@ class Distribution:
     p95_ns: float
 
     @classmethod
-    def of(cls, values: Sequence[float]) -> Distribution:
+    def of(cls, values: Sequence[float] | np.ndarray) -> Distribution:
         if len(values) == 0:
             return cls(0, math.nan, math.nan, math.nan)
         a = np.asarray(values, dtype=np.float64)
@@ -51,6 +71,24 @@ class Distribution:
         return cls(
             len(a), float(a.mean()), float(np.percentile(a, 50)), float(np.percentile(a, 95))
         )
+
+    @classmethod
+    def of_rows(cls, rows: np.ndarray) -> list[Distribution]:
+        """:meth:`of` of each row of a float64 matrix, bit for bit: the rows' means come from
+        one reduction along the rows of a C-ordered matrix, which sums each row as ``np.mean``
+        of that row alone does (pairwise, then / n)."""
+        n = rows.shape[1]
+        if not 0 < n <= _SMALL:
+            return [cls.of(r) for r in rows]
+        rows = np.ascontiguousarray(rows, dtype=np.float64)
+        out = []
+        for mean, r in zip(rows.mean(axis=1).tolist(), rows.tolist(), strict=True):
+            s = sorted(r)
+            if math.isfinite(s[0]) and math.isfinite(s[-1]):
+                out.append(cls(n, mean, linear_percentile(s, 50), linear_percentile(s, 95)))
+            else:
+                out.append(cls.of(r))
+        return out
 
 
 _SMALL = 4096
@@ -76,7 +114,7 @@ def linear_percentile(ordered: Sequence[float], q: float) -> float:
 
 
 @dataclass(frozen=True, slots=True)
-class PhaseStats:
+class PhaseStats(_Compact):
     """Time per step spent in one named phase (summed when it occurs several times in a step)."""
 
     name: str
@@ -86,7 +124,7 @@ class PhaseStats:
 
 
 @dataclass(frozen=True, slots=True)
-class CommDimStats:
+class CommDimStats(_Compact):
     """Communication of one parallel dimension, per step on average."""
 
     dimension: str
@@ -105,7 +143,7 @@ class CommDimStats:
 
 
 @dataclass(frozen=True, slots=True)
-class PipelineStats:
+class PipelineStats(_Compact):
     """The pipeline bubble of this stage."""
 
     schedule: str
@@ -120,7 +158,7 @@ class PipelineStats:
 
 
 @dataclass(frozen=True, slots=True)
-class MemoryStats:
+class MemoryStats(_Compact):
     """Memory over the analyzed steps (bytes)."""
 
     kind: str
@@ -136,7 +174,7 @@ class MemoryStats:
 
 
 @dataclass(frozen=True, slots=True)
-class FlopsStats:
+class FlopsStats(_Compact):
     """FLOPs per step and what the step time makes of them."""
 
     flops_per_step: float
@@ -148,7 +186,7 @@ class FlopsStats:
 
 
 @dataclass(frozen=True, slots=True)
-class StepRow:
+class StepRow(_Compact):
     """One analyzed step."""
 
     step: int
@@ -162,8 +200,54 @@ class StepRow:
     samples: int
 
 
+_ROW_FIELDS = tuple(f.name for f in fields(StepRow))
+_row_values = operator.attrgetter(*_ROW_FIELDS)
+
+PackedRows = tuple[str, int, bytes]
+"""Step rows as one blob: (numpy dtype, rows, their values row by row)."""
+
+
+def pack_rows(rows: list[StepRow]) -> PackedRows | list[StepRow]:
+    """``rows`` as :data:`PackedRows`; the list itself when empty or when a value is not a
+    plain int (nothing is ever rounded)."""
+    if not rows or any(type(r) is not StepRow for r in rows):
+        return rows
+    values = list(map(_row_values, rows))
+    if set(map(type, itertools.chain.from_iterable(values))) != {int}:
+        return rows
+    try:
+        return pack_row_values(np.asarray(values, dtype=np.int64))
+    except OverflowError:
+        return rows
+
+
+def pack_row_values(values: np.ndarray) -> PackedRows:
+    """Rows given as an int64 matrix (one row per step, :class:`StepRow`'s fields in order)
+    as :data:`PackedRows` (int32 where every value fits, else int64)."""
+    a = np.ascontiguousarray(values, dtype=np.int64)
+    if a.size and int(a.min()) >= -(2**31) and int(a.max()) < 2**31:
+        a = a.astype(np.int32)
+    return (a.dtype.str, len(a), a.tobytes())
+
+
+def unpack_rows(packed: PackedRows | list[StepRow]) -> list[StepRow]:
+    """The rows :func:`pack_rows` packed."""
+    if isinstance(packed, list):
+        return packed
+    dtype, n, data = packed
+    values = np.frombuffer(data, dtype=dtype).reshape(n, len(_ROW_FIELDS)).tolist()
+    return list(itertools.starmap(StepRow, values))
+
+
+class _LazyRows:
+    """The slot that holds an unpickled analysis's per-step rows packed
+    (:data:`PackedRows`) until :attr:`StepAnalysis.per_step` is first read."""
+
+    __slots__ = ("_packed_rows",)
+
+
 @dataclass(frozen=True, slots=True)
-class StepAnalysis:
+class StepAnalysis(_LazyRows):
     """Where this rank's step time goes (definitions: :mod:`meshprof.analyze.steps`).
 
     Built by a chain of steps (:data:`meshprof.analyze.steps.STEPS`), each filling its fields;
@@ -194,6 +278,35 @@ class StepAnalysis:
     values -> ns), summing to :attr:`ledger_wall_ns` (:mod:`meshprof.analyze.steps.ledger`)."""
     ledger_wall_ns: int = 0
     """The analysed steps' total wall time (ns)."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled as its fields' values, the per-step rows packed into one blob
+        (:func:`pack_rows`); unpickled, the rows are made when ``per_step`` is first read (the
+        report's main process unpickles every rank's analysis, and reads the rows only to
+        write them as JSON)."""
+        state = []
+        for name in _ANALYSIS_FIELDS:
+            if name == "per_step":
+                try:
+                    rows = object.__getattribute__(self, "per_step")
+                except AttributeError:  # unpickled and never read: still packed
+                    state.append(object.__getattribute__(self, "_packed_rows"))
+                else:
+                    state.append(pack_rows(rows))
+            else:
+                state.append(getattr(self, name))
+        return (_unpickle_analysis, (tuple(state),))
+
+    if not TYPE_CHECKING:  # (for type checkers every attribute is declared)
+
+        def __getattr__(self, name: str) -> Any:
+            """``per_step`` of an unpickled analysis: the packed rows, made now (once)."""
+            if name != "per_step":
+                raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+            rows = unpack_rows(object.__getattribute__(self, "_packed_rows"))
+            object.__setattr__(self, "per_step", rows)
+            object.__delattr__(self, "_packed_rows")
+            return rows
 
     def share_of_step(self, ns: float) -> float:
         """``ns`` as a fraction of the mean step time (0 without analyzed steps)."""
@@ -266,3 +379,42 @@ class StepAnalysis:
             out += [(f"{c.dimension} total_share", c.total_share)]
             out += [(f"{c.dimension} exposed_share", c.exposed_share)]
         return out
+
+
+_ANALYSIS_FIELDS = tuple(f.name for f in fields(StepAnalysis))
+_ANALYSIS_FIELD_SET = frozenset(_ANALYSIS_FIELDS)
+
+
+def updated(a: StepAnalysis, rows: PackedRows | None = None, **changes: Any) -> StepAnalysis:
+    """``dataclasses.replace(a, **changes)`` at a third of its cost (each step of the analysis
+    chain makes one copy, per rank): a copy of ``a`` with ``changes``; ``rows``: its per-step
+    rows, packed (made into :class:`StepRow` when ``per_step`` is first read)."""
+    unknown = changes.keys() - _ANALYSIS_FIELD_SET
+    if unknown:
+        raise TypeError(f"StepAnalysis has no field {sorted(unknown)[0]!r}")
+    new = object.__new__(StepAnalysis)
+    for name in _ANALYSIS_FIELDS:
+        if name == "per_step" and name not in changes:
+            try:  # (not read: still packed)
+                got = object.__getattribute__(a, "per_step") if rows is None else None
+            except AttributeError:
+                rows = object.__getattribute__(a, "_packed_rows")
+            if rows is None:
+                object.__setattr__(new, name, got)
+            else:
+                object.__setattr__(new, "_packed_rows", rows)
+        else:
+            object.__setattr__(new, name, changes[name] if name in changes else getattr(a, name))
+    return new
+
+
+def _unpickle_analysis(state: tuple[Any, ...]) -> StepAnalysis:
+    """A :class:`StepAnalysis` from :meth:`StepAnalysis.__reduce__`'s state (the per-step rows
+    left packed)."""
+    a = object.__new__(StepAnalysis)
+    for name, value in zip(_ANALYSIS_FIELDS, state, strict=True):
+        if name == "per_step" and not isinstance(value, list):
+            object.__setattr__(a, "_packed_rows", value)
+        else:
+            object.__setattr__(a, name, value)
+    return a
