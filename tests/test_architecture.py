@@ -31,6 +31,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "meshprof.layout",
             "meshprof.process",
             "meshprof.forking",
+            "meshprof.gc_pause",
             "meshprof.native_build",
             "meshprof.records",
         ),

@@ -22,6 +22,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from meshprof.analyze.compute.heap import release_free_memory
+from meshprof.gc_pause import paused_gc
 from meshprof.report.stage import INPUTS, ReportOptions, Stage, check_stages, needed
 from meshprof.report.workers import analyze_in_workers
 from meshprof.rundir import LoadedRun
@@ -59,6 +60,7 @@ def _call(s: Stage[Any], values: dict[str, Any], after_rank: Callable[[int], Non
     return s.compute(**kwargs)
 
 
+@paused_gc()
 def run_stages(
     run: LoadedRun,
     stages: Sequence[Stage[Any]],

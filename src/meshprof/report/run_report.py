@@ -12,6 +12,7 @@ import json
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, TextIO, TypeVar
 
+from meshprof.gc_pause import paused_gc
 from meshprof.records.codec import to_json
 from meshprof.report.stage import Key, Stage
 
@@ -65,6 +66,7 @@ class RunReport:
         """The JSON-ready report (the ``--json`` object)."""
         return {name: to_json(v) for name, v in self.json_sections()}
 
+    @paused_gc()
     def write_json(self, out: TextIO, per_step_ranks: int | None = None) -> None:
         """Write ``json.dumps(self.to_dict(), default=str)``, byte for byte, one section (and one
         item of a list section) at a time: the whole dict of a report at thousands of ranks

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from meshprof.errors import MeshprofError, NoUsableRankFileError
+from meshprof.gc_pause import paused_gc
 from meshprof.layout import Layout
 from meshprof.records.members import Members
 from meshprof.rundir.crashsafe import crashsafe_ranks, is_newer_than, recover_rank
@@ -261,6 +262,7 @@ def _record_time(rec: dict[str, Any]) -> int:
     return max(int(rec.get(k) or 0) for k in ("end_ns", "heartbeat_ns", "start_ns"))
 
 
+@paused_gc()
 def load_run(
     run_dir: str | Path | Sequence[str | Path],
     *,
