@@ -353,8 +353,13 @@ def _harmonized(
         np.maximum.at(scale, g, np.abs(without))
         floor = np.maximum(100, 0.002 * scale)
         w_sp, wo_sp = _spread(with_it, g, ng, sub), _spread(without, g, ng, sub)
-        w_rs, wo_rs = _robust_spread(with_it, g, ng, sub), _robust_spread(without, g, ng, sub)
-        async_like = (w_sp > 1.5 * wo_sp + floor) & (w_rs > 1.5 * wo_rs + floor) & blocking
+        async_like = (w_sp > 1.5 * wo_sp + floor) & blocking
+        if async_like.any():  # (the robust spreads only where the deviations say async)
+            t = async_like[g]
+            tg, ts = g[t], unique_inverse(sub[t])[1]
+            w_rs = _robust_spread(with_it[t], tg, ng, ts)
+            wo_rs = _robust_spread(without[t], tg, ng, ts)
+            async_like &= w_rs > 1.5 * wo_rs + floor
         if is_async is not None and collective is not None:
             # an async collective (not a receive, whose data the next compute needs): also
             # when it varies more over the chains

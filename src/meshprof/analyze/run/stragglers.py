@@ -47,8 +47,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from meshprof.analyze.compute import intervals
-from meshprof.analyze.compute.sorting import RowsByKey, grouped_median, stable_argsort
 from meshprof.analyze.run.clock import ClockAlignment
 from meshprof.analyze.run.match import CollectiveMatch, arrived_last_share
 from meshprof.analyze.run.replay_record import (
@@ -57,6 +55,7 @@ from meshprof.analyze.run.replay_record import (
     own_compute,
     pipeline_stages,
 )
+from meshprof.analyze.run.straggler_measures import measure_ranks
 from meshprof.analyze.run.table import EventTable
 from meshprof.records.codec import NOT_IN_JSON, json_key
 from meshprof.rundir import LoadedRun
@@ -188,15 +187,6 @@ def _waited_compute(
         del ch, dimc, sig, got
 
 
-def _scaled(covered: np.ndarray, window: np.ndarray, fraction: float) -> np.ndarray:
-    """Communication time in windows measured on a sample of the collectives (``fraction`` < 1):
-    scaled up by 1 / fraction (the expected time of the whole run when collectives do not
-    overlap), at most the window; unchanged for the whole run."""
-    if fraction >= 1:
-        return covered
-    return np.minimum(covered / fraction, window)
-
-
 def find_stragglers(
     run: LoadedRun,
     table: EventTable,
@@ -209,75 +199,17 @@ def find_stragglers(
 ) -> StragglerReport:
     """Per-step times, straggler scores and named stragglers (see the module docstring)."""
     ranks = tuple(sorted(run.ranks))
-    step_sets = []
-    for r in ranks:
-        sp = run.ranks[r].spans
-        step_sets.append(set(sp["step"][sp["kind"] == 0].tolist()))
-    steps = tuple(sorted(set().union(*step_sets))) if step_sets else ()
-    common = tuple(sorted(set.intersection(*step_sets))) if step_sets else ()
-    scol = {s: i for i, s in enumerate(steps)}
-    common_set = set(common)
-    shape = (len(ranks), len(steps))
-    step_ns, comm_ns, wait_ns = (np.full(shape, np.nan) for _ in range(3))
-    phase_names: list[str] = []
-    phase_col: dict[str, int] = {}
-    # per (rank, phase) of a step every rank recorded: its compute (ns), one row each
-    pv_rank: list[int] = []
-    pv_col: list[int] = []
-    pv_val: list[float] = []
     # the lower quartile of arrival skews: how closely the members arrive when none waits
     multi = match.present >= 2
     jitter_ns = float(np.percentile(match.skew_ns[multi], 25)) if multi.any() else 0.0
     resolution_ns = int(max(2 * clock.max_uncertainty_ns, min(4 * jitter_ns, min_excess_ns)))
     last = arrived_last_share(match, resolution_ns)
-    by_rank = RowsByKey(table.rank)
-    # member of each table row (-1: none): a rank's members from its rows, without sorting the
-    # members by rank (4 B per row instead of a sort of every member)
-    idx_t = np.int32 if len(match.member_row) < 2**31 else np.int64
-    member_of_row = np.full(len(table), -1, dtype=idx_t)
-    member_of_row[match.member_row] = np.arange(len(match.member_row), dtype=idx_t)
     f = table.sample_fraction
-    for ri, r in enumerate(ranks):
-        rd = run.ranks[r]
-        mine = by_rank.rows(r)
-        mine_start = table.start_ns[mine]
-        us, ue = intervals.union(mine_start, mine_start + table.duration_ns[mine])
-        del mine_start
-        sp = rd.spans
-        st = sp[sp["kind"] == 0]
-        if len(st):
-            cols = [scol[int(s)] for s in st["step"]]
-            a = st["start_ns"].astype(np.int64)
-            b = a + st["duration_ns"].astype(np.int64)
-            step_ns[ri, cols] = st["duration_ns"]
-            comm_ns[ri, cols] = _scaled(intervals.covered(us, ue, a, b), b - a, f)
-            mm = member_of_row[mine]
-            mm = mm[mm >= 0]
-            arr_local = match.member_arrival_ns[mm] - clock.offset(r)
-            o = stable_argsort(arr_local)  # wait sums below do not depend on the order of ties
-            arr_local, w = arr_local[o], match.member_wait_ns[mm][o]
-            cw = np.r_[0, np.cumsum(w)]
-            waited = cw[np.searchsorted(arr_local, b)] - cw[np.searchsorted(arr_local, a)]
-            wait_ns[ri, cols] = waited / f if f < 1 else waited
-        ph = sp[sp["kind"] == 1]
-        if len(ph):
-            names = rd.span_names
-            pa = ph["start_ns"].astype(np.int64)
-            pb = pa + ph["duration_ns"].astype(np.int64)
-            pc = ph["duration_ns"] - _scaled(intervals.covered(us, ue, pa, pb), pb - pa, f)
-            per: dict[tuple[str, int], float] = {}
-            for n, s, c in zip(ph["name"].tolist(), ph["step"].tolist(), pc.tolist(), strict=True):
-                name = names[n] if n < len(names) else f"#{n}"
-                per[(name, s)] = per.get((name, s), 0.0) + c
-            for (name, s), c in per.items():
-                col = phase_col.get(name)
-                if col is None:
-                    col = phase_col[name] = len(phase_names)
-                    phase_names.append(name)
-                if not common or s in common_set:
-                    pv_rank.append(ri)
-                    pv_col.append(col)
-                    pv_val.append(c)
+    got = measure_ranks(run, table, clock, match, ranks)
+    steps, common = got.steps, got.common
+    step_ns, comm_ns, wait_ns = got.step_ns, got.comm_ns, got.wait_ns
+    phase_names, phase_ns = list(got.phase_names), got.phase_ns
+    scol = {s: i for i, s in enumerate(steps)}
     compute = step_ns - comm_ns
     if f >= 1 and len(table) and steps:
         _waited_compute(run, table, ranks, steps, compute)
@@ -289,10 +221,6 @@ def find_stragglers(
         RankScore(r, float(med_rank[i]), float(score[i]), *last.get(r, (0, 0)))
         for i, r in enumerate(ranks)
     )
-    # each (rank, phase)'s median, all at once
-    n_ph = len(phase_names)
-    code = np.asarray(pv_rank, dtype=np.int64) * n_ph + np.asarray(pv_col, dtype=np.int64)
-    phase_ns = grouped_median(np.asarray(pv_val), code, len(ranks) * n_ph).reshape(len(ranks), n_ph)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         phase_med = (
