@@ -9,9 +9,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from meshprof.analyze.compute.grouped import group_spread, robust_group_spread
 from meshprof.analyze.compute.sorting import (
     RowsByKey,
-    grouped_median,
     stable_argsort,
     unique_inverse,
 )
@@ -352,20 +352,20 @@ def _harmonized(
         scale = np.zeros(ng)
         np.maximum.at(scale, g, np.abs(without))
         floor = np.maximum(100, 0.002 * scale)
-        w_sp, wo_sp = _spread(with_it, g, ng, sub), _spread(without, g, ng, sub)
+        w_sp, wo_sp = group_spread(with_it, g, ng, sub), group_spread(without, g, ng, sub)
         async_like = (w_sp > 1.5 * wo_sp + floor) & blocking
         if async_like.any():  # (the robust spreads only where the deviations say async)
             t = async_like[g]
             tg, ts = g[t], unique_inverse(sub[t])[1]
-            w_rs = _robust_spread(with_it[t], tg, ng, ts)
-            wo_rs = _robust_spread(without[t], tg, ng, ts)
+            w_rs = robust_group_spread(with_it[t], tg, ng, ts)
+            wo_rs = robust_group_spread(without[t], tg, ng, ts)
             async_like &= w_rs > 1.5 * wo_rs + floor
         if is_async is not None and collective is not None:
             # an async collective (not a receive, whose data the next compute needs): also
             # when it varies more over the chains
             cross = np.zeros(ng, dtype=bool)
             cross[key[collective & is_async]] = True
-            moved = _spread(with_it, g, ng) > _spread(without, g, ng) + 100
+            moved = group_spread(with_it, g, ng) > group_spread(without, g, ng) + 100
             async_like |= moved & blocking & cross
         blocking &= ~async_like
         d[async_like] = 2
@@ -388,7 +388,7 @@ def _harmonized(
         base = np.maximum(prev_issue[at], np.where(at - 1 == m, I64_MIN, prev_done[at]))
         without = (a0[at] - base).astype(np.float64)
         with_it = (a0[at] - np.maximum(base, e0[m])).astype(np.float64)
-        moved = _spread(with_it, g, ng) > _spread(without, g, ng) + 100
+        moved = group_spread(with_it, g, ng) > group_spread(without, g, ng) + 100
         d[moved] += 1
         active &= moved
     step = d[key]
@@ -400,32 +400,6 @@ def _harmonized(
     # loaded machine the poll lags by milliseconds), and joining it later would count the
     # whole wait as compute. Its next gap is then negative: minus the lag.
     return np.where(blocking[key], at, np.maximum(at, j))
-
-
-def _spread(x: np.ndarray, g: np.ndarray, ng: int, sub: np.ndarray | None = None) -> np.ndarray:
-    """Per group code: the standard deviation of ``x`` over its members (0 for none); with
-    ``sub`` (a code per member, within its group), about each subgroup's own mean (pooled)."""
-    cnt = np.maximum(np.bincount(g, minlength=ng), 1)
-    if sub is None:
-        mean = np.bincount(g, weights=x, minlength=ng)[g] / cnt[g]
-    else:
-        sc = np.maximum(np.bincount(sub), 1)
-        mean = np.bincount(sub, weights=x)[sub] / sc[sub]
-    dev = x - mean
-    return np.sqrt(np.bincount(g, weights=dev * dev, minlength=ng) / cnt)
-
-
-def _robust_spread(
-    x: np.ndarray, g: np.ndarray, ng: int, sub: np.ndarray | None = None
-) -> np.ndarray:
-    """:func:`_spread` by the median absolute deviation (× 1.4826: a normal sample's standard
-    deviation), about each member's group median or, with ``sub``, its subgroup's (pooled over
-    the group): a few outlying members do not move it. 0 for a group without members."""
-    code = g if sub is None else sub
-    n = ng if sub is None else int(sub.max(initial=-1)) + 1
-    dev = np.abs(x - grouped_median(x, code, n)[code])
-    out = 1.4826 * grouped_median(dev, g, ng)
-    return np.nan_to_num(out, nan=0.0)
 
 
 def _eager_sends(

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from meshprof.analyze.compute import intervals
-from meshprof.analyze.compute.sorting import grouped_median, stable_argsort
+from meshprof.analyze.compute.grouped import grouped_median
+from meshprof.analyze.compute.sorting import stable_argsort
 from meshprof.analyze.run.clock import ClockAlignment
 from meshprof.analyze.run.match import CollectiveMatch
 from meshprof.analyze.run.table import EventTable
