@@ -77,7 +77,7 @@ def _rec(token: int) -> PendingOp:
 def test_waited_work_is_device_timed_without_a_future_callback(fakes: Sink) -> None:
     c = Completion(fakes)
     rec, work = _rec(1), FakeWork()
-    c.watch(rec, ([], work), wait_in_thread=False)
+    c.watch(rec, ([], work), None)
     assert not fakes.completed and rec.end_event is None  # nothing until it is waited on
     c.work_waited(work, 5_000, None)  # Work.wait() returned on the issuing thread
     assert rec.end_event is not None and rec.end_event.recorded == 1
@@ -93,7 +93,7 @@ def test_synchronous_op_without_a_work_ends_on_the_current_stream(
     c = Completion(fakes)
     rec = _rec(2)
     monkeypatch.setattr(completion._Work, "unbox", staticmethod(lambda w: None))
-    c.watch(rec, ([], object()), wait_in_thread=False)  # NCCL, async_op=False: no work
+    c.watch(rec, ([], object()), None)  # NCCL, async_op=False: no work
     assert rec.end_event is not None and rec.end_event.recorded == 1
     c.resolve_device()
     ((done, _end, dur),) = fakes.completed
@@ -103,7 +103,7 @@ def test_synchronous_op_without_a_work_ends_on_the_current_stream(
 def test_polled_work_keeps_its_host_time(fakes: Sink) -> None:
     c = Completion(fakes)
     rec, work = _rec(3), FakeWork()
-    c.watch(rec, ([], work), wait_in_thread=False)  # a work DDP's reducer consumes in C++
+    c.watch(rec, ([], work), None)  # a work DDP's reducer consumes in C++
     work.done = True
     c.poller.settle(1.0)
     ((done, end, dur),) = fakes.completed

@@ -146,9 +146,9 @@ class Poller:
     calls) are polled every 0.1 ms, backing off to 1 ms while none completes; works of synchronous
     calls, which ``torch.distributed`` waits on at once (so the ``Work.wait`` hook completes
     them), are only a safety net swept every 20 ms. With nothing pending the thread sleeps on an
-    event, so an idle or synchronous-only job pays nothing for it. Works of ops whose spec says
-    ``wait_in_thread`` (gloo's reduce_scatter: no future, never ``is_completed()``) get a
-    short-lived thread that waits on them instead (Work.wait is safe from several threads).
+    event, so an idle or synchronous-only job pays nothing for it. The poller never waits on a
+    work: works that only complete in their caller's wait (gloo's reduce_scatter) are not
+    polled at all (:meth:`Completion.watch`).
     """
 
     SLOW_S = 0.020
@@ -168,12 +168,7 @@ class Poller:
         sweep waits for the poller's pass in progress instead of missing what it holds."""
         self._stop = False
 
-    def add(self, work: Any, rec: PendingOp, sync: bool, wait_in_thread: bool = False) -> None:
-        if wait_in_thread and not sync:
-            threading.Thread(
-                target=self._wait, args=(work, rec), name="meshprof-wait", daemon=True
-            ).start()
-            return
+    def add(self, work: Any, rec: PendingOp, sync: bool) -> None:
         (self._slow if sync else self._fast).append((work, rec))
         if self._thread is None or not self._thread.is_alive():
             with self._start_lock:  # several issuing threads must not start two pollers
@@ -185,14 +180,6 @@ class Poller:
                     self._thread.start()
         if self._idle and not sync:
             self._wake.set()
-
-    def _wait(self, work: Any, rec: PendingOp) -> None:
-        err: BaseException | None = None
-        try:
-            work.wait()
-        except BaseException as e:
-            err = e
-        self._done(rec, time.perf_counter_ns(), err)
 
     def stop(self) -> None:
         self._stop = True
@@ -296,13 +283,26 @@ _CALLER_DEPTH = 2
 class Completion:
     """Completion of the ops the Python kernel recorded: Work.wait, the poller, CUDA events."""
 
+    #: Ops awaiting their caller's wait (:meth:`watch`) kept at most: past it the oldest is
+    #: forgotten unrecorded (a work its caller never waits on must not hold memory forever).
+    CALLER_WAITS_CAP = 4096
+
     def __init__(self, sink: CompletionSink) -> None:
         self._sink = sink
         self.poller = Poller(self._polled)
         self._by_work: dict[int, tuple[Any, PendingOp]] = {}
         self._device_pending: deque[PendingOp] = deque()
+        self._caller_waits: dict[int, list[int]] = {}
+        """Works completed only by their caller's wait, by id: their outputs' data pointers
+        (insertion order: oldest first)."""
+        self._by_output: dict[int, int] = {}
+        """Output data pointer -> id of the caller-completed work that writes it (what
+        ``_c10d_functional.wait_tensor`` is given)."""
+        self._group_future: dict[int, bool] = {}
+        """Group index -> whether its works of caller-completed ops have a future (asked once
+        per group: gloo's raise, NCCL's do not)."""
 
-    def watch(self, rec: PendingOp, out: Any, wait_in_thread: bool) -> None:
+    def watch(self, rec: PendingOp, out: Any, outputs: list[Any] | None) -> None:
         """Arrange for the completion of the op that returned ``out`` to be noticed.
 
         Never a Python callback on the backend's thread: it would need the GIL there, stalling
@@ -313,6 +313,10 @@ class Completion:
         issued or waited on it: a synchronous op's return (no work), ``Work.wait()``. A work
         nobody waits on from Python (DDP's reducer, FSDP) is polled and keeps its host time.
         Called by the kernel itself (the caller's frame is looked up at a fixed depth).
+
+        ``outputs``: the op's output tensors when its spec is ``caller_completes``. Such a work
+        without a future (gloo's reduce_scatter) is neither polled nor waited on: it completes
+        when its caller waits (:meth:`work_waited`, :meth:`tensor_waited`), as the caller sees it.
         """
         try:
             work = out[1] if isinstance(out, tuple) and len(out) == 2 else out
@@ -328,16 +332,68 @@ class Completion:
                 return
             rec.work = w
             self._by_work[id(w)] = (w, rec)
+            if outputs is not None and not self._has_future(rec.group, w):
+                self._await_caller(w, outputs)
+                return
             # A work that goes back to Python code (a torch.distributed function or a
             # ProcessGroup method called from Python) is waited on there, where the Work.wait
             # hook completes it exactly: the poller only keeps a slow safety net for it. Works
             # of C++ callers (DDP's reducer, functional collectives) need the fast poller.
             caller = sys._getframe(_CALLER_DEPTH).f_globals.get("__name__", "")
             from_python = caller == "torch.distributed.distributed_c10d"
-            self.poller.add(w, rec, from_python or not (rec.flags & FLAG_ASYNC), wait_in_thread)
+            self.poller.add(w, rec, from_python or not (rec.flags & FLAG_ASYNC))
         except Exception as e:
             self._sink.discard(rec)
             self._sink.report_internal_error(e)
+
+    def _has_future(self, group: int, w: Any) -> bool:
+        known = self._group_future.get(group)
+        if known is None:
+            try:
+                w.get_future()
+                known = True
+            except Exception:
+                known = False
+            self._group_future[group] = known
+        return known
+
+    def _await_caller(self, w: Any, outputs: list[Any]) -> None:
+        """Leave the work's completion to its caller's wait (bounded: the oldest beyond
+        :attr:`CALLER_WAITS_CAP` is forgotten unrecorded)."""
+        ptrs = [t.data_ptr() for t in outputs]
+        self._caller_waits[id(w)] = ptrs
+        for p in ptrs:
+            self._by_output[p] = id(w)
+        while len(self._caller_waits) > self.CALLER_WAITS_CAP:
+            oldest = next(iter(self._caller_waits))
+            self._forget_caller_wait(oldest)
+            entry = self._by_work.pop(oldest, None)
+            if entry is not None:
+                entry[1].work = None
+                self._sink.discard(entry[1])
+
+    def _forget_caller_wait(self, key: int) -> None:
+        for p in self._caller_waits.pop(key, ()):
+            if self._by_output.get(p) == key:
+                del self._by_output[p]
+
+    def tensor_waited(self, t: Any, end: int) -> None:
+        """``_c10d_functional.wait_tensor(t)`` returned: complete the caller-completed op that
+        writes ``t`` (a functional collective's output), if one awaits it."""
+        if not self._by_output:
+            return
+        key = self._by_output.get(t.data_ptr())
+        if key is not None:
+            entry = self._by_work.get(key)
+            if entry is not None:
+                self.work_waited(entry[0], end, None)
+            else:
+                self._forget_caller_wait(key)
+
+    @property
+    def awaiting_caller(self) -> int:
+        """Ops whose completion waits for their caller's wait (gloo's reduce_scatter)."""
+        return len(self._caller_waits)
 
     def _ended_now(self, rec: PendingOp, end: int | None = None) -> None:
         """The op ended for the host now (or at ``end``), with the current stream ordered after
@@ -360,6 +416,8 @@ class Completion:
         op: its end event marked now, the waiting thread's current stream being ordered after
         the work)."""
         entry = self._by_work.pop(id(w), None)
+        if self._caller_waits:
+            self._forget_caller_wait(id(w))
         if entry is not None and entry[0] is w:
             rec = entry[1]
             if rec.start_event is not None and err is None:

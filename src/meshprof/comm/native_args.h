@@ -25,7 +25,7 @@ struct Spec {
   int async_arg;   // argument index of async_op (-1: none, always asynchronous)
   int peer_arg;    // argument index of the peer's group rank (-1: none)
   int p2p;         // 0 collective, 1 send, 2 recv
-  int wait_thread; // the backend's work has no future and never reports completion: wait on it
+  int wait_thread; // with no future (gloo's reduce_scatter) the op completes in its caller's wait
 };
 
 inline uint32_t crc32(const std::string& s) {  // zlib's CRC-32, as Python's zlib.crc32
@@ -106,6 +106,32 @@ const at::Tensor* typed_first(const T& v) {
     return nullptr;
   } else {
     return nullptr;
+  }
+}
+
+// The data pointers of a tensor argument's tensors, appended to `out` (undefined ones skipped).
+inline void push_ptr(const at::Tensor& t, std::vector<const void*>& out) {
+  if (t.defined() && t.has_storage()) out.push_back(t.const_data_ptr());
+}
+
+template <typename T>
+void typed_ptrs(const T& v, std::vector<const void*>& out) {
+  using D = std::decay_t<T>;
+  if constexpr (std::is_same_v<D, at::Tensor>) {
+    push_ptr(v, out);
+  } else if constexpr (std::is_same_v<D, at::TensorList> || std::is_same_v<D, std::vector<at::Tensor>>) {
+    for (const at::Tensor& t : v) push_ptr(t, out);
+  } else if constexpr (std::is_same_v<D, std::vector<std::vector<at::Tensor>>>) {
+    for (const auto& l : v)
+      for (const at::Tensor& t : l) push_ptr(t, out);
+  }
+}
+
+inline void ptrs_of(const c10::IValue& v, std::vector<const void*>& out) {
+  if (v.isTensor()) {
+    push_ptr(v.toTensor(), out);
+  } else if (v.isList()) {
+    for (const c10::IValue& e : v.toListRef()) ptrs_of(e, out);
   }
 }
 

@@ -89,6 +89,22 @@ pthread_t poller_thread{};  // valid once poller_started (for its CPU clock)
 std::atomic<int64_t> poll_min_us{100};
 std::atomic<int64_t> poll_max_us{1000};
 
+// Works that complete only in their caller's wait (gloo's reduce_scatter: a LambdaWork whose
+// wait() copies the result into the output, so meshprof must never call it): the work (held,
+// so its address stays its own), its token and its outputs' data pointers, by work; the work by
+// output data pointer, for _c10d_functional::wait_tensor; oldest first for the cap. Guarded by
+// poll_mu.
+struct CallerWait {
+  c10::intrusive_ptr<c10d::Work> work;
+  int64_t token;
+  std::vector<const void*> outputs;
+};
+std::unordered_map<const c10d::Work*, CallerWait> caller_waits;
+std::unordered_map<const void*, const c10d::Work*> caller_by_output;
+std::deque<const c10d::Work*> caller_order;
+std::atomic<size_t> caller_count{0};
+constexpr size_t kCallerWaitsCap = 4096;  // past it the oldest is forgotten unrecorded
+
 thread_local int comp_depth = 0;
 thread_local int64_t comp_in = 0, comp_out = 0, comp_n = 0;
 
@@ -275,7 +291,47 @@ void sweep() {
 std::mutex no_future_mu;
 std::unordered_set<std::type_index> no_future_types;
 
-void watch(const c10::intrusive_ptr<c10d::Work>& work, int64_t token, bool wait_thread, bool device) {
+// An op in flight forgotten unrecorded (its completion can no longer be observed).
+void forget(int64_t token) {
+  std::lock_guard<std::mutex> g(mu);
+  inflight.erase(token);
+  timers.erase(token);
+}
+
+void drop_caller_wait(std::unordered_map<const c10d::Work*, CallerWait>::iterator it) {  // poll_mu held
+  for (const void* p : it->second.outputs) {
+    auto o = caller_by_output.find(p);
+    if (o != caller_by_output.end() && o->second == it->first) caller_by_output.erase(o);
+  }
+  caller_waits.erase(it);
+  caller_count.store(caller_waits.size());
+}
+
+// The work's op completes when its caller waits on it (waited_ptr: Work.wait in Python, or
+// wait_tensor on one of its outputs); at most kCallerWaitsCap such ops are kept.
+void await_caller(const c10::intrusive_ptr<c10d::Work>& work, int64_t token,
+                  const std::vector<const void*>& outputs) {
+  std::vector<int64_t> evicted;
+  {
+    std::lock_guard<std::mutex> g(poll_mu);
+    caller_waits[work.get()] = CallerWait{work, token, outputs};
+    for (const void* p : outputs) caller_by_output[p] = work.get();
+    caller_order.push_back(work.get());
+    while (caller_waits.size() > kCallerWaitsCap && !caller_order.empty()) {
+      auto it = caller_waits.find(caller_order.front());
+      caller_order.pop_front();
+      if (it == caller_waits.end()) continue;
+      evicted.push_back(it->second.token);
+      drop_caller_wait(it);
+    }
+    while (caller_order.size() > 2 * kCallerWaitsCap) caller_order.pop_front();
+    caller_count.store(caller_waits.size());
+  }
+  for (int64_t t : evicted) forget(t);
+}
+
+void watch(const c10::intrusive_ptr<c10d::Work>& work, int64_t token, bool wait_thread, bool device,
+           const std::vector<const void*>& outputs) {
   c10::intrusive_ptr<c10::ivalue::Future> fut;
   const std::type_info& kind = typeid(*work);
   // the last Work class seen with a future, per thread: asked without the lock
@@ -326,16 +382,8 @@ void watch(const c10::intrusive_ptr<c10d::Work>& work, int64_t token, bool wait_
     });
     return;
   }
-  if (wait_thread) {  // gloo's reduce_scatter: no future, never isCompleted()
-    std::thread([work, token] {
-      try {
-        work->wait();
-        complete(token, now_ns(), nullptr);
-      } catch (const std::exception& e) {
-        std::string msg = e.what();
-        complete(token, now_ns(), &msg);
-      }
-    }).detach();
+  if (wait_thread) {  // gloo's reduce_scatter: no future, never isCompleted(); see CallerWait
+    await_caller(work, token, outputs);
     return;
   }
   std::lock_guard<std::mutex> g(poll_mu);
@@ -461,7 +509,8 @@ void failed(const Rec& r, const std::exception& e) {
 
 // The op was issued and returned `work` (nullptr: a synchronous op, ended now): its completion
 // is watched (future callback, poller or wait thread). Never throws.
-void issued(const Spec& spec, const Rec& r, bool device, const c10::intrusive_ptr<c10d::Work>* work) {
+void issued(const Spec& spec, const Rec& r, bool device, const c10::intrusive_ptr<c10d::Work>* work,
+            const std::vector<const void*>& outputs) {
   try {
     if (work != nullptr && work->defined()) {
       if (device) {
@@ -469,7 +518,7 @@ void issued(const Spec& spec, const Rec& r, bool device, const c10::intrusive_pt
         auto tt = timers.find(r.token);
         if (tt != timers.end()) tt->second->attach(*work);
       }
-      watch(*work, r.token, spec.wait_thread != 0, device);
+      watch(*work, r.token, spec.wait_thread != 0, device, outputs);
     } else {
       // no work: a synchronous op (monitored_barrier; NCCL with async_op=False since torch 2.7,
       // ordered on the current stream), so an end marked on the current stream now follows it
@@ -495,6 +544,7 @@ void kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::S
   Rec r{};
   bool record = false;
   at::Tensor first;
+  std::vector<const void*> outputs;  // caller-completed ops: their outputs' data pointers
   try {
     auto it = specs.find(op.schema().name());
     if (it != specs.end()) spec = &it->second;
@@ -514,6 +564,9 @@ void kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::S
       record = begin(*spec, a, r);
       if (record && (script.on || meshprof_device::kWithCuda)) {
         first = meshprof_device::first_tensor_of(arg(spec->tensor_arg));
+      }
+      if (record && spec->wait_thread && spec->out_arg >= 0) {
+        meshprof_args::ptrs_of(arg(spec->out_arg), outputs);
       }
     }
   } catch (...) {
@@ -535,7 +588,7 @@ void kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::S
     }
   } catch (...) {
   }
-  issued(*spec, r, device, work ? &work : nullptr);
+  issued(*spec, r, device, work ? &work : nullptr, outputs);
 }
 
 // -- typed kernels ------------------------------------------------------------------------------
@@ -594,6 +647,7 @@ struct Typed<Slot, Ret(Args...)> {
     Rec r{};
     bool record = false;
     const at::Tensor* first = nullptr;
+    std::vector<const void*> outputs;  // caller-completed ops: their outputs' data pointers
     try {
       using namespace meshprof_args;
       Issue a;
@@ -609,6 +663,9 @@ struct Typed<Slot, Ret(Args...)> {
         visit_arg(spec.async_arg, [&](const auto& v) { a.async = typed_int(v, 1) != 0; }, args...);
       }
       record = begin(spec, a, r);
+      if (record && spec.wait_thread) {
+        visit_arg(spec.out_arg, [&](const auto& v) { typed_ptrs(v, outputs); }, args...);
+      }
     } catch (...) {
       record = false;  // never break training: run the op unrecorded
     }
@@ -620,7 +677,7 @@ struct Typed<Slot, Ret(Args...)> {
         if (record) failed(r, e);
         throw;
       }
-      if (record) issued(spec, r, device, nullptr);
+      if (record) issued(spec, r, device, nullptr, outputs);
     } else {
       Ret out = [&]() -> Ret {
         try {
@@ -630,7 +687,7 @@ struct Typed<Slot, Ret(Args...)> {
           throw;
         }
       }();
-      if (record) issued(spec, r, device, work_of(out));
+      if (record) issued(spec, r, device, work_of(out), outputs);
       return out;
     }
   }
@@ -744,6 +801,48 @@ void configure(const std::vector<std::tuple<std::string, int, int, int, int, int
   op_mask = static_cast<uint64_t>(mask);
 }
 
+bool waited_ptr(c10d::Work* ptr, int64_t end, const std::string& err);
+
+// _c10d_functional::wait_tensor at BackendSelect: the op runs unchanged (the caller's wait), then
+// a caller-completed op writing this tensor (a functional reduce_scatter on gloo) ends now.
+std::optional<c10::TypedOperatorHandle<at::Tensor(const at::Tensor&)>> wait_tensor_op;
+std::unique_ptr<torch::Library> wait_lib;
+
+at::Tensor wait_tensor_hook(c10::DispatchKeySet ks, const at::Tensor& t) {
+  at::Tensor out = wait_tensor_op->redispatch(ks.remove(c10::DispatchKey::BackendSelect), t);
+  if (caller_count.load(std::memory_order_relaxed) == 0) return out;
+  try {
+    if (!t.defined() || !t.has_storage()) return out;
+    const void* p = t.const_data_ptr();
+    c10d::Work* work = nullptr;
+    {
+      std::lock_guard<std::mutex> g(poll_mu);
+      auto it = caller_by_output.find(p);
+      if (it != caller_by_output.end()) work = const_cast<c10d::Work*>(it->second);
+    }
+    if (work != nullptr) waited_ptr(work, now_ns(), std::string());
+  } catch (...) {
+  }
+  return out;
+}
+
+// Installs the wait_tensor hook (false: this build has no functional collectives).
+bool install_wait_tensor() {
+  try {
+    auto h = c10::Dispatcher::singleton().findOp(c10::OperatorName("_c10d_functional::wait_tensor", ""));
+    if (!h.has_value()) return false;
+    wait_tensor_op.emplace(h->typed<at::Tensor(const at::Tensor&)>());
+    wait_lib = std::make_unique<torch::Library>(torch::Library::IMPL, "_c10d_functional",
+                                                std::make_optional(c10::DispatchKey::BackendSelect),
+                                                __FILE__, __LINE__);
+    wait_lib->impl("wait_tensor", torch::CppFunction::makeFromUnboxedFunction(TORCH_FN(wait_tensor_hook)));
+    return true;
+  } catch (...) {
+    wait_lib.reset();
+    return false;
+  }
+}
+
 // Installs a kernel for each op: typed where its signature is known (typed=True), else boxed;
 // with autograd=True, typed ops also get the unboxed autograd passthrough.
 void install(const std::vector<std::string>& names, bool typed, bool autograd) {
@@ -767,6 +866,7 @@ void install(const std::vector<std::string>& names, bool typed, bool autograd) {
     }
     lib->impl(n.c_str(), torch::CppFunction::makeFromBoxedFunction<&kernel>());
   }
+  install_wait_tensor();
 }
 
 std::vector<std::string> typed_ops() { return typed_names; }
@@ -778,6 +878,7 @@ std::vector<std::string> autograd_ops() {
 }
 
 void uninstall() {
+  wait_lib.reset();
   autograd_lib.reset();
   lib.reset();
   autograd_slots.clear();
@@ -834,9 +935,15 @@ bool waited_ptr(c10d::Work* ptr, int64_t end, const std::string& err) {
   {
     std::lock_guard<std::mutex> g(poll_mu);
     auto it = polled_token.find(ptr);
-    if (it == polled_token.end()) return false;
-    token = it->second;
-    polled_token.erase(it);
+    if (it != polled_token.end()) {
+      token = it->second;
+      polled_token.erase(it);
+    } else {
+      auto cw = caller_waits.find(ptr);
+      if (cw == caller_waits.end()) return false;
+      token = cw->second.token;
+      drop_caller_wait(cw);
+    }
   }
   complete(token, end, err.empty() ? nullptr : &err, ptr, true);  // the caller's stream waited
   return true;
@@ -1004,6 +1111,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("reset_seqs", &reset_seqs);
   m.def("set_poll_interval", &set_poll_interval);
   m.def("polled_count", &polled_count);
+  m.def("caller_wait_count", [] { return static_cast<int64_t>(caller_count.load()); });
   m.def("group_names", &names_of_groups);
   m.def("now", &now);
   m.def("wait_backlog", &wait_backlog, py::call_guard<py::gil_scoped_release>());

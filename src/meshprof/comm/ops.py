@@ -88,9 +88,14 @@ class OpSpec:
     """The op carries several tensors issued as one collective."""
     p2p: bool = field(init=False)
     """A point-to-point op: numbered per peer pair and direction, not per group (derived)."""
-    wait_in_thread: bool = field(init=False)
-    """gloo's works of this op have no future and never report ``is_completed()``: completion is
-    noticed by a thread that waits on them (derived)."""
+    caller_completes: bool = field(init=False)
+    """On a backend whose work for this op has no future (gloo's reduce_scatter: a ``LambdaWork``
+    that waits for its all-reduces and copies the result into the output *inside* ``wait()``),
+    the op completes when its caller waits: ``Work.wait()`` in Python or
+    ``_c10d_functional.wait_tensor``. meshprof never waits on such a work itself: a second
+    ``wait()`` runs that copy again, bumping the output's version counter (selective activation
+    checkpointing then refuses the cached output) and writing it behind the caller's back
+    (derived)."""
     in_bytes: Callable[[tuple[Any, ...]], int] = field(init=False)
     """Bytes of the input tensors, from the op's arguments (derived)."""
     out_bytes: Callable[[tuple[Any, ...]], int] = field(init=False)
@@ -98,14 +103,14 @@ class OpSpec:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "p2p", self.op in ("send", "recv"))
-        object.__setattr__(self, "wait_in_thread", self.op == "reduce_scatter")
+        object.__setattr__(self, "caller_completes", self.op == "reduce_scatter")
         object.__setattr__(self, "in_bytes", _byte_counter(self.in_arg, self.in_layout))
         object.__setattr__(self, "out_bytes", _byte_counter(self.out_arg, self.out_layout))
 
     def native_row(self, op_code: int) -> tuple[int | str, ...]:
         """This spec as one row of the native kernel's table (see ``configure`` in
         native_kernel.cpp): name, op code, pg, in, out, tensor, async, peer argument indices
-        (-1: none), p2p (0 collective, 1 send, 2 recv), wait in a thread (0/1)."""
+        (-1: none), p2p (0 collective, 1 send, 2 recv), completed by the caller's wait (0/1)."""
         return (
             self.schema_name,
             op_code,
@@ -116,7 +121,7 @@ class OpSpec:
             -1 if self.async_arg is None else self.async_arg,
             -1 if self.peer_arg is None else self.peer_arg,
             (1 if self.op == "send" else 2) if self.p2p else 0,
-            int(self.wait_in_thread),
+            int(self.caller_completes),
         )
 
 
@@ -159,6 +164,18 @@ def available_specs() -> list[OpSpec]:
             continue
         out.append(spec)
     return out
+
+
+def output_tensors(spec: OpSpec, args: tuple[Any, ...]) -> list[Any]:
+    """The tensors of the op's output argument (empty: it has none)."""
+    if spec.out_arg < 0:
+        return []
+    x = args[spec.out_arg]
+    if spec.out_layout == TENSOR:
+        return [x]
+    if spec.out_layout == LIST:
+        return list(x)
+    return [t for ts in x for t in ts]
 
 
 def first_tensor(spec: OpSpec, args: tuple[Any, ...]) -> Any:

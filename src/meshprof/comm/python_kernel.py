@@ -14,6 +14,7 @@ meshprof was enabled, DDP's C++ reducer, FSDP2, DTensor's functional collectives
 from __future__ import annotations
 
 import contextlib
+import time
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -22,7 +23,7 @@ import torch
 
 from meshprof.comm.backend import GroupRef, RecorderCore
 from meshprof.comm.completion import InflightOp, PendingOps, patch_work_wait
-from meshprof.comm.ops import OpSpec, available_specs
+from meshprof.comm.ops import OpSpec, available_specs, output_tensors
 from meshprof.comm.patching import Patches
 
 _BACKEND_SELECT = torch._C.DispatchKey.BackendSelect
@@ -56,6 +57,7 @@ class PythonKernel:
     def __init__(self, prof: RecorderCore) -> None:
         self.prof = prof
         self._lib: Any = None
+        self._wait_lib: Any = None
         self._patches = Patches()
         self.after_op: Callable[[], None] | None = None
         """Called at the end of every kernel call while set, on the issuing thread (the handover
@@ -74,6 +76,7 @@ class PythonKernel:
                     with_keyset=True,
                 )
         self._lib = lib
+        self._wait_lib = _install_wait_tensor(self.prof.completion.tensor_waited)
         patch_work_wait(
             self._patches, lambda _cls, original: self.prof.completion.wrap_wait(original)
         )
@@ -98,9 +101,10 @@ class PythonKernel:
 
     def uninstall(self) -> None:
         self._patches.undo()
-        if self._lib is not None:
-            self._lib._destroy()
-            self._lib = None
+        for lib in (self._lib, self._wait_lib):
+            if lib is not None:
+                lib._destroy()
+        self._lib = self._wait_lib = None
         self.prof.completion.stop()
 
     def configure(self) -> None:
@@ -146,7 +150,7 @@ def _make_kernel(owner: PythonKernel, spec: OpSpec, table: _KernelTable) -> Call
     fail = prof.fail
     watch = prof.completion.watch  # called from here: it looks up the op's caller by depth
     internal_error = prof.report_internal_error
-    wait_in_thread = spec.wait_in_thread
+    caller_completes = spec.caller_completes
     call = table.call
 
     def kernel(keyset: Any, *args: Any) -> Any:
@@ -163,7 +167,7 @@ def _make_kernel(owner: PythonKernel, spec: OpSpec, table: _KernelTable) -> Call
             except BaseException as e:
                 fail(rec, e)
                 raise
-            watch(rec, out, wait_in_thread)
+            watch(rec, out, output_tensors(spec, args) if caller_completes else None)
         if owner.after_op is not None:
             try:
                 owner.after_op()
@@ -173,3 +177,29 @@ def _make_kernel(owner: PythonKernel, spec: OpSpec, table: _KernelTable) -> Call
 
     kernel.__name__ = f"meshprof_{spec.schema_name}"
     return kernel
+
+
+def _install_wait_tensor(waited: Callable[[Any, int], None]) -> Any:
+    """A kernel for ``_c10d_functional::wait_tensor`` at ``BackendSelect`` that runs the op and
+    then tells completion (``waited(tensor, end)``): a functional collective whose work only
+    completes in its caller's wait (gloo's reduce_scatter) ends there. The op itself runs
+    unchanged. None where this build has no functional collectives."""
+    try:
+        op = torch.ops._c10d_functional.wait_tensor.default
+    except (AttributeError, RuntimeError):
+        return None
+    redispatch = op._handle.redispatch_boxed
+    perf = time.perf_counter_ns
+
+    def wait_tensor(keyset: Any, tensor: Any) -> Any:
+        out = redispatch(keyset.remove(_BACKEND_SELECT), tensor)
+        # never break training (a fake or meta tensor has no data pointer)
+        with contextlib.suppress(Exception):
+            waited(tensor, perf())
+        return out
+
+    lib = torch.library.Library("_c10d_functional", "IMPL")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        lib.impl("wait_tensor", wait_tensor, "BackendSelect", with_keyset=True)
+    return lib
