@@ -4,8 +4,9 @@ training").
 Every thread meshprof starts is named ``meshprof-*`` (the Python poller, the rank writer, the
 live publisher, the watchdog...); the native kernel's C++ poller is read through the extension
 (``poller_cpu_ns``). Each figure is the thread's CPU clock (``pthread_getcpuclockid``), in ns,
-since it started: threads that already ended are not counted, nor the completion callbacks that run on the backend's own threads (part of the
-collective's cost, measured in ``benchmarks/record_cost.py``).
+since it started: threads that already ended are not counted, nor the completion callbacks
+that run on the backend's own threads (part of the collective's cost, measured in
+``benchmarks/record_cost.py``).
 """
 
 from __future__ import annotations
