@@ -5,8 +5,9 @@ them. Formatting only: every figure is a field of :class:`~meshprof.analyze.run.
 from __future__ import annotations
 
 import html
+from collections.abc import Sequence
 
-from meshprof.analyze.run.what_if import RankCost, WhatIf
+from meshprof.analyze.run.what_if import DimCost, GroupCost, RankCost, WhatIf
 from meshprof.render.format import fmt_ns, fmt_pct
 
 LEAD = 3
@@ -85,6 +86,15 @@ def what_if_html(w: WhatIf | None) -> str:
     def ci(lo: float, hi: float) -> str:
         return f"<td>{fmt_ns(lo)}–{fmt_ns(hi)}</td>"
 
+    def table(rows: str, what: str, measured: bool, head: str) -> str:
+        """A table, or one sentence when none of its rows measured anything."""
+        if not measured:
+            return (
+                f'<p class="muted">{what}: every step saving and its 95% interval are 0 ns '
+                "(nothing measurable).</p>"
+            )
+        return f"{head}<tbody>{rows}</tbody></table>"
+
     ranks = "".join(
         f"<tr><td>{c.rank}</td><td>{fmt_ns(c.step_saving_ns)}</td>{ci(c.ci_low_ns, c.ci_high_ns)}"
         f"<td>{fmt_pct(c.share_of_step)}</td><td>{_E(c.phase or '-')}</td>"
@@ -102,18 +112,39 @@ def what_if_html(w: WhatIf | None) -> str:
         f"<td>{fmt_pct(g.share_of_step)}</td><td>{fmt_ns(g.excess_ns)}</td></tr>"
         for g in w.groups
     )
+    def measured(costs: Sequence[RankCost | DimCost | GroupCost]) -> bool:
+        return any(c.step_saving_ns > 0 or c.ci_high_ns > 0 for c in costs)
+
+    if not (measured(w.ranks) or measured(w.dims) or measured(w.groups)):
+        return head + (
+            f'<p class="muted">Replayed {len(w.ranks)} of {w.ranks_total} ranks over '
+            f"{len(w.steps)} steps (median step {fmt_ns(w.step_ns)}): every rank's, dimension's "
+            "and group's step saving and 95% interval are 0 ns (nothing measurable).</p>"
+        )
     return (
         head + f'<p class="muted">Replayed {len(w.ranks)} of {w.ranks_total} ranks (largest excess '
         f"compute first) over {len(w.steps)} steps; median step {fmt_ns(w.step_ns)}.</p>"
-        + '<table id="what-if-ranks"><thead><tr><th>rank</th><th>step saving</th>'
-        "<th>95% interval</th><th>share of step</th><th>phase</th><th>excess compute</th>"
-        "<th>peers</th></tr></thead>"
-        f"<tbody>{ranks}</tbody></table>"
-        + '<table id="what-if-dims"><thead><tr><th>dimension</th><th>step saving</th>'
-        "<th>95% interval</th><th>share of step</th><th>excess compute</th></tr></thead>"
-        f"<tbody>{dims}</tbody></table>"
-        + '<table id="what-if-groups"><thead><tr><th>group</th><th>dim</th>'
-        "<th>step saving</th><th>95% interval</th><th>share of step</th>"
-        "<th>excess compute</th></tr></thead>"
-        f"<tbody>{groups}</tbody></table>"
+        + table(
+            ranks,
+            "Ranks",
+            measured(w.ranks),
+            '<table id="what-if-ranks"><thead><tr><th>rank</th><th>step saving</th>'
+            "<th>95% interval</th><th>share of step</th><th>phase</th><th>excess compute</th>"
+            "<th>peers</th></tr></thead>",
+        )
+        + table(
+            dims,
+            "Dimensions",
+            measured(w.dims),
+            '<table id="what-if-dims"><thead><tr><th>dimension</th><th>step saving</th>'
+            "<th>95% interval</th><th>share of step</th><th>excess compute</th></tr></thead>",
+        )
+        + table(
+            groups,
+            "Groups",
+            measured(w.groups),
+            '<table id="what-if-groups"><thead><tr><th>group</th><th>dim</th>'
+            "<th>step saving</th><th>95% interval</th><th>share of step</th>"
+            "<th>excess compute</th></tr></thead>",
+        )
     )
