@@ -150,7 +150,9 @@ class RecorderCore(Protocol):
     seqs: SeqSource
     completion: Completion
     step: int
-    open_composites: int
+
+    @property
+    def open_composites(self) -> int: ...
 
     @property
     def wall_offset_ns(self) -> int:

@@ -104,9 +104,7 @@ def _summary(rep: RunReport) -> str:
         f'<div class="card"><span class="muted">{_E(k)}</span><b>{v}</b></div>' for k, v in cards
     )
     meta = "".join(
-        f"<li><code>{_E(str(k))}</code>: "
-        f"{_E(fmt_nested(v, str(k)))}</li>"
-        for k, v in md.items()
+        f"<li><code>{_E(str(k))}</code>: {_E(fmt_nested(v, str(k)))}</li>" for k, v in md.items()
     )
     probs = "".join(f'<li class="warn">rank {p.rank}: {_E(p.reason)}</li>' for p in rep[PROBLEMS])
     sampling = rep.get(SAMPLING)

@@ -112,6 +112,7 @@ def what_if_html(w: WhatIf | None) -> str:
         f"<td>{fmt_pct(g.share_of_step)}</td><td>{fmt_ns(g.excess_ns)}</td></tr>"
         for g in w.groups
     )
+
     def measured(costs: Sequence[RankCost | DimCost | GroupCost]) -> bool:
         return any(c.step_saving_ns > 0 or c.ci_high_ns > 0 for c in costs)
 
