@@ -14,15 +14,12 @@ import inspect
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from meshprof.comm.backend import KernelBackend, RecorderCore
 from meshprof.comm.completion import PendingOp
 from meshprof.comm.patching import Patches
 from meshprof.events import OBJECT_OPS
-
-if TYPE_CHECKING:
-    from meshprof.comm.recorder import CommProfiler
 
 _tls = threading.local()
 
@@ -159,7 +156,7 @@ class OpenComposites:
 
     def begin(
         self,
-        prof: CommProfiler,
+        prof: RecorderCore,
         label: str,
         group: Any,
         peer: int,
@@ -194,7 +191,7 @@ class OpenComposites:
         self._stack().append(rec)
         return rec
 
-    def finish(self, prof: CommProfiler, rec: PendingOp) -> None:
+    def finish(self, prof: RecorderCore, rec: PendingOp) -> None:
         """Close ``rec``: it enters the log with the bytes and count of the c10d ops inside."""
         try:
             end = time.perf_counter_ns()
