@@ -218,6 +218,17 @@ class CommProfiler(RecordQueries):
         waited on it from Python (DDP's C++ reducer waits on its buckets itself) and the poller
         has not looked yet: one sweep of the pending works runs on the reading thread (no
         waiting: a work that is not complete stays pending)."""
+        self._sweep()
+        if self._backend is not None:
+            try:
+                self._backend.drain()
+            except Exception as e:
+                self.report_internal_error(e)
+        self.log.flush()
+
+    def _sweep(self) -> None:
+        """Complete the ops whose works have finished (one sweep, no waiting) and the device
+        timings that resolved; refresh the wall-clock offset. Never raises."""
         try:
             self.completion.settle(0)
             if self._backend is not None:
@@ -226,12 +237,6 @@ class CommProfiler(RecordQueries):
             self.report_internal_error(e)
         self.completion.resolve_device()
         self._wall_offset = time.time_ns() - time.perf_counter_ns()
-        if self._backend is not None:
-            try:
-                self._backend.drain()
-            except Exception as e:
-                self.report_internal_error(e)
-        self.log.flush()
 
     def settle(self, timeout_s: float = 0.2) -> None:
         """Notice every op that has completed, then flush: pending works are swept on this
@@ -263,14 +268,7 @@ class CommProfiler(RecordQueries):
         afterwards, cut at that count. Work per read: a copy of the ops in flight (few) and,
         with ``stats``, of the running statistics; nothing on the collective's path but the
         Python recorder's completion taking an uncontended lock."""
-        try:
-            self.completion.settle(0)
-            if self._backend is not None:
-                self._backend.sweep()
-        except Exception as e:
-            self.report_internal_error(e)
-        self.completion.resolve_device()
-        self._wall_offset = time.time_ns() - time.perf_counter_ns()
+        self._sweep()
         pending = PendingOps.empty()
         mine: list[PendingOp] = []
         log = self.log
