@@ -212,30 +212,19 @@ def run_tables(
                 "cpu_ns": sp["cpu_ns"].astype(np.int64),
             }
         )
-        mem = rd.memory
         memory.append(
-            {"rank": np.full(len(mem), r, dtype=np.int32), "step": mem["step"].astype(np.int32)}
-            | {
-                "t_ns": mem["t_ns"].astype(np.int64),
-                "aligned_t_ns": mem["t_ns"].astype(np.int64) + off,
-            }
-            | {
-                k: mem[k].astype(np.int64)
-                for k in ("allocated", "reserved", "peak", "rss", "capacity")
-            }
+            _timed_rows(
+                rd.memory, r, off, "t_ns", ("allocated", "reserved", "peak", "rss", "capacity")
+            )
         )
-        st = rd.steps
         steps.append(
-            {"rank": np.full(len(st), r, dtype=np.int32), "step": st["step"].astype(np.int32)}
-            | {
-                "start_ns": st["start_ns"].astype(np.int64),
-                "aligned_start_ns": st["start_ns"].astype(np.int64) + off,
-            }
-            | {
-                k: st[k].astype(np.int64)
-                for k in ("duration_ns", "collectives", "comm_ns", "comm_bytes", "tokens")
-            }
-            | {"memory_peak": st["memory_peak"].astype(np.int64)}
+            _timed_rows(
+                rd.steps,
+                r,
+                off,
+                "start_ns",
+                ("duration_ns", "collectives", "comm_ns", "comm_bytes", "tokens", "memory_peak"),
+            )
         )
         rank_rows.append(r)
     events = pa.Table.from_batches(batches) if batches else pa.table({})
@@ -325,3 +314,16 @@ def write_parquet(tables: dict[str, Any], out_dir: Path) -> list[Path]:
         pq.write_table(t, sink, compression="zstd")
         paths.append(atomic_write_bytes(out_dir / f"{name}.parquet", sink.getvalue().to_pybytes()))
     return paths
+
+
+def _timed_rows(
+    a: np.ndarray, rank: int, off: int, time_col: str, cols: tuple[str, ...]
+) -> dict[str, Any]:
+    """One rank's rows of a table with a time column: rank, step, the time as recorded and
+    on the aligned clock (+ ``off`` ns), then ``cols`` as int64."""
+    t = a[time_col].astype(np.int64)
+    return (
+        {"rank": np.full(len(a), rank, dtype=np.int32), "step": a["step"].astype(np.int32)}
+        | {time_col: t, f"aligned_{time_col}": t + off}
+        | {k: a[k].astype(np.int64) for k in cols}
+    )
