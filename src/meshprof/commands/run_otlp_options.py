@@ -7,8 +7,8 @@ from __future__ import annotations
 import argparse
 
 from meshprof.commands.run_alert_options import _number
-from meshprof.live.otel.sampling import TraceSampling
 from meshprof.live.otel.settings import OtlpSettings, resolve_settings
+from meshprof.live.otel.trace_sampling import TraceSampling
 
 
 def add_otlp_options(p: argparse.ArgumentParser) -> None:

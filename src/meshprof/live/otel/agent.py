@@ -11,14 +11,14 @@ training process, eight times per node.) What the launcher spends is measured in
 Every ``tick_s`` seconds its thread (:class:`OtlpAgent`):
 
 1. reads the ranks' new rows (:class:`~meshprof.live.otel.rank_feed.RankFeed`) and holds their
-   closed steps (:class:`~meshprof.live.otel.sampling.StepBook`);
+   closed steps (:class:`~meshprof.live.otel.trace_sampling.StepBook`);
 2. on node 0, reads the alerts raised (``live/alerts.jsonl``) and the captures taken, asks for
    the steps around them and keeps them as events of their step;
 3. hands the steps decided to the span worker (:mod:`meshprof.live.otel.spans`);
 4. every metric period, reads the live figures (:class:`~meshprof.live.otel.figures.FigureReader`)
    and hands them to the metric worker (:mod:`meshprof.live.otel.metric_points`).
 
-The workers (:mod:`meshprof.live.otel.pipeline`) send on their own threads with bounded queues:
+The workers (:mod:`meshprof.live.otel.export_worker`) send on their own threads with bounded queues:
 the agent never waits for the network. Nothing here raises into the launcher: a failure is one
 line on stderr and the job goes on.
 """
@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
+from meshprof.live.otel.export_worker import EXPORT_FAILED, ExportWorker
 from meshprof.live.otel.exporters import (
     JobIdentity,
     SdkLog,
@@ -43,9 +44,7 @@ from meshprof.live.otel.exporters import (
 )
 from meshprof.live.otel.figures import FigureReader
 from meshprof.live.otel.metric_points import ExporterCounts, metrics_data, point_count
-from meshprof.live.otel.pipeline import EXPORT_FAILED, ExportWorker
 from meshprof.live.otel.rank_feed import RankFeed
-from meshprof.live.otel.sampling import StepBook
 from meshprof.live.otel.settings import OtlpSettings
 from meshprof.live.otel.spans import SpanContextInfo, StepEvent, event_span, step_spans
 from meshprof.live.otel.step_events import (
@@ -54,6 +53,7 @@ from meshprof.live.otel.step_events import (
     capture_start_step,
     capture_state,
 )
+from meshprof.live.otel.trace_sampling import StepBook
 from meshprof.records.codec import RecordError
 from meshprof.records.live import Alert
 from meshprof.rundir.captures import list_captures
@@ -105,6 +105,7 @@ class OtlpAgent:
         self._foreign: set[int] = set()
         self._pending: dict[int, list[StepEvent]] = {}
         self._alerts_offset = 0
+        self._unplaced: list[Alert] = []
         self._captures_done: set[str] = set()
         self._captures_forced: set[str] = set()
         self._next_scan = 0.0
@@ -122,8 +123,9 @@ class OtlpAgent:
         self._exporters: list[Any] = []
 
     # -- lifecycle ---------------------------------------------------------------------------
-    def start(self) -> OtlpAgent:
-        """Build the SDK exporters and start the workers and the agent's thread."""
+    def start(self, thread: bool = True) -> OtlpAgent:
+        """Build the SDK exporters and start the workers and (``thread``) the agent's thread
+        (without it the caller polls: :meth:`poll`)."""
         s = self.settings
         if s.traces is not None:
             exp = span_exporter(s.traces)
@@ -159,8 +161,9 @@ class OtlpAgent:
                 on_count=self._on_count,
                 close=mexp.shutdown,
             ).start()
-        self._thread = threading.Thread(target=self._run, name="meshprof-otlp", daemon=True)
-        self._thread.start()
+        if thread:
+            self._thread = threading.Thread(target=self._run, name="meshprof-otlp", daemon=True)
+            self._thread.start()
         return self
 
     def stop(self) -> None:
@@ -224,6 +227,7 @@ class OtlpAgent:
                 self.book.add(rs, mono)
         if self.root:
             self._read_alerts()
+            self._place_alerts(final)
             if scan:
                 self._read_captures(final)
         self._send_steps(mono, final)
@@ -249,12 +253,24 @@ class OtlpAgent:
             except (RecordError, TypeError, ValueError):
                 continue
             self.figures.count_alert(alert)
-            s = self.book.step_at(alert.t_ns)
-            if s is None:
+            if len(self._unplaced) < MAX_PENDING_EVENTS:
+                self._unplaced.append(alert)
+
+    def _place_alerts(self, final: bool) -> None:
+        """The alerts whose step is known now: steps around them asked for, and each an event
+        of its step (an alert comes while its step runs: it waits for the step's end)."""
+        keep = []
+        for alert in self._unplaced:
+            s = self.book.step_at(alert.t_ns, final)
+            if s is None and final:
                 s = max(alert.since_step, 0)
+            if s is None:
+                keep.append(alert)
+                continue
             k = self.settings.sampling.around_alert
             self.book.force(s - k, s + k, "alert")
             self._event(alert_event(alert, s))
+        self._unplaced = keep
 
     def _read_captures(self, final: bool) -> None:
         now_ns = time.time_ns()
@@ -269,7 +285,7 @@ class OtlpAgent:
             if capture_state(cap) == "running" and not (final or late):
                 continue
             self._captures_done.add(cap.id)
-            step = start if start >= 0 else self.book.step_at(cap.request.requested_ns)
+            step = start if start >= 0 else self.book.step_at(cap.request.requested_ns, True)
             self._event(capture_event(cap, step if step is not None else 0))
 
     def _event(self, ev: StepEvent) -> None:

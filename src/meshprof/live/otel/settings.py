@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from urllib.parse import urlparse
 
 from meshprof.errors import MeshprofError
-from meshprof.live.otel.sampling import TraceSampling
+from meshprof.live.otel.trace_sampling import TraceSampling
 
 PROTOCOLS = ("grpc", "http/protobuf")
 DEFAULT_PROTOCOL = "http/protobuf"

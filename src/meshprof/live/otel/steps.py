@@ -8,8 +8,9 @@ the timestamp exchange at start; a finished run: the report's clock alignment).
 
 Definitions (the live state's, :mod:`meshprof.session.live_publish`, at step granularity):
 
-- a step's **collectives** are the completed collectives it issued (the step number each was
-  issued in);
+- a step's **collectives** are the completed collectives it issued: recorded with its step
+  number and issued between its start and its end (one issued after the step's end and before
+  the next step's start, a script's closing barrier, is in neither);
 - its **communication** is the length of the union of their [issue, completion] intervals,
   clipped to the step;
 - its **exposed communication** is min(max(wall − CPU time of the training thread, 0),
@@ -229,7 +230,7 @@ class JobStep:
     ranks: tuple[RankStep, ...]
     """Each rank's step, by rank."""
     reasons: tuple[str, ...] = ()
-    """Why it was sent (:mod:`meshprof.live.otel.sampling`)."""
+    """Why it was sent (:mod:`meshprof.live.otel.trace_sampling`)."""
 
     @property
     def start_ns(self) -> int:
@@ -288,7 +289,8 @@ def summarize_collectives(
     own clock) in a few figures, and when it issued each (common clock)."""
     ev = events
     if len(ev):
-        ev = ev[(ev["duration_ns"] >= 0) & ((ev["flags"] & FLAG_UNSAMPLED) == 0)]
+        ok = (ev["duration_ns"] >= 0) & ((ev["flags"] & FLAG_UNSAMPLED) == 0)
+        ev = ev[ok & (ev["start_ns"] >= lo) & (ev["start_ns"] < hi)]
     if not len(ev):
         return CollectiveSummary(), NO_ARRIVALS
     start = ev["start_ns"].astype(np.int64)

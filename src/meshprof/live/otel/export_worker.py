@@ -127,10 +127,10 @@ class ExportWorker:
                 if self._stopping and (not self._q or time.monotonic() >= self._deadline):
                     return
                 batch = [self._q.popleft() for _ in range(min(self.batch, len(self._q)))]
+                self.sending = bool(batch)
             if not batch:
                 continue
             n = sum(self.size(x) for x in batch)
-            self.sending = True
             try:
                 ok = bool(self.send(batch))
             except Exception:

@@ -114,20 +114,18 @@ class StepBook:
         """Why ``step`` was sent (empty: it was not); None while undecided."""
         return self._decided.get(step)
 
-    def step_at(self, t_ns: int) -> int | None:
+    def step_at(self, t_ns: int, final: bool = False) -> int | None:
         """The step the job was in at ``t_ns`` (common clock): the one whose span across the
-        ranks holds it; past the last one known, the next; None before any step."""
+        ranks holds it, else the last one begun before it. None while no step known ends after
+        ``t_ns`` (the ranks' steps reach the exporter a second or two late: ask again), unless
+        ``final`` (then the step after the last one known: the one in progress)."""
         if not self._windows:
             return None
-        best = None
-        for s, (lo, hi) in self._windows.items():
-            if lo <= t_ns < hi:
-                best = s if best is None else max(best, s)
-        if best is not None:
-            return best
-        last = max(self._windows)
-        if t_ns >= self._windows[last][1]:
-            return last + 1
+        inside = [s for s, (lo, hi) in self._windows.items() if lo <= t_ns < hi]
+        if inside:
+            return max(inside)
+        if not any(hi > t_ns for _lo, hi in self._windows.values()):
+            return max(self._windows) + 1 if final else None
         before = [s for s, (lo, _hi) in self._windows.items() if lo <= t_ns]
         return max(before) if before else min(self._windows)
 
