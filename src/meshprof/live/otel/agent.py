@@ -174,9 +174,11 @@ class OtlpAgent:
             self._thread.join(self.tick_s + 5.0)
         self._safe_poll(final=True)
         deadline = time.monotonic() + self.settings.shutdown_s
-        for w in (self.spans, self.metrics):
-            if w is not None:
-                w.stop(max(deadline - time.monotonic(), 0.0))
+        workers = [w for w in (self.spans, self.metrics) if w is not None]
+        for w in workers:
+            w.request_stop(deadline)
+        for w in workers:
+            w.finish(deadline)
         self._say(f"{self.prefix}: OTLP: {self.summary()}")
 
     def summary(self) -> str:
@@ -191,7 +193,7 @@ class OtlpAgent:
             parts.append(f"{sent.get('metrics', 0):,} metric points")
         text = "sent " + " and ".join(parts) + f" ({self.settings.describe()})"
         if dropped:
-            text += f"; dropped {dropped:,} (see meshprof.otel.dropped)"
+            text += f"; dropped {dropped:,} spans and metric points (meshprof.otel.dropped)"
         return text
 
     def _run(self) -> None:

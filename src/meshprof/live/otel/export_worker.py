@@ -95,20 +95,29 @@ class ExportWorker:
             return len(self._q)
 
     def stop(self, timeout_s: float) -> None:
-        """Send what is queued within ``timeout_s`` seconds, then stop (the rest is counted as
-        not sent; an export still blocked is ended by closing the exporter)."""
+        """Send what is queued within ``timeout_s`` seconds, then stop (see :meth:`finish`)."""
+        deadline = time.monotonic() + max(timeout_s, 0.0)
+        self.request_stop(deadline)
+        self.finish(deadline)
+
+    def request_stop(self, deadline: float) -> None:
+        """Take nothing more; send what is queued until ``deadline`` (monotonic seconds)."""
         with self._cond:
             self._stopping = True
-            self._deadline = time.monotonic() + max(timeout_s, 0.0)
+            self._deadline = deadline
             self._cond.notify()
+
+    def finish(self, deadline: float) -> None:
+        """Wait for the thread until ``deadline``; then close the exporter (which ends a send
+        still retrying), and count what is left as not sent."""
         if self._thread is not None:
-            self._thread.join(max(timeout_s, 0.0) + 0.05)
+            self._thread.join(max(deadline - time.monotonic(), 0.0) + 0.05)
         alive = self._thread is not None and self._thread.is_alive()
         if self.close is not None:
             with contextlib.suppress(Exception):
                 self.close()
         if alive and self._thread is not None:
-            self._thread.join(1.0)
+            self._thread.join(0.2)  # (a request the backend still holds is abandoned)
         with self._cond:
             rest = sum(self.size(x) for x in self._q)
             self._q.clear()
