@@ -168,7 +168,13 @@ class OtlpAgent:
 
     def stop(self) -> None:
         """Send the steps still held and the last figures, within the settings' shutdown
-        time; say what was sent and dropped (one line)."""
+        time; say what was sent and dropped (one line). Never raises."""
+        try:
+            self._stop_now()
+        except Exception as e:  # the launcher's end (the manifest, the exit code) goes first
+            self._warn("stop", f"the OTLP exporter failed to stop ({type(e).__name__}: {e})")
+
+    def _stop_now(self) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(self.tick_s + 5.0)

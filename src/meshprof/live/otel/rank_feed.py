@@ -21,8 +21,12 @@ from meshprof.rundir.schema import resolve_layout
 from meshprof.rundir.segment_tail import RankTail
 from meshprof.rundir.segments import join_rows
 
-KEEP_OPEN = 64
-"""Open steps whose rows are kept at most (the oldest go first)."""
+KEEP_OPEN = 4096
+"""Steps whose rows are kept at most while they are open or wait out their grace (the oldest
+go first)."""
+KEEP_EVENTS = 1_000_000
+"""Event rows kept at most over those steps (54 MB; the oldest steps' go first, counted in
+:attr:`RankFeed.dropped_events`)."""
 _STEP_KIND = 0
 
 
@@ -44,6 +48,8 @@ class RankFeed:
         self._done = -1  # the newest step handed out
         self.late_events = 0
         """Events of steps already handed out (not in their step's figures)."""
+        self.dropped_events = 0
+        """Events let go to keep the feed's memory bounded (not in their step's figures)."""
 
     @property
     def node_id(self) -> str | None:
@@ -91,10 +97,17 @@ class RankFeed:
             ev = events[~late & (events["step"] >= 0)]
             for s in np.unique(ev["step"]).tolist():
                 self._events.setdefault(int(s), []).append(ev[ev["step"] == s])
-        for table in (self._phases, self._events):
-            if len(table) > KEEP_OPEN:
-                for s in sorted(table)[: len(table) - KEEP_OPEN]:
-                    del table[s]
+        for s in sorted(self._phases)[: max(len(self._phases) - KEEP_OPEN, 0)]:
+            del self._phases[s]
+        for s in sorted(self._events)[: max(len(self._events) - KEEP_OPEN, 0)]:
+            self.dropped_events += sum(map(len, self._events.pop(s)))
+        held = sum(len(x) for parts in self._events.values() for x in parts)
+        for s in sorted(self._events):
+            if held <= KEEP_EVENTS:
+                break
+            n = sum(map(len, self._events.pop(s)))
+            held -= n
+            self.dropped_events += n
 
     def _ready(self, now: float, final: bool) -> list[RankStep]:
         out = []

@@ -316,15 +316,11 @@ def summarize_collectives(
     )
     coll = ev[ev["peer"] < 0]
     if len(coll):
-        names = {int(g): tables.group(int(g))[0] for g in np.unique(coll["group"]).tolist()}
-        keys = np.fromiter(
-            (
-                match_key(names[int(g)], int(s))
-                for g, s in zip(coll["group"].tolist(), coll["seq"].tolist(), strict=True)
-            ),
-            dtype=np.int64,
-            count=len(coll),
-        )
+        codes = coll["group"].astype(np.int64)
+        crc = np.zeros(int(codes.max()) + 1, np.int64)
+        for g in np.unique(codes).tolist():
+            crc[g] = zlib.crc32(tables.group(g)[0].encode())
+        keys = (crc[codes] << 31) ^ (coll["seq"].astype(np.int64) & 0x7FFFFFFF)
         issued = coll["start_ns"].astype(np.int64) + tables.offset_ns
         order = np.argsort(keys, kind="stable")
         arrivals = Arrivals(keys[order], issued[order])
