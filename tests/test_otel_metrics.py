@@ -223,3 +223,53 @@ def test_genai_server_histograms_over_grpc() -> None:
         assert p.attributes["gen_ai.request.model"] == "tiny-llama"
     # 12 s is past the last TTFT bound (10 s): the overflow bucket
     assert got[("gen_ai.server.time_to_first_token", "")].bucket_counts[-1] == 1
+
+
+def test_a_request_span_under_the_genai_conventions_and_its_callers_trace() -> None:
+    from meshprof.live.otel.exporters import span_exporter
+    from meshprof.live.otel.request_spans import RequestRecord, parse_traceparent, request_span
+    from meshprof.live.otel.spans import SpanContextInfo
+    from otlp_receiver import spans
+
+    caller = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    assert parse_traceparent(caller) == (0x4BF92F3577B34DA6A3CE929D0E0E4736, 0x00F067AA0BA902B7, 1)
+    for bad in ("", "00-" + "0" * 32 + "-00f067aa0ba902b7-01", "ff-" + caller[3:], "garbage"):
+        assert parse_traceparent(bad) is None
+    t0 = time.time_ns()
+    # arrival t0; scheduled +5 ms; first token +40 ms; 11 tokens, last at +540 ms
+    ok = RequestRecord(
+        request_id="req-1", rank=0, arrival_ns=t0, scheduled_ns=t0 + 5_000_000,
+        first_token_ns=t0 + 40_000_000, end_ns=t0 + 540_000_000, prompt_tokens=128,
+        output_tokens=11, finish_reason="length", model="tiny-llama", traceparent=caller,
+    )  # fmt: skip
+    failed = RequestRecord(
+        request_id="req-2", rank=1, arrival_ns=t0, end_ns=t0 + 9_000_000, finish_reason="error",
+        error_type="timeout", model="tiny-llama",
+    )  # fmt: skip
+    info = SpanContextInfo("run-r", job_resource(JobIdentity(run_id="run-r")), scope())
+    with HttpReceiver() as rx:
+        exp = span_exporter(SignalTarget("traces", "http/protobuf", rx.url + "/v1/traces"))
+        assert exp.export([request_span(ok, info), request_span(failed, info)]).name == "SUCCESS"
+        exp.shutdown()
+    a, b = spans(rx.got)
+    # the caller's trace, under its span
+    assert a.trace_id == caller[3:35] and a.parent_id == caller[36:52]
+    assert a.name == "text_completion tiny-llama" and (a.start_ns, a.end_ns) == (
+        t0,
+        t0 + 540_000_000,
+    )
+    at = a.attributes
+    assert (
+        at["gen_ai.operation.name"] == "text_completion"
+        and at["gen_ai.request.model"] == "tiny-llama"
+    )
+    assert at["gen_ai.usage.input_tokens"] == 128 and at["gen_ai.usage.output_tokens"] == 11
+    assert (
+        at["gen_ai.response.finish_reasons"] == ("length",) and at["gen_ai.response.id"] == "req-1"
+    )
+    assert at["meshprof.request.time_to_first_token"] == pytest.approx(0.040)
+    assert at["meshprof.request.time_per_output_token"] == pytest.approx((0.540 - 0.040) / 10)
+    assert at["meshprof.request.queue_time"] == pytest.approx(0.005)
+    # no caller: a trace of its own; a failure is an error with its type
+    assert b.parent_id == "" and b.status == 2 and b.attributes["error.type"] == "timeout"
+    assert "meshprof.request.time_to_first_token" not in b.attributes

@@ -40,20 +40,22 @@ CAPTURE_EVENT = "meshprof.capture"
 FINDING_EVENT = "meshprof.finding"
 
 
-def _id(bits: int, *parts: object) -> int:
+def derived_id(bits: int, *parts: object) -> int:
+    """A ``bits``-bit id (never 0) derived from ``parts``: the same parts give the same id on
+    every node and every time."""
     h = hashlib.blake2b("\x1f".join(map(str, parts)).encode(), digest_size=bits // 8)
     return int.from_bytes(h.digest(), "big") or 1
 
 
 def trace_id(run_id: str, step: int) -> int:
     """The trace of step ``step`` of run ``run_id`` (128 bits)."""
-    return _id(128, "meshprof-step", run_id, step)
+    return derived_id(128, "meshprof-step", run_id, step)
 
 
 def span_id(run_id: str, step: int, rank: int | None = None, phase: int | None = None) -> int:
     """The span of the job step (``rank`` None), of a rank's step, or of its phase ``phase``
     (its index in the step's phases), 64 bits."""
-    return _id(64, "meshprof-span", run_id, step, rank, phase)
+    return derived_id(64, "meshprof-span", run_id, step, rank, phase)
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,7 +234,9 @@ def event_span(ev: StepEvent, info: SpanContextInfo) -> Any:
     kind = "alert" if ev.name == ALERT_EVENT else "capture"
     return sdk_trace.ReadableSpan(
         name=kind,
-        context=_ctx(trace, tid, _id(64, "meshprof-event", info.run_id, ev.step, ev.t_ns, ev.name)),
+        context=_ctx(
+            trace, tid, derived_id(64, "meshprof-event", info.run_id, ev.step, ev.t_ns, ev.name)
+        ),
         parent=_ctx(trace, tid, span_id(info.run_id, ev.step)),
         resource=info.resource,
         attributes={"meshprof.step": ev.step},
@@ -249,10 +253,10 @@ def run_span(
 ) -> Any:
     """A finished run as one span of its own trace, its findings as events."""
     trace, sdk_trace = _sdk()
-    tid = _id(128, "meshprof-run", info.run_id)
+    tid = derived_id(128, "meshprof-run", info.run_id)
     return sdk_trace.ReadableSpan(
         name=RUN_SPAN,
-        context=_ctx(trace, tid, _id(64, "meshprof-run-span", info.run_id)),
+        context=_ctx(trace, tid, derived_id(64, "meshprof-run-span", info.run_id)),
         parent=None,
         resource=info.resource,
         attributes=attrs,
@@ -273,6 +277,7 @@ __all__ = [
     "STEP_SPAN",
     "SpanContextInfo",
     "StepEvent",
+    "derived_id",
     "event_span",
     "rank_attributes",
     "run_span",
