@@ -152,6 +152,28 @@ def test_bad_otlp_options_are_one_line_and_exit_code_2(cli, tmp_path: Path) -> N
     assert r.returncode == 2 and "--endpoint is for --format otlp" in r.stderr
 
 
+def test_without_the_sdk_the_environment_alone_is_a_warning_the_option_an_error(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import argparse
+
+    from meshprof.commands.run_otlp_options import otlp_settings_from_args
+    from meshprof.live.otel import settings as st
+
+    monkeypatch.setattr(st.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318")
+    args = argparse.Namespace(
+        otlp_endpoint=None, otlp_protocol=None, otlp_every="100", otlp_slow="1.5"
+    )
+    assert otlp_settings_from_args(args) is None
+    assert "runs without OTLP export" in capsys.readouterr().err
+    args.otlp_endpoint = "http://c:4318"
+    s = otlp_settings_from_args(args)
+    assert s is not None
+    with pytest.raises(MeshprofError, match=r"meshprof\[otel\]"):
+        st.check_installed(s)
+
+
 # -- the sending queue ---------------------------------------------------------------------------
 
 

@@ -5,9 +5,11 @@ bad value is a :class:`MeshprofError`: one line, exit code 2."""
 from __future__ import annotations
 
 import argparse
+import sys
 
 from meshprof.commands.run_alert_options import _number
-from meshprof.live.otel.settings import OtlpSettings, resolve_settings
+from meshprof.errors import MeshprofError
+from meshprof.live.otel.settings import OtlpSettings, check_installed, resolve_settings
 from meshprof.live.otel.trace_sampling import TraceSampling
 
 
@@ -54,7 +56,16 @@ def otlp_settings_from_args(args: argparse.Namespace) -> OtlpSettings | None:
         every=_number(args.otlp_every, "--otlp-every", int),
         slow=_number(args.otlp_slow, "--otlp-slow"),
     )
-    return resolve_settings(args.otlp_endpoint, args.otlp_protocol, sampling=sampling)
+    settings = resolve_settings(args.otlp_endpoint, args.otlp_protocol, sampling=sampling)
+    if settings is not None and args.otlp_endpoint is None:
+        # configured by the environment alone (perhaps for the script's own telemetry): without
+        # the SDK, say so and run without it; --otlp-endpoint without it is an error
+        try:
+            check_installed(settings)
+        except MeshprofError as e:
+            print(f"meshprof run: warning: {e}; the job runs without OTLP export", file=sys.stderr)
+            return None
+    return settings
 
 
 __all__ = ["add_otlp_options", "otlp_settings_from_args"]

@@ -58,7 +58,9 @@ class RankTables:
     """The job's dp × tp × pp layout (a :class:`~meshprof.layout.Layout`), for dimensions."""
 
     @classmethod
-    def of(cls, rank: int, meta: RankMeta | None, offset_ns: int = 0, layout: object = None):
+    def of(
+        cls, rank: int, meta: RankMeta | None, offset_ns: int = 0, layout: object = None
+    ) -> RankTables:
         """The tables of ``meta`` (empty without one)."""
         m = meta or RankMeta()
         return cls(
