@@ -1,6 +1,7 @@
 """What OTLP export costs the job: a 2-rank gloo DDP job under ``meshprof run``, with the
 exporter off, and sending every step (``--otlp-every 1``: the most it sends) to a backend that
-is up, slow (answers each request after ``--slow-s`` seconds), or down (nothing listens),
+is up, slow (answers each request after ``--slow-s`` seconds), or down (nothing listens), and
+with the default sampling (``up/100``: every 100th step and the slow ones) to one that is up;
 rotated round by round in one run.
 
 Per variant, medians over the rounds of: the job's median step time and its loop's wall time
@@ -103,7 +104,8 @@ def one(variant: str, steps: int, urls: dict[str, str]) -> dict[str, float]:
     ]
     cmd += ["--no-summary", "--no-report"]
     if variant != "off":
-        cmd += ["--otlp-endpoint", urls[variant], "--otlp-every", "1"]
+        backend, _, every = variant.partition("/")
+        cmd += ["--otlp-endpoint", urls[backend], "--otlp-every", every or "1"]
     cmd += [str(script), str(steps), str(out)]
     env = {**os.environ, "OTEL_METRIC_EXPORT_INTERVAL": "1000"}
     proc = subprocess.Popen(
@@ -150,10 +152,11 @@ def main() -> None:
     args = ap.parse_args()
     up, slow = Backend(0.0), Backend(args.slow_s)
     urls = {"up": up.url, "slow": slow.url, "down": f"http://127.0.0.1:{free_port()}"}
-    variants = ["off", "up", "slow", "down"]
+    variants = ["off", "up", "up/100", "slow", "down"]
     got: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
     for r in range(args.rounds):
-        order = variants[r % 4 :] + variants[: r % 4]  # rotated: no variant always first
+        k = r % len(variants)
+        order = variants[k:] + variants[:k]  # rotated: no variant always first
         for v in order:
             got[v].append(one(v, args.steps, urls))
             print(f"round {r + 1} {v}: {got[v][-1]}", file=sys.stderr, flush=True)

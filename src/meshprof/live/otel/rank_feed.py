@@ -1,8 +1,8 @@
 """One rank's closed steps as its rank writes them, for the live exporter.
 
 :class:`RankFeed` follows a rank folder (:class:`~meshprof.rundir.segment_tail.RankTail`),
-keeps the phase and event rows of the steps still open, and hands out each step as a
-:class:`~meshprof.live.otel.steps.RankStep` once its step span has closed and ``grace_s`` more
+keeps the phase and event rows of the steps still open, and hands out each step (a
+:class:`~meshprof.live.otel.steps.PendingRankStep`, summarized when it is sent) once its step span has closed and ``grace_s`` more
 seconds have passed (a collective issued in the step and completing just after it is counted).
 What it keeps is bounded: the rows of at most :data:`KEEP_OPEN` steps.
 """
@@ -16,7 +16,7 @@ import numpy as np
 
 from meshprof.analyze.run.clock import exchange_estimate
 from meshprof.events import EVENT_DTYPE, SPAN_DTYPE
-from meshprof.live.otel.steps import RankStep, RankTables, rank_step
+from meshprof.live.otel.steps import PendingRankStep, RankTables
 from meshprof.rundir.schema import resolve_layout
 from meshprof.rundir.segment_tail import RankTail
 from meshprof.rundir.segments import join_rows
@@ -57,7 +57,7 @@ class RankFeed:
         meta = self.tail.meta()
         return None if meta is None else (meta.node_id or "")
 
-    def poll(self, now: float, final: bool = False) -> list[RankStep]:
+    def poll(self, now: float, final: bool = False) -> list[PendingRankStep]:
         """Read what the rank appended; the steps ready now (all closed ones when ``final``)."""
         spans_parts: list[np.ndarray] = []
         events_parts: list[np.ndarray] = []
@@ -88,15 +88,11 @@ class RankFeed:
             spans = spans[spans["step"] > self._done]
             for row in spans[(spans["kind"] == _STEP_KIND) & (spans["depth"] == 0)]:
                 self._closed[int(row["step"])] = (row.copy(), now)
-            ph = spans[spans["depth"] > 0]
-            for s in np.unique(ph["step"]).tolist():
-                self._phases.setdefault(int(s), []).append(ph[ph["step"] == s])
+            _by_step(spans[spans["depth"] > 0], self._phases)
         if len(events):
             late = events["step"] <= self._done
             self.late_events += int(late.sum())
-            ev = events[~late & (events["step"] >= 0)]
-            for s in np.unique(ev["step"]).tolist():
-                self._events.setdefault(int(s), []).append(ev[ev["step"] == s])
+            _by_step(events[~late & (events["step"] >= 0)], self._events)
         for s in sorted(self._phases)[: max(len(self._phases) - KEEP_OPEN, 0)]:
             del self._phases[s]
         for s in sorted(self._events)[: max(len(self._events) - KEEP_OPEN, 0)]:
@@ -109,7 +105,7 @@ class RankFeed:
             held -= n
             self.dropped_events += n
 
-    def _ready(self, now: float, final: bool) -> list[RankStep]:
+    def _ready(self, now: float, final: bool) -> list[PendingRankStep]:
         out = []
         for s in sorted(self._closed):
             row, seen = self._closed[s]
@@ -118,7 +114,7 @@ class RankFeed:
             del self._closed[s]
             phases = join_rows(self._phases.pop(s, []), SPAN_DTYPE)
             events = join_rows(self._events.pop(s, []), EVENT_DTYPE)
-            out.append(rank_step(row, phases, events, self.tables))
+            out.append(PendingRankStep(row, phases, events, self.tables))
             self._done = max(self._done, s)
         if out:
             for table in (self._phases, self._events):
@@ -127,4 +123,15 @@ class RankFeed:
         return out
 
 
-__all__ = ["KEEP_OPEN", "RankFeed"]
+def _by_step(rows: np.ndarray, table: dict[int, list[np.ndarray]]) -> None:
+    """Append ``rows`` to ``table`` step by step (one sort, one slice per step)."""
+    if not len(rows):
+        return
+    rows = rows[np.argsort(rows["step"], kind="stable")]
+    steps, first = np.unique(rows["step"], return_index=True)
+    ends = [*first[1:].tolist(), len(rows)]
+    for s, a, b in zip(steps.tolist(), first.tolist(), ends, strict=True):
+        table.setdefault(int(s), []).append(rows[a:b])
+
+
+__all__ = ["KEEP_EVENTS", "KEEP_OPEN", "RankFeed"]

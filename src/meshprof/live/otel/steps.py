@@ -223,6 +223,46 @@ class RankStep:
         return self.start_ns + self.duration_ns
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class PendingRankStep:
+    """A rank's closed step with its rows, summarized only when it is sent (:meth:`build`):
+    most steps are not, and their figures would cost the exporter for nothing."""
+
+    row: np.void
+    """Its step span row (SPAN_DTYPE)."""
+    phases: np.ndarray
+    """Its phase rows."""
+    events: np.ndarray
+    """The events it issued."""
+    tables: RankTables
+    """What names them."""
+
+    @property
+    def rank(self) -> int:
+        return self.tables.rank
+
+    @property
+    def step(self) -> int:
+        return int(self.row["step"])
+
+    @property
+    def start_ns(self) -> int:
+        """Start, common clock."""
+        return int(self.row["start_ns"]) + self.tables.offset_ns
+
+    @property
+    def duration_ns(self) -> int:
+        return max(int(self.row["duration_ns"]), 0)
+
+    @property
+    def end_ns(self) -> int:
+        return self.start_ns + self.duration_ns
+
+    def build(self) -> RankStep:
+        """The step with its phases and collectives."""
+        return rank_step(self.row, self.phases, self.events, self.tables)
+
+
 @dataclass(frozen=True, slots=True)
 class JobStep:
     """One step across the ranks at hand."""
@@ -289,20 +329,23 @@ def summarize_collectives(
 ) -> tuple[CollectiveSummary, Arrivals]:
     """A step's collectives (``events``: its EVENT_DTYPE rows; [lo, hi) the step on the rank's
     own clock) in a few figures, and when it issued each (common clock)."""
-    ev = events
-    if len(ev):
-        ok = (ev["duration_ns"] >= 0) & ((ev["flags"] & FLAG_UNSAMPLED) == 0)
-        ev = ev[ok & (ev["start_ns"] >= lo) & (ev["start_ns"] < hi)]
-    if not len(ev):
+    if not len(events):
         return CollectiveSummary(), NO_ARRIVALS
-    start = ev["start_ns"].astype(np.int64)
-    dur = ev["duration_ns"].astype(np.int64)
+    start_all = events["start_ns"]
+    dur_all = events["duration_ns"]
+    keep = (dur_all >= 0) & ((events["flags"] & FLAG_UNSAMPLED) == 0)
+    keep &= (start_all >= lo) & (start_all < hi)
+    idx = np.flatnonzero(keep)
+    if not len(idx):
+        return CollectiveSummary(), NO_ARRIVALS
+    start = start_all[idx].astype(np.int64)
+    dur = dur_all[idx].astype(np.int64)
     comm = clipped_total(start, start + dur, lo, hi)
     wall = hi - lo
     blocked = wall - cpu_ns if cpu_ns >= 0 else wall
     exposed = min(max(blocked, 0), comm)
-    i = int(np.argmax(dur))
-    row = ev[i]
+    k = int(np.argmax(dur))
+    row = events[int(idx[k])]
     name, desc, members, dim = tables.group(int(row["group"]))
     slowest = SlowestCollective(
         rank=tables.rank,
@@ -310,25 +353,25 @@ def summarize_collectives(
         group=desc or name,
         dim=dim,
         seq=int(row["seq"]),
-        start_ns=int(row["start_ns"]) + tables.offset_ns,
-        duration_ns=int(row["duration_ns"]),
+        start_ns=int(start[k]) + tables.offset_ns,
+        duration_ns=int(dur[k]),
         members=members,
         peer=int(row["peer"]),
         group_key=name,
     )
-    coll = ev[ev["peer"] < 0]
+    coll = idx[events["peer"][idx] < 0]
     if len(coll):
-        codes = coll["group"].astype(np.int64)
+        codes = events["group"][coll].astype(np.int64)
         crc = np.zeros(int(codes.max()) + 1, np.int64)
         for g in np.unique(codes).tolist():
             crc[g] = zlib.crc32(tables.group(g)[0].encode())
-        keys = (crc[codes] << 31) ^ (coll["seq"].astype(np.int64) & 0x7FFFFFFF)
-        issued = coll["start_ns"].astype(np.int64) + tables.offset_ns
+        keys = (crc[codes] << 31) ^ (events["seq"][coll].astype(np.int64) & 0x7FFFFFFF)
+        issued = start_all[coll].astype(np.int64) + tables.offset_ns
         order = np.argsort(keys, kind="stable")
         arrivals = Arrivals(keys[order], issued[order])
     else:
         arrivals = NO_ARRIVALS
-    return CollectiveSummary(len(ev), comm, exposed, slowest), arrivals
+    return CollectiveSummary(len(idx), comm, exposed, slowest), arrivals
 
 
 def rank_step(
@@ -409,6 +452,7 @@ __all__ = [
     "Arrivals",
     "CollectiveSummary",
     "JobStep",
+    "PendingRankStep",
     "PhaseSpan",
     "RankStep",
     "RankTables",

@@ -23,7 +23,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
 from meshprof.errors import MeshprofError
-from meshprof.live.otel.steps import JobStep, RankStep, join_arrivals
+from meshprof.live.otel.steps import JobStep, PendingRankStep, RankStep, join_arrivals
 
 REASONS = ("every", "slow", "alert", "capture", "all")
 """Why a step was sent (its root span's ``meshprof.sampled`` attribute)."""
@@ -65,7 +65,7 @@ class TraceSampling:
 @dataclass(slots=True)
 class _Held:
     first_seen: float
-    ranks: dict[int, RankStep] = field(default_factory=dict)
+    ranks: dict[int, RankStep | PendingRankStep] = field(default_factory=dict)
     slow: bool = False
 
 
@@ -85,8 +85,8 @@ class StepBook:
         self.steps_sent = 0
         """Ranks' steps handed out to be sent."""
 
-    def add(self, rs: RankStep, now: float) -> None:
-        """A rank's closed step."""
+    def add(self, rs: RankStep | PendingRankStep, now: float) -> None:
+        """A rank's closed step (a pending one is summarized only if it is sent)."""
         self.steps_seen += 1
         s = rs.step
         lo, hi = self._windows.pop(s, (rs.start_ns, rs.end_ns))
@@ -151,7 +151,10 @@ class StepBook:
                     self._decided.popitem(last=False)
             if reasons:
                 self.steps_sent += len(h.ranks)
-                out.append((JobStep(s, join_arrivals(list(h.ranks.values())), reasons), first))
+                built = [
+                    r.build() if isinstance(r, PendingRankStep) else r for r in h.ranks.values()
+                ]
+                out.append((JobStep(s, join_arrivals(built), reasons), first))
         return out
 
     def _reasons(self, s: int, h: _Held) -> tuple[str, ...]:
