@@ -234,6 +234,7 @@ def test_steps_alerts_and_captures_as_traces(job: tuple[Path, list[Rank]]) -> No
     assert set(late) == {5, 3}
     assert late[5].parent_id == roots[5].span_id and late[5].trace_id == roots[5].trace_id
     assert late[5].events[0][1] == t5 and late[3].trace_id == f"{trace_id(RUN_ID, 3):032x}"
+    assert late[3].parent_id == ""  # (step 3 was not sent: no root to hang under)
     assert all(by_id.get(s.parent_id) is not None for s in got if s.parent_id and s.name != "alert")
     # the alerts counted (the final metrics export), and what was sent
     pts = points(rx.got)

@@ -223,7 +223,8 @@ class OtlpAgent:
         if scan:
             self._next_scan = mono + SCAN_S
             self._discover()
-        for feed in list(self.feeds.values()):
+        traces = self.spans is not None
+        for feed in list(self.feeds.values()) if traces else ():
             node = feed.node_id
             if node is None:
                 continue  # no meta yet: whose it is is not known
@@ -234,11 +235,13 @@ class OtlpAgent:
             for rs in feed.poll(mono, final):
                 self.book.add(rs, mono)
         if self.root:
-            self._read_alerts()
-            self._place_alerts(final)
-            if scan:
-                self._read_captures(final)
-        self._send_steps(mono, final)
+            self._read_alerts(traces)
+            if traces:
+                self._place_alerts(final)
+                if scan:
+                    self._read_captures(final)
+        if traces:
+            self._send_steps(mono, final)
         if self.metrics is not None and (final or mono >= self._next_metrics):
             self._next_metrics = mono + self.settings.metric_interval_s
             snap = self.figures.read()
@@ -252,7 +255,9 @@ class OtlpAgent:
                 continue
             self.feeds[r] = RankFeed(r, path, self.layout)
 
-    def _read_alerts(self) -> None:
+    def _read_alerts(self, place: bool) -> None:
+        """Count the new alerts (``meshprof.alerts``); with ``place``, keep them to place as
+        events of their steps."""
         path = live_dir(self.run_dir) / ALERTS_FILE
         lines, self._alerts_offset = read_json_lines(path, self._alerts_offset)
         for d in lines:
@@ -261,7 +266,7 @@ class OtlpAgent:
             except (RecordError, TypeError, ValueError):
                 continue
             self.figures.count_alert(alert)
-            if len(self._unplaced) < MAX_PENDING_EVENTS:
+            if place and len(self._unplaced) < MAX_PENDING_EVENTS:
                 self._unplaced.append(alert)
 
     def _place_alerts(self, final: bool) -> None:
@@ -299,12 +304,13 @@ class OtlpAgent:
     def _event(self, ev: StepEvent) -> None:
         """An event of its step: on the step's root when the step is still held, else a span
         of its own in the step's trace."""
-        if self.book.decided(ev.step) is None:
+        decided = self.book.decided(ev.step)
+        if decided is None:
             if sum(map(len, self._pending.values())) < MAX_PENDING_EVENTS:
                 self._pending.setdefault(ev.step, []).append(ev)
             return
         if self.spans is not None:
-            self.spans.offer([event_span(ev, self.info)])
+            self.spans.offer([event_span(ev, self.info, under_root=bool(decided))])
 
     def _send_steps(self, now: float, final: bool) -> None:
         out: list[Any] = []
@@ -312,7 +318,8 @@ class OtlpAgent:
             events = self._pending.pop(job.step, []) if first and self.root else []
             out += step_spans(job, self.info, events, root=first and self.root)
         for s in [s for s in self._pending if final or self.book.decided(s) is not None]:
-            out += [event_span(ev, self.info) for ev in self._pending.pop(s)]
+            sent = bool(self.book.decided(s))
+            out += [event_span(ev, self.info, under_root=sent) for ev in self._pending.pop(s)]
         if out and self.spans is not None:
             self.spans.offer(out)
 

@@ -226,9 +226,10 @@ def _phase(info: SpanContextInfo, job: JobStep, rs: RankStep, i: int) -> int:
     return span_id(info.run_id, job.step, rs.rank, i)
 
 
-def event_span(ev: StepEvent, info: SpanContextInfo) -> Any:
-    """A late event (its step's root already sent) as a zero-length span in the step's trace,
-    child of its root, carrying the event."""
+def event_span(ev: StepEvent, info: SpanContextInfo, under_root: bool = True) -> Any:
+    """A late event (its step's root already sent, or its step not sent) as a zero-length span
+    in the step's trace carrying the event: the child of the step's root (``under_root``, the
+    step was sent), else the trace's only span."""
     trace, sdk_trace = _sdk()
     tid = trace_id(info.run_id, ev.step)
     kind = "alert" if ev.name == ALERT_EVENT else "capture"
@@ -237,7 +238,7 @@ def event_span(ev: StepEvent, info: SpanContextInfo) -> Any:
         context=_ctx(
             trace, tid, derived_id(64, "meshprof-event", info.run_id, ev.step, ev.t_ns, ev.name)
         ),
-        parent=_ctx(trace, tid, span_id(info.run_id, ev.step)),
+        parent=_ctx(trace, tid, span_id(info.run_id, ev.step)) if under_root else None,
         resource=info.resource,
         attributes={"meshprof.step": ev.step},
         events=[_event(sdk_trace, ev)],
