@@ -9,7 +9,11 @@ Per variant, medians over the rounds of: the job's median step time and its loop
 launcher took to exit after the job's last step, and what the exporter said it sent and
 dropped.
 
-    PYTHONPATH=src python benchmarks/otlp_overhead.py [--rounds 3] [--steps 6000]
+``--only agent``: the exporter's own CPU per rank-step, without a job: two ranks' segments
+written by the real rank writer (3 phases and 2 all_reduces a step), read by the agent with the
+default sampling and with every step sent (spans built and encoded to OTLP protobuf, not sent).
+
+    PYTHONPATH=src python benchmarks/otlp_overhead.py [--rounds 3] [--steps 6000] [--only agent|jobs]
 """
 
 from __future__ import annotations
@@ -142,6 +146,89 @@ def one(variant: str, steps: int, urls: dict[str, str]) -> dict[str, float]:
     }
 
 
+def agent_cost(steps: int) -> None:
+    """The agent's CPU per rank-step, by sampling (see the module docstring)."""
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
+    from meshprof.api import StepMonitor
+    from meshprof.comm.recorder import CommProfiler
+    from meshprof.config import ProfilerConfig
+    from meshprof.events import OP_CODES, GroupInfo
+    from meshprof.live.otel.agent import OtlpAgent
+    from meshprof.live.otel.exporters import JobIdentity
+    from meshprof.live.otel.settings import resolve_settings
+    from meshprof.live.otel.trace_sampling import TraceSampling
+    from meshprof.rundir.writer import RankWriter
+
+    run = Path(tempfile.mkdtemp(prefix="otlp-agent-"))
+    ranks = []
+    for r in (0, 1):
+        prof = CommProfiler(ProfilerConfig(max_events=100_000))
+        mon = StepMonitor(None, profiler=prof, rank=r)
+        w = RankWriter(run, prof, mon, interval_s=0, rank=r, extra_meta={"node_id": "n0"})  # type: ignore[arg-type]
+        ranks.append(
+            (prof, mon, w, prof.log.group_index(GroupInfo("0", "default_pg", (0, 1), "gloo")))
+        )
+    seq = 0
+    for i in range(steps):
+        for prof, mon, _w, g in ranks:
+            with mon.step():
+                for name in ("forward", "backward", "optimizer"):
+                    with mon.phase(name):
+                        if name != "forward":
+                            t = time.time_ns()
+                            row = (
+                                OP_CODES["all_reduce"],
+                                0,
+                                0,
+                                0,
+                                g,
+                                -1,
+                                seq + (name == "optimizer"),
+                            )
+                            prof.log.append((*row, 64, 64, t, 1000, i, None, None))
+        seq += 2
+        if i % 100 == 99:
+            for _p, _m, w, _g in ranks:
+                w.tick()
+    for _p, _m, w, _g in ranks:
+        w.tick()
+    for every in (100, 1):
+        env = {"OTEL_METRIC_EXPORT_INTERVAL": "100000000"}
+        sampling = TraceSampling(every=every, slow=0, max_held_steps=10**6)
+        settings = resolve_settings("http://127.0.0.1:9", "http/protobuf", env, sampling)
+        assert settings is not None
+        agent = OtlpAgent(run, settings, JobIdentity(run_id="bench"), node_id="n0")
+        built: list[object] = []
+        agent.spans = Collected(built)  # type: ignore[assignment]  (not started: no sending)
+        t0 = time.thread_time()
+        for now in (0.0, 2.0, 60.0):
+            agent.poll(now=now)
+        read = time.thread_time() - t0
+        t1 = time.thread_time()
+        size = sum(
+            len(encode_spans(built[k : k + 512]).SerializeToString())  # type: ignore[arg-type]
+            for k in range(0, len(built), 512)
+        )
+        enc = time.thread_time() - t1
+        n = 2 * steps
+        print(
+            f"--otlp-every {every}: {read / n * 1e6:.0f} µs CPU per rank-step to read and "
+            f"build, {enc / n * 1e6:.0f} µs to encode; {len(built):,} spans, "
+            f"{size / max(len(built), 1):.0f} B each"
+        )
+
+
+class Collected:
+    """Stands for the span worker: keeps what is offered (nothing is sent)."""
+
+    def __init__(self, into: list[object]) -> None:
+        self.into = into
+
+    def offer(self, items: list[object]) -> None:
+        self.into.extend(items)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
@@ -149,7 +236,12 @@ def main() -> None:
     ap.add_argument(
         "--slow-s", type=float, default=2.0, help="the slow backend's delay per request"
     )
+    ap.add_argument("--only", choices=["agent", "jobs"], default=None)
     args = ap.parse_args()
+    if args.only != "jobs":
+        agent_cost(min(args.steps, 3000))
+    if args.only == "agent":
+        return
     up, slow = Backend(0.0), Backend(args.slow_s)
     urls = {"up": up.url, "slow": slow.url, "down": f"http://127.0.0.1:{free_port()}"}
     variants = ["off", "up", "up/100", "slow", "down"]
