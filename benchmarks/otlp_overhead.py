@@ -93,7 +93,7 @@ class Backend:
 
 
 def one(variant: str, steps: int, urls: dict[str, str]) -> dict[str, float]:
-    out = Path(tempfile.mkdtemp(prefix=f"otlp-{variant}-"))
+    out = Path(tempfile.mkdtemp(prefix=f"otlp-{variant.replace('/', '-every')}-"))
     script = out / "job.py"
     script.write_text(JOB)
     cmd = [
