@@ -16,6 +16,7 @@ from meshprof.commands.run_alert_options import (
     alert_config_from_args,
     capture_config_from_args,
 )
+from meshprof.commands.run_otlp_options import add_otlp_options, otlp_settings_from_args
 from meshprof.errors import MeshprofError
 from meshprof.launch.launcher import LaunchResult, launch
 from meshprof.launch.run_options import RunOptions
@@ -101,6 +102,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="ADDR",
         help="address the metrics endpoint binds (default 127.0.0.1; 0.0.0.0: every interface)",
     )
+    add_otlp_options(p)
     p.add_argument(
         "--hang-timeout",
         default="300",
@@ -255,6 +257,7 @@ def options_from_args(args: argparse.Namespace, argv: list[str] | None = None) -
         if args.metrics_port is not None
         else None,
         metrics_addr=args.metrics_addr,
+        otlp=otlp_settings_from_args(args),
         retain_s=duration_s(args.retain, "--retain"),
         max_disk_bytes=size_bytes(args.max_disk, "--max-disk"),
         report=not args.no_report,

@@ -305,6 +305,7 @@ def launch(opts: RunOptions) -> LaunchResult:
     watch = opts.hang_timeout_s > 0 and _watchdog_available()
     alerts: Any = None
     exporter: Any = None
+    otlp: Any = None
     relay: LiveRelay | None = None
     watching = False
     every = heartbeat_s()
@@ -320,6 +321,7 @@ def launch(opts: RunOptions) -> LaunchResult:
                 alerts = _start_alerts(opts, run_dir)
                 exporter = _start_exporter(opts, run_dir)
                 relay = _start_relay(opts, run_dir)
+                otlp = _start_otlp(opts, run_dir, run_id)
             try:
                 rc = proc.wait(0.5)
                 break
@@ -344,6 +346,8 @@ def launch(opts: RunOptions) -> LaunchResult:
             alerts.stop(_died(read_worker_exits(private / "workers.json")))
         if exporter is not None:
             exporter.stop()
+        if otlp is not None:
+            otlp.stop()  # (after the alerts' last word: it is sent too)
     if manifest is None:  # several nodes, and the job ended before the launchers agreed
         if agreement is not None and agreement.error:
             print(f"meshprof run: no agreement on the run ({agreement.error})", file=sys.stderr)
@@ -414,6 +418,42 @@ def _start_exporter(opts: RunOptions, run_dir: Path) -> Any:
     from meshprof.live.metrics import start_exporter
 
     return start_exporter(run_dir, opts.metrics_port, opts.metrics_addr, node_id())
+
+
+def _start_otlp(opts: RunOptions, run_dir: Path, run_id: str) -> Any:
+    """The OTLP exporter of this node's ranks (:mod:`meshprof.live.otel.agent`), or None:
+    not configured, or it could not start (one line on stderr; the job runs without it)."""
+    if opts.otlp is None:
+        return None
+    try:
+        from meshprof.layout import Layout
+        from meshprof.live.otel.agent import OtlpAgent
+        from meshprof.live.otel.exporters import JobIdentity
+
+        layout_text = os.environ.get(ENV_LAYOUT, "")
+        job = JobIdentity(
+            run_id=run_id,
+            world_size=opts.world_size or -1,
+            layout=layout_text,
+            node_id=node_id(),
+            node_rank=opts.node_rank,
+            run_dir=str(run_dir),
+        )
+        return OtlpAgent(
+            run_dir,
+            opts.otlp,
+            job,
+            node_id=node_id(),
+            layout=Layout.from_any(layout_text or None),
+            root=opts.node_rank == 0,
+        ).start()
+    except Exception as e:
+        print(
+            f"meshprof run: warning: cannot start the OTLP exporter ({type(e).__name__}: {e}); "
+            "the job runs without it",
+            file=sys.stderr,
+        )
+        return None
 
 
 def _start_alerts(opts: RunOptions, run_dir: Path) -> Any:

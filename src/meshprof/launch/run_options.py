@@ -9,6 +9,7 @@ from pathlib import Path
 from meshprof.analyze.live.alert_config import AlertConfig
 from meshprof.analyze.live.capture_targets import CaptureConfig
 from meshprof.errors import MeshprofError
+from meshprof.live.otel.settings import OtlpSettings
 from meshprof.monitor.step_detect import STEP_DETECT_MODES
 
 _NNODES_RE = re.compile(r"^\d+(:\d+)?$")
@@ -61,6 +62,9 @@ class RunOptions:
     """Serve Prometheus ``/metrics`` for this node's ranks on this port (None: off)."""
     metrics_addr: str = "127.0.0.1"
     """Address the metrics endpoint binds."""
+    otlp: OtlpSettings | None = None
+    """Send the live figures and the steps over OTLP from each node's launcher
+    (``--otlp-endpoint`` or the ``OTEL_EXPORTER_OTLP_*`` variables; None: off)."""
     retain_s: float = 0.0
     """Each rank's segments older than this are deleted (seconds; 0: no age bound)."""
     max_disk_bytes: int = 1 << 30
@@ -123,6 +127,15 @@ class RunOptions:
             from meshprof.live.metrics import check_metrics_options
 
             check_metrics_options(self.metrics_port, self.live_interval_s)
+        if self.otlp is not None:
+            from meshprof.live.otel.settings import check_installed
+
+            check_installed(self.otlp)
+            if self.otlp.metrics is not None and not self.live_interval_s > 0:
+                raise MeshprofError(
+                    "OTLP metrics need the live state (a --live-interval above 0; or "
+                    "OTEL_METRICS_EXPORTER=none)"
+                )
 
     @property
     def world_size(self) -> int | None:

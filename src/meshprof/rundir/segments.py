@@ -234,6 +234,21 @@ class FileChunks:
     """Why the file was not read ("" when it was)."""
 
 
+def parse_header(kind: int, payload: memoryview, name: str) -> tuple[SegmentHeader | None, str]:
+    """A file's first chunk as its :class:`SegmentHeader`, or why it is not one this version
+    reads (``(None, problem)``: not a header, damaged, or rows of another layout)."""
+    if kind != KIND_HEADER:
+        return None, f"{name}: no segment header"
+    try:
+        header = SegmentHeader.from_dict(json.loads(bytes(payload)), name)
+    except (ValueError, TypeError) as e:
+        return None, f"{name}: damaged segment header ({e})"
+    want = {n: dtype_text(dt) for n, dt in DTYPES.items()}
+    if header.format != SEGMENT_FORMAT or (header.dtypes or {}) != want:
+        return None, f"{name}: segment of another meshprof format"
+    return header, ""
+
+
 def read_chunks(path: Path) -> FileChunks:
     """Every whole chunk of ``path``, up to the first one cut short or damaged. A file whose
     header names another layout is not read (its ``problem`` says why)."""
@@ -253,17 +268,8 @@ def read_chunks(path: Path) -> FileChunks:
         if zlib.crc32(payload) != crc:
             break
         if out.header is None:
-            if kind != KIND_HEADER:
-                out.problem = f"{path.name}: no segment header"
-                return out
-            try:
-                out.header = SegmentHeader.from_dict(json.loads(bytes(payload)), path.name)
-            except (ValueError, TypeError) as e:
-                out.problem = f"{path.name}: damaged segment header ({e})"
-                return out
-            want = {name: dtype_text(dt) for name, dt in DTYPES.items()}
-            if out.header.format != SEGMENT_FORMAT or (out.header.dtypes or {}) != want:
-                out.problem = f"{path.name}: segment of another meshprof format"
+            out.header, out.problem = parse_header(kind, payload, path.name)
+            if out.problem:
                 return out
         else:
             out.chunks.append((kind, payload))
@@ -389,6 +395,7 @@ __all__ = [
     "iter_batches",
     "meta_name",
     "new_header",
+    "parse_header",
     "rank_dir",
     "read_chunks",
     "read_cursor",
