@@ -5,11 +5,20 @@ optimizer that steps ends a step), "forward" (each outermost module forward call
 inference script gets per-request latency), "auto" (optimizer steps when the script steps an
 optimizer, else forward steps), "off". The script's own :func:`meshprof.mark_step` calls switch
 detection off ("user"). Runs inside the user's process: never raises into training.
+
+torch.compile: code that torch.compile traces through a module call guards on how many global
+module hooks there are, so removing one later would recompile every such region (seconds to
+minutes each). Hooks no longer needed are therefore removed only while torch.compile has
+compiled nothing since they were installed; otherwise they stay, inert, until the session ends
+(:meth:`StepDetector.remove_hooks`). torch.compile traces the hooks of nested module calls only
+(an outermost call runs them outside the graph); those return before reading anything that
+changes, so the mode deciding never fails a compiled graph's guards.
 """
 
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 import time
 from typing import TYPE_CHECKING, Any, Protocol
@@ -71,6 +80,8 @@ class StepDetector:
         self._grad_free_forwards = 0
         self._decided_forward = False  # auto decided "forward": a training forward can undo it
         self._restarted = False  # auto: step 0 restarted at the first forward that may train
+        self._retired: list[Any] = []  # hooks no longer needed, kept for compiled code's guards
+        self._frames_at_start = 0  # torch.compile's compiled frames when the hooks went in
 
     @property
     def monitor(self) -> StepMonitor | None:
@@ -91,6 +102,7 @@ class StepDetector:
         )
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
+        self._frames_at_start = _compiled_frames()
         if mode in ("auto", "optimizer"):
             self._hooks.append(register_optimizer_step_post_hook(self._on_optimizer_step))
         if mode == "optimizer":
@@ -112,25 +124,39 @@ class StepDetector:
                 self._internal_error(e)
 
     def remove_hooks(self) -> None:
-        """Remove every hook this detector installed."""
-        for h in [*self._hooks, self._forward_hook, *self._forward_hooks]:
+        """Remove every hook this detector installed (the retired ones too)."""
+        for h in [*self._hooks, self._forward_hook, *self._forward_hooks, *self._retired]:
             if h is not None:
                 with contextlib.suppress(Exception):
                     h.remove()
         self._hooks, self._forward_hook, self._forward_hooks = [], None, []
+        self._retired = []
+
+    def _retire(self, hooks: list[Any]) -> None:
+        """Global module hooks no longer needed: removed, unless torch.compile compiled code
+        since they went in (its guards count the global hooks: removing one would recompile
+        it); then they stay until :meth:`remove_hooks`, inert (the mode no longer uses them)."""
+        if _compiled_frames() > self._frames_at_start:
+            self._retired.extend(hooks)
+            return
+        for h in hooks:
+            with contextlib.suppress(Exception):
+                h.remove()
 
     def _open_first_step(self) -> None:
         if self._step_open:
             return
         self._step_open = True
         if self._forward_hook is not None:
-            self._forward_hook.remove()
+            self._retire([self._forward_hook])
             self._forward_hook = None
         if self.monitor is not None:
             self.monitor.mark_step()
 
     def _on_first_forward(self, module: Any, args: Any) -> None:
         """Step 0 starts at the first forward of any module (model building is not a step)."""
+        if self._step_open:
+            return
         try:
             self._open_first_step()
         except Exception as e:
@@ -181,8 +207,11 @@ class StepDetector:
         tls = self._tls
         depth = getattr(tls, "depth", 0)
         tls.depth = depth + 1
-        if depth:
-            return
+        # A nested call is all that torch.compile traces of these hooks (an outermost call runs
+        # them outside the compiled graph): it must read nothing that changes, or the graph's
+        # guards would fail when it does.
+        if depth or self.mode in ("optimizer", "off"):
+            return  # nested, or retired
         try:
             if self._user_marks_steps():
                 return
@@ -225,8 +254,8 @@ class StepDetector:
         tls = self._tls
         depth = getattr(tls, "depth", 1) - 1
         tls.depth = max(depth, 0)
-        if depth > 0:
-            return
+        if depth > 0 or self.mode in ("optimizer", "off"):
+            return  # nested (see _on_forward_pre), or retired
         try:
             span = getattr(tls, "span", None)
             if span is not None:
@@ -255,9 +284,7 @@ class StepDetector:
         self._pending = []
 
     def _remove_forward_hooks(self) -> None:
-        for h in self._forward_hooks:
-            with contextlib.suppress(Exception):
-                h.remove()
+        self._retire(self._forward_hooks)
         self._forward_hooks = []
 
     def _user_marks_steps(self) -> bool:
@@ -284,6 +311,19 @@ class StepDetector:
     def _internal_error(self, e: BaseException) -> None:
         with contextlib.suppress(Exception):
             self.host.report_internal_error(e)
+
+
+def _compiled_frames() -> int:
+    """How many frames torch.compile has compiled in this process (0 before it is first used;
+    a large number when the count cannot be read, so that hooks are kept, never removed under
+    compiled code)."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    if utils is None:
+        return 0
+    try:
+        return int(utils.counters["frames"]["ok"])
+    except Exception:
+        return 1 << 62
 
 
 def _grad_enabled() -> bool:
