@@ -93,6 +93,35 @@ CASES = [
 ]
 
 
+def test_aot_graphs_run_as_modules_are_no_steps() -> None:
+    """A training step with loss terms compiled by the ``aot_eager`` backend: AOTAutograd
+    runs their forward graphs as fx GraphModules with autograd off, outermost module calls to
+    the hooks; they are part of the training step, never inference forwards (before, 3 of them
+    decided "inference" and each became a step)."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(_Block(), _Block())
+    loss_fn = torch.compile(lambda y: (y * y).mean(), backend="aot_eager")
+    penalty = torch.compile(lambda y: y.abs().mean(), backend="aot_eager")
+    spread = torch.compile(lambda y: y.std(), backend="aot_eager")
+    mon = StepMonitor(None, sample_memory_every_step=False)
+    session = RecordingSession(
+        SessionConfig(step_detection="auto", clock_sync=False), monitor=mon
+    ).start()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(STEPS):
+        y = model(torch.ones(4, 8))
+        loss = loss_fn(y) + penalty(y) + spread(y)  # 3 forward graphs: 3 grad-free calls
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    session.set_exit("normal", 0)
+    session.stop(final_write=False)
+    assert session.step_mode == "optimizer"
+    assert session.steps_detected == STEPS
+    assert sum(1 for s in mon._spans if s[0] == 0) == STEPS
+
+
 @pytest.mark.parametrize(("mode", "style", "train"), CASES)
 def test_step_detection_compiles_nothing_more(mode: str, style: str, train: bool) -> None:
     frames, results, _, _ = _run(None, style, train)

@@ -80,6 +80,7 @@ class StepDetector:
         self._grad_free_forwards = 0
         self._decided_forward = False  # auto decided "forward": a training forward can undo it
         self._restarted = False  # auto: step 0 restarted at the first forward that may train
+        self._grad_forward_seen = False  # auto: a forward with autograd came (a training step?)
         self._retired: list[Any] = []  # hooks no longer needed, kept for compiled code's guards
         self._frames_at_start = 0  # torch.compile's compiled frames when the hooks went in
 
@@ -201,9 +202,13 @@ class StepDetector:
         forwards are only timed (kept pending) until the script decides: its first optimizer
         step makes it a training script (pending forwards dropped: optimizer steps, exactly as
         "optimizer" mode), while the :data:`AUTO_FORWARD_AFTER`-th grad-free outermost forward
-        before any optimizer step, or the end of the script, makes it an inference script:
-        step 0 is dropped unrecorded, the pending forwards become steps, and every outermost
-        forward from then on is a step as it runs. A forward is thus a step in one mode only."""
+        before any optimizer step and any forward with autograd, or the end of the script, makes
+        it an inference script: step 0 is dropped unrecorded, the pending forwards become steps,
+        and every outermost forward from then on is a step as it runs. A forward is thus a step
+        in one mode only. Grad-free forwards after a forward with autograd are part of a
+        training step (a metric under ``torch.no_grad()``; the graphs torch.compile's
+        AOTAutograd runs as modules, with autograd off, in the forward and the backward): they
+        decide nothing."""
         tls = self._tls
         depth = getattr(tls, "depth", 0)
         tls.depth = depth + 1
@@ -235,7 +240,9 @@ class StepDetector:
                     if self.monitor is not None:
                         self.monitor.discard_implicit_step()
                         self.monitor.mark_step()
-                if not _grad_enabled():
+                if _grad_enabled():
+                    self._grad_forward_seen = True
+                elif not self._grad_forward_seen:
                     self._grad_free_forwards += 1
                     if self._grad_free_forwards >= AUTO_FORWARD_AFTER:
                         self._commit_forward_mode()
