@@ -144,6 +144,18 @@ def run_pair(
     return Pair(name, plain, profiled, load_run(run_dir), meshprof_report(run_dir))
 
 
+def require(*modules: str) -> None:
+    """Skip the calling test module when a framework is not installed (looked up, not imported:
+    the default test run collects these modules and deselects them)."""
+    import importlib.util
+
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        pytest.skip(
+            f"needs {', '.join(missing)} (pip install -e '.[compat]')", allow_module_level=True
+        )
+
+
 # ---- what meshprof recorded, per rank and step ---------------------------------------------
 
 

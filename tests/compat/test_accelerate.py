@@ -14,12 +14,13 @@ from harness import (
     check_collectives,
     check_step_time,
     check_steps,
+    require,
     run_pair,
     step_durations_s,
     write_matrix_row,
 )
 
-pytest.importorskip("accelerate")
+require("accelerate")
 pytestmark = pytest.mark.timeout(600)
 
 STEPS = 10

@@ -15,12 +15,13 @@ from harness import (
     check_collectives,
     check_step_time,
     check_steps,
+    require,
     run_pair,
     step_durations_s,
     write_matrix_row,
 )
 
-pytest.importorskip("lightning")
+require("lightning")
 pytestmark = pytest.mark.timeout(600)
 
 STEPS = 10

@@ -28,12 +28,13 @@ from harness import (
     check_step_time,
     check_steps,
     peak_memory_bytes,
+    require,
     run_pair,
     step_durations_s,
     write_matrix_row,
 )
 
-pytest.importorskip("torchtitan")
+require("torchtitan")
 pytestmark = pytest.mark.timeout(900)
 
 STEPS = 5

@@ -16,14 +16,14 @@ from harness import (
     check_collectives,
     check_step_time,
     check_steps,
+    require,
     run_pair,
     step_durations_s,
     step_ops,
     write_matrix_row,
 )
 
-pytest.importorskip("transformers")
-pytest.importorskip("accelerate")  # the Trainer needs it
+require("transformers", "accelerate")  # the Trainer needs accelerate
 pytestmark = pytest.mark.timeout(600)
 
 NEW_TOKENS = 8
