@@ -217,14 +217,14 @@ def check_collectives(
 
 
 def check_step_time(
-    pair: Pair, framework_s: list[list[float]], tolerance: float = 0.05
+    pair: Pair, framework_s: list[list[float]], tolerance: float = 0.05, first: int = 1
 ) -> list[float]:
     """Per rank: the summed wall time of meshprof's steps = the framework's own over the same
     steps, within ``tolerance``. ``framework_s[r]`` lines up with meshprof's steps (one entry per
-    compared step, in order, starting at meshprof step 1). Returns the ratios."""
+    compared step, in order, starting at meshprof step ``first``). Returns the ratios."""
     ratios = []
     for r in range(WORLD):
-        mp = step_durations_s(pair.run.ranks[r])[1 : 1 + len(framework_s[r])]
+        mp = step_durations_s(pair.run.ranks[r])[first : first + len(framework_s[r])]
         fw = framework_s[r]
         assert len(mp) == len(fw) > 0
         ratio = sum(mp) / sum(fw)

@@ -23,7 +23,7 @@ from harness import (
 require("accelerate")
 pytestmark = pytest.mark.timeout(600)
 
-STEPS = 10
+STEPS = 20
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,7 @@ from harness import (
 require("lightning")
 pytestmark = pytest.mark.timeout(600)
 
-STEPS = 10
+STEPS = 20
 
 
 @pytest.fixture(scope="module", params=["ddp", "fsdp2"])

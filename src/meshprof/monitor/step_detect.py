@@ -261,10 +261,12 @@ class StepDetector:
         tls = self._tls
         depth = getattr(tls, "depth", 1) - 1
         tls.depth = max(depth, 0)
-        if depth > 0 or self.mode in ("optimizer", "off"):
-            return  # nested (see _on_forward_pre), or retired
+        if depth > 0:
+            return  # nested (see _on_forward_pre)
+        span = getattr(tls, "span", None)
+        if span is None and self.mode in ("optimizer", "off"):
+            return  # retired (a forward step still open closes all the same)
         try:
-            span = getattr(tls, "span", None)
             if span is not None:
                 tls.span = None
                 span.__exit__(None, None, None)
