@@ -401,14 +401,14 @@ class StepMonitor:
         if prof is not None:
             events, _ = prof.columns()
             mesh = getattr(prof, "mesh_names", None)
-            names = mesh.names() if mesh is not None else {}
+            mesh_dims = mesh.names() if mesh is not None else {}
             groups = [
                 GroupRecord(
                     name=g.name,
                     desc=g.desc,
                     ranks=g.ranks,
                     backend=g.backend,
-                    mesh_dims=names.get(g.name),
+                    mesh_dims=mesh_dims.get(g.name),
                 )
                 for g in prof.log.groups
             ]
