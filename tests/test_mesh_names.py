@@ -282,3 +282,36 @@ def test_torchtitan_meshes_name_their_groups(
     for out in run_ranks(_torchtitan_worker, 2, (full, mesh_name), timeout=200):
         names = out["learnt"][out["oracle"]]
         assert dimension_of_names(names) == expected, names
+
+
+class _Mesh:
+    """Something shaped like a DeviceMesh whose groups are not attached yet."""
+
+    mesh_dim_names = ("tp",)
+
+
+class _Broken:
+    @property
+    def mesh_dim_names(self) -> tuple[str, ...]:
+        raise RuntimeError("inside meshprof")
+
+
+def test_mesh_names_are_bounded_and_never_raise() -> None:
+    from meshprof.comm import mesh_names as mn
+
+    names = mn.MeshNames()
+    errors: list[BaseException] = []
+    names.on_error = errors.append
+    calls: list[object] = []
+
+    def original(mesh: object, *args: object, **kwargs: object) -> None:
+        calls.append(mesh)
+
+    init = names._wrap(original)
+    keep = [_Mesh() for _ in range(mn.MAX_PENDING + 50)]
+    for m in keep:
+        init(m)  # waiting for groups that never come
+    assert len(names._pending) == mn.MAX_PENDING
+    assert names.names() == {} and len(names._pending) == mn.MAX_PENDING
+    init(_Broken())  # an error inside meshprof: the job's __init__ ran, nothing raised
+    assert len(calls) == len(keep) + 1 and len(errors) == 1
