@@ -15,6 +15,7 @@ place; without either, the group's description ("mesh_dp", "tp", ...) decides; a
 from __future__ import annotations
 
 import functools
+import itertools
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -69,6 +70,11 @@ dimension's name joins its parts with "_" (``dp_shard_cp``, ``dp_cp``): each par
 (the longest known run of parts first). ``world`` (torchtitan's mesh of all ranks), unnamed
 dimensions (``dim_0``) and any name with an unknown part (torchtitan's ``loss_mesh``) say
 nothing."""
+MAX_NAME_PARTS = 8
+"""A DeviceMesh name of more "_"-separated parts than this says nothing (flattened names of
+real meshes have two to four)."""
+MAX_NAMES_READ = 16
+"""Names of one group looked at (the recorder keeps at most as many)."""
 _PAIR_RE = re.compile(r"^\s*[A-Za-z_]\w*\s*=\s*\d+\s*$")
 
 
@@ -150,7 +156,9 @@ def _name_dims(name: str) -> str | None:
     key = name.strip().lower()
     if key in MESH_NAMES:
         return MESH_NAMES[key]
-    parts = [p for p in key.split("_") if p]
+    parts = [p for p in key.split("_", MAX_NAME_PARTS) if p]
+    if len(parts) > MAX_NAME_PARTS:
+        return None  # (a name read from a file: bounded work whatever it holds)
     found: set[str] = set()
     i = 0
     while i < len(parts):
@@ -173,7 +181,7 @@ def dimension_of_names(names: Iterable[str]) -> str | None:
     reused by several meshes) gets the first in :data:`MESH_DIM_PRIORITY` order; a flattened
     name only when no plain one ranks before it."""
     best: tuple[int, int, str] | None = None
-    for name in names:
+    for name in itertools.islice(names, MAX_NAMES_READ):
         dim = _name_dims(str(name))
         if dim is None:
             continue
