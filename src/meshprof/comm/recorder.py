@@ -27,6 +27,7 @@ import torch
 from meshprof.comm.backend import GroupRef, KernelBackend, SeqCounters, SeqSource
 from meshprof.comm.completion import Completion, InflightOp, PendingOp, PendingOps
 from meshprof.comm.composite import OpenComposites, composite_op, patch_object_collectives
+from meshprof.comm.mesh_names import MeshNames
 from meshprof.comm.ops import OpSpec, first_tensor
 from meshprof.comm.patching import Patches
 from meshprof.comm.reads import Reading, RecordQueries
@@ -79,6 +80,9 @@ class CommProfiler(RecordQueries):
         self._backend: KernelBackend | None = None
         self._last_backend: KernelBackend | None = None
         self._patches = Patches()
+        self.mesh_names = MeshNames()
+        """The job's DeviceMesh dimension names of its groups (learnt while installed)."""
+        self.mesh_names.on_error = self.report_internal_error
         self._groups: dict[Any, GroupRef] = {}
         self._dtype_codes: dict[Any, int] = {}  # torch.dtype -> the log's dtype code
         self._inflight: dict[int, PendingOp] = {}
@@ -139,8 +143,8 @@ class CommProfiler(RecordQueries):
         return out
 
     def install(self) -> None:
-        """Register a kernel for every c10d op (:func:`~meshprof.comm.backend.choose_backend`)
-        and wrap the object collectives."""
+        """Register a kernel for every c10d op (:func:`~meshprof.comm.backend.choose_backend`),
+        wrap the object collectives and ``DeviceMesh.__init__`` (the mesh names)."""
         if self._backend is not None:
             return
         from meshprof.comm.selection import choose_backend
@@ -149,6 +153,10 @@ class CommProfiler(RecordQueries):
         self._backend = backend
         backend.install()
         patch_object_collectives(self, self._patches)
+        try:
+            self.mesh_names.install(self._patches)
+        except Exception as e:
+            self.report_internal_error(e)
 
     def uninstall(self) -> None:
         """Remove the kernel and the wrappers (no cost afterwards); recorded data stays."""

@@ -113,7 +113,7 @@ def run_tables(
             if name not in ginfo:
                 ranks = tuple(int(x) for x in g.ranks or ())
                 desc = str(g.desc or "")
-                ginfo[name] = (desc, dimension_of(ranks, lay, desc), ranks)
+                ginfo[name] = (desc, dimension_of(ranks, lay, desc, g.mesh_dims or ()), ranks)
                 gnames.append(name)
         for c in np.unique(rd.events["op"]).tolist():
             name = rd.op_name(int(c))

@@ -58,7 +58,7 @@ def print_verdict(rep: RunReport, console: Console) -> None:
         say(
             console,
             f"{v.title}: {fmt_ns(v.ns_per_step)}/step ({fmt_pct(v.share_of_step)}), "
-            f"{v.gpu_hours:,.3g} GPU-h{money}",
+            f"{v.device_hours:,.3g} {v.device}-h{money}",
             indent="     ",
             first=f"  {i}. ",
         )
@@ -69,7 +69,7 @@ def print_verdict(rep: RunReport, console: Console) -> None:
 
 
 def print_ledger(rep: RunReport, console: Console) -> None:
-    """Where the job's GPU time went, in one line."""
+    """Where the job's time (summed over its ranks) went, in one line."""
     led = rep[LEDGER]
     j = led.job
     if j.wall_ns <= 0:
@@ -96,7 +96,7 @@ def verdict_html(rep: RunReport) -> str:
         out.append(
             f'<div class="finding warning verdict" id="verdict-{i}" data-cause="{_E(v.cause)}"{ranks}>'
             f"<b>{i}. {_E(v.title)}: {_E(fmt_ns(v.ns_per_step))} per step "
-            f"({_E(fmt_pct(v.share_of_step))}), {v.gpu_hours:,.3g} GPU-hours{_E(money)}</b>"
+            f"({_E(fmt_pct(v.share_of_step))}), {v.device_hours:,.3g} {_E(v.device)}-hours{_E(money)}</b>"
             f"<p><i>why:</i> {_E(v.evidence)}</p><p><i>next:</i> {_E(v.action)}</p></div>"
         )
     return "".join(out)
@@ -117,8 +117,16 @@ LEDGER_COLORS = {
 """A color per ledger cause (the HTML bars)."""
 
 
+def _device(rep: RunReport) -> str:
+    """What the job computed on as the verdict says it, with a space ("GPU ", "CPU "); ""
+    when it does not say."""
+    items = rep.get(VERDICT)
+    return f"{items[0].device} " if items and items[0].device != "device" else ""
+
+
 def ledger_html(rep: RunReport) -> str:
-    """The job's ledger as one stacked bar and a table (share of the GPU time, per step)."""
+    """The job's ledger as one stacked bar and a table (share of the time of every rank, per
+    step)."""
     led = rep[LEDGER]
     j = led.job
     if j.wall_ns <= 0:
@@ -145,7 +153,7 @@ def ledger_html(rep: RunReport) -> str:
         )
     bar = f'<svg id="ledger" width="{width}" height="24" role="img" aria-label="time ledger">{"".join(rects)}</svg>'
     table = (
-        "<table><thead><tr><th>cause</th><th>share of the GPU time</th><th>per rank and step</th>"
+        f"<table><thead><tr><th>cause</th><th>share of the {_E(_device(rep))}time</th><th>per rank and step</th>"
         f"</tr></thead><tbody>{''.join(rows)}</tbody></table>"
     )
     return (

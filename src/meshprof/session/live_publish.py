@@ -59,6 +59,7 @@ class LiveCounters:
         int64 pairs of its collectives, in chunks as they came (merged when measured)."""
         self.collectives = 0
         self._dims: dict[int, str] = {}
+        self._mesh_version = 0
 
     def on_chunk(self, chunk: np.ndarray) -> None:
         """Event-log listener (runs in whatever thread flushes): queue only, with the chunk's
@@ -67,6 +68,11 @@ class LiveCounters:
 
     def dim_of_group(self, gidx: int) -> str:
         """Parallel dimension of the log's group ``gidx``."""
+        mesh = getattr(self.prof, "mesh_names", None)
+        version = mesh.version if mesh is not None else 0
+        if version != self._mesh_version:  # the job named more groups: look again
+            self._mesh_version = version
+            self._dims.clear()
         d = self._dims.get(gidx)
         if d is None:
             from meshprof.layout import dimension_of
@@ -75,7 +81,8 @@ class LiveCounters:
             if gidx >= len(groups):
                 return "other"
             g = groups[gidx]
-            d = self._dims[gidx] = dimension_of(g.ranks, self.layout, g.desc)
+            names = mesh.of(g.name) if mesh is not None else ()
+            d = self._dims[gidx] = dimension_of(g.ranks, self.layout, g.desc, names)
         return d
 
     def fold(self, upto: int | None = None) -> None:
@@ -382,7 +389,9 @@ class LivePublisher:
                 break
         from meshprof.layout import dimension_of
 
-        dim = dimension_of(op.group_ranks, self.counters.layout, desc)
+        mesh = getattr(self.prof, "mesh_names", None)
+        names = mesh.of(op.group_name) if mesh is not None else ()
+        dim = dimension_of(op.group_ranks, self.counters.layout, desc, names)
         age = max(int(op.age_ns), 0)
         return InflightLive(
             op=op.op,

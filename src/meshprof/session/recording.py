@@ -325,13 +325,24 @@ class RecordingSession:
         except Exception as e:
             self._fail("step monitor", e)
 
+    def _layout(self, layout: object) -> object:
+        """``layout`` as the monitor and the live state get it: marked assumed
+        (:attr:`meshprof.layout.Layout.assumed`) when the meta says nobody gave it, so that the
+        job's DeviceMesh names name the groups they cover."""
+        if layout is None or self.meta.get("layout_assumed") is not True:
+            return layout
+        from meshprof.layout import Layout
+
+        lay = Layout.from_any(layout)
+        return Layout(lay.dp, lay.tp, lay.pp, assumed=True) if lay is not None else layout
+
     def _start_monitor(self) -> None:
         try:
             from meshprof.api import StepMonitor
             from meshprof.monitor import get_monitor
 
             self.monitor = get_monitor() or StepMonitor(
-                self.config.layout, profiler=self.prof, rank=self.config.rank
+                self._layout(self.config.layout), profiler=self.prof, rank=self.config.rank
             )
             self._bound_monitor()
         except Exception as e:
@@ -368,7 +379,7 @@ class RecordingSession:
             from meshprof.session.live_publish import LivePublisher
 
             assert self.prof is not None
-            layout = self.meta.get("layout") or self.config.layout
+            layout = self._layout(self.meta.get("layout") or self.config.layout)
             self.live = LivePublisher(
                 run_dir,
                 self.prof,

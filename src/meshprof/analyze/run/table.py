@@ -144,7 +144,8 @@ def build_event_table(
                 ranks = tuple(int(x) for x in g.ranks or ())
                 desc = str(g.desc or "")
                 gindex[name] = len(groups)
-                groups.append(GroupRef(name, desc, ranks, dimension_of(ranks, layout, desc)))
+                dim = dimension_of(ranks, layout, desc, g.mesh_dims or ())
+                groups.append(GroupRef(name, desc, ranks, dim))
             gmap.append(gindex[name])
         ev = rd.events
         keep = (

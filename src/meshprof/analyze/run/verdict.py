@@ -13,15 +13,21 @@ Causes and their cost per step (ns; its share is of the step time ``step_ns``):
   (the waiting then has no single culprit: the stragglers rotate).
 
 A cause is listed when its share is at least :data:`MIN_SHARE` (``include_small``: all). Its
-GPU-hours are its cost per step × the steps recorded × the GPUs (ranks) of the job: the time every
-GPU of the job spent on it; with a price per GPU-hour, its money. Deterministic: the same report
-gives the same verdict.
+device-hours are its cost per step × the steps recorded × the ranks of the job: the time every
+device of the job spent on it, named for what the job computed on (:attr:`VerdictInputs.device`:
+GPU-hours on GPUs, CPU-hours — hours of a rank's process, not of a core — on a CPU job); with a
+price per device-hour, its money. Deterministic: the same report gives the same verdict.
+
+What to do about exposed data- and tensor-parallel communication depends on the job
+(:attr:`VerdictInputs.workload`): gradient advice only when it trains (an optimizer stepped, a
+backward ran); a forward-only job is told what helps a forward.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from meshprof.analyze.compute.workload import Workload
 from meshprof.analyze.run.ledger import Ledger
 from meshprof.analyze.run.stragglers import StragglerReport
 from meshprof.analyze.run.waits import WaitCause
@@ -52,7 +58,16 @@ _ACTIONS = {
     "often",
     TimeCause.IDLE: "wrap the step's code in phases (StepMonitor.phase) to see where this goes",
 }
-"""The next thing to try for each ledger cause."""
+"""The next thing to try for each ledger cause (in a training job)."""
+
+_ACTIONS_NOT_TRAINING = {
+    TimeCause.EXPOSED_DP: "overlap the data-parallel collectives with compute (issue them "
+    "asynchronously and early, bucket small ones) or send less: fewer, larger collectives",
+    TimeCause.EXPOSED_TP: "nothing to hide TP collectives behind in a forward-only job: keep the "
+    "TP group inside a node, lower the TP degree and serve more replicas, or batch more requests "
+    "per forward so each all-reduce's latency is shared",
+}
+"""The same where the job computes no gradients (inference, or nothing says it trains)."""
 
 _TITLES = {
     TimeCause.EXPOSED_DP: "exposed data-parallel communication",
@@ -79,10 +94,16 @@ class VerdictItem:
     """What it costs every step (ns)."""
     share_of_step: float
     """ns_per_step / the step time (fraction)."""
+    device_hours: float
+    """What it cost over the recorded steps, on every device (rank) of the job (hours)."""
+    device: str
+    """What the hours are of: ``"GPU"``, ``"CPU"`` (a rank's process on a CPU job), or
+    ``"device"`` when the run does not say (:func:`meshprof.rundir.job_device_kind`)."""
     gpu_hours: float
-    """What it cost over the recorded steps, on every GPU of the job (hours)."""
+    """``device_hours`` under its name of earlier versions (kept for their readers; CPU-hours
+    on a CPU job, see ``device``)."""
     money: float | None
-    """gpu_hours × the price per GPU-hour given (None without one)."""
+    """device_hours × the price per device-hour given (None without one)."""
     ranks: tuple[int, ...]
     """The ranks it is about (empty: all)."""
     since_step: int | None
@@ -104,17 +125,23 @@ class VerdictInputs:
     stragglers: StragglerReport
     """The straggler report (scores, phases)."""
     world_size: int
-    """GPUs of the job."""
+    """Ranks (devices) of the job."""
     hosts: dict[int, str]
     """Rank -> host name, for the evidence."""
     wait_causes: tuple[WaitCause, ...] = ()
     """Who the others waited for (:mod:`meshprof.analyze.run.waits`)."""
+    workload: Workload = Workload.UNKNOWN
+    """Whether the job trains (:func:`meshprof.analyze.compute.workload.job_workload`):
+    gradient advice only for a training job."""
+    device: str = "device"
+    """What the job computed on: ``"GPU"``, ``"CPU"`` or ``"device"`` (unknown)."""
 
 
 def verdict(
     v: VerdictInputs, *, gpu_hour_price: float | None = None, include_small: bool = False
 ) -> tuple[VerdictItem, ...]:
-    """The causes of lost time, largest first."""
+    """The causes of lost time, largest first; ``gpu_hour_price``: the price of one
+    device-hour (a GPU-hour, or a CPU-hour on a CPU job)."""
     led, s = v.ledger, v.stragglers
     rank_steps = led.steps
     wall_per_step = led.job.wall_ns / rank_steps if rank_steps else 0.0
@@ -122,7 +149,10 @@ def verdict(
         v.what_if.step_ns if v.what_if is not None and v.what_if.step_ns > 0 else wall_per_step
     )
     steps_run = len(s.steps)
-    gpus = max(v.world_size, len(led.ranks), 1)
+    devices = max(v.world_size, len(led.ranks), 1)
+    actions = dict(_ACTIONS)
+    if v.workload is not Workload.TRAINING:
+        actions.update(_ACTIONS_NOT_TRAINING)
     since = s.common_steps[0] if s.common_steps else (s.steps[0] if s.steps else None)
     floor = 0.0 if include_small else MIN_SHARE
 
@@ -135,12 +165,14 @@ def verdict(
         act: str,
         share: float | None = None,
     ) -> VerdictItem:
-        hours = ns * steps_run * gpus / NS_PER_HOUR
+        hours = ns * steps_run * devices / NS_PER_HOUR
         return VerdictItem(
             cause=cause,
             title=title,
             ns_per_step=ns,
             share_of_step=share if share is not None else (ns / step_ns if step_ns > 0 else 0.0),
+            device_hours=hours,
+            device=v.device,
             gpu_hours=hours,
             money=hours * gpu_hour_price if gpu_hour_price is not None else None,
             ranks=ranks,
@@ -175,13 +207,13 @@ def verdict(
         share = led.job.parts[cause.value] / led.job.wall_ns if led.job.wall_ns else 0.0
         worst = max(led.ranks, key=lambda r: r.parts[cause.value] / max(r.wall_ns, 1))
         worst_share = worst.parts[cause.value] / max(worst.wall_ns, 1)
-        ev = f"{share:.1%} of the job's GPU time; most on rank {worst.rank} ({worst_share:.1%})"
+        ev = f"{share:.1%} of the job's {v.device} time; most on rank {worst.rank} ({worst_share:.1%})"
         ranks: tuple[int, ...] = ()
         if cause is TimeCause.STRAGGLER_WAIT and v.wait_causes:
             top = v.wait_causes[0]
             ev += f"; rank {top.rank} was the last to arrive for {top.share:.0%} of the waiting"
             ranks = tuple(c.rank for c in v.wait_causes[:3])
-        out.append(item(cause.value, _TITLES[cause], ns, ranks, ev, _ACTIONS[cause], share))
+        out.append(item(cause.value, _TITLES[cause], ns, ranks, ev, actions[cause], share))
     kept = [x for x in out if x.share_of_step >= floor]
     kept.sort(key=lambda x: (-x.ns_per_step, x.cause, x.ranks))
     return tuple(kept)
