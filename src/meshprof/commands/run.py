@@ -246,6 +246,7 @@ def options_from_args(args: argparse.Namespace, argv: list[str] | None = None) -
         alerts=alert_config_from_args(args),
         capture=capture_config_from_args(args),
         capture_agent=not args.no_capture,
+        requests_from_any_user=args.requests_from_any_user,
         hang_action=args.hang_action,
         step_detect=args.step_detect,
         max_events=_number(args.max_events, "--max-events", int)

@@ -98,9 +98,12 @@ class CaptureTrigger:
                 else self.config.timeout_s,
                 max_bytes=self.config.max_bytes,
             )
-            from meshprof.live.capture_request import run_capture
+            from meshprof.live.capture_request import RequestRefusedError, run_capture
 
-            comp = run_capture(self.run_dir, req)
+            try:
+                comp = run_capture(self.run_dir, req)
+            except RequestRefusedError as e:
+                return self._skip(str(e))
             return AlertCapture(
                 status=comp.state,
                 message=comp.message,

@@ -16,10 +16,12 @@ from pathlib import Path
 from meshprof.records.codec import RecordError
 from meshprof.records.live import Alert, RankLive
 from meshprof.rundir.atomic import FILE_MODE, atomic_write_text
+from meshprof.rundir.confine import make_dirs
 
 LIVE_DIR = "live"
 ALERTS_FILE = "alerts.jsonl"
 LIVE_FILE_RE = re.compile(r"^rank(\d+)\.json$")
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 
 def live_dir(run_dir: str | os.PathLike[str]) -> Path:
@@ -47,10 +49,17 @@ class LiveWriter:
     A reader that races the write may see a mix of two records, which is not valid JSON:
     :func:`read_rank_lives` reads again."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], within: str | os.PathLike[str] | None = None
+    ) -> None:
+        """``within``: the run directory the file must lie in, every link resolved
+        (:class:`~meshprof.rundir.confine.OutsideRunDirError` otherwise)."""
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, FILE_MODE)
+        if within is not None:
+            make_dirs(within, self.path.parent)
+        else:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | _NOFOLLOW, FILE_MODE)
 
     def write(self, rec: RankLive) -> Path:
         data = json.dumps(rec.to_dict()).encode("utf-8")
@@ -117,7 +126,7 @@ def append_alert(run_dir: str | os.PathLike[str], alert: Alert) -> None:
     path = live_dir(run_dir) / ALERTS_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     line = (json.dumps(alert.to_dict()) + "\n").encode("utf-8")
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, FILE_MODE)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | _NOFOLLOW, FILE_MODE)
     try:
         os.write(fd, line)
     finally:

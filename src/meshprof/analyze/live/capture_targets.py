@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from meshprof.analyze.live.alert_config import RULES
 from meshprof.errors import MeshprofError
 from meshprof.layout import Layout
-from meshprof.records.captures import MAX_CAPTURE_STEPS
+from meshprof.records.captures import MAX_CAPTURE_STEPS, MAX_TIMEOUT_S
 from meshprof.records.live import LiveSnapshot, RankLive
 
 TRIGGERS: dict[str, tuple[str, ...]] = {
@@ -72,8 +72,10 @@ class CaptureConfig:
             raise MeshprofError(f"--capture-max-per-hour {self.max_per_hour}: must be >= 1")
         if self.max_bytes < 1:
             raise MeshprofError(f"--capture-max-bytes {self.max_bytes}: must be positive")
-        if not self.timeout_s > 0:
-            raise MeshprofError(f"--capture-timeout {self.timeout_s}: must be > 0 seconds")
+        if not 0 < self.timeout_s <= MAX_TIMEOUT_S:
+            raise MeshprofError(
+                f"--capture-timeout {self.timeout_s}: expected 0 to {MAX_TIMEOUT_S:g} seconds"
+            )
 
     @property
     def enabled(self) -> bool:
