@@ -131,6 +131,18 @@ class Members(Sequence[int]):
         return f"Members({list(r)!r})"
 
 
+MAX_NAMED_RANKS = 1 << 17
+"""The most ranks a live view or a hang diagnosis enumerates from a claimed world size (131,072:
+past the largest jobs meshprof is measured on), to name the ranks that did not answer: a live
+record or a dump claiming 16 million ranks costs this, not one entry per claimed rank."""
+
+
+def named_world(world: int) -> range:
+    """The ranks of a claimed ``world`` that may be enumerated one by one
+    (``range(min(world, MAX_NAMED_RANKS))``)."""
+    return range(max(0, min(int(world), MAX_NAMED_RANKS)))
+
+
 def check_ranks(ranks: Iterable[object], where: str) -> None:
     """:class:`RecordError` naming ``where`` unless every one of ``ranks`` is an int rank in
     [0, :data:`MAX_WORLD_SIZE`)."""
@@ -138,6 +150,18 @@ def check_ranks(ranks: Iterable[object], where: str) -> None:
         if not (isinstance(r, int) and not isinstance(r, bool) and 0 <= r < MAX_WORLD_SIZE):
             shown = repr(r) if len(repr(r)) <= 40 else repr(r)[:37] + "..."
             raise RecordError(f"{where}: {shown} is not a rank (0 to {MAX_WORLD_SIZE - 1:,})")
+
+
+def check_world(value: object, where: str, low: int = -1) -> None:
+    """:class:`RecordError` naming ``where`` unless ``value`` is None or an int in [``low``,
+    :data:`MAX_WORLD_SIZE`] (a world size, a rank, a count of ranks or nodes read from a file:
+    -1 is "unknown")."""
+    if value is None or (
+        isinstance(value, int) and not isinstance(value, bool) and low <= value <= MAX_WORLD_SIZE
+    ):
+        return
+    shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+    raise RecordError(f"{where}: {shown} is not a number of ranks ({low} to {MAX_WORLD_SIZE:,})")
 
 
 def _canonical(r: range) -> range:
@@ -168,4 +192,12 @@ def _compact(ranks: Iterable[int]) -> range | tuple[int, ...]:
     return t
 
 
-__all__ = ["LISTED_UP_TO", "MAX_WORLD_SIZE", "Members", "check_ranks"]
+__all__ = [
+    "LISTED_UP_TO",
+    "MAX_NAMED_RANKS",
+    "MAX_WORLD_SIZE",
+    "Members",
+    "check_ranks",
+    "check_world",
+    "named_world",
+]

@@ -105,7 +105,7 @@ def _summary(rep: RunReport) -> str:
         f"<li><code>{_E(str(k))}</code>: {_E(json.dumps(v, default=str)[:300])}</li>"
         for k, v in md.items()
     )
-    probs = "".join(f'<li class="warn">rank {p.rank}: {_E(p.reason)}</li>' for p in rep[PROBLEMS])
+    probs = "".join(f'<li class="warn">{p.label}: {_E(p.reason)}</li>' for p in rep[PROBLEMS])
     sampling = rep.get(SAMPLING)
     sampled = (
         f'<p class="warn" id="sampling">{_E(sampling_line(sampling))}</p>'

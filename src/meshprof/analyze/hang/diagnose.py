@@ -31,6 +31,7 @@ from typing import Any
 from meshprof.analyze.hang.stacks import StackClusters, cluster_stacks
 from meshprof.errors import MeshprofError
 from meshprof.records.finding import Finding, FindingKind, Severity
+from meshprof.records.members import named_world
 from meshprof.rundir.hang_dumps import Collective, RankState, load_dumps
 
 # Ops whose per-rank input size must agree across the group (others may differ legitimately).
@@ -500,7 +501,7 @@ def diagnose_states(
         if key in seen:
             continue
         seen.add(key)
-        members = list(groups.get(c.group) or range(world))
+        members = list(groups.get(c.group) or named_world(world))
         entered = {
             r: x
             for r in members
@@ -584,7 +585,7 @@ def diagnose_states(
         if mm is not None:
             seen.add((g, seq))
             order = (
-                _order_finding(g, seq, states, list(groups.get(g) or range(world)))
+                _order_finding(g, seq, states, list(groups.get(g) or named_world(world)))
                 if mm.kind == "op_mismatch"
                 else None
             )
@@ -593,7 +594,8 @@ def diagnose_states(
             break  # later seqs of a desynced group only repeat it
     ordered, root = order_by_cause(findings, states)
     stacks = cluster_stacks(
-        {r: st.where for r, st in states.items()}, [r for r in range(world) if r not in states]
+        {r: st.where for r, st in states.items()},
+        [r for r in named_world(world) if r not in states],
     )
     return HangDiagnosis(
         directory,
