@@ -21,10 +21,11 @@ class TooLargeError(OSError):
 
 
 def read_bytes(
-    path: str | os.PathLike[str], max_bytes: int = MAX_JSON_BYTES, *, follow: bool = True
+    path: str | os.PathLike[str], max_bytes: int | None = MAX_JSON_BYTES, *, follow: bool = True
 ) -> bytes:
     """The bytes of ``path``: a regular file of at most ``max_bytes`` (``OSError`` otherwise;
-    :class:`TooLargeError` when larger). ``follow=False``: a symbolic link is refused too."""
+    :class:`TooLargeError` when larger; None: any size, what the disk holds).
+    ``follow=False``: a symbolic link is refused too."""
     flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
     if not follow:
         flags |= getattr(os, "O_NOFOLLOW", 0)
@@ -33,7 +34,9 @@ def read_bytes(
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise OSError(f"{path}: not a regular file")
-        if st.st_size > max_bytes:
+        if max_bytes is None:
+            max_bytes = st.st_size  # (a regular file: what it holds now)
+        elif st.st_size > max_bytes:
             raise TooLargeError(f"{path}: {st.st_size:,} bytes, more than the {max_bytes:,} read")
         chunks = []
         left = max_bytes + 1
@@ -43,12 +46,17 @@ def read_bytes(
                 break
             chunks.append(b)
             left -= len(b)
-        data = b"".join(chunks)
-        if len(data) > max_bytes:  # (it grew while read)
-            raise TooLargeError(f"{path}: more than the {max_bytes:,} bytes read")
-        return data
+        return b"".join(chunks)[:max_bytes]  # (a file that grew while read: what it held)
     finally:
         os.close(fd)
+
+
+def is_regular(path: str | os.PathLike[str]) -> bool:
+    """``path`` is (or links to) a regular file: not a FIFO, a device, a folder."""
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        return False
 
 
 def loads(text: str | bytes) -> Any:
@@ -60,10 +68,17 @@ def loads(text: str | bytes) -> Any:
 
 
 def read_json(
-    path: str | os.PathLike[str], max_bytes: int = MAX_JSON_BYTES, *, follow: bool = True
+    path: str | os.PathLike[str], max_bytes: int | None = MAX_JSON_BYTES, *, follow: bool = True
 ) -> Any:
     """The JSON value in ``path`` (:func:`read_bytes`, UTF-8, :func:`loads`)."""
     return loads(read_bytes(path, max_bytes, follow=follow).decode("utf-8"))
 
 
-__all__ = ["MAX_JSON_BYTES", "TooLargeError", "loads", "read_bytes", "read_json"]
+__all__ = [
+    "MAX_JSON_BYTES",
+    "TooLargeError",
+    "is_regular",
+    "loads",
+    "read_bytes",
+    "read_json",
+]

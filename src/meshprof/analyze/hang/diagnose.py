@@ -473,6 +473,9 @@ def _descends(i: int, root: int, parent: list[int | None]) -> bool:
 def diagnose_hang(directory: str | os.PathLike[str]) -> HangDiagnosis:
     """Read the dumps in ``directory`` and say what went wrong (see the module docstring)."""
     d, states, problems = load_dumps(directory)
+    if not states and problems:
+        more = f"; and {len(problems) - 1} more" if len(problems) > 1 else ""
+        raise MeshprofError(f"{d}: no usable hang dump ({problems[0]}{more})")
     if not states:
         raise MeshprofError(f"{d}: no hang dumps (rank*.json or fr_rank*.json) found")
     return diagnose_states(states, str(d), tuple(problems))
