@@ -74,7 +74,13 @@ class CaseTimeout(BaseException):
 # -- the cases ------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def base(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    return build_runs(tmp_path_factory.mktemp("fuzz-base"))
+    runs = build_runs(tmp_path_factory.mktemp("fuzz-base"))
+    # every command once here, so that each case's child inherits the imports (duckdb, pyarrow,
+    # the report's stages) instead of paying them again
+    out = tmp_path_factory.mktemp("fuzz-warm")
+    for case in ({"command": c} for c in ("report", "query", "export", "top", "hang", "diff")):
+        _command(case, runs["seg"], runs["npz"], out)
+    return runs
 
 
 def _files(base: dict[str, Path], kind: str) -> list[tuple[str, str]]:
@@ -247,6 +253,9 @@ def _child(
         raise CaseTimeout
 
     signal.signal(signal.SIGALRM, on_alarm)
+    cwd = work / "cwd" / "a" / "b"  # ("../../escaped" in a file, taken as a path, lands in sight)
+    cwd.mkdir(parents=True)
+    os.chdir(cwd)
     with contextlib.suppress(OSError, ValueError):
         used = _address_space()
         _soft, hard = resource.getrlimit(resource.RLIMIT_AS)
@@ -326,6 +335,7 @@ def test_damaged_files_get_a_clear_answer(base: dict[str, Path], tmp_path: Path,
     (outside / "sentinel.json").write_text('{"world_size": 4}')
     work = tmp_path / "work"
     work.mkdir()
+    escaped_before = Path("/tmp/escaped").exists()
     results, started = [], None
     timeout = TIME_BOUND * 2 + 30 * len(cases)
     for line in _in_child(lambda fd: _child(cases, base, work, outside, fd), timeout):
@@ -343,3 +353,5 @@ def test_damaged_files_get_a_clear_answer(base: dict[str, Path], tmp_path: Path,
         for r in bad
     )
     assert sorted(os.listdir(tmp_path)) == ["outside", "work"]  # nothing beside the cases
+    assert _tree(work) == {"cwd": "dir", "cwd/a": "dir", "cwd/a/b": "dir"}
+    assert escaped_before or not Path("/tmp/escaped").exists()
