@@ -248,6 +248,7 @@ def options_from_args(args: argparse.Namespace, argv: list[str] | None = None) -
         alerts=alert_config_from_args(args),
         capture=capture_config_from_args(args),
         capture_agent=not args.no_capture,
+        requests_from_any_user=args.requests_from_any_user,
         hang_action=args.hang_action,
         step_detect=args.step_detect,
         max_events=_number(args.max_events, "--max-events", int)
@@ -332,7 +333,7 @@ def run_result_dict(result: LaunchResult) -> dict[str, Any]:
         run_ = load_run(result.run_dir)
         out["manifest"] = run_.manifest.to_dict()
         out["ranks"] = _rank_rows(run_)
-        out["problems"] = {str(r): p for r, p in run_.problems.items()}
+        out["problems"] = {_rank_key(e.first, e.last): e.reason for e in run_.problems.entries()}
         out["stats"] = _merged_stats(run_).to_dict()
     except MeshprofError as e:
         out["error"] = str(e)
@@ -428,8 +429,8 @@ def print_run_summary(run_dir: Path, report: bool = True) -> None:
             f"{ex.get('how', '?')} {ex.get('code', '')}".strip(),
         )
     console.print(t)
-    for r, why in sorted(run_.problems.items()):
-        console.print(f"[yellow]rank {r}: {why}[/]")
+    for e in run_.problems.entries():
+        console.print(f"[yellow]rank {_rank_key(e.first, e.last)}: {e.reason}[/]")
     if not report:
         return
     try:
@@ -444,3 +445,8 @@ def print_run_summary(run_dir: Path, report: bool = True) -> None:
             f"[yellow]cross-rank report unavailable ({type(e).__name__}: {e}); merged statistics:[/]"
         )
         print_stats(_merged_stats(run_), console, header="all ranks")
+
+
+def _rank_key(first: int, last: int) -> str:
+    """``"3"`` for one rank, ``"4-99"`` for consecutive ranks."""
+    return str(first) if last == first else f"{first}-{last}"

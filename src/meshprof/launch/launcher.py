@@ -108,6 +108,7 @@ def worker_env(
         step_detect=opts.step_detect,
         live_interval_s=float(opts.live_interval_s),
         capture=opts.capture_agent,
+        capture_limits=opts.capture_limits,
         max_events=opts.max_events,
         layout=env.get(ENV_LAYOUT, ""),
         run_id=run_id,

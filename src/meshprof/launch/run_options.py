@@ -11,6 +11,7 @@ from meshprof.analyze.live.capture_targets import CaptureConfig
 from meshprof.errors import MeshprofError
 from meshprof.live.otel.settings import OtlpSettings
 from meshprof.monitor.step_detect import STEP_DETECT_MODES
+from meshprof.records.captures import CaptureLimits
 
 _NNODES_RE = re.compile(r"^\d+(:\d+)?$")
 
@@ -56,6 +57,20 @@ class RunOptions:
     capture_agent: bool = True
     """Every rank answers ``meshprof capture`` and ``meshprof stacks`` (False: ``--no-capture``,
     no agent thread in the workers)."""
+    requests_from_any_user: bool = False
+    """The ranks take capture and stacks requests written by any user who can write the run
+    directory (``--requests-from-any-user``); by default only the job's own user's."""
+
+    @property
+    def capture_limits(self) -> CaptureLimits:
+        """What requests may ask of the ranks: the captures' disk budget, at most
+        max(12, ``--capture-max-per-hour``) captures an hour per rank, whose requests."""
+        return CaptureLimits(
+            max_bytes=self.capture.max_bytes,
+            max_per_hour=max(CaptureLimits().max_per_hour, self.capture.max_per_hour),
+            any_user=self.requests_from_any_user,
+        )
+
     max_events: int | None = None
     """Ring-buffer capacity of each rank's recorder (None: the recorder's default)."""
     metrics_port: int | None = None

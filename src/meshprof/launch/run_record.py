@@ -235,7 +235,10 @@ def finish_manifest(
                 failed = [c for _, c in sorted(rank_codes.items()) if c != 0]
                 if failed:
                     code = failed[0] if failed[0] > 0 else 128 - failed[0]
-        changes["missing_ranks"] = {str(r): why for r, why in sorted(run.problems.items())}
+        changes["missing_ranks"] = {
+            str(e.first) if e.last == e.first else f"{e.first}-{e.last}": e.reason
+            for e in run.problems.entries()
+        }
     else:
         rank_codes = {r: w.exit_code for r, w in exits.items()}
         signals = {r: n for r, w in exits.items() if (n := w.signal)}

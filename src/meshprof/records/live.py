@@ -11,6 +11,7 @@ from typing import Any
 
 from meshprof.records.codec import dataclass_to_json, from_json, json_key
 from meshprof.records.finding import Finding, Severity
+from meshprof.records.members import check_world
 
 LIVE_FORMAT = "meshprof-live/1"
 
@@ -171,6 +172,11 @@ class RankLive:
     ledger_wall_ns: int = 0
     """Wall time the ledger covers: from when the rank started recording (or its first step,
     when earlier) to the end of its last completed step (to the last record once ended), ns."""
+
+    def __post_init__(self) -> None:
+        """The rank and world size a record claims are checked when it is read."""
+        check_world(self.rank, "live.rank", low=0)
+        check_world(self.world_size, "live.world_size")
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON record."""

@@ -11,7 +11,7 @@ from typing import Any
 
 from meshprof.records.codec import RecordError, json_key
 from meshprof.records.json_record import JsonRecord
-from meshprof.records.members import Members
+from meshprof.records.members import Members, check_world
 from meshprof.records.storage import StorageInfo
 
 RANK_FORMAT = "meshprof-rank/1"
@@ -320,6 +320,13 @@ class RankMeta(JsonRecord):
     storage: StorageInfo | None = None
     """How the rank's recording was stored (segment files): written, rotated out, and why
     writing stopped if it did."""
+
+    def __post_init__(self) -> None:
+        """The ranks and world size a meta claims are checked when it is read."""
+        check_world(self.rank, "meta.rank")
+        check_world(self.world_size, "meta.world_size")
+        check_world(self.local_rank, "meta.local_rank")
+        check_world(self.node_rank, "meta.node_rank")
 
 
 __all__ = [

@@ -106,7 +106,7 @@ def _summary(rep: RunReport) -> str:
     meta = "".join(
         f"<li><code>{_E(str(k))}</code>: {_E(fmt_nested(v, str(k)))}</li>" for k, v in md.items()
     )
-    probs = "".join(f'<li class="warn">rank {p.rank}: {_E(p.reason)}</li>' for p in rep[PROBLEMS])
+    probs = "".join(f'<li class="warn">{p.label}: {_E(p.reason)}</li>' for p in rep[PROBLEMS])
     sampling = rep.get(SAMPLING)
     sampled = (
         f'<p class="warn" id="sampling">{_E(sampling_line(sampling))}</p>'

@@ -245,10 +245,15 @@ def run_tables(
 
     clock_of = {c.rank: c for c in clock.ranks}
     ev_count = {r: by_rank.count(r) for r in run.ranks}
-    all_ranks = sorted(set(run.ranks) | set(run.problems))
+    entries = {e.first: e for e in run.problems.entries()}  # (missing ranks: one row a span)
+    all_ranks = sorted(set(run.ranks) | set(entries))
     ranks_t = pa.table(
         {
             "rank": pa.array(all_ranks, type=pa.int32()),
+            "last_rank": pa.array(
+                [entries[r].last if r in entries and r not in run.ranks else r for r in all_ranks],
+                type=pa.int32(),
+            ),
             "host": pa.array(
                 [
                     str(run.ranks[r].meta.hostname or "") if r in run.ranks else None
@@ -257,7 +262,9 @@ def run_tables(
                 type=pa.string(),
             ),
             "loaded": pa.array([r in run.ranks for r in all_ranks]),
-            "problem": pa.array([run.problems.get(r) for r in all_ranks], type=pa.string()),
+            "problem": pa.array(
+                [entries[r].reason if r in entries else None for r in all_ranks], type=pa.string()
+            ),
             "clock_offset_ns": pa.array(
                 [clock_of[r].offset_ns if r in clock_of else None for r in all_ranks],
                 type=pa.int64(),

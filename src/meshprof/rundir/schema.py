@@ -32,6 +32,7 @@ from pathlib import Path
 from meshprof.layout import Layout, names_refute_pure_dp
 from meshprof.records.json_record import JsonRecord
 from meshprof.records.manifest import RUN_FORMAT, Manifest
+from meshprof.records.members import MAX_WORLD_SIZE
 from meshprof.records.rank_meta import RANK_FORMAT, ExitStatus, RankMeta
 
 MANIFEST = "manifest.json"
@@ -42,6 +43,9 @@ RANK_FILE_RE = re.compile(r"^rank(\d+)\.npz$")
 """Names of rank files; group 1 is the rank."""
 RANK_DIR_RE = re.compile(r"^rank(\d+)$")
 """Names of rank folders (segments); group 1 is the rank."""
+_RANK_DIGITS = 9
+"""A rank in a name has at most this many digits (``rank99999999999999999999`` is no rank:
+names past :data:`~meshprof.records.members.MAX_WORLD_SIZE` are not a rank's)."""
 
 
 def rank_file(run_dir: str | Path, rank: int) -> Path:
@@ -63,11 +67,24 @@ def rank_entries(run_dir: str | Path) -> list[tuple[int, Path]]:
     except OSError:
         return []
     for p in entries:
-        if (m := RANK_DIR_RE.match(p.name)) is not None and p.is_dir():
-            found[int(m.group(1))] = p
-        elif (m := RANK_FILE_RE.match(p.name)) is not None:
-            found.setdefault(int(m.group(1)), p)
+        folder = RANK_DIR_RE.match(p.name)
+        m = folder or RANK_FILE_RE.match(p.name)
+        r = rank_of_name(m.group(1)) if m is not None else None
+        if r is None:
+            continue
+        if folder is not None and p.is_dir():
+            found[r] = p
+        elif folder is None:
+            found.setdefault(r, p)
     return sorted(found.items())
+
+
+def rank_of_name(digits: str) -> int | None:
+    """The rank a file name's digits say (``"00003"`` -> 3); None for a number no rank can
+    be (past :data:`~meshprof.records.members.MAX_WORLD_SIZE`)."""
+    if len(digits) > _RANK_DIGITS or int(digits) >= MAX_WORLD_SIZE:
+        return None
+    return int(digits)
 
 
 def node_record_path(run_dir: str | Path, node_id: str) -> Path:
@@ -162,5 +179,6 @@ __all__ = [
     "rank_dir",
     "rank_entries",
     "rank_file",
+    "rank_of_name",
     "resolve_layout",
 ]

@@ -43,7 +43,9 @@ from pathlib import Path
 import numpy as np
 
 from meshprof.events import EVENT_DTYPE, MEMORY_DTYPE, SPAN_DTYPE, STEP_TOTALS_DTYPE
+from meshprof.records.codec import RecordError
 from meshprof.records.storage import SEGMENT_FORMAT, SegmentHeader
+from meshprof.rundir.json_file import read_bytes
 from meshprof.rundir.schema import RANK_DIR_RE, rank_dir
 
 TICK_S = 0.5
@@ -241,7 +243,7 @@ def parse_header(kind: int, payload: memoryview, name: str) -> tuple[SegmentHead
         return None, f"{name}: no segment header"
     try:
         header = SegmentHeader.from_dict(json.loads(bytes(payload)), name)
-    except (ValueError, TypeError) as e:
+    except (ValueError, TypeError, RecursionError, RecordError) as e:
         return None, f"{name}: damaged segment header ({e})"
     want = {n: dtype_text(dt) for n, dt in DTYPES.items()}
     if header.format != SEGMENT_FORMAT or (header.dtypes or {}) != want:
@@ -254,7 +256,7 @@ def read_chunks(path: Path) -> FileChunks:
     header names another layout is not read (its ``problem`` says why)."""
     out = FileChunks()
     try:
-        data = memoryview(path.read_bytes())
+        data = memoryview(read_bytes(path, None))  # (a regular file: not a link to /dev/zero)
     except OSError as e:
         out.problem = f"{path.name}: {e.strerror or e}"
         return out
@@ -350,7 +352,7 @@ def read_cursor(files: RankFiles) -> tuple[int, int] | None:
     if files.cursor is None:
         return None
     try:
-        data = files.cursor.read_bytes()
+        data = read_bytes(files.cursor, 1 << 16)
     except OSError:
         return None
     if len(data) < CURSOR.size:

@@ -248,7 +248,7 @@ class LivePublisher:
                 self.counters.fold(reading.chunks if reading is not None else None)
                 rec = self.build(reading)
                 if self._writer is None or self._writer.path != live_file(self.run_dir, rec.rank):
-                    self._writer = LiveWriter(live_file(self.run_dir, rec.rank))
+                    self._writer = LiveWriter(live_file(self.run_dir, rec.rank), self.run_dir)
                 path = self._writer.write(rec)
                 self.publishes += 1
                 return path

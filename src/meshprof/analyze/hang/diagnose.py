@@ -33,6 +33,7 @@ from meshprof.analyze.hang.stacks import cluster_stacks
 from meshprof.analyze.hang.types import HangDiagnosis, HangFinding, RootCause, fmt_ranks, where_of
 from meshprof.errors import MeshprofError
 from meshprof.records.finding import FindingKind
+from meshprof.records.members import named_world
 from meshprof.rundir.hang_dumps import Collective, RankState, load_dumps
 
 # Ops whose per-rank input size must agree across the group (others may differ legitimately).
@@ -129,6 +130,9 @@ def _order_finding(
 def diagnose_hang(directory: str | os.PathLike[str]) -> HangDiagnosis:
     """Read the dumps in ``directory`` and say what went wrong (see the module docstring)."""
     d, states, problems = load_dumps(directory)
+    if not states and problems:
+        more = f"; and {len(problems) - 1} more" if len(problems) > 1 else ""
+        raise MeshprofError(f"{d}: no usable hang dump ({problems[0]}{more})")
     if not states:
         raise MeshprofError(f"{d}: no hang dumps (rank*.json or fr_rank*.json) found")
     return diagnose_states(states, str(d), tuple(problems))
@@ -157,7 +161,7 @@ def diagnose_states(
         if key in seen:
             continue
         seen.add(key)
-        members = list(groups.get(c.group) or range(world))
+        members = list(groups.get(c.group) or named_world(world))
         entered = {
             r: x
             for r in members
@@ -241,7 +245,7 @@ def diagnose_states(
         if mm is not None:
             seen.add((g, seq))
             order = (
-                _order_finding(g, seq, states, list(groups.get(g) or range(world)))
+                _order_finding(g, seq, states, list(groups.get(g) or named_world(world)))
                 if mm.kind == "op_mismatch"
                 else None
             )
@@ -250,7 +254,8 @@ def diagnose_states(
             break  # later seqs of a desynced group only repeat it
     ordered, root = order_by_cause(findings, states)
     stacks = cluster_stacks(
-        {r: st.where for r, st in states.items()}, [r for r in range(world) if r not in states]
+        {r: st.where for r, st in states.items()},
+        [r for r in named_world(world) if r not in states],
     )
     return HangDiagnosis(
         directory,

@@ -8,7 +8,7 @@ import dataclasses
 from meshprof.analyze.run.clock import ClockAlignment
 from meshprof.analyze.run.match import MatchSummary
 from meshprof.analyze.run.stragglers import StragglerReport
-from meshprof.analyze.run.types import MemoryImbalance, RunFinding
+from meshprof.analyze.run.types import MemoryImbalance, RankProblem, RunFinding
 from meshprof.records.finding import FindingKind, Severity
 from meshprof.rundir.storage_notes import StorageNote
 
@@ -20,7 +20,7 @@ same default as :class:`meshprof.analyze.steps.rules.BottleneckThresholds.memory
 def find_findings(
     stragglers: StragglerReport,
     memory: MemoryImbalance,
-    problems: tuple[tuple[int, str], ...],
+    problems: tuple[RankProblem, ...],
     clock: ClockAlignment,
     match: MatchSummary,
     manifest_state: str = "ok",
@@ -62,14 +62,14 @@ def find_findings(
                 evidence=dataclasses.asdict(memory),
             )
         )
-    for r, why in problems:
+    for p in problems:
         out.append(
             RunFinding(
                 kind=FindingKind.MISSING_RANK,
                 severity=Severity.WARNING,
-                title=f"rank {r} not analyzed: {why}",
-                ranks=(r,),
-                evidence={"rank": r, "reason": why},
+                title=f"{p.label} not analyzed: {p.reason}",
+                ranks=(p.rank,),
+                evidence=p.to_dict(),
             )
         )
     for note in storage:

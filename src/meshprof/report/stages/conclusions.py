@@ -25,8 +25,12 @@ SUMMARY: Key[RunSummary] = Key("summary")
 
 @stage(PROBLEMS)
 def problems(run: LoadedRun) -> tuple[RankProblem, ...]:
-    """The ranks whose file is missing or damaged, by rank."""
-    return tuple(RankProblem(r, why) for r, why in sorted(run.problems.items()))
+    """The ranks whose file is missing or damaged, by rank (consecutive missing ranks: one
+    entry)."""
+    return tuple(
+        RankProblem(e.first, e.reason, e.last if e.last > e.first else None)
+        for e in run.problems.entries()
+    )
 
 
 @stage(FINDINGS, section=False)
@@ -42,7 +46,7 @@ def findings(
     return find_findings(
         stragglers,
         memory,
-        tuple((p.rank, p.reason) for p in problems),
+        problems,
         clock,
         collectives,
         run.manifest_state,
