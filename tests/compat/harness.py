@@ -103,12 +103,14 @@ def _launch(cmd: list[str], out: Path, env: dict[str, str], timeout: float, cwd:
 
 
 def meshprof_report(run_dir: Path) -> dict[str, Any]:
-    """``meshprof report DIR --json``, through the CLI's own entry point."""
+    """``meshprof report DIR --json --steps all``, through the CLI's own entry point: the whole
+    run, whatever regime change a loaded machine shows (the checks compare every framework step;
+    by default the report analyses the latest regime only)."""
     from meshprof.cli import main
 
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
-        code = main(["report", str(run_dir), "--json"])
+        code = main(["report", str(run_dir), "--json", "--steps", "all"])
     assert code == 0, buf.getvalue()[-2000:]
     return dict(json.loads(buf.getvalue()))
 
