@@ -1,0 +1,282 @@
+"""Completions the record contradicts, found and repaired before the what-if replays them
+(:mod:`meshprof.analyze.run.replay_record`).
+
+A recorder notices a completion when something looks: the caller's wait (exact), a poller (late
+by its period, and by milliseconds on a loaded machine), or the rank's next call (a completion
+seen only when the rank's next blocking op, or its next pipeline exchange, ends). The job's
+timing is the same; the record is not, and the replay takes a recorded completion as the time
+the op's members could go on: a late one pins every later event of the rank — and of every rank
+that waits for it — to the recorded time, and hides the compute of whoever the op waited for.
+What the record itself says against such a completion (aligned clock, ns):
+
+- **seen after the next issue** — a collective issued blocking (its flags say so: not
+  ``async_op``, not timed on the device) was waited for before its caller's next call, so it
+  completed no later than the rank's next issue (the step's end after its last): a completion
+  recorded later is *capped* there;
+- **transfer far above its group's usual one** — a collective's *transfer* is its members'
+  earliest completion (after the caps) minus its release (its last arrival, see
+  :mod:`.replay`); its group's *usual* transfer is the median over the replayed collectives of
+  the same group, op and size, and a transfer more than :data:`FAR_FACTOR` × that and
+  :data:`FAR_MIN_NS` (and 8 robust standard deviations of them) above it is *far* above. A
+  member completing far after its collective's transfer (or capped) was seen late: it is
+  *retimed* to the release + the collective's transfer (its usual one when that too is far
+  above), and no later than its next issue where it was waited for there — a blocking op; with
+  no flags, an op whose next issue came after the release + the fastest usual transfer (the
+  5th percentile), so that it could have completed by then;
+- **a join the op's own flags deny** — a blocking collective is joined (waited for) at its
+  chain's next event, whatever its completion says (see ``replay_record._joins``).
+
+Members of matched collectives only (a send/recv pair counts as a collective of two); an
+unmatched op keeps its record. What was repaired is counted in :class:`RecordCheck`; the
+members of a collective whose transfer is far above its usual one and whose group has fewer
+than :data:`MIN_USUAL` usual transfers cannot be repaired (``unrepaired``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from meshprof.analyze.compute.grouped import group_spread, grouped_median, robust_group_spread
+from meshprof.analyze.compute.sorting import unique_inverse
+
+FAR_FACTOR = 2.0
+"""A transfer is far above its group's usual one when it exceeds it by this many times it
+(and by :data:`FAR_MIN_NS`)."""
+FAR_MIN_NS = 50_000
+"""... and by at least this much (ns): a few tens of µs is the noise of a transfer."""
+MIN_USUAL = 3
+"""Collectives of a (group, op, size) needed to say what its usual transfer is."""
+_I64_MAX = int(np.iinfo(np.int64).max)
+
+
+@dataclass(frozen=True, slots=True)
+class RecordCheck:
+    """What the what-if found wrong in the record and what it did (counts of replayed
+    members: one rank's event in a replayed step)."""
+
+    members: int = 0
+    """Members replayed."""
+    capped: int = 0
+    """Blocking collectives seen to complete after the rank's next issue: capped there."""
+    retimed: int = 0
+    """Members seen to complete far after their collective's transfer (or capped), set to its
+    release + that transfer (its group's usual one when that too was far above)."""
+    far_collectives: int = 0
+    """Collectives whose transfer was far above their group's usual one."""
+    unrepaired: int = 0
+    """Members seen late that no usual transfer could repair (their group has too few
+    collectives to say what is usual): kept as recorded."""
+    undecided: int = 0
+    """Without flags: collectives never seen to complete before their rank's next issue at
+    their program position (:func:`never_before_next`): async ops in flight across it, or
+    blocking ones the recorder saw late — the record cannot tell."""
+    reading: str = "waited"
+    """How the undecided ones were read: "waited" (as blocking ops seen late: waited for at
+    the next issue, their completion capped there) or "recorded" (as in flight across it,
+    their completion as recorded)."""
+
+    @property
+    def contradicted(self) -> int:
+        """Members whose recorded completion the record contradicts."""
+        return self.retimed + self.unrepaired
+
+    def __add__(self, o: RecordCheck) -> RecordCheck:
+        return RecordCheck(
+            self.members + o.members,
+            self.capped + o.capped,
+            self.retimed + o.retimed,
+            self.far_collectives + o.far_collectives,
+            self.unrepaired + o.unrepaired,
+            self.undecided + o.undecided,
+            self.reading,
+        )
+
+
+def next_issue(a0: np.ndarray, chain: np.ndarray, c_end: np.ndarray) -> np.ndarray:
+    """Per member (sorted by chain, then issue): its chain's next issue, or the chain's end for
+    the last member (int64 ns)."""
+    n = len(a0)
+    out = c_end[chain].astype(np.int64)
+    if n > 1:
+        same = chain[1:] == chain[:-1]
+        out[:-1] = np.where(same, a0[1:], out[:-1])
+    return out
+
+
+def cap_blocking(e0: np.ndarray, nxt: np.ndarray, blocking: np.ndarray | None) -> np.ndarray:
+    """``e0`` capped in place at ``nxt`` where ``blocking`` (a collective its caller waited
+    for); returns the capped members (bool)."""
+    if blocking is None:
+        return np.zeros(len(e0), dtype=bool)
+    capped = blocking & (e0 > nxt)
+    np.copyto(e0, nxt, where=capped)
+    return capped
+
+
+def blocking_members(
+    is_async: np.ndarray | None, peer: np.ndarray, rows: np.ndarray
+) -> np.ndarray | None:
+    """bool [member]: a collective its caller waited for before its next call (flags known,
+    neither async nor device-timed; not a send/recv: an ``isend``/``irecv`` is recorded
+    without the async flag); None when the flags are unknown."""
+    if is_async is None:
+        return None
+    return ~is_async[rows] & (peer[rows] < 0)
+
+
+def retime(
+    e0: np.ndarray,
+    rel: np.ndarray,
+    coll: np.ndarray,
+    waiting: np.ndarray,
+    key: np.ndarray,
+    nxt: np.ndarray,
+    capped: np.ndarray,
+    blocking: np.ndarray | None,
+    known: bool = True,
+    undecided: int = 0,
+    reading: str = "waited",
+) -> RecordCheck:
+    """Members seen late retimed in place (``e0``, see the module docstring). ``rel``: each
+    member's collective's release; ``coll``: its collective's code (matched ones only, others
+    -1); ``waiting``: it completes after the release (not an eager send, not alone); ``key``:
+    its (group, op, size) code; ``nxt``: :func:`next_issue`; ``capped``: :func:`cap_blocking`'s
+    result; ``blocking``: :func:`blocking_members` (``known``), or the ops found waited for
+    without flags (:func:`tied_to_next`)."""
+    n = len(e0)
+    use = np.flatnonzero(waiting & (coll >= 0))
+    if not len(use):
+        return RecordCheck(
+            members=n, capped=int(capped.sum()), undecided=undecided, reading=reading
+        )
+    cu, c_of = unique_inverse(coll[use].astype(np.int64))
+    nc = len(cu)
+    t = e0[use] - rel[use]
+    tc = np.full(nc, _I64_MAX, dtype=np.int64)
+    np.minimum.at(tc, c_of, t)
+    k_c = np.zeros(nc, dtype=np.int64)
+    k_c[c_of] = key[use]
+    ku, k_of = unique_inverse(k_c)
+    usual, spread, fast, enough = _usual(tc, k_of, len(ku))
+    margin = np.maximum(np.maximum(FAR_FACTOR * usual, FAR_MIN_NS), 8 * spread)
+    far_c = enough[k_of] & (tc > usual[k_of] + margin[k_of])
+    ref = np.where(far_c, np.rint(usual[k_of]).astype(np.int64), tc)
+    m_ref = ref[c_of]
+    late = capped[use] | (t > m_ref + margin[k_of][c_of])
+    fixable = late & (~far_c[c_of] | enough[k_of][c_of])
+    unrepaired = int((late & ~fixable).sum())
+    at = use[fixable]
+    new = rel[at] + m_ref[fixable]
+    nx = nxt[at]
+    cap = np.zeros(len(at), dtype=bool) if blocking is None else blocking[at]
+    if not known:  # no flags: waited for at the next issue if it could have completed by then
+        cap |= nx >= rel[at] + np.rint(fast[k_of][c_of][fixable]).astype(np.int64)
+    new = np.where(cap & (new > nx), nx, new)
+    changed = new != e0[at]
+    e0[at] = new
+    return RecordCheck(
+        members=n,
+        capped=int(capped.sum()),
+        retimed=int(changed.sum()),
+        far_collectives=int(far_c.sum()),
+        unrepaired=unrepaired,
+        undecided=undecided,
+        reading=reading,
+    )
+
+
+def tied_to_next(
+    e0: np.ndarray,
+    rel: np.ndarray,
+    waiting: np.ndarray,
+    collective: np.ndarray,
+    chain: np.ndarray,
+    pos: np.ndarray,
+    sig: np.ndarray,
+) -> np.ndarray:
+    """bool [member]: without flags, the collectives whose recorded completion follows the
+    *next* op's release rather than their own: at their program position (the chains of one
+    signature, :func:`~meshprof.analyze.run.replay_chains.chain_signatures`), the completion
+    came after the next member's release on 9 chains in 10 or more, and its time after that
+    release varies (over the chains) less than half as much as its time after its own release,
+    by the standard deviations and the robust spreads, and by more than 1 µs. A completion
+    cannot be caused by a later issue: the recorder saw it when the rank's next op completed
+    (a completion noticed at the rank's next call). Such an op is taken as waited for at its
+    next issue (blocking), like one whose flags say so. ``rel``: each member's release;
+    ``waiting``: it waits for its matched collective's release."""
+    n = len(e0)
+    out = np.zeros(n, dtype=bool)
+    if n < 2:
+        return out
+    m = np.flatnonzero((chain[:-1] == chain[1:]) & waiting[:-1] & waiting[1:] & collective[:-1])
+    if not len(m):
+        return out
+    width = int(pos.max(initial=0)) + 1
+    _, g = unique_inverse(sig[chain[m]].astype(np.int64) * width + pos[m].astype(np.int64))
+    ng = int(g.max(initial=-1)) + 1
+    own = (e0[m] - rel[m]).astype(np.float64)
+    after_next = (e0[m] - rel[m + 1]).astype(np.float64)
+    cnt = np.bincount(g, minlength=ng)
+    later = np.bincount(g, weights=(after_next > 0).astype(np.float64), minlength=ng)
+    ok = (cnt >= 2) & (later >= 0.9 * cnt)
+    ok &= 2 * group_spread(after_next, g, ng) + 1_000 < group_spread(own, g, ng)
+    if ok.any():
+        ok &= 2 * robust_group_spread(after_next, g, ng) + 1_000 < robust_group_spread(own, g, ng)
+    out[m[ok[g]]] = True
+    return out
+
+
+def never_before_next(
+    e0: np.ndarray,
+    nxt: np.ndarray,
+    waiting: np.ndarray,
+    collective: np.ndarray,
+    chain: np.ndarray,
+    pos: np.ndarray,
+    sig: np.ndarray,
+) -> np.ndarray:
+    """bool [member]: the collectives (waiting for their matched release) at program positions
+    where the completion was recorded after the rank's next issue on 9 chains in 10 or more
+    (``nxt``: :func:`next_issue`; the last member of a chain, whose next is the step's end,
+    left out)."""
+    n = len(e0)
+    out = np.zeros(n, dtype=bool)
+    m = np.flatnonzero(waiting & collective & np.r_[chain[:-1] == chain[1:], False])
+    if not len(m):
+        return out
+    width = int(pos.max(initial=0)) + 1
+    _, g = unique_inverse(sig[chain[m]].astype(np.int64) * width + pos[m].astype(np.int64))
+    ng = int(g.max(initial=-1)) + 1
+    cnt = np.bincount(g, minlength=ng)
+    late = np.bincount(g, weights=(e0[m] > nxt[m]).astype(np.float64), minlength=ng)
+    out[m[(late >= 0.9 * cnt)[g]]] = True
+    return out
+
+
+def _usual(
+    tc: np.ndarray, k_of: np.ndarray, nk: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per key: the median transfer of its collectives, their robust standard deviation
+    (1.4826 × MAD), their 5th percentile (the fastest usual one), and whether it has
+    :data:`MIN_USUAL` of them (one sort for every key)."""
+    x = tc.astype(np.float64)
+    usual = np.nan_to_num(grouped_median(x, k_of, nk))
+    spread = robust_group_spread(x, k_of, nk)
+    order = np.lexsort((x, k_of))
+    cnt = np.bincount(k_of, minlength=nk)
+    start = np.cumsum(cnt) - cnt
+    fast = np.zeros(nk)
+    has = cnt > 0
+    fast[has] = x[order][start[has] + (cnt[has] - 1) // 20]
+    return usual, spread, fast, cnt >= MIN_USUAL
+
+
+def transfer_key(table_gid: np.ndarray, op: np.ndarray, size: np.ndarray) -> np.ndarray:
+    """Per member: a code equal for members of the same (group, op, size)."""
+    gid = table_gid.astype(np.int64)
+    o = op.astype(np.int64)
+    s = size.astype(np.int64)
+    _, inv = unique_inverse((gid << 40) ^ (o << 32) ^ (s & 0xFFFFFFFF) ^ ((s >> 32) << 48))
+    return inv
