@@ -18,15 +18,18 @@ from meshprof.analyze.run.replay_repair import (
     RecordCheck,
     blocking_members,
     cap_blocking,
-    never_before_next,
     next_issue,
+    often_after_next,
     retime,
+    retime_leads,
     tied_to_next,
     transfer_key,
 )
 from meshprof.analyze.run.table import EventTable
 
 I64_MIN = int(np.iinfo(np.int64).min)
+SEEN_LATE_OFFSETS = 8
+"""Issues after an op tested as the place it was waited for though seen complete later."""
 MUST_WAIT = SYNC_OPS | {"recv", "recv_object_list", "send", "send_object_list"}
 """Ops none of whose members can complete before the last one arrives (a receive: before its
 send; a send of a rendezvous direction: before its receive — an eager one never waits, see
@@ -89,8 +92,8 @@ def record(
 ) -> Recorded:
     """The recorded gaps, releases, transfer times and tails of the chains' members.
 
-    ``reading`` (a record without flags): "waited" takes the collectives never seen to
-    complete before their rank's next issue as blocking ops the recorder saw late (waited for
+    ``reading`` (a record without flags): "waited" takes the collectives often seen to
+    complete after their rank's next issue as blocking ops the recorder saw late (waited for
     at that issue, the completion capped there), "recorded" as in flight across it (see
     :class:`~meshprof.analyze.run.replay_repair.RecordCheck`; the what-if compares the two:
     :mod:`~meshprof.analyze.run.what_if_checks`).
@@ -116,6 +119,17 @@ def record(
     capped = cap_blocking(e0, nxt, blocking)
     coll, const, first_pair, n_pairs = _collectives(table, match, off, rows)
     lead = _eager_sends(table, match, off, rows, coll, first_pair, n_pairs)
+    # (a send and its receive: one key per direction, whose semantics may differ)
+    peer = table.peer[rows].astype(np.int64)
+    me = table.rank[rows].astype(np.int64)
+    is_send = np.isin(table.op[rows], [i for i, o in enumerate(table.ops) if o.startswith("send")])
+    width = np.int64(max(int(me.max(initial=0)), int(peer.max(initial=0))) + 1)
+    direction = np.where(is_send, me * width + peer, peer * width + me)
+    op_key = np.where(peer >= 0, len(table.ops) + direction, table.op[rows].astype(np.int64))
+    del peer, me, is_send, direction
+    key = transfer_key(table.gid[rows], op_key, table.size_bytes[rows])
+    del op_key
+    lead_late = retime_leads(e0, a0, lead, key, nxt)
     release0 = const.copy()
     np.maximum.at(release0, coll, np.where(lead, e0, a0))
     after_ns = release0[coll]  # (in place: a member array fewer at the peak)
@@ -134,7 +148,7 @@ def record(
     if not known and sig is not None:  # (no flags: the record may still tell)
         coll_m = table.peer[rows] < 0
         blocking = tied_to_next(e0, after_ns, waits & matched, coll_m, ch.chain, pos, sig)
-        open_ = never_before_next(e0, nxt, waits & matched, coll_m, ch.chain, pos, sig)
+        open_ = often_after_next(e0, nxt, waits & matched, coll_m, ch.chain, pos, sig)
         open_ &= ~blocking
         undecided = int(open_.sum())
         if reading == "waited":
@@ -142,18 +156,17 @@ def record(
         del coll_m, open_
         capped = cap_blocking(e0, nxt, blocking)
     # ... and a member seen far after its collective's transfer is retimed
-    p2p = np.int64(len(table.ops))  # (a send and its receive: one key)
-    op_key = np.where(table.peer[rows] >= 0, p2p, table.op[rows].astype(np.int64))
-    key = transfer_key(table.gid[rows], op_key, table.size_bytes[rows])
-    del op_key
+    expected = np.empty_like(e0)
     check = retime(e0, after_ns, np.where(matched, coll, -1), waits, key, nxt, capped, blocking,
-                   known, undecided, reading)  # fmt: skip
+                   known, undecided, reading, expected, lead_late)  # fmt: skip
     del key, nxt, capped, matched
     np.subtract(e0, after_ns, out=after_ns)
     np.copyto(after_ns, e0 - a0, where=~waits)
     flags = None if table.is_async is None else table.is_async[rows]
-    join, joined = _joins(a0, e0, ch, c_first, c_len, sig, flags, table.peer[rows] < 0, blocking)
-    del blocking
+    join, joined = _joins(
+        a0, e0, ch, c_first, c_len, sig, flags, table.peer[rows] < 0, blocking, expected
+    )
+    del blocking, expected
     start_m = ch.c_start[ch.chain]
     # what each member waited for: its previous member's issue and the completions of the
     # earlier members that had completed when it was issued (the step's start for the first)
@@ -192,13 +205,16 @@ def _joins(
     is_async: np.ndarray | None = None,
     collective: np.ndarray | None = None,
     blocking: np.ndarray | None = None,
+    expected: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Each member's join (see :attr:`Recorded.join`) and, per member, the latest completion of
     the earlier members joined at or before it (int64 min when none), by one search over the
     chains laid end to end on one increasing time axis. ``sig``: per chain, a code equal for
     chains of the same program (same ops in the same order): a position's join is then the
     latest one seen there. ``blocking`` (per member, when the flags are known): a collective
-    its caller waited for, joined at the next member whatever its completion says."""
+    its caller waited for, joined at the next member whatever its completion says;
+    ``expected``: the completions the model expects (release + usual transfer), against which
+    a wait is recognized where the recorded completion came late (``_waited_seen_late``)."""
     n = len(a0)
     if not n:
         return np.zeros(0, dtype=index_dtype(0)), np.zeros(0, dtype=np.int64)
@@ -216,7 +232,9 @@ def _joins(
     np.maximum(j, idx + 1, out=j)
     end = (c_first + c_len)[ch.chain]
     if sig is not None:
-        j = _harmonized(j, idx, end, a0, e0, ch, c_first, c_len, sig, is_async, collective)
+        j = _harmonized(
+            j, idx, end, a0, e0, ch, c_first, c_len, sig, is_async, collective, expected
+        )
     if blocking is not None:
         j = np.where(blocking, idx + 1, j)
     ok = j < end
@@ -242,6 +260,7 @@ def _harmonized(
     sig: np.ndarray,
     is_async: np.ndarray | None = None,
     collective: np.ndarray | None = None,
+    expected: np.ndarray | None = None,
 ) -> np.ndarray:
     """The joins made the same at each position of the chains of one signature (one program
     waits for an op at one place): the latest first issue after its completion seen there (on
@@ -259,6 +278,9 @@ def _harmonized(
     compute needs its data), over the chains (100 ns) —: then it is an async op whose flight
     covered the compute. A position held by one chain keeps its own join."""
     n = len(j)
+    # (the tests below measure from the completion the model expects where it is known: a
+    # recorder's lag on the recorded one would pass for an async op's flight)
+    e_ref = e0 if expected is None else expected
     pos = idx - c_first[ch.chain]
     width = int(c_len.max(initial=1))
     _, key = unique_inverse(sig[ch.chain].astype(np.int64) * width + pos)
@@ -288,7 +310,7 @@ def _harmonized(
         m = m[flagged[key[m]]]  # (a blocking op is waited for where it completes)
     if len(m):
         g = key[m]
-        with_it = (a0[m + 1] - e0[m]).astype(np.float64)
+        with_it = (a0[m + 1] - e_ref[m]).astype(np.float64)
         without = (a0[m + 1] - a0[m]).astype(np.float64)
         sub = unique_inverse(g * (int(ch.c_rank.max(initial=0)) + 1) + ch.c_rank[ch.chain[m]])[1]
         # (a real wait taken for compute freezes it into every scenario: strong evidence only,
@@ -315,13 +337,21 @@ def _harmonized(
             async_like |= moved & blocking & cross
         blocking &= ~async_like
         d[async_like] = 2
-    seen_late = _waited_seen_late(blocking, key, ng, size, idx, end, a0, e0)
-    blocking |= seen_late
-    d[seen_late] = 1
+    # waited for at an issue before the earliest one it was seen joined at (the next first),
+    # though seen complete after it: the recorder saw it late
+    seen_late = np.zeros(ng, dtype=bool)
+    for o in range(1, min(int(lo[lo < none].max(initial=1)), SEEN_LATE_OFFSETS + 1)):
+        open_ = (lo > o) & ~blocking & ~seen_late
+        if not open_.any():
+            break
+        got = _waited_seen_late(open_, key, ng, size, idx, end, a0, e_ref, o)
+        d[got] = o
+        seen_late |= got
+    blocking |= seen_late & (d == 1)
     # what each issue waited for besides the op tested: the previous issue, and the previous
     # member's completion when that is a blocking op's
     prev_done = np.r_[np.int64(I64_MIN), np.where(blocking[key[:-1]], e0[:-1], I64_MIN)]
-    active = (size >= 2) & (d < none) & ~blocking
+    active = (size >= 2) & (d < none) & ~blocking & ~seen_late
     while active.any():
         m = np.flatnonzero(active[key])
         g = key[m]
@@ -336,7 +366,7 @@ def _harmonized(
                 break
         base = np.maximum(prev_issue[at], np.where(at - 1 == m, I64_MIN, prev_done[at]))
         without = (a0[at] - base).astype(np.float64)
-        with_it = (a0[at] - np.maximum(base, e0[m])).astype(np.float64)
+        with_it = (a0[at] - np.maximum(base, e_ref[m])).astype(np.float64)
         moved = group_spread(with_it, g, ng) > group_spread(without, g, ng) + 100
         d[moved] += 1
         active &= moved
@@ -348,11 +378,11 @@ def _harmonized(
     # saw the completion late (a work waited for in C++, DDP's buckets, is polled: on a
     # loaded machine the poll lags by milliseconds), and joining it later would count the
     # whole wait as compute. Its next gap is then negative: minus the lag.
-    return np.where(blocking[key], at, np.maximum(at, j))
+    return np.where(blocking[key] | seen_late[key], at, np.maximum(at, j))
 
 
 def _waited_seen_late(
-    blocking: np.ndarray,
+    open_: np.ndarray,
     key: np.ndarray,
     ng: int,
     size: np.ndarray,
@@ -360,21 +390,25 @@ def _waited_seen_late(
     end: np.ndarray,
     a0: np.ndarray,
     e0: np.ndarray,
+    o: int,
 ) -> np.ndarray:
-    """bool [position group]: positions not found blocking (their completion recorded after
-    the next issue on some chains) whose op the rank nevertheless waited for at its next issue:
-    measured from the op's completion, the time to the next issue varies (over the chains)
-    less than half as much as measured from its issue, by the standard deviations and the
-    robust spreads, and by more than 100 ns — the op's completion, not its issue, sets the next
-    issue: the recorder saw the completion late (a receive polled a few µs after it returned;
-    taken as in flight, its whole wait would count as the next compute)."""
+    """bool [position group]: of the ``open_`` positions, those whose op the rank waited for
+    at the issue ``o`` members later though its completion was recorded after that issue (on
+    every chain, or some): measured from the op's completion (``e0``: as the model expects it,
+    its release + its group's usual transfer, where known), the time to that issue varies
+    (over the chains) less than half as much as measured from the issue before it, by the
+    standard deviations and the robust spreads, and by more than 100 ns — the op's completion,
+    not the previous issue, sets that issue; the recorder saw it late (a receive or an async
+    op polled a few µs after its wait returned; taken as in flight, its whole wait would count
+    as the next compute)."""
     out = np.zeros(ng, dtype=bool)
-    m = np.flatnonzero(~blocking[key] & (size[key] >= 2) & (idx + 1 < end))
+    m = np.flatnonzero(open_[key] & (size[key] >= 2) & (idx + o < end))
     if not len(m):
         return out
     g = key[m]
-    with_it = (a0[m + 1] - e0[m]).astype(np.float64)
-    without = (a0[m + 1] - a0[m]).astype(np.float64)
+    at = m + o
+    with_it = (a0[at] - e0[m]).astype(np.float64)
+    without = (a0[at] - a0[at - 1]).astype(np.float64)
     w_sp, wo_sp = group_spread(with_it, g, ng), group_spread(without, g, ng)
     cand = 2 * w_sp + 100 < wo_sp
     if cand.any():
@@ -382,7 +416,8 @@ def _waited_seen_late(
         w_rs = robust_group_spread(with_it[t], g[t], ng)
         wo_rs = robust_group_spread(without[t], g[t], ng)
         cand &= 2 * w_rs + 100 < wo_rs
-    out[np.unique(g)] = cand[np.unique(g)]
+    seen = np.unique(g)
+    out[seen] = cand[seen]
     return out
 
 

@@ -16,9 +16,11 @@ What the record itself says against such a completion (aligned clock, ns):
 - **transfer far above its group's usual one** — a collective's *transfer* is its members'
   earliest completion (after the caps) minus its release (its last arrival, see
   :mod:`.replay`); its group's *usual* transfer is the median over the replayed collectives of
-  the same group, op and size, and a transfer more than :data:`FAR_FACTOR` × that and
-  :data:`FAR_MIN_NS` (and 8 robust standard deviations of them) above it is *far* above. A
-  member completing far after its collective's transfer (or capped) was seen late: it is
+  the same group, op and size, and a transfer more than :data:`FAR_SPREADS` robust standard
+  deviations of them and :data:`FAR_MIN_NS` above it is *far* above. A member completing
+  after its collective's transfer by more than :data:`FAR_SPREADS` times its group's usual such
+  lag (the first quartile over its members, the earliest left out) and :data:`FAR_MIN_NS`, and
+  after its rank's next issue (or capped), was seen late: it is
   *retimed* to the release + the collective's transfer (its usual one when that too is far
   above), and no later than its next issue where it was waited for there — a blocking op; with
   no flags, an op whose next issue came after the release + the fastest usual transfer (the
@@ -41,11 +43,16 @@ import numpy as np
 from meshprof.analyze.compute.grouped import group_spread, grouped_median, robust_group_spread
 from meshprof.analyze.compute.sorting import unique_inverse
 
-FAR_FACTOR = 2.0
-"""A transfer is far above its group's usual one when it exceeds it by this many times it
-(and by :data:`FAR_MIN_NS`)."""
+FAR_SPREADS = 8.0
+"""A collective's transfer is far above its group's usual one when it exceeds it by this many
+robust standard deviations of the group's transfers (and by :data:`FAR_MIN_NS`); a member is
+seen late when it completed after its collective's transfer by this many times its group's
+usual such lag (and by :data:`FAR_MIN_NS`)."""
 FAR_MIN_NS = 50_000
 """... and by at least this much (ns): a few tens of µs is the noise of a transfer."""
+OFTEN_AFTER = 0.25
+"""Without flags, a collective's program position is undecided when its completion was recorded
+after the rank's next issue on this share of its chains or more (:func:`often_after_next`)."""
 MIN_USUAL = 3
 """Collectives of a (group, op, size) needed to say what its usual transfer is."""
 _I64_MAX = int(np.iinfo(np.int64).max)
@@ -69,9 +76,9 @@ class RecordCheck:
     """Members seen late that no usual transfer could repair (their group has too few
     collectives to say what is usual): kept as recorded."""
     undecided: int = 0
-    """Without flags: collectives never seen to complete before their rank's next issue at
-    their program position (:func:`never_before_next`): async ops in flight across it, or
-    blocking ones the recorder saw late — the record cannot tell."""
+    """Without flags: collectives at program positions often seen to complete after their
+    rank's next issue (:func:`often_after_next`): async ops in flight across it, or blocking
+    ones the recorder saw late — the record cannot tell."""
     reading: str = "waited"
     """How the undecided ones were read: "waited" (as blocking ops seen late: waited for at
     the next issue, their completion capped there) or "recorded" (as in flight across it,
@@ -138,19 +145,26 @@ def retime(
     known: bool = True,
     undecided: int = 0,
     reading: str = "waited",
+    expected: np.ndarray | None = None,
+    lead_late: int = 0,
 ) -> RecordCheck:
     """Members seen late retimed in place (``e0``, see the module docstring). ``rel``: each
     member's collective's release; ``coll``: its collective's code (matched ones only, others
     -1); ``waiting``: it completes after the release (not an eager send, not alone); ``key``:
     its (group, op, size) code; ``nxt``: :func:`next_issue`; ``capped``: :func:`cap_blocking`'s
     result; ``blocking``: :func:`blocking_members` (``known``), or the ops found waited for
-    without flags (:func:`tied_to_next`)."""
+    without flags (:func:`tied_to_next`). ``expected`` (filled when given): each member's
+    completion as the model expects it, its release + its group's usual transfer (its
+    repaired completion where it has none): what a recorder's lag does not move."""
     n = len(e0)
     use = np.flatnonzero(waiting & (coll >= 0))
     if not len(use):
+        if expected is not None:
+            np.copyto(expected, e0)
         return RecordCheck(
-            members=n, capped=int(capped.sum()), undecided=undecided, reading=reading
-        )
+            members=n, capped=int(capped.sum()), retimed=lead_late, undecided=undecided,
+            reading=reading,
+        )  # fmt: skip
     cu, c_of = unique_inverse(coll[use].astype(np.int64))
     nc = len(cu)
     t = e0[use] - rel[use]
@@ -160,11 +174,17 @@ def retime(
     k_c[c_of] = key[use]
     ku, k_of = unique_inverse(k_c)
     usual, spread, fast, enough = _usual(tc, k_of, len(ku))
-    margin = np.maximum(np.maximum(FAR_FACTOR * usual, FAR_MIN_NS), 8 * spread)
+    margin = np.maximum(FAR_SPREADS * spread, FAR_MIN_NS)
     far_c = enough[k_of] & (tc > usual[k_of] + margin[k_of])
     ref = np.where(far_c, np.rint(usual[k_of]).astype(np.int64), tc)
     m_ref = ref[c_of]
-    late = capped[use] | (t > m_ref + margin[k_of][c_of])
+    # a member's lag behind its collective's earliest member, against the usual such lag
+    lag = (t - tc[c_of]).astype(np.float64)
+    m_key = k_of[c_of]
+    m_margin = np.maximum(FAR_SPREADS * _usual_lag(lag, m_key, len(ku)), FAR_MIN_NS)
+    # (only where the record contradicts itself: a completion after the rank's next issue —
+    # one before it is what it says, a member that really completed late, as gloo's do)
+    late = capped[use] | ((t > m_ref + m_margin[m_key]) & (e0[use] > nxt[use]))
     fixable = late & (~far_c[c_of] | enough[k_of][c_of])
     unrepaired = int((late & ~fixable).sum())
     at = use[fixable]
@@ -176,15 +196,40 @@ def retime(
     new = np.where(cap & (new > nx), nx, new)
     changed = new != e0[at]
     e0[at] = new
+    if expected is not None:
+        np.copyto(expected, e0)
+        expected[use] = rel[use] + np.rint(usual[k_of][c_of]).astype(np.int64)
     return RecordCheck(
         members=n,
         capped=int(capped.sum()),
-        retimed=int(changed.sum()),
+        retimed=int(changed.sum()) + lead_late,
         far_collectives=int(far_c.sum()),
         unrepaired=unrepaired,
         undecided=undecided,
         reading=reading,
     )
+
+
+def retime_leads(
+    e0: np.ndarray, a0: np.ndarray, lead: np.ndarray, key: np.ndarray, nxt: np.ndarray
+) -> int:
+    """The sends of eager directions (``lead``: they never wait, and their completion is when
+    the receiver can have the data) seen to complete far after their usual duration (the
+    median over their direction's sends, ``key``; far: :data:`FAR_SPREADS` robust standard
+    deviations and :data:`FAR_MIN_NS`) and after their rank's next issue (``nxt``) retimed in
+    place to their issue + that duration: a send seen late would hold its receive back in
+    every scenario. Returns how many."""
+    at = np.flatnonzero(lead)
+    if not len(at):
+        return 0
+    k_u, k = unique_inverse(key[at].astype(np.int64))
+    dur = (e0[at] - a0[at]).astype(np.float64)
+    usual = np.nan_to_num(grouped_median(dur, k, len(k_u)))
+    margin = np.maximum(FAR_SPREADS * robust_group_spread(dur, k, len(k_u)), FAR_MIN_NS)
+    enough = np.bincount(k, minlength=len(k_u)) >= MIN_USUAL
+    late = enough[k] & (dur > usual[k] + margin[k]) & (e0[at] > nxt[at])
+    e0[at[late]] = a0[at[late]] + np.rint(usual[k[late]]).astype(np.int64)
+    return int(late.sum())
 
 
 def tied_to_next(
@@ -228,7 +273,7 @@ def tied_to_next(
     return out
 
 
-def never_before_next(
+def often_after_next(
     e0: np.ndarray,
     nxt: np.ndarray,
     waiting: np.ndarray,
@@ -238,9 +283,9 @@ def never_before_next(
     sig: np.ndarray,
 ) -> np.ndarray:
     """bool [member]: the collectives (waiting for their matched release) at program positions
-    where the completion was recorded after the rank's next issue on 9 chains in 10 or more
-    (``nxt``: :func:`next_issue`; the last member of a chain, whose next is the step's end,
-    left out)."""
+    where the completion was recorded after the rank's next issue on :data:`OFTEN_AFTER` of the
+    chains or more (``nxt``: :func:`next_issue`; the last member of a chain, whose next is the
+    step's end, left out)."""
     n = len(e0)
     out = np.zeros(n, dtype=bool)
     m = np.flatnonzero(waiting & collective & np.r_[chain[:-1] == chain[1:], False])
@@ -251,7 +296,7 @@ def never_before_next(
     ng = int(g.max(initial=-1)) + 1
     cnt = np.bincount(g, minlength=ng)
     late = np.bincount(g, weights=(e0[m] > nxt[m]).astype(np.float64), minlength=ng)
-    out[m[(late >= 0.9 * cnt)[g]]] = True
+    out[m[(late >= OFTEN_AFTER * cnt)[g]]] = True
     return out
 
 
@@ -273,10 +318,32 @@ def _usual(
     return usual, spread, fast, cnt >= MIN_USUAL
 
 
+def _usual_lag(lag: np.ndarray, key: np.ndarray, nk: int) -> np.ndarray:
+    """Per key: the first quartile of its members' lags behind their collective's earliest
+    member, that member left out (its lag is 0 by definition): how far apart the members of a
+    collective complete when none was seen late — a quartile, so that a recorder seeing half
+    the chains late leaves it alone."""
+    keep = lag > 0
+    v, k = lag[keep], key[keep]
+    out = np.zeros(nk)
+    if not len(v):
+        return out
+    order = np.lexsort((v, k))
+    cnt = np.bincount(k, minlength=nk)
+    start = np.cumsum(cnt) - cnt
+    has = cnt > 0
+    out[has] = v[order][start[has] + (cnt[has] - 1) // 4]
+    return out
+
+
 def transfer_key(table_gid: np.ndarray, op: np.ndarray, size: np.ndarray) -> np.ndarray:
-    """Per member: a code equal for members of the same (group, op, size)."""
+    """Per member: a code equal for members of the same (group, op, size) (``op``: any code
+    that tells the ops apart that should not share a usual transfer)."""
     gid = table_gid.astype(np.int64)
     o = op.astype(np.int64)
     s = size.astype(np.int64)
-    _, inv = unique_inverse((gid << 40) ^ (o << 32) ^ (s & 0xFFFFFFFF) ^ ((s >> 32) << 48))
+    # (the three combined by splitmix-style mixing: collisions merge keys, never split them)
+    h = gid * np.int64(0x9E3779B1) + o
+    h = h * np.int64(0x85EBCA77) + s
+    _, inv = unique_inverse(h)
     return inv

@@ -67,7 +67,7 @@ def reading_doubt(
     ranks = np.unique(ch.c_rank)
     i = int(diff.argmax())
     return (
-        f"not measured: {undecided} collectives were never seen to complete before their "
+        f"not measured: {undecided} collectives were often seen to complete after their "
         "rank's next issue and the record has no async flags, so whether the ranks waited for "
         f"them cannot be told (read as in flight, rank {int(ranks[i])}'s excess compute is "
         f"{b[i] / 1e6:.3g} ms a step instead of {a[i] / 1e6:.3g} ms)"
