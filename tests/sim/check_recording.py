@@ -4,8 +4,8 @@ truth (:mod:`sim.families`; this module runs meshprof's report, :mod:`sim.jobsim
 For one :class:`~sim.families.Family`: simulate the job once, re-simulate it without the slow
 rank's slowness (the truth), and for each :class:`~sim.recording.Recording` write the same
 timeline as that recorder saw it, run the report and take the slow rank's saving. A saving is
-*right* when within :func:`sim.check.within` of the truth, or when the report says it cannot
-measure it (the rank has no peers, or the record cannot tell: ``WhatIf.doubt``) — never a
+*right* when within 10 % of the truth or 20 µs (:data:`sim.families.TOLERANCE` for a known
+limit), or when the report says it cannot measure it (the rank has no peers, or the record cannot tell: ``WhatIf.doubt``) — never a
 confident wrong number; it is *invariant* when within that tolerance of the saving from the
 exact recording (or either is "not measured")."""
 
@@ -20,8 +20,8 @@ from pathlib import Path
 
 from meshprof.report.analysis import analyze_run
 from meshprof.report.stages.what_if import WHAT_IF_REPLAY
-from sim.check import load_recorded, within
-from sim.families import Family
+from sim.check import ABS_TOL_NS, load_recorded
+from sim.families import TOLERANCE, Family
 from sim.jobsim import Fix, simulate, true_saving
 from sim.recording import Recording
 from sim.write_rundir import write_run
@@ -47,10 +47,17 @@ class RecordingResult:
     seconds: float
 
     @property
+    def tolerance_ns(self) -> float:
+        """10 % of the truth or 20 µs (:data:`sim.families.TOLERANCE` for a known limit)."""
+        return max(TOLERANCE.get(self.recording, 0.1) * abs(self.truth_ns), ABS_TOL_NS)
+
+    @property
     def right(self) -> bool:
         """Within the tolerance of the truth, or said not measured; when measured, the slow
         rank is the costliest one."""
-        return not self.measured or (within(self.saving_ns, self.truth_ns) and self.top)
+        return not self.measured or (
+            abs(self.saving_ns - self.truth_ns) <= self.tolerance_ns and self.top
+        )
 
     @property
     def invariant(self) -> bool:
@@ -58,7 +65,7 @@ class RecordingResult:
         or not measured under one of them."""
         if not self.measured or math.isnan(self.exact_ns):
             return True
-        return abs(self.saving_ns - self.exact_ns) <= max(0.1 * abs(self.truth_ns), 20_000)
+        return abs(self.saving_ns - self.exact_ns) <= self.tolerance_ns
 
 
 def check_family(

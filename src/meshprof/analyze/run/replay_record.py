@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from meshprof.analyze.compute.grouped import group_spread, robust_group_spread
+from meshprof.analyze.compute.grouped import group_spread, grouped_median, robust_group_spread
 from meshprof.analyze.compute.sorting import RowsByKey, unique_inverse
 from meshprof.analyze.run.clock import SYNC_OPS
 from meshprof.analyze.run.match import CollectiveMatch
@@ -30,6 +30,9 @@ from meshprof.analyze.run.table import EventTable
 I64_MIN = int(np.iinfo(np.int64).min)
 SEEN_LATE_OFFSETS = 8
 """Issues after an op tested as the place it was waited for though seen complete later."""
+SEEN_LATE_NS = 50_000
+"""An issue within this of an op's expected completion (median over the chains) came right
+after the rank waited for it (the recorder's lag aside)."""
 MUST_WAIT = SYNC_OPS | {"recv", "recv_object_list", "send", "send_object_list"}
 """Ops none of whose members can complete before the last one arrives (a receive: before its
 send; a send of a rendezvous direction: before its receive — an eager one never waits, see
@@ -339,8 +342,11 @@ def _harmonized(
         d[async_like] = 2
     # waited for at an issue before the earliest one it was seen joined at (the next first),
     # though seen complete after it: the recorder saw it late
+    # (only against the model's completion, release + usual transfer: a completion recorded
+    # exactly after an issue is an op in flight there, however tightly the two go together)
     seen_late = np.zeros(ng, dtype=bool)
-    for o in range(1, min(int(lo[lo < none].max(initial=1)), SEEN_LATE_OFFSETS + 1)):
+    top = SEEN_LATE_OFFSETS + 1 if expected is not None else 1
+    for o in range(1, min(int(lo[lo < none].max(initial=1)), top)):
         open_ = (lo > o) & ~blocking & ~seen_late
         if not open_.any():
             break
@@ -397,7 +403,8 @@ def _waited_seen_late(
     every chain, or some): measured from the op's completion (``e0``: as the model expects it,
     its release + its group's usual transfer, where known), the time to that issue varies
     (over the chains) less than half as much as measured from the issue before it, by the
-    standard deviations and the robust spreads, and by more than 100 ns — the op's completion,
+    standard deviations, by more than 100 ns, and no more by the robust spreads (or the issue
+    came within :data:`SEEN_LATE_NS` of it on most chains, long after the one before) — the op's completion,
     not the previous issue, sets that issue; the recorder saw it late (a receive or an async
     op polled a few µs after its wait returned; taken as in flight, its whole wait would count
     as the next compute)."""
@@ -412,10 +419,15 @@ def _waited_seen_late(
     w_sp, wo_sp = group_spread(with_it, g, ng), group_spread(without, g, ng)
     cand = 2 * w_sp + 100 < wo_sp
     if cand.any():
+        # and no wider by the robust spreads (a few long waits are not the rule), unless the
+        # issue came right at the expected completion (within the recorder's lag, 50 µs) on
+        # most chains, long after the issue before it: a rank that waited, then issued
         t = cand[g]
         w_rs = robust_group_spread(with_it[t], g[t], ng)
         wo_rs = robust_group_spread(without[t], g[t], ng)
-        cand &= 2 * w_rs + 100 < wo_rs
+        w_med = np.abs(np.nan_to_num(grouped_median(with_it[t], g[t], ng)))
+        wo_med = np.nan_to_num(grouped_median(without[t], g[t], ng))
+        cand &= (2 * w_rs + 100 < wo_rs) | ((w_med <= SEEN_LATE_NS) & (wo_med > 4 * SEEN_LATE_NS))
     seen = np.unique(g)
     out[seen] = cand[seen]
     return out
