@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from meshprof.analyze.compute.grouped import group_spread, grouped_median, robust_group_spread
+from meshprof.analyze.compute.grouped import group_spread, robust_group_spread
 from meshprof.analyze.compute.sorting import RowsByKey, unique_inverse
 from meshprof.analyze.run.clock import SYNC_OPS
 from meshprof.analyze.run.match import CollectiveMatch
@@ -24,15 +24,13 @@ from meshprof.analyze.run.replay_repair import (
     retime_leads,
     tied_to_next,
     transfer_key,
+    waited_seen_late,
 )
 from meshprof.analyze.run.table import EventTable
 
 I64_MIN = int(np.iinfo(np.int64).min)
 SEEN_LATE_OFFSETS = 8
 """Issues after an op tested as the place it was waited for though seen complete later."""
-SEEN_LATE_NS = 50_000
-"""An issue within this of an op's expected completion (median over the chains) came right
-after the rank waited for it (the recorder's lag aside)."""
 MUST_WAIT = SYNC_OPS | {"recv", "recv_object_list", "send", "send_object_list"}
 """Ops none of whose members can complete before the last one arrives (a receive: before its
 send; a send of a rendezvous direction: before its receive — an eager one never waits, see
@@ -350,9 +348,19 @@ def _harmonized(
         open_ = (lo > o) & ~blocking & ~seen_late
         if not open_.any():
             break
-        got = _waited_seen_late(open_, key, ng, size, idx, end, a0, e_ref, o)
+        got = waited_seen_late(open_, key, ng, size, idx, end, a0, e_ref, o)
         d[got] = o
         seen_late |= got
+    if expected is None and collective is not None:
+        # without the model, a send or receive only, at its next issue, within the lag: the
+        # next issue came right after the recorded completion would have had it
+        p2p = np.zeros(ng, dtype=bool)
+        p2p[key[~collective]] = True
+        open_ = (lo > 1) & ~blocking & p2p
+        if open_.any():
+            got = waited_seen_late(open_, key, ng, size, idx, end, a0, e0, 1, strict=True)
+            d[got] = 1
+            seen_late |= got
     blocking |= seen_late & (d == 1)
     # what each issue waited for besides the op tested: the previous issue, and the previous
     # member's completion when that is a blocking op's
@@ -385,52 +393,6 @@ def _harmonized(
     # loaded machine the poll lags by milliseconds), and joining it later would count the
     # whole wait as compute. Its next gap is then negative: minus the lag.
     return np.where(blocking[key] | seen_late[key], at, np.maximum(at, j))
-
-
-def _waited_seen_late(
-    open_: np.ndarray,
-    key: np.ndarray,
-    ng: int,
-    size: np.ndarray,
-    idx: np.ndarray,
-    end: np.ndarray,
-    a0: np.ndarray,
-    e0: np.ndarray,
-    o: int,
-) -> np.ndarray:
-    """bool [position group]: of the ``open_`` positions, those whose op the rank waited for
-    at the issue ``o`` members later though its completion was recorded after that issue (on
-    every chain, or some): measured from the op's completion (``e0``: as the model expects it,
-    its release + its group's usual transfer, where known), the time to that issue varies
-    (over the chains) less than half as much as measured from the issue before it, by the
-    standard deviations, by more than 100 ns, and no more by the robust spreads (or the issue
-    came within :data:`SEEN_LATE_NS` of it on most chains, long after the one before) — the op's completion,
-    not the previous issue, sets that issue; the recorder saw it late (a receive or an async
-    op polled a few µs after its wait returned; taken as in flight, its whole wait would count
-    as the next compute)."""
-    out = np.zeros(ng, dtype=bool)
-    m = np.flatnonzero(open_[key] & (size[key] >= 2) & (idx + o < end))
-    if not len(m):
-        return out
-    g = key[m]
-    at = m + o
-    with_it = (a0[at] - e0[m]).astype(np.float64)
-    without = (a0[at] - a0[at - 1]).astype(np.float64)
-    w_sp, wo_sp = group_spread(with_it, g, ng), group_spread(without, g, ng)
-    cand = 2 * w_sp + 100 < wo_sp
-    if cand.any():
-        # and no wider by the robust spreads (a few long waits are not the rule), unless the
-        # issue came right at the expected completion (within the recorder's lag, 50 µs) on
-        # most chains, long after the issue before it: a rank that waited, then issued
-        t = cand[g]
-        w_rs = robust_group_spread(with_it[t], g[t], ng)
-        wo_rs = robust_group_spread(without[t], g[t], ng)
-        w_med = np.abs(np.nan_to_num(grouped_median(with_it[t], g[t], ng)))
-        wo_med = np.nan_to_num(grouped_median(without[t], g[t], ng))
-        cand &= (2 * w_rs + 100 < wo_rs) | ((w_med <= SEEN_LATE_NS) & (wo_med > 4 * SEEN_LATE_NS))
-    seen = np.unique(g)
-    out[seen] = cand[seen]
-    return out
 
 
 def _eager_sends(

@@ -26,7 +26,14 @@ What the record itself says against such a completion (aligned clock, ns):
   no flags, an op whose next issue came after the release + the fastest usual transfer (the
   5th percentile), so that it could have completed by then;
 - **a join the op's own flags deny** — a blocking collective is joined (waited for) at its
-  chain's next event, whatever its completion says (see ``replay_record._joins``).
+  chain's next event, whatever its completion says (see ``replay_record._joins``);
+- **waited for, seen late** — where an issue follows an op's expected completion (release +
+  usual transfer) far more closely than the issue before it, the rank waited for the op there,
+  whatever the recorded completion says (:func:`waited_seen_late`, for the program positions
+  of ``replay_record._harmonized``);
+- **without flags** — a completion that tracks the next op's release (:func:`tied_to_next`) is
+  a blocking op's seen late; one often after the next issue (:func:`often_after_next`) is
+  undecided: read both ways by :mod:`.what_if_checks`.
 
 Members of matched collectives only (a send/recv pair counts as a collective of two); an
 unmatched op keeps its record. What was repaired is counted in :class:`RecordCheck`; the
@@ -50,6 +57,9 @@ seen late when it completed after its collective's transfer by this many times i
 usual such lag (and by :data:`FAR_MIN_NS`)."""
 FAR_MIN_NS = 50_000
 """... and by at least this much (ns): a few tens of µs is the noise of a transfer."""
+SEEN_LATE_NS = 50_000
+"""An issue within this of an op's expected completion (median over the chains) came right
+after the rank waited for it (the recorder's lag aside)."""
 OFTEN_AFTER = 0.25
 """Without flags, a collective's program position is undecided when its completion was recorded
 after the rank's next issue on this share of its chains or more (:func:`often_after_next`)."""
@@ -347,3 +357,52 @@ def transfer_key(table_gid: np.ndarray, op: np.ndarray, size: np.ndarray) -> np.
     h = h * np.int64(0x85EBCA77) + s
     _, inv = unique_inverse(h)
     return inv
+
+
+def waited_seen_late(
+    open_: np.ndarray,
+    key: np.ndarray,
+    ng: int,
+    size: np.ndarray,
+    idx: np.ndarray,
+    end: np.ndarray,
+    a0: np.ndarray,
+    e0: np.ndarray,
+    o: int,
+    strict: bool = False,
+) -> np.ndarray:
+    """bool [position group]: of the ``open_`` positions, those whose op the rank waited for
+    at the issue ``o`` members later though its completion was recorded after that issue (on
+    every chain, or some): measured from the op's completion (``e0``: as the model expects it,
+    its release + its group's usual transfer, where known), the time to that issue varies
+    (over the chains) less than half as much as measured from the issue before it, by the
+    standard deviations, by more than 100 ns, and no more by the robust spreads (or the issue
+    came within :data:`SEEN_LATE_NS` of it on most chains, long after the one before; only
+    that with ``strict``, for completions as recorded) — the op's completion,
+    not the previous issue, sets that issue; the recorder saw it late (a receive or an async
+    op polled a few µs after its wait returned; taken as in flight, its whole wait would count
+    as the next compute)."""
+    out = np.zeros(ng, dtype=bool)
+    m = np.flatnonzero(open_[key] & (size[key] >= 2) & (idx + o < end))
+    if not len(m):
+        return out
+    g = key[m]
+    at = m + o
+    with_it = (a0[at] - e0[m]).astype(np.float64)
+    without = (a0[at] - a0[at - 1]).astype(np.float64)
+    w_sp, wo_sp = group_spread(with_it, g, ng), group_spread(without, g, ng)
+    cand = 2 * w_sp + 100 < wo_sp
+    if cand.any():
+        # and no wider by the robust spreads (a few long waits are not the rule), unless the
+        # issue came right at the expected completion (within the recorder's lag, 50 µs) on
+        # most chains, long after the issue before it: a rank that waited, then issued
+        t = cand[g]
+        w_rs = robust_group_spread(with_it[t], g[t], ng)
+        wo_rs = robust_group_spread(without[t], g[t], ng)
+        w_med = np.abs(np.nan_to_num(grouped_median(with_it[t], g[t], ng)))
+        wo_med = np.nan_to_num(grouped_median(without[t], g[t], ng))
+        close = (w_med <= SEEN_LATE_NS) & (wo_med > 4 * SEEN_LATE_NS)
+        cand &= close if strict else (2 * w_rs + 100 < wo_rs) | close
+    seen = np.unique(g)
+    out[seen] = cand[seen]
+    return out
