@@ -8,6 +8,7 @@ import textwrap
 
 from rich.console import Console
 
+from meshprof.analyze.run.verdict import MIN_SHARE
 from meshprof.render.format import fmt_ns, fmt_pct
 from meshprof.report.run_report import RunReport
 from meshprof.report.stages.ledger import LEDGER
@@ -17,7 +18,9 @@ from meshprof.report.stages.what_if import WHAT_IF_REPLAY
 WIDTH = 80
 """Lines are wrapped to this many columns."""
 MAX_CAUSES = 4
-"""Verdict items shown in the terminal."""
+"""Verdict items shown in the terminal at least; every item of 2 % of the step or more is
+shown whatever their number (the verdict never hides what the ledger shows), smaller ones
+(``--all-causes``) beyond this many are counted."""
 
 LEDGER_NAMES = {
     "compute": "compute",
@@ -53,7 +56,8 @@ def print_verdict(rep: RunReport, console: Console) -> None:
         note = f" ({w.note})" if w is not None and w.note else ""
         say(console, f"no cause costs 2% of a step or more{note}", indent="  ")
         return
-    for i, v in enumerate(items[:MAX_CAUSES], 1):
+    shown = max(MAX_CAUSES, sum(v.share_of_step >= MIN_SHARE for v in items))
+    for i, v in enumerate(items[:shown], 1):
         money = f", {v.money:,.2f} in money" if v.money is not None else ""
         say(
             console,
@@ -64,8 +68,8 @@ def print_verdict(rep: RunReport, console: Console) -> None:
         )
         say(console, f"why: {v.evidence}", indent="       ", first="     ")
         say(console, f"next: {v.action}", indent="       ", first="     ")
-    if len(items) > MAX_CAUSES:
-        say(console, f"(+{len(items) - MAX_CAUSES} more: --json, or --full)", indent="  ")
+    if len(items) > shown:
+        say(console, f"(+{len(items) - shown} more: --json, or --full)", indent="  ")
 
 
 def print_ledger(rep: RunReport, console: Console) -> None:

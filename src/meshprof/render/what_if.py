@@ -37,6 +37,8 @@ def what_if_lines(w: WhatIf | None, lead: int = LEAD) -> list[str]:
         return []
     if w.note:
         return [f"what-if: {w.note}"]
+    if w.doubt:
+        return [f"what-if: {w.doubt}", *record_lines(w)]
     out = [rank_sentence(c) for c in w.notable[:lead]]
     unmeasured = (
         f"; not measured (no peers): ranks {', '.join(map(str, w.unmeasured))}"
@@ -47,7 +49,8 @@ def what_if_lines(w: WhatIf | None, lead: int = LEAD) -> list[str]:
         return [
             f"what-if: no rank costs measurably more (none saves {fmt_pct(w.min_share, 0)} of a "
             f"step or more with a 95% interval above zero; replayed {len(w.ranks)} of "
-            f"{w.ranks_total} ranks over {len(w.steps)} steps{unmeasured})"
+            f"{w.ranks_total} ranks over {len(w.steps)} steps{unmeasured})",
+            *record_lines(w),
         ]
     dims = [d for d in w.dims if w.notable_cost(d)]
     if dims:
@@ -65,7 +68,26 @@ def what_if_lines(w: WhatIf | None, lead: int = LEAD) -> list[str]:
         )
     if unmeasured:
         out.append(f"  {unmeasured[2:]}")
-    return out
+    return out + record_lines(w)
+
+
+def record_lines(w: WhatIf) -> list[str]:
+    """What the record contradicted and how it was repaired (nothing when it did not)."""
+    r = w.record
+    if not (r.capped or r.retimed or r.unrepaired or r.undecided) and not w.contradicted_ns:
+        return []
+    parts = []
+    if r.capped:
+        parts.append(f"{r.capped} blocking completions seen after the rank's next issue, capped")
+    if r.retimed:
+        parts.append(f"{r.retimed} seen late, set to their group's transfer")
+    if r.unrepaired:
+        parts.append(f"{r.unrepaired} seen late and left as recorded")
+    if r.undecided:
+        parts.append(f"{r.undecided} without flags taken as waited for")
+    if w.contradicted_ns:
+        parts.append(f"issues before waited-for completions: {fmt_ns(w.contradicted_ns)}/step")
+    return [f"  record repaired ({r.members} events): " + "; ".join(parts)]
 
 
 def what_if_html(w: WhatIf | None) -> str:
@@ -73,7 +95,7 @@ def what_if_html(w: WhatIf | None) -> str:
     if w is None:
         return '<p class="muted">Not computed.</p>'
     lines = what_if_lines(w)
-    named = 0 if w.note else len(w.notable[:LEAD])  # the rank sentences lead the lines
+    named = 0 if w.note or w.doubt else len(w.notable[:LEAD])  # rank sentences lead
     head = (
         "<ul>"
         + "".join(f'<li class="warn">{_E(x.strip())}</li>' for x in lines[:named])

@@ -15,6 +15,7 @@ from meshprof.analyze.run.types import (
     RunFinding,
     RunSummary,
 )
+from meshprof.analyze.run.what_if import WhatIf
 from meshprof.report.stage import Key, stage
 from meshprof.rundir import LoadedRun
 
@@ -41,6 +42,7 @@ def findings(
     problems: tuple[RankProblem, ...],
     clock: ClockAlignment,
     collectives: MatchSummary,
+    what_if_replay: WhatIf,
 ) -> tuple[RunFinding, ...]:
     """Conclusions with the figures behind them."""
     return find_findings(
@@ -52,6 +54,7 @@ def findings(
         run.manifest_state,
         run.manifest_problem,
         run.storage_notes,
+        what_if_replay,
     )
 
 
