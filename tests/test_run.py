@@ -183,13 +183,27 @@ def test_run_module_that_raises(tmp_path: Path, cli) -> None:
     ],
 )
 def test_run_bad_input_is_one_line_and_exit_2(
-    tmp_path: Path, args: tuple[str, ...], message: str, cli
+    tmp_path: Path, args: tuple[str, ...], message: str, cli, monkeypatch
 ) -> None:
+    # in this process (the command's own code path: main's return code and stderr); one case
+    # runs in a fresh interpreter below
     (tmp_path / "x.py").write_text("print('never runs')\n")
-    p = cli.process("run", "-o", str(tmp_path / "out"), *args, cwd=tmp_path, timeout=60)
+    monkeypatch.chdir(tmp_path)
+    p = cli("run", "-o", str(tmp_path / "out"), *args)
     assert p.returncode == 2
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], p.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_run_bad_input_in_a_fresh_interpreter_is_one_line_and_exit_2(tmp_path: Path, cli) -> None:
+    """The same as a process: nothing else reaches stderr (an import's warning, a traceback)."""
+    (tmp_path / "x.py").write_text("print('never runs')\n")
+    args = ("--hang-timeout", "soon", "x.py")
+    p = cli.process("run", "-o", str(tmp_path / "out"), *args, cwd=tmp_path, timeout=60)
+    assert p.returncode == 2
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--hang-timeout 'soon': expected a number" in lines[0], p.stderr
     assert not (tmp_path / "out").exists()
 
 
