@@ -115,6 +115,7 @@ def test_cli_window_options_and_bad_input(tmp_path, cli) -> None:
         assert len(p.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.serial  # 30 ms of busy compute measured within 25-30 %: no other job beside it
 def test_real_job_rank_slow_from_mid_run(tmp_path, cli) -> None:
     """2 gloo ranks under ``meshprof run``; from step 50 rank 1 computes 30 ms more per step (a
     busy loop): the report finds it then, analyses the steps since, and names rank 1 with the
