@@ -45,8 +45,11 @@ def test_change_points_of_a_series() -> None:
 
 @pytest.mark.parametrize(
     ("n", "layout", "slow_rank", "onset"),
-    [(2, None, 1, 30), (256, (8, 4, 8), 86, 40), (1024, (32, 4, 8), 342, 22)],
-    ids=["2-ranks", "256-ranks", "1024-ranks"],
+    [
+        pytest.param(2, None, 1, 30, id="2-ranks"),
+        pytest.param(256, (8, 4, 8), 86, 40, id="256-ranks"),
+        pytest.param(1024, (32, 4, 8), 342, 22, id="1024-ranks", marks=pytest.mark.slow),
+    ],
 )
 def test_a_rank_slow_from_mid_run_is_found_when_it_began(tmp_path, n, layout, slow_rank, onset):
     steps = 60 if n < 1024 else 36
