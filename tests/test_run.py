@@ -283,13 +283,27 @@ def test_run_module_that_raises(tmp_path: Path, cli) -> None:
     ],
 )
 def test_run_bad_input_is_one_line_and_exit_2(
-    tmp_path: Path, args: tuple[str, ...], message: str, cli
+    tmp_path: Path, args: tuple[str, ...], message: str, cli, monkeypatch
 ) -> None:
+    # in this process (the command's own code path: main's return code and stderr); one case
+    # runs in a fresh interpreter below
     (tmp_path / "x.py").write_text("print('never runs')\n")
-    p = cli.process("run", "-o", str(tmp_path / "out"), *args, cwd=tmp_path, timeout=60)
+    monkeypatch.chdir(tmp_path)
+    p = cli("run", "-o", str(tmp_path / "out"), *args)
     assert p.returncode == 2
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], p.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_run_bad_input_in_a_fresh_interpreter_is_one_line_and_exit_2(tmp_path: Path, cli) -> None:
+    """The same as a process: nothing else reaches stderr (an import's warning, a traceback)."""
+    (tmp_path / "x.py").write_text("print('never runs')\n")
+    args = ("--hang-timeout", "soon", "x.py")
+    p = cli.process("run", "-o", str(tmp_path / "out"), *args, cwd=tmp_path, timeout=60)
+    assert p.returncode == 2
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--hang-timeout 'soon': expected a number" in lines[0], p.stderr
     assert not (tmp_path / "out").exists()
 
 
@@ -514,3 +528,43 @@ def test_run_sigkilled_rank_is_recovered_and_named_first(tmp_path: Path, cli) ->
     assert cli("report", str(out), "--html", str(tmp_path / "r.html")).returncode == 0
     page = (tmp_path / "r.html").read_text()
     assert page.index(head) < page.index("<h2>Summary</h2>")  # the HTML leads with it
+
+
+@pytest.mark.timeout(240)
+def test_the_launcher_needs_no_torch_and_a_failed_build_falls_back(tmp_path: Path) -> None:
+    """The launcher never imports torch (its torchrun process makes the native recorder ready
+    and says the versions): with an empty extension cache and a compiler that fails, the job
+    still runs and exits 0, torchrun says once that it records with Python, the rank recorded
+    with the Python kernel, and the manifest has torchrun's versions."""
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "run"
+    launcher = (
+        "import atexit, runpy, sys\n"
+        "atexit.register(lambda: print('LAUNCHER_TORCH', 'torch' in sys.modules, file=sys.stderr))\n"
+        "sys.argv = ['meshprof', *sys.argv[1:]]\n"
+        "runpy.run_module('meshprof.cli', run_name='__main__')\n"
+    )
+    args = ["run", "-o", str(out), "--no-summary", str(SCRIPTS / "run_nodes.py"), "-1", "0"]
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path / "ext"), "CXX": "/bin/false"}
+    env.pop("MESHPROF_NATIVE", None)
+    p = subprocess.run(
+        [sys.executable, "-c", launcher, *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=200,
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "LAUNCHER_TORCH False" in p.stderr, p.stderr[-3000:]
+    assert p.stderr.count("meshprof run: recording with the Python kernel") == 1, p.stderr
+    assert "meshprof run: building the native recorder" in p.stderr
+    run = load_run(out)
+    assert sorted(run.ranks) == [0] and run.manifest["status"] == "ok"
+    assert run.ranks[0].meta.recorder is not None
+    assert run.ranks[0].meta.recorder.kernel == "python"
+    assert op_names(run.ranks[0].events) == ["all_reduce"] * 3 + ["barrier"]
+    versions = run.manifest["versions"]
+    assert versions["torch"] and versions["recorder"]["kernel"] == "python", versions

@@ -17,8 +17,10 @@ from meshprof.commands.run_alert_options import (
     capture_config_from_args,
 )
 from meshprof.commands.run_otlp_options import add_otlp_options, otlp_settings_from_args
+from meshprof.config import native_from_env
 from meshprof.errors import MeshprofError
 from meshprof.launch.launcher import LaunchResult, launch
+from meshprof.launch.native_prep import ENV_PREPARE, prepare_native
 from meshprof.launch.run_options import RunOptions
 
 #: torchrun options passed through as they are (name without the leading dashes).
@@ -266,30 +268,11 @@ def options_from_args(args: argparse.Namespace, argv: list[str] | None = None) -
     )
 
 
-def prepare_native(force: bool) -> None:
-    """Build the native recorder here, once, before the workers start (they then load it from
-    the cache): by default wherever it can run (a failed build is one line on stderr and the
-    workers record with Python, ``MESHPROF_NATIVE=0``); with ``--native`` a failed build is an
-    error."""
-    from meshprof.comm.selection import native_supports_device
-    from meshprof.commands.build_native import build_with_progress
-    from meshprof.config import native_from_env
-
-    if force:
-        import meshprof.comm.native_ext
-
-        meshprof.comm.native_ext.load()  # MeshprofError: one line, exit code 2
-        os.environ["MESHPROF_NATIVE"] = "1"
-        return
-    if native_from_env() is False or not native_supports_device():
-        return
-    if build_with_progress("meshprof run"):
-        print("meshprof run: recording with the Python kernel", file=sys.stderr)
-        os.environ["MESHPROF_NATIVE"] = "0"
-
-
 def run(args: argparse.Namespace) -> int:
-    prepare_native(args.native)
+    if args.native:
+        prepare_native(force=True)  # here: a failed build is an error before anything starts
+    elif native_from_env() is not False:
+        os.environ[ENV_PREPARE] = "1"  # torchrun prepares it (torch is imported there anyway)
     if args.layout:
         from meshprof.launch.launcher import ENV_LAYOUT
         from meshprof.layout import parse_layout

@@ -27,6 +27,7 @@ from typing import Any
 
 from meshprof.errors import MeshprofError
 from meshprof.launch.agreement import Agreement, store_endpoint
+from meshprof.launch.job_versions import ENV_VERSIONS, read_versions, versions_here
 from meshprof.launch.live_relay import LiveRelay, mirrors, relay_interval
 from meshprof.launch.run_dirs import check_writable, choose_run_dir, new_run_id, other_run
 from meshprof.launch.run_options import RunOptions
@@ -270,6 +271,8 @@ def launch(opts: RunOptions) -> LaunchResult:
         private=private,
         decision_file=str(decision) if multi else "",
     )
+    versions_file = private / "versions.json"
+    env[ENV_VERSIONS] = str(versions_file)  # torchrun says them: no torch import here
     files = _RunFiles()
     manifest: Manifest | None = None
     node: dict[str, Any] = {}
@@ -317,6 +320,11 @@ def launch(opts: RunOptions) -> LaunchResult:
                 final_dir, final_id = _agreed_dir(opts, agreement.result, run_dir)
                 files.attempt("the run decision", _write_decision, decision, final_dir, final_id)
                 begin(final_dir, final_id)
+            if manifest is not None and manifest.versions is None:
+                said = read_versions(versions_file)
+                if said is not None:
+                    manifest = manifest.updated(versions=said)
+                    files.attempt("the manifest", write_merged_manifest, run_dir, manifest)
             if manifest is not None and not watching:
                 watching = True
                 alerts = _start_alerts(opts, run_dir)
@@ -361,6 +369,8 @@ def launch(opts: RunOptions) -> LaunchResult:
             "signalled": [],
             "killed": False,
         }
+    if manifest.versions is None:  # torchrun ended before it said them (or could not)
+        manifest = manifest.updated(versions=read_versions(versions_file) or versions_here())
     exits = read_worker_exits(private / "workers.json")
     shutil.rmtree(private, ignore_errors=True)
     try:

@@ -68,20 +68,17 @@ def node_record(opts: RunOptions, cmd: list[str], start_ns: int) -> dict[str, An
     }
 
 
-def _versions() -> dict[str, Any]:
-    try:
-        from meshprof.commands.version import versions
-
-        return versions()
-    except Exception as e:  # a manifest without versions beats no run at all
-        return {"error": f"{type(e).__name__}: {e}"}
-
-
 def start_manifest(
-    opts: RunOptions, run_dir: Path, cmd: list[str], layout_text: str = "", layout_env: str = ""
+    opts: RunOptions,
+    run_dir: Path,
+    cmd: list[str],
+    layout_text: str = "",
+    layout_env: str = "",
+    versions: dict[str, Any] | None = None,
 ) -> Manifest:
     """The manifest as known before the workers start. ``layout_text`` is the job's layout
-    ("dp=2,tp=1,pp=2", from ``layout_env``; "" for none)."""
+    ("dp=2,tp=1,pp=2", from ``layout_env``; "" for none); ``versions`` come later when not
+    known yet (:mod:`meshprof.launch.job_versions`)."""
     layout = parse_layout(layout_text, f"{layout_env}={layout_text!r}") if layout_text else None
     manifest = Manifest.from_dict(
         {
@@ -99,7 +96,7 @@ def start_manifest(
             "hosts": [socket.gethostname()],
             "launcher_host": socket.gethostname(),
             "cwd": os.getcwd(),
-            "versions": _versions(),
+            "versions": versions,
             "layout": layout,
             "settings": {
                 "flush_interval_s": opts.flush_interval_s,

@@ -118,8 +118,8 @@ class Manifest(JsonRecord):
     cwd: str | None = None
     """Its working directory."""
     versions: dict[str, Any] | None = None
-    """``meshprof version --json`` of the launcher (library versions and the recorder: free form,
-    as each library reports itself)."""
+    """``meshprof version --json`` of the job's torchrun process, the workers' environment
+    (library versions and the recorder: free form, as each library reports itself)."""
     layout: dict[str, int] | None = None
     """The dp/tp/pp layout as given."""
     settings: RunSettings | None = None
