@@ -93,6 +93,28 @@ def _worker(
         results.put((rank, False, traceback.format_exc()))
 
 
+def _others(procs: list[Any], results: Any, failed: int) -> str:
+    """What became of the other ranks when ``failed`` failed (their errors, or how they exited,
+    within 2 s): a peer's "connection closed" usually hides the rank that died first."""
+    deadline = time.monotonic() + 2.0
+    lines = []
+    seen = {failed}
+    while time.monotonic() < deadline and len(seen) < len(procs):
+        try:
+            rank, ok, value = results.get(timeout=0.2)
+        except queue.Empty:
+            if all(p.exitcode is not None for r, p in enumerate(procs) if r not in seen):
+                break
+            continue
+        seen.add(rank)
+        if not ok:
+            lines.append(f"rank {rank} failed too:\n{value}")
+    for r, p in enumerate(procs):
+        if r not in seen and p.exitcode is not None and p.exitcode != 0:
+            lines.append(f"rank {r} exited with code {p.exitcode} and no result")
+    return "".join("\n" + x for x in lines)
+
+
 def run_ranks(
     fn: Callable[..., Any],
     world_size: int,
@@ -148,7 +170,7 @@ def run_ranks(
                 else:
                     continue
             if not ok:
-                raise WorkerError(f"rank {rank} failed:\n{value}")
+                raise WorkerError(f"rank {rank} failed:\n{value}{_others(procs, results, rank)}")
             out[rank] = value
         return [out[r] for r in range(world_size)]
     finally:
