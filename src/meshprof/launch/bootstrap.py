@@ -166,6 +166,7 @@ def session_config(target: dict[str, Any], settings: WorkerSettings | None = Non
         ),
         run_id=settings.run_id or None,
         monitor_rows=MONITOR_ROWS,
+        serving_hooks=True,
     )
 
 
