@@ -14,24 +14,33 @@ x's excess at a position is its gap minus the median of its peers' gaps before t
 collective (the other members of its pipeline stage); its systematic excess there is the median
 of that over the steps of the same kind from the onset on, kept where it is positive and above
 :data:`Z` standard errors (the step-to-step noise, which no fix removes, stays). The *onset* is
-where x's per-step excess (:mod:`meshprof.analyze.serve.rank_breakdown`) steps up and stays: the
-split of the serving steps that maximises the mean shift, kept when the steps after it have an
-excess above the noise; when none is found and the excess is above the noise throughout, the
+where x's excess steps up and stays, at the position of its decode steps' chain where that step
+is clearest (:func:`rank_onset`; one position is far less noisy than the whole step on a busy
+machine): the split that maximises the mean shift, kept when the steps after it have an excess
+above the noise; when none is found and a position's excess is above the noise throughout, the
 first step analysed.
 
 A step's *saving* is the serving rank's recorded step end minus its replayed end. A request's
 TTFT saving is the sum of the savings of the steps that ended after its arrival and at or
-before its first token; its E2E − TTFT saving the sum over the steps that ended after its first
-token and at or before its finish; its TPOT saving that over its output tokens − 1. The
-predictions are over the requests whose steps were all analysed (arrival at or after the first
-analysed step began, finish at or before the last ended). At most :data:`MAX_REPLAY_STEPS`
-steps are replayed per rank (evenly spaced); the others take the median saving of the replayed
-steps of their kind from the onset on.
+before its first token. Its E2E − TTFT in the counterfactual is its recorded E2E − TTFT with the
+savings of the steps that ended after its first token taken off, and with the prefill steps
+that interleave with its decoding re-placed: under a prefill-first schedule a prefill runs at
+the first step boundary after the arrival of the requests it prefills (its *anchor*), so the
+prefills in the request's counterfactual decode window (moved earlier by its TTFT saving and
+shortened) are those anchored in it, not those recorded in its window — a faster server has
+fewer arrivals during each request's decoding (:class:`_Prefills`, a fixed point of the
+window's end); its TPOT saving is the difference over its output tokens − 1. The predictions
+are over the requests whose steps were all analysed (arrival at or after the first analysed
+step began, finish at or before the last ended). At most :data:`MAX_REPLAY_STEPS` steps are
+replayed per rank (evenly spaced); the others take the median saving of the replayed steps of
+their kind from the onset on. A schedule other than prefill-first (chunked prefill mixed into
+decode steps) keeps its recorded mix: its mixed steps carry their own savings.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
@@ -61,34 +70,72 @@ def _se_median(x: np.ndarray) -> float:
     return 1.2533 * sd / math.sqrt(len(x))
 
 
+def _split(excess: np.ndarray) -> tuple[int, float]:
+    """(index, score) of the step-up of ``excess`` (finite values, in order): the split that
+    maximises the shift of the mean (values clipped to 5 robust deviations of the median, so
+    that a few steps of a starved machine do not place it), kept when the medians after and
+    before differ by more than :data:`Z` standard errors and the one after is above the noise;
+    (-1, 0) when there is none. The score is the shift in standard errors."""
+    v = np.asarray(excess, dtype=np.float64)
+    n = len(v)
+    if n < MIN_STEPS:
+        return -1, 0.0
+    med = float(np.median(v))
+    mad = float(np.median(np.abs(v - med))) * 1.4826
+    w = np.clip(v, med - 5 * mad, med + 5 * mad) if mad > 0 else v
+    c = np.cumsum(w)
+    k = np.arange(2, n - 1)
+    pre = c[k - 1] / k
+    post = (c[-1] - c[k - 1]) / (n - k)
+    best = int(k[int(np.argmax((post - pre) * np.sqrt(k * (n - k) / n)))])
+    a, b = v[:best], v[best:]
+    shift = float(np.median(b) - np.median(a))
+    noise = math.hypot(_se_median(a), _se_median(b))
+    if shift > Z * noise and float(np.median(b)) > Z * _se_median(b):
+        return best, shift / noise if noise > 0 else math.inf
+    return -1, 0.0
+
+
 def onset(excess: np.ndarray) -> int:
-    """The index in ``excess`` (a rank's per-step excess, in step order) where it steps up and
-    stays, -1 when it has no excess above the noise (see the module docstring)."""
+    """The index in ``excess`` (a rank's excess per step, in step order; NaN: no value) where
+    it steps up and stays (:func:`_split`); the first index when it is above the noise
+    throughout; -1 when it has no excess above the noise."""
     e = np.asarray(excess, dtype=np.float64)
     idx = np.flatnonzero(np.isfinite(e))
     if not len(idx):
         return -1
-    v = e[idx]
-    n = len(v)
-    whole = float(np.median(v))
-    whole_ok = whole > 0 and whole > Z * _se_median(v)
-    if n >= MIN_STEPS:
-        c = np.cumsum(v)
-        k = np.arange(2, n - 1)
-        pre = c[k - 1] / k
-        post = (c[-1] - c[k - 1]) / (n - k)
-        score = (post - pre) * np.sqrt(k * (n - k) / n)
-        best = int(k[int(np.argmax(score))])
-        a, b = v[:best], v[best:]
-        shift = float(np.median(b) - np.median(a))
-        noise = Z * math.hypot(_se_median(a), _se_median(b))
-        if (
-            shift > noise
-            and float(np.median(b)) > Z * _se_median(b)
-            and shift > 0.5 * abs(float(np.median(b)))
-        ):
-            return int(idx[best])
-    return int(idx[0]) if whole_ok else -1
+    at, _ = _split(e[idx])
+    if at >= 0:
+        return int(idx[at])
+    return int(idx[0]) if _systematic(e[idx]) > 0 else -1
+
+
+def rank_onset(ch: _Chains, sm: StepMembers, x: int) -> int:
+    """The step index rank row ``x``'s excess began at (-1: it has none): the most significant
+    step-up (:func:`_split`) of its excess at one position of the chain of its decode steps
+    (its prefill steps when it has no decode step), the compute after the last collective
+    counted as one more position; the first such step when one position is above the noise
+    throughout."""
+    decode = STEP_KINDS.index("decode")
+    code = decode if (sm.kind == decode).any() else int(np.bincount(sm.kind).argmax())
+    cols = np.flatnonzero(sm.kind == code)
+    series: list[tuple[np.ndarray, np.ndarray]] = []
+    sel = (ch.rank == x) & (sm.kind[ch.step] == code) & np.isfinite(ch.ref)
+    for p in np.unique(ch.pos[sel]).tolist():
+        m = sel & (ch.pos == p)
+        o = np.argsort(ch.step[m], kind="stable")
+        series.append((ch.step[m][o], (ch.gap[m] - ch.ref[m])[o]))
+    tail = ch.tail[x, cols] - ch.tail_ref[x, cols]
+    ok = np.isfinite(tail)
+    series.append((cols[ok], tail[ok]))
+    best, score, steady = -1, 0.0, -1
+    for steps, e in series:
+        at, sc = _split(e)
+        if at >= 0 and sc > score:
+            best, score = int(steps[at]), sc
+        elif at < 0 and len(e) and _systematic(e) > 0:
+            steady = int(steps[0]) if steady < 0 else min(steady, int(steps[0]))
+    return best if best >= 0 else steady
 
 
 class _Chains:
@@ -98,17 +145,19 @@ class _Chains:
         ri = {r: i for i, r in enumerate(mat.ranks)}
         ns = len(sm.numbers)
         self.nr, self.ns = len(mat.ranks), ns
+        # times from the first span's start: float64 holds epoch ns only to 256 ns
+        t0 = int(sm.span_start.min()) if len(sm.span_start) else 0
         start = np.full((self.nr, ns), np.nan)
         end = np.full((self.nr, ns), np.nan)
         if len(sm.span_rank):
             rix = np.asarray([ri[r] for r in sm.span_rank.tolist()], dtype=np.int64)
-            start[rix, sm.span_step] = sm.span_start
-            end[rix, sm.span_step] = sm.span_end
+            start[rix, sm.span_step] = sm.span_start - t0
+            end[rix, sm.span_step] = sm.span_end - t0
         self.start, self.end = start, end
         known = np.asarray([r in ri for r in sm.m_rank.tolist()], dtype=bool)
         rank = np.asarray([ri.get(r, 0) for r in sm.m_rank.tolist()], dtype=np.int64)[known]
         step, item = sm.m_step[known], sm.m_item[known]
-        arr, mend = sm.m_arrival[known], sm.m_end[known]
+        arr, mend = sm.m_arrival[known] - t0, sm.m_end[known] - t0
         have_span = np.isfinite(start[rank, step])
         rank, step, item, arr, mend = (a[have_span] for a in (rank, step, item, arr, mend))
         last = np.full(int(item.max(initial=-1)) + 1, np.iinfo(np.int64).min, dtype=np.int64)
@@ -189,7 +238,9 @@ def rank_savings(
     ch: _Chains, sm: StepMembers, x: int, serving: int, from_step: int, max_steps: int
 ) -> np.ndarray:
     """Per serving step, the serving rank's end recorded minus replayed with rank row ``x``
-    computing like its peers from step index ``from_step`` on (0 before; NaN: not replayed)."""
+    computing like its peers from step index ``from_step`` on (0 before; NaN: not replayed).
+    ``x`` = -1 replays every step as recorded: every saving is then 0 (the model's
+    self-check)."""
     ns = ch.ns
     out = np.zeros(ns)
     mine = ch.rank == x
@@ -198,7 +249,7 @@ def rank_savings(
     sys_tail: dict[int, float] = {}
     kinds = sm.kind
     after = ch.step >= from_step
-    for code in range(len(STEP_KINDS)):
+    for code in range(len(STEP_KINDS) if x >= 0 else 0):
         sel = mine & after & (kinds[ch.step] == code)
         ex = ch.gap[sel] - ch.ref[sel]
         for p in np.unique(ch.pos[sel]).tolist():
@@ -276,7 +327,7 @@ def request_costs(
         e = e[np.isfinite(e)]
         if len(e):
             med[i] = float(np.median(e))
-    chosen = sorted(med, key=lambda i: -med[i])[:max_ranks]
+    chosen = sorted((i for i in med if med[i] > 0), key=lambda i: -med[i])[:max_ranks]
     if not chosen:
         return ()
     ch = _Chains(sm, mat)
@@ -298,15 +349,89 @@ def request_costs(
         & (rows["finished_ns"] <= hi + 1)
         & (rows["first_token_ns"] >= 0)
     )
+    pf = _Prefills.of(steps, table, idx, ok, len(sm.numbers))
     out = []
     for i in chosen:
-        ex_all = mat.excess[i]
-        o = onset(ex_all)
+        o = rank_onset(ch, sm, i)
         if o < 0:
             continue
         saving = rank_savings(ch, sm, i, serving, o, max_steps)
-        out.append(_predict(mat.ranks[i], saving, o, sm, mat, i, end_own, table, inside, cols))
+        out.append(_predict(mat.ranks[i], saving, o, sm, mat, i, end_own, table, inside, cols, pf))
     return tuple(sorted(out, key=lambda c: (-_finite(c.tpot_saving_ns), c.rank)))
+
+
+class _Prefills:
+    """The serving rank's prefill steps as they interleave with decoding requests: each one's
+    start, its cost to a request decoding meanwhile (from the previous step's end to its end)
+    and its anchor (the latest arrival among the requests it prefilled: under a prefill-first
+    schedule it runs at the first step boundary after it)."""
+
+    def __init__(
+        self, step: np.ndarray, start: np.ndarray, cost: np.ndarray, anchor: np.ndarray
+    ) -> None:
+        self.step, self.start, self.cost, self.anchor = step, start, cost, anchor
+
+    @classmethod
+    def of(
+        cls, steps: ServingSteps, table: RequestTable, idx: np.ndarray, ok: np.ndarray, ns: int
+    ) -> _Prefills:
+        pre = np.flatnonzero((steps.kind == STEP_KINDS.index("prefill")) & ok)
+        order = np.argsort(steps.start_ns, kind="stable")
+        prev_end = np.empty(len(steps.step), dtype=np.float64)
+        prev_end[order] = np.r_[np.nan, steps.end_ns[order][:-1]]
+        cost = steps.end_ns[pre] - np.where(
+            np.isfinite(prev_end[pre]), prev_end[pre], steps.start_ns[pre]
+        )
+        anchor = steps.end_ns[pre].astype(np.float64)
+        firsts = np.ones(len(table.tok_req), dtype=bool)
+        if len(firsts):
+            firsts[1:] = table.tok_req[1:] != table.tok_req[:-1]
+        arrival = np.full(len(steps.step), -np.inf)
+        placed = firsts & (steps.tok_step >= 0)
+        np.maximum.at(
+            arrival,
+            steps.tok_step[placed],
+            table.rows["arrival_ns"][table.tok_req[placed]].astype(np.float64),
+        )
+        known = np.isfinite(arrival[pre])
+        anchor[known] = arrival[pre][known]
+        return cls(idx[pre], steps.start_ns[pre].astype(np.float64), cost.astype(np.float64),
+                   anchor)  # fmt: skip
+
+    def tpot_after(
+        self,
+        saving: np.ndarray,
+        saved: Any,
+        r: np.ndarray,
+        ttft_saving: np.ndarray,
+        rounds: int = 4,
+    ) -> np.ndarray:
+        """Each request's E2E − TTFT with the savings taken off its steps and the prefills that
+        interleave re-placed: those of the requests that arrive while it decodes in the
+        counterfactual (its decode window moved and shortened), instead of those that
+        interleaved as recorded (fixed point of the window's end)."""
+        c = self.cost - np.nan_to_num(saving[self.step], nan=0.0)
+        by_start = np.argsort(self.start, kind="stable")
+        st, cs = self.start[by_start], np.r_[0.0, np.cumsum(c[by_start])]
+        by_anchor = np.argsort(self.anchor, kind="stable")
+        an, ca = self.anchor[by_anchor], np.r_[0.0, np.cumsum(c[by_anchor])]
+        first = r["first_token_ns"].astype(np.float64)
+        fin = r["finished_ns"].astype(np.float64)
+        arrival = r["arrival_ns"].astype(np.float64)
+
+        def recorded(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+            return cs[np.searchsorted(st, b, "left")] - cs[np.searchsorted(st, a, "right")]
+
+        def anchored(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+            return ca[np.searchsorted(an, b, "right")] - ca[np.searchsorted(an, a, "right")]
+
+        shortened = (fin - first) - saved(r["first_token_ns"], r["finished_ns"])
+        shortened -= recorded(first, fin)
+        s1 = np.maximum(first - ttft_saving, arrival)
+        num = shortened + recorded(first, fin)
+        for _ in range(rounds):
+            num = shortened + anchored(s1, s1 + num)
+        return np.asarray(num, dtype=np.float64)
 
 
 def _finite(x: float) -> float:
@@ -324,6 +449,7 @@ def _predict(
     table: RequestTable,
     inside: np.ndarray,
     decode_cols: np.ndarray,
+    pf: _Prefills,
 ) -> RankCostToRequests:
     rows = table.rows
     have = np.isfinite(end_own) & np.isfinite(saving)
@@ -339,10 +465,12 @@ def _predict(
     r = rows[inside]
     ttft = table.ttft_ns[inside]
     tpot = table.tpot_ns[inside]
-    ttft_after = ttft - saved(r["arrival_ns"], r["first_token_ns"])
+    ttft_saving = saved(r["arrival_ns"], r["first_token_ns"])
+    ttft_after = ttft - ttft_saving
     n = r["output_tokens"].astype(np.float64)
     with np.errstate(invalid="ignore", divide="ignore"):
-        tpot_after = tpot - saved(r["first_token_ns"], r["finished_ns"]) / (n - 1)
+        tpot_after = pf.tpot_after(saving, saved, r, ttft_saving) / (n - 1)
+    tpot_after[n < 2] = np.nan
 
     def pct(x: np.ndarray, q: float) -> float:
         x = x[np.isfinite(x)]
@@ -380,4 +508,12 @@ def _predict(
     )
 
 
-__all__ = ["MAX_RANKS", "MAX_REPLAY_STEPS", "Z", "onset", "rank_savings", "request_costs"]
+__all__ = [
+    "MAX_RANKS",
+    "MAX_REPLAY_STEPS",
+    "Z",
+    "onset",
+    "rank_onset",
+    "rank_savings",
+    "request_costs",
+]
