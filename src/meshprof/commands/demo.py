@@ -247,6 +247,7 @@ def serve(args: argparse.Namespace) -> int:
         slow_rank=args.slow_rank,
         slow_ms=args.slow_ms,
         slow_from=args.slow_from,
+        slo=slo,
     )
     load = Load(requests=args.requests, rate=args.rate, seed=args.seed, vocab=model.vocab_size)
     out = Path(args.out)

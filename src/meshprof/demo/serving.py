@@ -24,6 +24,7 @@ from typing import Any
 
 from meshprof.errors import MeshprofError
 from meshprof.parallel.model_config import ModelConfig
+from meshprof.records.serving import ServiceLevels
 
 STOP_TOKEN = 0
 """The token that ends a request (reason ``stop``)."""
@@ -59,6 +60,8 @@ class ServeConfig:
     machine)."""
     live_interval_s: float = 1.0
     """Seconds between two live records (0: none)."""
+    slo: ServiceLevels | None = None
+    """Service levels of the live goodput and SLO attainment."""
     nice: int = 0
     """Added to the ranks' nice value (Linux): above 0 on a machine with fewer cores than busy
     processes, the frontend and the client (which only wait and relay) get a core the moment a
@@ -95,6 +98,7 @@ def serve_worker(rank: int, world_size: int, cfg: ServeConfig, out_dir: str) -> 
             monitor=False,
             layout=layout,
             live_interval_s=cfg.live_interval_s,
+            slo=cfg.slo,
         )
     ).start()
     prof = get_profiler()

@@ -183,6 +183,9 @@ class WindowFigures:
 class ServingLive:
     """A serving rank's live figures (``RankLive.serving``; see the module docstring)."""
 
+    serves_requests: bool = True
+    """This rank records requests (the serving rank, or every rank of a tensor-parallel
+    ``generate()``); False: a rank that only runs the forwards, with its decode figures."""
     requests_running: int = 0
     """Requests scheduled and not finished (``vllm:num_requests_running``)."""
     requests_waiting: int = 0

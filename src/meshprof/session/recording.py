@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from meshprof.monitor.step_detect import STEP_DETECT_MODES, StepDetector, step_detect_mode
 from meshprof.process import process_rank
+from meshprof.records.serving import ServiceLevels
 from meshprof.rundir.schema import HANG_DIR, Manifest
 
 if TYPE_CHECKING:
@@ -101,6 +102,9 @@ class SessionConfig:
     """Spans and memory samples the step monitor keeps in memory (0: its own limit, a million):
     the rank writer appends them to the segments every tick, so a small bound (``meshprof run``
     keeps 16,384) keeps a weeks-long run's memory flat."""
+    slo: ServiceLevels | None = None
+    """Service levels a serving rank's live goodput and SLO attainment count against
+    (``meshprof run --slo``)."""
     serving_hooks: bool = False
     """Recognize Hugging Face ``generate()`` calls as serving (each batch row a request, the
     forwards prefill and decode steps: :mod:`meshprof.monitor.hf_generate`); ``meshprof
@@ -394,6 +398,7 @@ class RecordingSession:
                 rank=self.config.rank,
                 layout=layout,
                 extra=self.meta,
+                slo=self.config.slo,
             )
             if self.writer is not None:
                 self.live.storage_state = lambda: self.writer.storage_state if self.writer else ""
