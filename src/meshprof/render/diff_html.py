@@ -26,6 +26,7 @@ from meshprof.render.format import (
     is_missing,
 )
 from meshprof.render.html_parts import html_page, html_table
+from meshprof.render.serving_html import serving_diff_html
 from meshprof.rundir.atomic import atomic_write_text
 
 _E = html.escape
@@ -185,6 +186,7 @@ def render_diff_html(d: RunDiff, title: str = "meshprof diff") -> str:
         ("Collectives by op and message size", _collectives(d)),
         ("Communication share by dimension", _shares(d)),
         ("Memory and throughput", _memory_throughput(d)),
+        ("Serving", serving_diff_html(d.serving)),
     ]
     subject = f"<code>{_E(d.a_path)}</code> → <code>{_E(d.b_path)}</code>"
     return html_page(title, subject, sections)

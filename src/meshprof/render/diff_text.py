@@ -25,6 +25,7 @@ from meshprof.render.format import (
     fmt_signed_pct,
     is_missing,
 )
+from meshprof.render.serving_text import print_serving_diff
 
 MAX_ROWS = 10
 """Rows a table shows in the terminal (the largest changes)."""
@@ -121,6 +122,7 @@ def print_diff(d: RunDiff, console: Console) -> None:
     if tp.tokens_per_s is not None:
         rates.append(_rate_text("tokens/s", tp.tokens_per_s))
     console.print("throughput: " + "; ".join(rates), highlight=False)
+    print_serving_diff(d.serving, console)
     b = d.bottlenecks
     if not b.appeared and not b.vanished:
         console.print("Bottlenecks and findings: the same in both runs.")

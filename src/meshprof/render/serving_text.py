@@ -10,6 +10,7 @@ import datetime as _dt
 from rich.console import Console
 from rich.table import Table
 
+from meshprof.analyze.diff.serving_diff import ServingDiff, ServingFigureDiff
 from meshprof.analyze.serve.types import LatencyStats, RequestLatencies, ServingReport
 from meshprof.render.format import fmt_delta_ns, fmt_ns, fmt_pct, fmt_rate
 from meshprof.render.verdict import say
@@ -208,5 +209,51 @@ def print_serving_brief(rep: RunReport, console: Console) -> None:
         say(console, f.title, "    ", f"  {f.severity}: ")
 
 
-__all__ = ["FIGURES", "goodput_line", "headline", "latency_table", "print_serving",
-           "print_serving_brief"]  # fmt: skip
+def figure_value(x: float, unit: str) -> str:
+    """A serving figure for people (ns, a rate, a share)."""
+    if unit == "ns":
+        return fmt_ns(x)
+    if unit == "fraction":
+        return fmt_pct(x)
+    return fmt_rate(x)
+
+
+def figure_delta(f: ServingFigureDiff) -> str:
+    """B − A of a serving figure, with its relative change."""
+    if f.unit == "ns":
+        d = fmt_delta_ns(f.delta)
+    elif f.unit == "fraction":
+        d = f"{f.delta * 100:+.1f} points" if f.delta == f.delta else "-"
+    else:
+        d = f"{f.delta:+.3g}/s" if f.delta == f.delta else "-"
+    return d + (f", {f.rel:+.1%}" if f.rel == f.rel else "")
+
+
+def print_serving_diff(d: ServingDiff | None, console: Console) -> None:
+    """Two serving runs compared (nothing when neither served requests)."""
+    if d is None or d.note:
+        return
+    t = Table(
+        title=f"serving: {d.a_requests} → {d.b_requests} requests (B − A)", title_justify="left"
+    )
+    for c in ("figure", "A", "B", "change"):
+        t.add_column(c, justify="left" if c == "figure" else "right")
+    for f in d.figures:
+        t.add_row(f.figure, figure_value(f.a, f.unit), figure_value(f.b, f.unit), figure_delta(f))
+    console.print(t)
+    for sign, what, items in (("+", "appeared", d.appeared), ("-", "vanished", d.vanished)):
+        for title in items:
+            say(console, f"{sign} {what}: {title}", "    ", "  ")
+
+
+__all__ = [
+    "FIGURES",
+    "figure_delta",
+    "figure_value",
+    "goodput_line",
+    "headline",
+    "latency_table",
+    "print_serving",
+    "print_serving_brief",
+    "print_serving_diff",
+]
