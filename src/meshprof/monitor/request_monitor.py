@@ -39,8 +39,11 @@ _active: RequestMonitor | None = None
 _lock = threading.Lock()
 
 MAX_ROWS = 1 << 18
-"""Token rows (and finished-request rows) waiting for the writer at most: more than a tick's
-worth at any realistic rate (the writer appends them every half second)."""
+"""Token rows kept for the writer and the live publisher at most: more than a tick's worth at
+any realistic rate (they read them every half second and every second)."""
+MAX_FINISHED = 1 << 14
+"""Finished-request rows kept for them at most (16,384 requests finishing within a second:
+beyond any one server's rate)."""
 MAX_INFLIGHT = 100_000
 """Requests tracked at once at most (a loop that never finishes its requests stays bounded)."""
 
@@ -75,11 +78,17 @@ def forget_request_monitor() -> None:
 class RequestMonitor:
     """The requests of one serving process (see the module docstring)."""
 
-    def __init__(self, *, max_rows: int = MAX_ROWS, max_inflight: int = MAX_INFLIGHT) -> None:
+    def __init__(
+        self,
+        *,
+        max_rows: int = MAX_ROWS,
+        max_finished: int = MAX_FINISHED,
+        max_inflight: int = MAX_INFLIGHT,
+    ) -> None:
         global _active
         self._states: dict[int, list[int]] = {}
         self._token_rows: deque[tuple[int, int, int]] = deque(maxlen=max(int(max_rows), 1))
-        self._finished_rows: deque[tuple[Any, ...]] = deque(maxlen=max(int(max_rows), 1))
+        self._finished_rows: deque[tuple[Any, ...]] = deque(maxlen=max(int(max_finished), 1))
         self.max_inflight = max(int(max_inflight), 1)
         self._next_id = 0
         self.begun = 0
@@ -300,6 +309,7 @@ class Request:
 
 
 __all__ = [
+    "MAX_FINISHED",
     "MAX_INFLIGHT",
     "MAX_ROWS",
     "TOKEN_DTYPE",

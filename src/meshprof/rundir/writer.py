@@ -36,14 +36,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from meshprof.events import MEMORY_DTYPE, REQUEST_DTYPE, SPAN_DTYPE, TOKEN_DTYPE
-from meshprof.monitor.request_monitor import get_request_monitor
+from meshprof.events import MEMORY_DTYPE, SPAN_DTYPE
 from meshprof.process import env_rank
 from meshprof.rundir.rankfile import rank_data
 from meshprof.rundir.row_tail import RowTail, rows_since
 from meshprof.rundir.schema import RANK_FORMAT, ExitStatus, RankMeta
 from meshprof.rundir.segment_writer import SegmentWriter, StorageLimits, describe_stop
-from meshprof.rundir.segments import BATCH_DTYPE, TICK_S, batch_payload, serving_payload
+from meshprof.rundir.segments import BATCH_DTYPE, TICK_S, batch_payload
+from meshprof.rundir.serving_rows import ServingRows
 from meshprof.rundir.step_totals import StepTotals
 
 if TYPE_CHECKING:
@@ -127,11 +127,7 @@ class RankWriter:
         self._overrun = 0
         self._spans_tail = RowTail()
         self._memory_tail = RowTail()
-        self._requests_tail = RowTail()
-        self._tokens_tail = RowTail()
-        self.requests: Any = None
-        """The request monitor whose rows are appended (None: the process' active one,
-        :func:`~meshprof.monitor.request_monitor.get_request_monitor`, looked up every tick)."""
+        self.serving = ServingRows()  # a serving rank's requests and tokens not appended yet
         self._totals = StepTotals()
         self._steps_written = 0
         self._steps_pending: list[np.ndarray] = []
@@ -260,8 +256,7 @@ class RankWriter:
             # under it goes, and everything the ring still holds is written under the real one
             store.discard()
             self._log, self._next_id, self._overrun, self._events_written = None, 0, 0, 0
-            self._spans_tail, self._memory_tail = RowTail(), RowTail()
-            self._requests_tail, self._tokens_tail = RowTail(), RowTail()
+            self._spans_tail, self._memory_tail, self.serving = RowTail(), RowTail(), ServingRows()
             self._totals, self._steps_pending, self._steps_written = StepTotals(), [], 0
         self.store = store = SegmentWriter(
             self.run_dir, rank, self.limits, self.run_id, on_stop=self._on_storage_stop
@@ -275,8 +270,7 @@ class RankWriter:
         return store
 
     def _tick(self, final: bool = False) -> None:
-        """One tick (lock held): flush the recorder, append the new rows as one batch (and the
-        serving rows as one serving chunk; ``final``: with the requests still running)."""
+        """One tick (lock held): flush the recorder, append the new rows as one batch."""
         t0 = time.time_ns()
         prof = self.prof
         # one instant: the events completed by it and the collectives in flight at it (each
@@ -302,7 +296,7 @@ class RankWriter:
         spans = rows_since(getattr(mon, "span_rows", None), self._spans_tail, SPAN_DTYPE)
         memory = rows_since(getattr(mon, "memory_rows", None), self._memory_tail, MEMORY_DTYPE)
         self._totals.add(events, spans, memory)
-        self._append_serving(store, t0, final)
+        self.serving.append(store, t0, final)  # (``final``: with the requests still running)
         if self._tables_changed():
             self._write_meta(True, fsync=False)
         inflight = reading.pending.rows
@@ -325,21 +319,6 @@ class RankWriter:
             self._events_written += len(events)
             self._last_batch_ns = t0
         self._append_steps()
-
-    def _append_serving(self, store: SegmentWriter, t0: int, final: bool) -> None:
-        """The requests finished and the tokens emitted since the last tick, as one serving
-        chunk (at the last write also the requests still running)."""
-        rm = self.requests if self.requests is not None else get_request_monitor()
-        if rm is None:
-            return
-        reqs = rows_since(rm.finished_rows, self._requests_tail, REQUEST_DTYPE)
-        toks = rows_since(rm.token_rows, self._tokens_tail, TOKEN_DTYPE)
-        if final:
-            running = rm.inflight_rows()
-            if len(running):
-                reqs = np.concatenate([reqs, running])
-        if len(reqs) or len(toks):
-            store.append_serving(serving_payload(reqs, toks), len(reqs), len(toks), t0)
 
     def _side_table(self, log: Any, first: int, n: int) -> bytes:
         """The error texts and metadata of events ``first`` .. ``first + n - 1`` (JSON)."""
@@ -424,9 +403,7 @@ class RankWriter:
         mon = self.monitor
         if mon is not None:
             meta = meta.updated(span_names=list(mon.span_names), monitor=mon.to_meta())
-        rm = self.requests if self.requests is not None else get_request_monitor()
-        if rm is not None:
-            meta = meta.updated(serving=rm.counters())
+        meta = self.serving.counted(meta)
         extra = {k: v for k, v in self.extra_meta.items() if k not in ("exit", "writer")}
         if extra:
             meta = meta.updated(**extra)
@@ -444,11 +421,10 @@ class RankWriter:
             meta.exit,
             meta.world_size,
             len(meta.groups or []),
-            repr(meta.clock_sync),
+            repr((meta.clock_sync, meta.serving)),
             store.stopped,
             self._steps_written,
             self._events_written,
-            repr(meta.serving),
         )
         if not force and sig == self._last_sig:
             return None

@@ -4,9 +4,9 @@ thread beyond those appends).
 
 Each publish folds the requests finished and the tokens emitted since the last one into
 cumulative histograms (bounded: one count per bucket, for weeks of serving) and into the recent
-window (the last :data:`WINDOW_S` seconds, bounded deques), from which the percentiles, rates,
-error rate and goodput are taken; the definitions are the report's (docs/definitions.md,
-Serving). The decode figures come from the step monitor's recent steps named ``decode``: their
+window (the last :data:`WINDOW_S` seconds: bounded deques, trimmed to it at every publish), from
+which the percentiles, rates, error rate and goodput are taken; the definitions are the
+report's (docs/definitions.md, Serving). The decode figures come from the step monitor's recent steps named ``decode``: their
 median duration and median compute (duration − the union of the step's collectives), on every
 rank, so that a rank slow in decode stands out against its peers.
 """
@@ -32,8 +32,9 @@ from meshprof.rundir.row_tail import RowTail, rows_since
 
 WINDOW_S = 60.0
 """Seconds of the recent window."""
-MAX_RECENT = 100_000
-"""Requests (and gaps, and emissions) the window holds at most."""
+MAX_RECENT = 50_000
+"""Requests (and gaps, and emissions) the window holds at most: at more than this many per
+minute, the window's percentiles are over the last 50,000."""
 MAX_TRACKED = 100_000
 """Requests whose last emission is remembered at most (for the next gap)."""
 _SUCCESS = (FINISH_CODES["stop"], FINISH_CODES["length"])
@@ -159,6 +160,9 @@ class LiveServing:
     def window(self, now_ns: int) -> WindowFigures:
         """The figures over the last :attr:`window_s` seconds before ``now_ns``."""
         lo = now_ns - int(self.window_s * 1e9)
+        for dq in (self._recent, self._gaps, self._emitted):  # older than the window: gone
+            while dq and dq[0][0] < lo:
+                dq.popleft()
         rec = [x for x in self._recent if x[0] >= lo]
         gaps = [g for t, g in self._gaps if t >= lo]
         emitted = [(t, n) for t, n in self._emitted if t >= lo]

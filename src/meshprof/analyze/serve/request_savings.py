@@ -196,9 +196,14 @@ class _Chains:
         o = np.lexsort((self.rank, self.item))
         _, starts = np.unique(self.item[o], return_index=True)
         ends = np.r_[starts[1:], len(o)]
-        for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
-            if b - a < 2:
-                continue
+        size = ends - starts
+        # two members of one stage (a tensor-parallel pair, the usual case): each other's gap
+        pair = starts[size == 2]
+        a_m, b_m = o[pair], o[pair + 1]
+        same = self.stage[self.rank[a_m]] == self.stage[self.rank[b_m]]
+        ref[a_m[same]] = self.gap[b_m[same]]
+        ref[b_m[same]] = self.gap[a_m[same]]
+        for a, b in zip(starts[size > 2].tolist(), ends[size > 2].tolist(), strict=True):
             m = o[a:b]
             st = self.stage[self.rank[m]]
             g = self.gap[m]
