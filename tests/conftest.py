@@ -1,11 +1,18 @@
 """Shared test fixtures: a clean recorder around every test, and ``cli``, the one way tests run
-the ``meshprof`` command line."""
+the ``meshprof`` command line; and how the suite runs in parallel (pytest-xdist, see
+tests/README.md): the number of workers, one work unit per module, the heaviest modules first,
+and the ``serial`` marker for tests that must have the machine to themselves."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,18 +34,25 @@ class MeshprofCli:
     * ``cli.start(*args)``: the same process started and not waited for (several at once).
     """
 
-    def __init__(self, capsys: pytest.CaptureFixture[str]) -> None:
+    def __init__(self, capsys: pytest.CaptureFixture[str] | None) -> None:
         self._capsys = capsys
 
     def __call__(self, *args: CliArg) -> subprocess.CompletedProcess[str]:
         from meshprof.cli import main
 
+        if self._capsys is None:
+            raise RuntimeError("cli_processes runs commands as processes only: .process/.start")
         argv = [os.fspath(a) for a in args]
         self._capsys.readouterr()  # what the test printed before is not the command's output
+        env = dict(os.environ)  # a command may set variables for its children (meshprof run)
         try:
             code = main(argv)
         except SystemExit as e:  # argparse: usage errors (2), --help (0)
             code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        finally:
+            if os.environ != env:  # ... which must not leak into the tests that follow
+                os.environ.clear()
+                os.environ.update(env)
         out = self._capsys.readouterr()
         return subprocess.CompletedProcess(["meshprof", *argv], code, out.out, out.err)
 
@@ -75,6 +89,13 @@ def cli(capsys: pytest.CaptureFixture[str]) -> MeshprofCli:
     return MeshprofCli(capsys)
 
 
+@pytest.fixture(scope="session")
+def cli_processes() -> MeshprofCli:
+    """The command line for fixtures of a wider scope (a job that a module's tests share):
+    ``.process``, ``.start`` and ``.command`` only."""
+    return MeshprofCli(None)
+
+
 @pytest.fixture(autouse=True)
 def _reset_meshprof() -> Iterator[None]:
     import meshprof
@@ -82,3 +103,100 @@ def _reset_meshprof() -> Iterator[None]:
     meshprof.reset()
     yield
     meshprof.reset()
+
+
+# --- running the suite in parallel (pytest-xdist; pyproject's addopts: -n auto, loadgroup) -------
+
+WORKERS_PER_CPU = 1.5
+"""Workers per CPU core of a full run: the tests mostly wait on their subprocesses (ranks that
+sleep, time out or wait for a peer), so a few more workers than cores keep the cores busy."""
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto``: PYTEST_XDIST_AUTO_NUM_WORKERS when set; 0 (every test in this process, as
+    without xdist) when the command line names one file or test; else 1.5 per core, at least 2."""
+    env = os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS")
+    if env:
+        return int(env)
+    named = [a for a in config.args if a.endswith(".py") or "::" in a]
+    if len(config.args) == 1 and named:
+        return 0
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(2, min(8, round((cpus or 1) * WORKERS_PER_CPU)))
+
+
+def _weight(item: pytest.Item) -> int:
+    """How long a test is expected to take, roughly: ``slow`` ones (over ~20 s) count 20."""
+    return 20 if item.get_closest_marker("slow") is not None else 1
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under xdist, each module is one work unit (``xdist_group`` named after the module, unless
+    the test names a group of its own), so a module-scoped fixture (a job shared by the module's
+    tests) runs once; units are handed out heaviest first (sum of :func:`_weight`), so no long
+    module starts last while the other workers sit idle."""
+    if not getattr(config.option, "loadgroup", False):  # (set by xdist in its workers)
+        return
+    groups: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
+        mark = item.get_closest_marker("xdist_group")
+        assert mark is not None
+        name = str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+        groups.setdefault(name, []).append(item)
+    order = sorted(groups.values(), key=lambda g: -sum(_weight(i) for i in g))  # stable
+    items[:] = [item for group in order for item in group]
+
+
+def _lock_folder(run: str) -> Path:
+    return Path(tempfile.gettempdir()) / f"meshprof-tests-{run}"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The controller of a parallel run names the run (xdist hands the id to its workers), so
+    that it can remove the run's lock files at the end."""
+    parallel = getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput")
+    if parallel and getattr(config.option, "testrunuid", None) is None:
+        config.option.testrunuid = uuid.uuid4().hex
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    run = getattr(config.option, "testrunuid", None)
+    if run and not hasattr(config, "workerinput"):
+        shutil.rmtree(_lock_folder(run), ignore_errors=True)
+
+
+def _lock(path: Path, mode: int) -> int:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, mode)
+    return fd
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """A test marked ``serial`` runs alone: while it (with its fixtures) runs, no other worker
+    of this run runs a test; it waits for the running ones to end, and new ones wait for it. A
+    readers-writer lock over two files of this run (``flock``): every test holds ``main``
+    shared, a serial test exclusively; ``gate`` makes a waiting serial test go first."""
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if not run:  # one process: tests run one at a time anyway
+        yield
+        return
+    folder = _lock_folder(run)
+    folder.mkdir(exist_ok=True)
+    serial = item.get_closest_marker("serial") is not None
+    gate = _lock(folder / "gate", fcntl.LOCK_EX)
+    main = -1
+    try:
+        main = _lock(folder / "main", fcntl.LOCK_EX if serial else fcntl.LOCK_SH)
+        if not serial:
+            os.close(gate)  # (closing the descriptor releases its lock)
+            gate = -1
+        yield
+    finally:
+        for fd in (main, gate):
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)

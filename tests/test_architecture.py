@@ -32,6 +32,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "meshprof.process",
             "meshprof.forking",
             "meshprof.gc_pause",
+            "meshprof.lazy",
             "meshprof.native_build",
             "meshprof.records",
         ),

@@ -217,7 +217,9 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, cli, case, message):
     assert p.stderr.startswith("meshprof diff: error: ")
 
 
-def test_html_page_and_text_summary(tmp_path, cli):
+def test_html_page_and_text_summary(tmp_path, cli, monkeypatch):
+    # a terminal wide enough for the paths (a parallel run's tmp_path is longer): no line wraps
+    monkeypatch.setenv("COLUMNS", "240")
     a, b = tmp_path / "a", tmp_path / "run<&>"
     synthetic_run(a, 4, OFFSETS, collectives=BASE)
     synthetic_run(b, 4, OFFSETS, collectives=((4096, 1 * MS), (MIB, 4 * MS)))

@@ -146,7 +146,7 @@ def test_bad_files(tmp_path: Path) -> None:
         load_trace(other)
 
 
-DELAY_S = 0.15
+DELAY_S = 0.4  # long against how far apart two ranks leave a barrier on a loaded machine
 
 
 def _profiled_allreduce(rank: int, world: int, out: str) -> dict:

@@ -91,8 +91,18 @@ def test_the_verdict_names_the_slow_rank_and_prices_it(tmp_path: Path, cli) -> N
     assert strag.money == pytest.approx(strag.gpu_hours * 2.5)
     assert [v.ns_per_step for v in items] == sorted((v.ns_per_step for v in items), reverse=True)
     assert all(v.share_of_step >= 0.02 for v in items)
-    # the straggler explains the waiting: no separate "waiting for late ranks"
-    assert all(v.cause != TimeCause.STRAGGLER_WAIT for v in items)
+    # the waiting the ledger shows is in the verdict too, attributed to the rank the others
+    # waited for (from the arrivals), which the what-if prices above (issue 41: before, it was
+    # dropped whenever a straggler was named)
+    wait = next(v for v in items if v.cause == TimeCause.STRAGGLER_WAIT)
+    assert wait.ranks == (2,) and "rank 2" in wait.title
+    assert "priced above" in wait.evidence
+    # the verdict never hides what the ledger shows: every part of 2 % of the step or more
+    led = rep[LEDGER]
+    shown = [k for k, n in led.job.parts.items() if k != "compute" and n >= 0.02 * led.job.wall_ns]
+    assert shown and all(any(v.cause == k for v in items) for k in shown), (shown, items)
+    brief = cli("report", tmp_path).stdout.split("Verdict")[1]
+    assert all(v.title in brief.replace("\n     ", " ") for v in items), brief
     d = json.loads(cli("report", tmp_path, "--json", "--gpu-hour-price", "2.5").stdout)
     assert next(iter(d)) == "verdict" and d["verdict"][0]["cause"] in {
         "straggler",

@@ -141,14 +141,13 @@ def test_live_state_of_a_running_job(cli, tmp_path: Path) -> None:  # type: igno
         second = wait_for(later)
         assert all(second.ranks[r].updated_ns > first.ranks[r].updated_ns for r in (0, 1))
         r0, r1 = second.ranks[0], second.ranks[1]
-        # both ranks step together: ~base + extra per step (busy compute, CPU time counts)
+        # both ranks step together: ~base + extra per step (the slept work and the all_reduce)
         for r in (r0, r1):
             assert 60e6 <= r.step_ns <= 250e6, r.step_ns
             assert r.steps_per_s == pytest.approx(1e9 / r.step_ns, rel=0.35)
         # rank 0 waits for rank 1 in the all_reduce: its exposed share is about extra / step
         assert r0.exposed_share > r1.exposed_share
-        # (at least; time the OS gives other processes during rank 0's busy compute counts as
-        # blocked too, so a loaded machine adds to it)
+        # (at least: a loaded machine makes the all_reduces themselves longer)
         assert r0.exposed_share >= 0.03e9 / r0.step_ns - 0.12
         # rank 1 computes 30 ms more per step: the live straggler, with about that excess
         assert [s.rank for s in second.stragglers] == [1]
@@ -185,6 +184,7 @@ def test_live_stragglers_are_looked_for_within_a_pipeline_stage(tmp_path: Path) 
     assert s.rank == 3 and s.median_compute_ns == 110_000_000 and s.excess_ns == 40_000_000
 
 
+@pytest.mark.serial  # shares within 5 % and in-flight ages under 200 ms: no job beside it
 def test_live_figures_are_the_reports_on_the_same_steps(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """An unmodified DDP job whose gradient buckets overlap the backward (async all_reduces in
     flight together): the live record's step time, compute, communication and exposed shares

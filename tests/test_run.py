@@ -82,11 +82,30 @@ def test_run_ddp_script_records_every_collective_and_step(tmp_path: Path, cli) -
     )
 
 
+def _group_dims(report: dict) -> dict[str, str]:
+    """Group name -> the dimension the report gives it."""
+    return {g["name"]: g["dimension"] for g in report["collectives"]["groups"]}
+
+
+def _advice(report: dict) -> list[str]:
+    """Every suggestion the report makes: the verdict's, the rules' (run and per rank)."""
+    out = [v["action"] for v in report["verdict"]]
+    out += [b["suggestion"] for b in report["bottlenecks"]]
+    for a in report["rank_analyses"]:
+        out += [b["suggestion"] for b in a["bottlenecks"]]
+    return out
+
+
 @pytest.mark.timeout(180)
 def test_run_inference_script_gets_a_step_per_request(tmp_path: Path, cli) -> None:
     """A tensor-parallel inference script (DTensor over gloo, no optimizer) under the default
     --step-detect auto: each request (one outermost forward) is a step, and the report's latency
-    percentiles and request rate match the script's own timing of its requests."""
+    percentiles and request rate match the script's own timing of its requests.
+
+    Its DeviceMesh names its one dimension "tp" and spans every rank, so DeviceMesh reuses the
+    world group for it (as transformers' TP does): the report calls that group's collectives
+    tp (DeviceMesh's own ``get_group()`` is the oracle), gives no gradient advice to a job with
+    no backward and no optimizer, and counts CPU-hours (gloo on a machine without CUDA)."""
     out = tmp_path / "run"
     oracle_dir = tmp_path / "oracle"
     oracle_dir.mkdir()
@@ -111,10 +130,27 @@ def test_run_inference_script_gets_a_step_per_request(tmp_path: Path, cli) -> No
         assert steps["step"].tolist() == list(range(requests))
         assert rd.meta["step_detection"] == "forward"
         assert len(rd.events) >= requests  # the row-parallel all_reduce of every request
-    rep = cli("report", str(out), "--json")
+    rep = cli("report", str(out), "--json", "--all-causes")
     assert rep.returncode == 0, rep.stderr
-    rows = json.loads(rep.stdout)["ranks"]
+    report = json.loads(rep.stdout)
+    rows = report["ranks"]
     assert [r["rank"] for r in rows] == [0, 1]
+    # the layout from the job itself: the tp dimension is the world group, and it is tp
+    for r in (0, 1):
+        groups = json.loads((oracle_dir / f"oracle_rank{r}.json").read_text())["groups"]
+        assert groups["tp"] == groups["world"] == {"name": "0", "ranks": [0, 1]}
+        assert run.ranks[r].meta.groups[0].mesh_dims == ["tp"]
+        assert run.ranks[r].meta.layout_assumed  # (no --layout: pure DP was assumed)
+    assert _group_dims(report) == {"0": "tp"}
+    causes = {v["cause"] for v in report["verdict"]}
+    assert "exposed_comm_tp" in causes and "exposed_comm_dp" not in causes
+    assert not [a for a in _advice(report) if "gradient" in a]
+    tp = next(v for v in report["verdict"] if v["cause"] == "exposed_comm_tp")
+    assert "forward-only" in tp["action"]
+    assert {v["device"] for v in report["verdict"]} == {"CPU"}
+    assert all(v["device_hours"] == v["gpu_hours"] > 0 for v in report["verdict"])
+    text = cli("report", str(out), "--all-causes").stdout
+    assert "CPU-h" in text and "GPU-h" not in text and "exposed data-parallel" not in text
     for row in rows:
         oracle = json.loads((oracle_dir / f"oracle_rank{row['rank']}.json").read_text())
         assert row["steps"] == oracle["requests"] == requests
@@ -128,6 +164,70 @@ def test_run_inference_script_gets_a_step_per_request(tmp_path: Path, cli) -> No
         assert row["step_p50_ns"] <= row["step_p95_ns"] <= row["step_p99_ns"]
         rate = requests * 1e9 / oracle["elapsed_ns"]
         assert abs(row["steps_per_s"] - rate) <= 0.15 * rate, (row, rate)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_run_names_each_group_by_its_device_mesh_dimension(tmp_path: Path, cli) -> None:
+    """4 ranks, a DeviceMesh of dp=2 x tp=2 with named dimensions (TP inside each replica, an
+    all_reduce over dp per request, one over the world): every group is named for the dimension
+    DeviceMesh says it serves (the script's ``mesh.get_group(dim)``), and the world group, which
+    no mesh names, is not taken for data parallelism (the assumed pure-DP layout is refuted)."""
+    out, oracle_dir = tmp_path / "run", tmp_path / "oracle"
+    oracle_dir.mkdir()
+    script = str(SCRIPTS / "run_infer_tp.py")
+    p = cli.process(
+        "run", "--nproc-per-node", "4", "-o", str(out), "--no-summary",
+        script, str(oracle_dir), "4", "dp=2,tp=2", timeout=280,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr[-3000:]
+    rep = cli("report", str(out), "--json")
+    assert rep.returncode == 0, rep.stderr
+    report = json.loads(rep.stdout)
+    dims = _group_dims(report)
+    run = load_run(out)
+    for r in range(4):
+        groups = json.loads((oracle_dir / f"oracle_rank{r}.json").read_text())["groups"]
+        recorded = {g.name: g for g in run.ranks[r].meta.groups}
+        for dim in ("dp", "tp"):
+            name = groups[dim]["name"]
+            assert dims[name] == dim, (r, dim, groups[dim], dims)
+            assert list(recorded[name].ranks) == groups[dim]["ranks"]
+            assert recorded[name].mesh_dims == [dim]
+            assert len(groups[dim]["ranks"]) == 2  # a real subgroup, not the world
+        assert dims[groups["world"]["name"]] == "other"  # neither dp nor tp: all of them
+    assert not [a for a in _advice(report) if "gradient" in a]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(
+    ("mesh", "layout", "dim"),
+    [
+        ("unnamed", None, "dp"),  # no names: today's inference (pure DP assumed)
+        ("tp", "dp=2,tp=1,pp=1", "dp"),  # the user's --layout overrides the mesh's names
+    ],
+)
+def test_run_without_mesh_names_or_with_layout(
+    tmp_path: Path, cli, mesh: str, layout: str | None, dim: str
+) -> None:
+    """Where the job names nothing, the assumed layout still decides; where the user gives
+    --layout, it wins over the job's DeviceMesh names (which are still recorded)."""
+    out, oracle_dir = tmp_path / "run", tmp_path / "oracle"
+    oracle_dir.mkdir()
+    given = ("--layout", layout) if layout else ()
+    p = cli.process(
+        "run", "--nproc-per-node", "2", "-o", str(out), "--no-summary", *given,
+        str(SCRIPTS / "run_infer_tp.py"), str(oracle_dir), "4", mesh, timeout=280,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr[-3000:]
+    run = load_run(out)
+    world = run.ranks[0].meta.groups[0]
+    assert world.desc == "default_pg" and world.mesh_dims == (["tp"] if mesh == "tp" else None)
+    assert run.ranks[0].meta.layout_assumed is (True if layout is None else None)
+    report = json.loads(cli("report", str(out), "--json", "--all-causes").stdout)
+    assert _group_dims(report) == {"0": dim}
+    assert not [a for a in _advice(report) if "gradient" in a]  # still no backward
 
 
 @pytest.mark.timeout(180)
@@ -183,13 +283,27 @@ def test_run_module_that_raises(tmp_path: Path, cli) -> None:
     ],
 )
 def test_run_bad_input_is_one_line_and_exit_2(
-    tmp_path: Path, args: tuple[str, ...], message: str, cli
+    tmp_path: Path, args: tuple[str, ...], message: str, cli, monkeypatch
 ) -> None:
+    # in this process (the command's own code path: main's return code and stderr); one case
+    # runs in a fresh interpreter below
     (tmp_path / "x.py").write_text("print('never runs')\n")
-    p = cli.process("run", "-o", str(tmp_path / "out"), *args, cwd=tmp_path, timeout=60)
+    monkeypatch.chdir(tmp_path)
+    p = cli("run", "-o", str(tmp_path / "out"), *args)
     assert p.returncode == 2
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], p.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_run_bad_input_in_a_fresh_interpreter_is_one_line_and_exit_2(tmp_path: Path, cli) -> None:
+    """The same as a process: nothing else reaches stderr (an import's warning, a traceback)."""
+    (tmp_path / "x.py").write_text("print('never runs')\n")
+    args = ("--hang-timeout", "soon", "x.py")
+    p = cli.process("run", "-o", str(tmp_path / "out"), *args, cwd=tmp_path, timeout=60)
+    assert p.returncode == 2
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--hang-timeout 'soon': expected a number" in lines[0], p.stderr
     assert not (tmp_path / "out").exists()
 
 
@@ -414,3 +528,43 @@ def test_run_sigkilled_rank_is_recovered_and_named_first(tmp_path: Path, cli) ->
     assert cli("report", str(out), "--html", str(tmp_path / "r.html")).returncode == 0
     page = (tmp_path / "r.html").read_text()
     assert page.index(head) < page.index("<h2>Summary</h2>")  # the HTML leads with it
+
+
+@pytest.mark.timeout(240)
+def test_the_launcher_needs_no_torch_and_a_failed_build_falls_back(tmp_path: Path) -> None:
+    """The launcher never imports torch (its torchrun process makes the native recorder ready
+    and says the versions): with an empty extension cache and a compiler that fails, the job
+    still runs and exits 0, torchrun says once that it records with Python, the rank recorded
+    with the Python kernel, and the manifest has torchrun's versions."""
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "run"
+    launcher = (
+        "import atexit, runpy, sys\n"
+        "atexit.register(lambda: print('LAUNCHER_TORCH', 'torch' in sys.modules, file=sys.stderr))\n"
+        "sys.argv = ['meshprof', *sys.argv[1:]]\n"
+        "runpy.run_module('meshprof.cli', run_name='__main__')\n"
+    )
+    args = ["run", "-o", str(out), "--no-summary", str(SCRIPTS / "run_nodes.py"), "-1", "0"]
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path / "ext"), "CXX": "/bin/false"}
+    env.pop("MESHPROF_NATIVE", None)
+    p = subprocess.run(
+        [sys.executable, "-c", launcher, *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=200,
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "LAUNCHER_TORCH False" in p.stderr, p.stderr[-3000:]
+    assert p.stderr.count("meshprof run: recording with the Python kernel") == 1, p.stderr
+    assert "meshprof run: building the native recorder" in p.stderr
+    run = load_run(out)
+    assert sorted(run.ranks) == [0] and run.manifest["status"] == "ok"
+    assert run.ranks[0].meta.recorder is not None
+    assert run.ranks[0].meta.recorder.kernel == "python"
+    assert op_names(run.ranks[0].events) == ["all_reduce"] * 3 + ["barrier"]
+    versions = run.manifest["versions"]
+    assert versions["torch"] and versions["recorder"]["kernel"] == "python", versions

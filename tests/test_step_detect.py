@@ -79,6 +79,31 @@ def test_auto_evaluation_before_training_counts_nothing_twice() -> None:
     assert session.steps_detected == len(st) == 6
 
 
+def test_auto_grad_free_forwards_inside_a_training_step_decide_nothing() -> None:
+    """A training step that runs grad-free forwards after its forward (a metric under
+    ``torch.no_grad()``; torch.compile's AOTAutograd runs its graphs as modules with autograd
+    off, torchtitan's compiled steps 12 of them) is still a training step: optimizer steps only,
+    step 0 from the first forward (before, the third grad-free forward decided "inference")."""
+    first: list[int] = []
+
+    def train_with_metric(m: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
+        import time
+
+        first.append(time.time_ns())
+        opt.zero_grad()
+        loss = m(torch.ones(2, 4)).sum()
+        with torch.no_grad():
+            for _ in range(4):
+                m(torch.zeros(2, 4))  # the metric's forwards
+        loss.backward()
+        opt.step()
+
+    session, st = _steps("auto", [train_with_metric] * 3)
+    assert session.step_mode == "optimizer" and session.meta["step_detection"] == "optimizer"
+    assert st[:, 0].tolist() == [0, 1, 2] and session.steps_detected == len(st) == 3
+    assert first[0] <= st[0, 1] <= first[1]  # step 0 starts at the first (training) forward
+
+
 def test_auto_sanity_check_before_training_is_no_step() -> None:
     """PyTorch Lightning's sanity check: 2 validation batches (grad-free forwards) before
     training. They stay undecided, are dropped at the first optimizer step, and step 0 starts

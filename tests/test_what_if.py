@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from data.meshprof_synth import MS, US, events_array, real_worker, spans_array
-from meshprof.events import OP_CODES
+from meshprof.events import FLAG_ASYNC, OP_CODES
 from meshprof.launch.spawn import run_ranks
 from meshprof.render.html import render_html
 from meshprof.render.report_text import render_report
@@ -178,7 +178,9 @@ def _overlapped_run(
     """Each step (starting every 20 ms on every rank): compute 1 ms (+ x on ``slow``), issue
     all_reduce 1, compute 0.5 ms, issue all_reduce 2 while 1 is still in flight; 1 completes
     2 ms after its last arrival, 2 1 ms after its; the step ends 1 ms after both. Rank
-    ``short``'s step span ends just before its all_reduce 2 (outside every step there)."""
+    ``short``'s step span ends just before its all_reduce 2 (outside every step there). Both
+    are issued async (``FLAG_ASYNC``, as the recorder writes ``async_op=True``): a collective
+    recorded blocking is waited for before its rank's next issue."""
     ev: dict[int, list[tuple]] = {r: [] for r in range(world)}
     sp: dict[int, list[tuple]] = {r: [] for r in range(world)}
     for k in range(steps):
@@ -190,7 +192,20 @@ def _overlapped_run(
         for r in range(world):
             for j, (i, e) in enumerate(((i1[r], e1), (i2[r], e2))):
                 ev[r].append(
-                    (OP_CODES["all_reduce"], 0, 0, 0, 0, -1, 2 * k + j, 64, 64, i, e - i, k)
+                    (
+                        OP_CODES["all_reduce"],
+                        0,
+                        0,
+                        FLAG_ASYNC,
+                        0,
+                        -1,
+                        2 * k + j,
+                        64,
+                        64,
+                        i,
+                        e - i,
+                        k,
+                    )
                 )
             stop = i2[r] - 1 if r == short else end
             sp[r].append((0, 0, 0, 1, k, s0, stop - s0, 0, 0))

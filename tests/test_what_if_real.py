@@ -22,6 +22,10 @@ from meshprof.report.executor import run_stages
 from meshprof.report.stages import REPORT_STAGES
 from meshprof.rundir import load_run
 
+# timing-sensitive (a 25 % tolerance, and the fast runs must name nobody): the jobs run with no
+# other test beside them
+pytestmark = pytest.mark.serial
+
 SLOW_RANK = 1
 SLEEP_S = 0.8
 STEPS = 6

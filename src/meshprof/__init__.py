@@ -7,11 +7,11 @@ is enabled.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from meshprof._version import __version__
 from meshprof.errors import MeshprofError
+from meshprof.lazy import lazy_exports
 
 _EXPORTS: dict[str, str] = {
     "disable": "meshprof.api",
@@ -59,17 +59,7 @@ if TYPE_CHECKING:
     from meshprof.tools.logs import setup_logging
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'meshprof' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_EXPORTS])
+__getattr__, __dir__ = lazy_exports("meshprof", _EXPORTS, globals())
 
 
 __all__ = [

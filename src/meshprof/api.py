@@ -40,7 +40,10 @@ class CommProfiler(recorder.CommProfiler):
         """The statistics (per op, group, rank and message size) as a text table; groups are
         named by dimension and description (``layout``: the job's, see
         :func:`meshprof.layout.dimension_of`)."""
-        labels = {g.name: group_label(g.name, g.ranks, layout, g.desc) for g in self.log.groups}
+        labels = {
+            g.name: group_label(g.name, g.ranks, layout, g.desc, self.mesh_names.of(g.name))
+            for g in self.log.groups
+        }
         return render_stats(
             self.stats(since_id, until_id),
             header=f"rank {self.ensure_rank()}",

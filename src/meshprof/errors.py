@@ -3,6 +3,7 @@ apart by type (never by message text)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 
@@ -18,12 +19,16 @@ class NoUsableRankFileError(MeshprofError):
     """A directory without one usable meshprof rank file (none there, or every one damaged):
     ``load_run`` raises it; ``meshprof report`` then looks for torch.profiler traces there."""
 
-    def __init__(self, run_dir: Path, problems: dict[int, str]) -> None:
+    def __init__(self, run_dir: Path, problems: Mapping[int, str]) -> None:
         self.run_dir = run_dir
-        self.problems = dict(problems)
-        """Rank → what is wrong with its file (missing, damaged); empty: no rank files at all."""
-        shown = list(problems.values())[:SHOWN_PROBLEMS]
-        more = len(problems) - len(shown)
+        self.problems = problems
+        """Rank → what is wrong with its file (missing, damaged); empty: no rank files at all
+        (the loader's :class:`~meshprof.rundir.rank_problems.RankProblems`: missing ranks as
+        spans)."""
+        entries = getattr(problems, "entries", None)  # (spans: never one line per rank)
+        reasons = [e.reason for e in entries()] if entries is not None else list(problems.values())
+        shown = reasons[:SHOWN_PROBLEMS]
+        more = len(reasons) - len(shown)
         detail = "; ".join(shown) + (f"; and {more:,} more" if more > 0 else "")
         detail = detail if problems else "no rank files (rank*.npz)"
         super().__init__(f"{run_dir}: no usable rank file ({detail})")

@@ -1,5 +1,5 @@
-"""A DDP job (gloo) for the capture tests. Every step: zero_grad, the model's forward, a busy
-compute of BASE_S seconds (Python, no op), backward, the optimizer step, then an all_reduce of
+"""A DDP job (gloo) for the capture tests. Every step: zero_grad, the model's forward, BASE_S
+seconds of other work (slept, no op), backward, the optimizer step, then an all_reduce of
 the stop flag (every rank stops after the same step once STOP_FILE exists).
 
 From step SLOW_FROM on, rank SLOW_RANK's forward does EXTRA more ``aten::mm`` calls (512 × 512,
@@ -27,10 +27,7 @@ hold_rank, hold_step, hold_file = (
 
 
 def busy(seconds: float) -> None:
-    end = time.perf_counter() + seconds
-    x = 0
-    while time.perf_counter() < end:
-        x += 1
+    time.sleep(seconds)  # (slept: no CPU taken from the tests beside it; see live_common.busy)
 
 
 def held_until_released(path: str) -> None:

@@ -1,4 +1,4 @@
-"""A 2-rank training loop for the live-state tests: every step does a busy compute of
+"""A 2-rank training loop for the live-state tests: every step does other work (slept) of
 BASE_S seconds (rank SLOW_RANK: BASE_S + EXTRA_S), then one all_reduce; optimizer steps make
 the steps. argv: steps base_s extra_s slow_rank stop_file (the loop runs until the file exists
 or `steps` steps are done; every rank stops after the same step)."""

@@ -1,4 +1,4 @@
-"""A 2-rank training loop for the live-alert tests: every step does a busy compute of BASE_S
+"""A 2-rank training loop for the live-alert tests: every step does other work (slept) of BASE_S
 seconds, then one all_reduce; from step SLOW_FROM on, rank SLOW_RANK computes EXTRA_S more per
 step and writes the wall-clock time (ns) it became slow into STOP_FILE.slow. argv: steps base_s
 extra_s slow_rank slow_from stop_file (the loop runs until the file exists or `steps` steps are

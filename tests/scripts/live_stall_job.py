@@ -1,4 +1,4 @@
-"""A 2-rank training loop for the stall alert test: every step does a busy compute of BASE_S
+"""A 2-rank training loop for the stall alert test: every step does other work (slept) of BASE_S
 seconds, then one all_reduce; in step STALL_AT, rank STALL_RANK writes the wall-clock time (ns)
 into MARK_FILE and sleeps STALL_S seconds before its all_reduce (no collective in flight on it;
 the other rank waits in the all_reduce). argv: steps base_s stall_rank stall_at stall_s

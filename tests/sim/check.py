@@ -33,12 +33,23 @@ from meshprof.report.run_report import RunReport
 from meshprof.report.stages.rank_analyses import RANK_ANALYSES
 from meshprof.report.stages.stragglers import STRAGGLERS
 from meshprof.report.stages.what_if import WHAT_IF_REPLAY
-from meshprof.rundir import load_run
+from meshprof.rundir import LoadedRun, load_run
 from sim.jobsim import Fix, Job, Timeline, groups, simulate
 from sim.write_rundir import write_run
 
 REL_TOL = 0.10
 ABS_TOL_NS = 20_000
+
+
+def load_recorded(path: Path, flags: bool = True) -> LoadedRun:
+    """Load a written run; ``flags=False``: as a record without the events' flags (an older
+    file, a foreign trace: whether an op was issued async is unknown to the analysis)."""
+    run = load_run(path)
+    if not flags:
+        for rd in run.ranks.values():
+            names = [n for n in rd.events.dtype.names or () if n != "flags"]
+            rd.events = rd.events[names].copy()
+    return run
 
 
 def within(got: float, want: float) -> bool:
@@ -157,7 +168,9 @@ def _check(job: Job, tmp: Path, diff: bool, t0: float) -> JobCheck:
     top_g = w.groups[0] if w.groups else None
     top_d = w.dims[0] if w.dims else None
     best_rank = max(rank_truth, key=lambda k: rank_truth[k]) if rank_truth else ""
-    cannot = bool(best_rank) and (w.note == NO_PEERS or int(best_rank) in w.unmeasured)
+    cannot = bool(best_rank) and (
+        w.note == NO_PEERS or int(best_rank) in w.unmeasured or bool(w.doubt)
+    )
     rank_v = _verdict(str(top_r.rank) if top_r else "", top_r.step_saving_ns if top_r else 0.0,
                       rank_truth, cannot)  # fmt: skip
     group_v = _verdict(top_g.group if top_g else "", top_g.step_saving_ns if top_g else 0.0,

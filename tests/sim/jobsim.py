@@ -68,6 +68,15 @@ class Job:
     """Layers per model chunk; each ends with a TP all_reduce when tp > 1."""
     p2p: str = "eager"
     """Point-to-point semantics (:data:`P2P_MODES`)."""
+    p2p_back: str = ""
+    """The backward direction's semantics (gradients, to the previous stage; "" = ``p2p``):
+    a pipeline whose two directions behave differently."""
+    batched: bool = False
+    """A send followed by a receive with no compute between is issued with it as one batch
+    (``batch_isend_irecv``: both async, then the receive waited for, then the send)."""
+    tp_inflight: bool = False
+    """The last TP all_reduce before each pipeline send is issued async and waited for only
+    after the send (an async collective left in flight across the exchange)."""
     dp_mode: str = "zero"
     """Data-parallel sync (:data:`DP_MODES`): "zero" blocking reduce_scatter + all_gather after
     the pipeline, "ddp" async bucket all_reduces during the last backward, "fsdp" async
@@ -176,6 +185,8 @@ class Op:
     is_async: bool
     prev: int
     """The group's previous collective (op index), -1 for none or p2p."""
+    mode: str = ""
+    """p2p: its semantics (:data:`P2P_MODES`)."""
 
 
 @dataclass(slots=True)
@@ -200,6 +211,8 @@ class _Builder:
         self.members = {g.name: g.ranks for g in _groups(job)}
         self.index: dict[tuple[object, ...], int] = {}
         self.counter: dict[tuple[object, ...], int] = {}
+        self.deferred: list[list[int]] = [[] for _ in range(n)]
+        """Per rank: sends waiting for the receive they are batched with (``Job.batched``)."""
 
     def _op(self, key: tuple[object, ...], op: Op) -> int:
         if key not in self.index:
@@ -214,12 +227,21 @@ class _Builder:
         self.counter[key] = s + 1
         return s
 
+    def flush(self, r: int) -> None:
+        """Deferred sends issued alone (no receive came before the next compute)."""
+        for i in self.deferred[r]:
+            self.p.code[r] += [(_I, i), (_W, i)]
+        self.deferred[r] = []
+
     def compute(self, r: int, ns: float, phase: str) -> None:
+        self.flush(r)
         self.p.code[r].append((_C, len(self.p.base[r])))
         self.p.base[r].append(float(ns))
         self.p.phase[r].append(phase)
 
     def span(self, r: int, name: int, begin: bool) -> None:
+        if (begin and name == PHASES.index("optimizer")) or (not begin and name == len(PHASES)):
+            self.flush(r)  # (a batch never reaches into the optimizer)
         self.p.code[r].append((_B if begin else _E, name))
 
     def coll(self, r: int, name: str, dim: str, ns: int, nbytes: int, is_async: bool) -> int:
@@ -234,18 +256,30 @@ class _Builder:
             self.p.code[r].append((_W, i))
         return i
 
-    def p2p(self, r: int, peer: int, send: bool, pending: list[int]) -> None:
-        """A send to / receive from ``peer`` (p2p mode of the job; an async send is waited
-        for before the optimizer, through ``pending``)."""
+    def p2p(self, r: int, peer: int, send: bool, pending: list[int], back: bool = False) -> None:
+        """A send to / receive from ``peer`` (p2p mode of the job, ``p2p_back`` for the
+        backward direction; an async send is waited for before the optimizer, through
+        ``pending``; batched with the next receive when ``Job.batched``)."""
         job = self.job
         src, dst = (r, peer) if send else (peer, r)
         seq = self._next((r, "p2p", src, dst))
-        is_async = job.p2p == "async"
+        mode = (job.p2p_back or job.p2p) if back else job.p2p
+        batch = job.batched and mode != "eager"
+        is_async = mode == "async" or batch
         g = job.group_of(r, "pp")
         i = self._op(
             ("p", src, dst, seq),
-            Op("p2p", g, (src, dst), seq, job.pp_ns, 1 << 22, is_async, -1),
+            Op("p2p", g, (src, dst), seq, job.pp_ns, 1 << 22, is_async, -1, mode),
         )
+        if batch and send:
+            self.deferred[r].append(i)
+            return
+        if batch and self.deferred[r]:  # isend(s) + irecv, then the waits
+            sends, self.deferred[r] = self.deferred[r], []
+            self.p.code[r] += [(_I, x) for x in sends] + [(_I, i), (_W, i)]
+            self.p.code[r] += [(_W, x) for x in sends]
+            return
+        self.flush(r)
         self.p.code[r].append((_I, i))
         if send and is_async:
             pending.append(i)
@@ -326,20 +360,24 @@ def _build(job: Job) -> _Program:
                                 )
                         b.compute(r, job.fwd_ns, "forward")
                         if job.tp > 1:
-                            b.coll(r, "all_reduce", "tp", job.tp_ns, 1 << 20, False)
+                            fly = job.tp_inflight and has_next and layer == L - 1
+                            i_tp = b.coll(r, "all_reduce", "tp", job.tp_ns, 1 << 20, fly)
                     if naive and has_prev:
                         b.p2p(r, prev_rank, False, pending)
                     if has_next:
                         b.p2p(r, next_rank, True, pending)
+                        if job.tp > 1 and job.tp_inflight:
+                            b.wait(r, i_tp)
                     b.span(r, span["forward"], False)
                 else:
                     b.span(r, span["backward"], True)
                     if has_next and not naive:
-                        b.p2p(r, next_rank, False, pending)
+                        b.p2p(r, next_rank, False, pending, back=True)
                     for j, layer in enumerate(reversed(range(L))):
                         b.compute(r, job.fwd_ns * job.bwd_factor, "backward")
                         if job.tp > 1:
-                            b.coll(r, "all_reduce", "tp", job.tp_ns, 1 << 20, False)
+                            fly = job.tp_inflight and has_prev and layer == 0
+                            i_tp = b.coll(r, "all_reduce", "tp", job.tp_ns, 1 << 20, fly)
                         if dp_async and mb == job.microbatches - 1:
                             bucket_end = j % job.bucket_layers == job.bucket_layers - 1
                             if job.dp_mode == "fsdp":
@@ -350,9 +388,11 @@ def _build(job: Job) -> _Program:
                                     b.coll(r, "all_reduce", "dp", job.dp_ns, 1 << 25, True)
                                 )
                     if naive and has_next:
-                        b.p2p(r, next_rank, False, pending)
+                        b.p2p(r, next_rank, False, pending, back=True)
                     if has_prev:
-                        b.p2p(r, prev_rank, True, pending)
+                        b.p2p(r, prev_rank, True, pending, back=True)
+                        if job.tp > 1 and job.tp_inflight:
+                            b.wait(r, i_tp)
                     b.span(r, span["backward"], False)
             b.span(r, span["optimizer"], True)
             for i in pending:
@@ -529,7 +569,7 @@ def simulate(job: Job, fix: Fix = Fix()) -> Timeline:
             finish[i] = max(done[i].values())
             return
         src, dst = op.members
-        if job.p2p == "eager":
+        if op.mode == "eager":
             if src in a and src not in done[i]:
                 complete(i, src, a[src] + xfer[i])
             if src in a and dst in a and dst not in done[i]:

@@ -13,6 +13,7 @@ import numpy as np
 from meshprof.events import EVENT_DTYPE, FLAG_ASYNC, MEMORY_DTYPE, OP_CODES, SPAN_DTYPE
 from meshprof.rundir import Manifest, RankData, RankMeta, write_manifest, write_rank_file
 from sim.jobsim import PHASES, Timeline, groups
+from sim.recording import Recording, seen_completions
 
 BASE_NS = 1_750_000_000 * 10**9
 """The true clock's zero, as a wall-clock time (ns)."""
@@ -26,13 +27,20 @@ def write_run(
     late_share: float = 0.0,
     late_ns: int = 0,
     lag_seed: int = 0,
+    recording: Recording | None = None,
 ) -> Path:
-    """Write ``tl`` under ``out`` (created); returns ``out``. The recorder may see async ops
-    complete late (a completion waited for in C++ and polled, on a loaded machine: a flaw of
-    the recording, not of the job): each by a uniform draw in [0, ``lag_ns``), a share
-    ``late_share`` of them by one in [``late_ns``, 3 × ``late_ns``) instead."""
+    """Write ``tl`` under ``out`` (created); returns ``out``. The recorder may see completions
+    late (a flaw of the recording, not of the job: :class:`~sim.recording.Recording`, whose
+    flags are always written here — :func:`sim.check.load_recorded` strips them); ``lag_ns``,
+    ``late_share``, ``late_ns``, ``lag_seed``: the async ops' lag of a recording given none
+    (a completion waited for in C++ and polled, on a loaded machine: each late by a uniform
+    draw in [0, ``lag_ns``), a share ``late_share`` of them by one in [``late_ns``,
+    3 × ``late_ns``) instead)."""
     job = tl.job
-    lag_rng = np.random.default_rng(lag_seed)
+    if recording is None:
+        recording = Recording(lag_ns=lag_ns, late_share=late_share, late_ns=late_ns,
+                              seed=lag_seed)  # fmt: skip
+    seen = seen_completions(tl, recording)
     out.mkdir(parents=True, exist_ok=True)
     all_groups = groups(job)
     layout = {"dp": job.dp, "tp": job.tp, "pp": job.pp}
@@ -57,13 +65,7 @@ def write_run(
             ev[j]["out_bytes"] = op.nbytes
             ev[j]["flags"] = FLAG_ASYNC if op.is_async else 0
         ev["start_ns"] = rows[:, 1] + BASE_NS + off
-        ev["duration_ns"] = rows[:, 2] - rows[:, 1]
-        if lag_ns > 0 or late_share > 0:
-            lag = lag_rng.integers(0, max(lag_ns, 1), len(ev))
-            late = lag_rng.random(len(ev)) < late_share
-            lag[late] = lag_rng.integers(late_ns, 3 * late_ns + 1, int(late.sum()))
-            seen = (ev["flags"] & FLAG_ASYNC) != 0
-            ev["duration_ns"][seen] += lag[seen]
+        ev["duration_ns"] = seen[r] - rows[:, 1]
         ev["step"] = tl.step_of[r]
         sp = np.zeros(len(tl.spans[r]), dtype=SPAN_DTYPE)
         for j, (name, step, t0, t1, cpu) in enumerate(tl.spans[r]):

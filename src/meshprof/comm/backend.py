@@ -150,7 +150,13 @@ class RecorderCore(Protocol):
     seqs: SeqSource
     completion: Completion
     step: int
-    open_composites: int
+
+    @property
+    def open_composites(self) -> int: ...
+
+    @property
+    def backend(self) -> KernelBackend | None:
+        """The kernel installed now (None: none)."""
 
     @property
     def wall_offset_ns(self) -> int:
@@ -169,6 +175,24 @@ class RecorderCore(Protocol):
     ) -> PendingOp | None: ...
 
     def finish_composite(self, rec: PendingOp) -> None: ...
+
+    def start_op(
+        self,
+        op: str,
+        gidx: int,
+        peer: int,
+        seq: int,
+        dtype: int,
+        in_b: int,
+        out_b: int,
+        flags: int,
+        meta: dict[str, Any] | None,
+        composite: bool,
+    ) -> PendingOp: ...
+
+    def complete(
+        self, rec: PendingOp, end: int, err: BaseException | None, dur: int | None = None
+    ) -> None: ...
 
     def flush(self) -> None: ...
 

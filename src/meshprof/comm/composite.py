@@ -12,10 +12,11 @@ from __future__ import annotations
 import functools
 import inspect
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
-from meshprof.comm.backend import RecorderCore
+from meshprof.comm.backend import KernelBackend, RecorderCore
 from meshprof.comm.completion import PendingOp
 from meshprof.comm.patching import Patches
 from meshprof.events import OBJECT_OPS
@@ -130,3 +131,89 @@ class composite_op:
             self.prof.fail(self.rec, exc)
         else:
             self.prof.finish_composite(self.rec)
+
+
+class OpenComposites:
+    """The composite ops open in one recorder: a stack per thread (the c10d ops issued inside
+    count into the top one, :meth:`top`) and how many are open on all threads (a kernel handover
+    waits until none is)."""
+
+    def __init__(self) -> None:
+        self._tls = threading.local()
+        self._lock = threading.Lock()
+        self.count = 0
+
+    def _stack(self) -> list[PendingOp]:
+        s = getattr(self._tls, "stack", None)
+        if s is None:
+            s = self._tls.stack = []
+        return s
+
+    def top(self) -> PendingOp | None:
+        """The innermost composite op open on this thread (None: none)."""
+        s = getattr(self._tls, "stack", None)
+        return s[-1] if s else None
+
+    def begin(
+        self,
+        prof: RecorderCore,
+        label: str,
+        group: Any,
+        peer: int,
+        metadata: dict[str, Any] | None,
+    ) -> PendingOp | None:
+        """Open a composite op named ``label`` on ``group`` (None: the default group); None when
+        the ops filter leaves it out."""
+        import torch.distributed as dist
+
+        if group is None:
+            group = dist.distributed_c10d._get_default_group()
+        g = prof.group_of(group)
+        backend = prof.backend
+        if backend is not None:  # one set of counters: the kernel's
+            seq = backend.next_seq(g, label, peer)
+        else:
+            seq = prof.seqs.next(g.log_index, label, peer)
+        if prof.config.ops is not None and label not in prof.config.ops:
+            return None
+        dtype = prof.log.dtype_code(
+            "object" if label.endswith(("object", "object_list")) else "none"
+        )
+        meta = dict(metadata or {})
+        meta["c10d_ops"] = 0
+        rec = prof.start_op(label, g.log_index, peer, seq, dtype, 0, 0, 0, meta, True)
+        with self._lock:
+            self.count += 1
+        if backend is not None:
+            backend.composite_enter()
+        rec.t0 = time.perf_counter_ns()
+        rec.start_ns = rec.t0 + prof.wall_offset_ns
+        self._stack().append(rec)
+        return rec
+
+    def finish(self, prof: RecorderCore, rec: PendingOp) -> None:
+        """Close ``rec``: it enters the log with the bytes and count of the c10d ops inside."""
+        try:
+            end = time.perf_counter_ns()
+            self.pop(rec, prof.backend)
+            if prof.backend is not None:
+                # ops that finished before this one (the native kernel keeps them until a
+                # drain) enter the log first: the log stays in completion order
+                prof.backend.drain()
+            prof.complete(rec, end, None)
+        except Exception as e:
+            prof.report_internal_error(e)
+
+    def pop(self, rec: PendingOp, backend: KernelBackend | None) -> None:
+        """Take ``rec`` off this thread's stack, adding what the kernel counted inside it."""
+        stack = self._stack()
+        if stack and stack[-1] is rec:
+            stack.pop()
+        with self._lock:
+            self.count -= 1
+        if backend is not None:
+            in_b, out_b, n = backend.composite_exit()
+            rec.in_bytes += in_b
+            rec.out_bytes += out_b
+            if rec.meta is not None:
+                rec.meta["c10d_ops"] = rec.meta.get("c10d_ops", 0) + n

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from meshprof.comm.completion import PendingOps
+from meshprof.comm.mesh_names import MeshNames
 from meshprof.config import ProfilerConfig
 from meshprof.event_log import EventLog
 from meshprof.events import (
@@ -58,6 +59,22 @@ class Reading:
     read did not ask for them)."""
 
 
+def compute_device() -> str:
+    """What this process computes on: ``"cuda"`` once it initialized CUDA (the test the memory
+    sampler makes), ``"xpu"`` likewise, else ``"cpu"``. Never initializes a device itself."""
+    try:
+        import torch
+
+        if torch.cuda.is_initialized():
+            return "cuda"
+        xpu = getattr(torch, "xpu", None)
+        if xpu is not None and xpu.is_initialized():
+            return "xpu"
+    except Exception:
+        pass
+    return "cpu"
+
+
 class RecordQueries:
     """Queries over what a CommProfiler recorded (its ``log`` and ``acc``).
 
@@ -73,6 +90,7 @@ class RecordQueries:
     created_ns: int
     internal_errors: int
     first_internal_error: str
+    mesh_names: MeshNames
 
     def flush(self) -> None:
         raise NotImplementedError
@@ -159,6 +177,7 @@ class RecordQueries:
         self.ensure_rank()
         r = reading if reading is not None else self.read(events=False)
         capacity = self.log.capacity
+        mesh = self.mesh_names.names()
         return {
             "meshprof_version": __version__,
             "torch_version": torch.__version__,
@@ -183,10 +202,12 @@ class RecordQueries:
                     "desc": g.desc,
                     "ranks": Members.of(g.ranks).to_json_data(),  # O(1) for a progression
                     "backend": g.backend,
+                    **({"mesh_dims": mesh[g.name]} if g.name in mesh else {}),
                 }
                 for g in self.log.groups
             ],
             "config": self.config.to_dict(),
+            "device": compute_device(),
         }
 
     def to_json_dict(self, since_id: int = 0, until_id: int | None = None) -> dict[str, Any]:

@@ -26,7 +26,8 @@ import torch
 
 from meshprof.comm.backend import GroupRef, KernelBackend, SeqCounters, SeqSource
 from meshprof.comm.completion import Completion, InflightOp, PendingOp, PendingOps
-from meshprof.comm.composite import composite_op, patch_object_collectives
+from meshprof.comm.composite import OpenComposites, composite_op, patch_object_collectives
+from meshprof.comm.mesh_names import MeshNames
 from meshprof.comm.ops import OpSpec, first_tensor
 from meshprof.comm.patching import Patches
 from meshprof.comm.reads import Reading, RecordQueries
@@ -79,6 +80,9 @@ class CommProfiler(RecordQueries):
         self._backend: KernelBackend | None = None
         self._last_backend: KernelBackend | None = None
         self._patches = Patches()
+        self.mesh_names = MeshNames()
+        """The job's DeviceMesh dimension names of its groups (learnt while installed)."""
+        self.mesh_names.on_error = self.report_internal_error
         self._groups: dict[Any, GroupRef] = {}
         self._dtype_codes: dict[Any, int] = {}  # torch.dtype -> the log's dtype code
         self._inflight: dict[int, PendingOp] = {}
@@ -87,11 +91,8 @@ class CommProfiler(RecordQueries):
         and by a read while it takes its instant: a read sees such an op in flight or
         completed, never both, never neither."""
         self._tokens = itertools.count(1)  # next() is atomic under the GIL
-        self._tls = threading.local()
-        self.open_composites = 0
-        """Composite ops (object collectives, labels) open on any thread: a kernel handover
-        waits until none is (their inner ops must stay inside them)."""
-        self._composite_lock = threading.Lock()
+        self.composites = OpenComposites()
+        """The composite ops (object collectives, labels) open now."""
         self._threshold = int(self.config.sample_rate * 2**32)
         self._min_ns = int(self.config.min_duration_us * 1000)
         self._wall_offset = time.time_ns() - time.perf_counter_ns()
@@ -142,8 +143,8 @@ class CommProfiler(RecordQueries):
         return out
 
     def install(self) -> None:
-        """Register a kernel for every c10d op (:func:`~meshprof.comm.backend.choose_backend`)
-        and wrap the object collectives."""
+        """Register a kernel for every c10d op (:func:`~meshprof.comm.backend.choose_backend`),
+        wrap the object collectives and ``DeviceMesh.__init__`` (the mesh names)."""
         if self._backend is not None:
             return
         from meshprof.comm.selection import choose_backend
@@ -152,6 +153,10 @@ class CommProfiler(RecordQueries):
         self._backend = backend
         backend.install()
         patch_object_collectives(self, self._patches)
+        try:
+            self.mesh_names.install(self._patches)
+        except Exception as e:
+            self.report_internal_error(e)
 
     def uninstall(self) -> None:
         """Remove the kernel and the wrappers (no cost afterwards); recorded data stays."""
@@ -221,6 +226,17 @@ class CommProfiler(RecordQueries):
         waited on it from Python (DDP's C++ reducer waits on its buckets itself) and the poller
         has not looked yet: one sweep of the pending works runs on the reading thread (no
         waiting: a work that is not complete stays pending)."""
+        self._sweep()
+        if self._backend is not None:
+            try:
+                self._backend.drain()
+            except Exception as e:
+                self.report_internal_error(e)
+        self.log.flush()
+
+    def _sweep(self) -> None:
+        """Complete the ops whose works have finished (one sweep, no waiting) and the device
+        timings that resolved; refresh the wall-clock offset. Never raises."""
         try:
             self.completion.settle(0)
             if self._backend is not None:
@@ -229,12 +245,6 @@ class CommProfiler(RecordQueries):
             self.report_internal_error(e)
         self.completion.resolve_device()
         self._wall_offset = time.time_ns() - time.perf_counter_ns()
-        if self._backend is not None:
-            try:
-                self._backend.drain()
-            except Exception as e:
-                self.report_internal_error(e)
-        self.log.flush()
 
     def settle(self, timeout_s: float = 0.2) -> None:
         """Notice every op that has completed, then flush: pending works are swept on this
@@ -266,14 +276,7 @@ class CommProfiler(RecordQueries):
         afterwards, cut at that count. Work per read: a copy of the ops in flight (few) and,
         with ``stats``, of the running statistics; nothing on the collective's path but the
         Python recorder's completion taking an uncontended lock."""
-        try:
-            self.completion.settle(0)
-            if self._backend is not None:
-                self._backend.sweep()
-        except Exception as e:
-            self.report_internal_error(e)
-        self.completion.resolve_device()
-        self._wall_offset = time.time_ns() - time.perf_counter_ns()
+        self._sweep()
         pending = PendingOps.empty()
         mine: list[PendingOp] = []
         log = self.log
@@ -412,12 +415,12 @@ class CommProfiler(RecordQueries):
         cfg = self.config
         if not cfg.enabled:
             return None
-        stack = getattr(self._tls, "stack", None)
-        if stack:
-            top = stack[-1]
+        top = self.composites.top()
+        if top is not None:
             top.in_bytes += spec.in_bytes(args)
             top.out_bytes += spec.out_bytes(args)
-            top.meta["c10d_ops"] = top.meta.get("c10d_ops", 0) + 1
+            if top.meta is not None:
+                top.meta["c10d_ops"] = top.meta.get("c10d_ops", 0) + 1
             return None
         pg = _PG.unbox(args[spec.pg])
         g = self._groups.get(pg)
@@ -461,13 +464,13 @@ class CommProfiler(RecordQueries):
             start_event = torch.cuda.Event(enable_timing=True)
             start_event.record()
             flags |= FLAG_DEVICE_TIMING
-        rec = self._start(op, gidx, peer, seq, dtype, in_b, out_b, flags, meta, False)
+        rec = self.start_op(op, gidx, peer, seq, dtype, in_b, out_b, flags, meta, False)
         rec.start_event = start_event
         rec.t0 = t0 = perf_counter_ns()
         rec.start_ns = t0 + self._wall_offset
         return rec
 
-    def _start(
+    def start_op(
         self,
         op: str,
         gidx: int,
@@ -493,7 +496,7 @@ class CommProfiler(RecordQueries):
         """The op raised: record it with the error."""
         try:
             if rec.composite:
-                self._pop_composite(rec)
+                self.composites.pop(rec, self._backend)
             rec.start_event = None
             self.complete(rec, time.perf_counter_ns(), exc)
         except Exception as e:
@@ -552,68 +555,21 @@ class CommProfiler(RecordQueries):
         except Exception as e:
             self.report_internal_error(e)
 
-    # -- composite ops (object collectives, label()) ------------------------------------------
+    # -- composite ops (object collectives, label()): see meshprof.comm.composite -----------
     def begin_composite(
         self, label: str, group: Any, peer: int, metadata: dict[str, Any] | None = None
     ) -> PendingOp | None:
         """A composite op starts: the c10d ops issued inside count into it until it ends."""
-        import torch.distributed as dist
-
-        if group is None:
-            group = dist.distributed_c10d._get_default_group()
-        g = self.group_of(group)
-        backend = self._backend
-        if backend is not None:  # one set of counters: the kernel's
-            seq = backend.next_seq(g, label, peer)
-        else:
-            seq = self.seqs.next(g.log_index, label, peer)
-        if self.config.ops is not None and label not in self.config.ops:
-            return None
-        dtype = self.log.dtype_code(
-            "object" if label.endswith(("object", "object_list")) else "none"
-        )
-        meta = dict(metadata or {})
-        meta["c10d_ops"] = 0
-        rec = self._start(label, g.log_index, peer, seq, dtype, 0, 0, 0, meta, True)
-        with self._composite_lock:
-            self.open_composites += 1
-        if backend is not None:
-            backend.composite_enter()
-        rec.t0 = time.perf_counter_ns()
-        rec.start_ns = rec.t0 + self._wall_offset
-        self._stack().append(rec)
-        return rec
+        return self.composites.begin(self, label, group, peer, metadata)
 
     def finish_composite(self, rec: PendingOp) -> None:
-        try:
-            end = time.perf_counter_ns()
-            self._pop_composite(rec)
-            if self._backend is not None:
-                # ops that finished before this one (the native kernel keeps them until a
-                # drain) enter the log first: the log stays in completion order
-                self._backend.drain()
-            self.complete(rec, end, None)
-        except Exception as e:
-            self.report_internal_error(e)
+        self.composites.finish(self, rec)
 
-    def _pop_composite(self, rec: PendingOp) -> None:
-        stack = self._stack()
-        if stack and stack[-1] is rec:
-            stack.pop()
-        with self._composite_lock:
-            self.open_composites -= 1
-        if self._backend is not None:
-            in_b, out_b, n = self._backend.composite_exit()
-            rec.in_bytes += in_b
-            rec.out_bytes += out_b
-            if rec.meta is not None:
-                rec.meta["c10d_ops"] = rec.meta.get("c10d_ops", 0) + n
-
-    def _stack(self) -> list[PendingOp]:
-        s = getattr(self._tls, "stack", None)
-        if s is None:
-            s = self._tls.stack = []
-        return s
+    @property
+    def open_composites(self) -> int:
+        """Composite ops open on any thread: a kernel handover waits until none is (their inner
+        ops must stay inside them)."""
+        return self.composites.count
 
     def _on_flush(self, chunk: np.ndarray) -> None:
         self.fold(self.acc, chunk)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
-import time
+
+from meshprof.launch.native_prep import build_with_progress
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -16,30 +16,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)
-
-
-def build_with_progress(prefix: str = "meshprof") -> str:
-    """Build (or find cached) the native recorder, with a progress line on stderr while it
-    compiles. Returns "" on success, else why it failed (one line)."""
-    from meshprof.comm import native_ext
-    from meshprof.errors import MeshprofError
-
-    if native_ext.cached():
-        return ""
-    t0 = time.monotonic()
-    print(
-        f"{prefix}: building the native recorder once for this torch build "
-        f"(~1 min) in {native_ext.build_dir()} ...",
-        file=sys.stderr,
-        flush=True,
-    )
-    try:
-        native_ext.ensure_built()
-    except MeshprofError as e:
-        print(f"{prefix}: {e}", file=sys.stderr, flush=True)
-        return str(e)
-    print(f"{prefix}: built in {time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)
-    return ""
 
 
 def run(args: argparse.Namespace) -> int:

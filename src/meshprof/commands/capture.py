@@ -11,7 +11,12 @@ import time
 
 from meshprof.commands.arguments import add_json_option
 from meshprof.errors import MeshprofError
-from meshprof.records.captures import ACTIVITIES, MAX_CAPTURE_STEPS, CaptureRankStatus
+from meshprof.records.captures import (
+    ACTIVITIES,
+    MAX_CAPTURE_STEPS,
+    MAX_TIMEOUT_S,
+    CaptureRankStatus,
+)
 
 #: Default disk budget of RUN_DIR/captures.
 DEFAULT_MAX_BYTES = "2G"
@@ -105,8 +110,8 @@ def parse_activities(text: str | None) -> tuple[str, ...]:
 
 def default_timeout(steps: int, step_ns: int) -> float:
     """10 s plus twice the time of ``steps`` + 1 steps (the wait for the next boundary), at
-    least 20 s."""
-    return max(20.0, 10.0 + 2.0 * (steps + 1) * step_ns / 1e9)
+    least 20 s, at most :data:`~meshprof.records.captures.MAX_TIMEOUT_S`."""
+    return min(max(20.0, 10.0 + 2.0 * (steps + 1) * step_ns / 1e9), MAX_TIMEOUT_S)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -135,8 +140,10 @@ def run(args: argparse.Namespace) -> int:
             timeout = float(args.timeout)
         except ValueError:
             timeout = float("nan")
-        if not timeout > 0:
-            raise MeshprofError(f"--timeout {args.timeout!r}: expected a number of seconds > 0")
+        if not 0 < timeout <= MAX_TIMEOUT_S:
+            raise MeshprofError(
+                f"--timeout {args.timeout!r}: expected a number of seconds, 0 to {MAX_TIMEOUT_S:g}"
+            )
     snap, world = running_job(args.dir)
     if args.ranks is not None:
         ranks = parse_ranks(args.ranks, world)

@@ -56,7 +56,8 @@ def point_rows(run: LoadedRun, ranks: tuple[int, ...], step: int | None) -> dict
         groups: list[tuple[str | None, str]] = []
         for g in rd.groups:
             desc = str(g.desc or "")
-            groups.append((str(g.name or ""), dimension_of(g.ranks or (), lay, desc)))
+            dim = dimension_of(g.ranks or (), lay, desc, g.mesh_dims or ())
+            groups.append((str(g.name or ""), dim))
         ev = rd.events
         idx = np.flatnonzero(ev["step"] == step) if step is not None else np.arange(len(ev))
         ops: dict[int, str] = {}

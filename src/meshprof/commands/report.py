@@ -45,11 +45,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="after the brief view, the per-rank rows of these ranks (e.g. 3,17)",
     )
     p.add_argument(
+        "--device-hour-price",
         "--gpu-hour-price",
+        dest="device_hour_price",
         type=float,
         default=None,
         metavar="PRICE",
-        help="price of one GPU-hour: the verdict gives each cause's cost in money too",
+        help="price of one device-hour (a GPU-hour; a CPU-hour on a CPU job): the verdict "
+        "gives each cause's cost in money too (--gpu-hour-price: its former name)",
     )
     p.add_argument(
         "--all-causes",
@@ -268,8 +271,8 @@ def run(args: argparse.Namespace) -> int:
             raise MeshprofError(f"--{opt} {target}: is a directory (give a file name)")
     if args.trace_max_events is not None and args.trace_max_events < 0:
         raise MeshprofError(f"--trace-max-events must be >= 0, got {args.trace_max_events}")
-    if args.gpu_hour_price is not None and not args.gpu_hour_price >= 0:
-        raise MeshprofError(f"--gpu-hour-price must be >= 0, got {args.gpu_hour_price}")
+    if args.device_hour_price is not None and not args.device_hour_price >= 0:
+        raise MeshprofError(f"--device-hour-price must be >= 0, got {args.device_hour_price}")
     wanted = _ranks_option(args.ranks)
     window = parse_steps(args.steps) if args.steps else None
     if args.steps and (args.since or args.until):
@@ -302,7 +305,7 @@ def run(args: argparse.Namespace) -> int:
         hta_rounding=args.hta_rounding,
         release_events=True,
         workers=jobs if jobs is not None else default_workers(len(loaded.ranks)),
-        gpu_hour_price=args.gpu_hour_price,
+        device_hour_price=args.device_hour_price,
         all_causes=args.all_causes,
         slo=ServiceLevels.parse(args.slo) if args.slo else None,
     )

@@ -16,8 +16,11 @@ from meshprof.commands.run_alert_options import (
     alert_config_from_args,
     capture_config_from_args,
 )
+from meshprof.commands.run_otlp_options import add_otlp_options, otlp_settings_from_args
+from meshprof.config import native_from_env
 from meshprof.errors import MeshprofError
 from meshprof.launch.launcher import LaunchResult, launch
+from meshprof.launch.native_prep import ENV_PREPARE, prepare_native
 from meshprof.launch.run_options import RunOptions
 from meshprof.records.serving import ServiceLevels
 
@@ -102,6 +105,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="ADDR",
         help="address the metrics endpoint binds (default 127.0.0.1; 0.0.0.0: every interface)",
     )
+    add_otlp_options(p)
     p.add_argument(
         "--hang-timeout",
         default="300",
@@ -254,6 +258,7 @@ def options_from_args(args: argparse.Namespace, argv: list[str] | None = None) -
         alerts=alert_config_from_args(args),
         capture=capture_config_from_args(args),
         capture_agent=not args.no_capture,
+        requests_from_any_user=args.requests_from_any_user,
         hang_action=args.hang_action,
         step_detect=args.step_detect,
         max_events=_number(args.max_events, "--max-events", int)
@@ -263,6 +268,7 @@ def options_from_args(args: argparse.Namespace, argv: list[str] | None = None) -
         if args.metrics_port is not None
         else None,
         metrics_addr=args.metrics_addr,
+        otlp=otlp_settings_from_args(args),
         retain_s=duration_s(args.retain, "--retain"),
         max_disk_bytes=size_bytes(args.max_disk, "--max-disk"),
         slo=ServiceLevels.parse(args.slo).text() if args.slo else "",
@@ -271,30 +277,11 @@ def options_from_args(args: argparse.Namespace, argv: list[str] | None = None) -
     )
 
 
-def prepare_native(force: bool) -> None:
-    """Build the native recorder here, once, before the workers start (they then load it from
-    the cache): by default wherever it can run (a failed build is one line on stderr and the
-    workers record with Python, ``MESHPROF_NATIVE=0``); with ``--native`` a failed build is an
-    error."""
-    from meshprof.comm.selection import native_supports_device
-    from meshprof.commands.build_native import build_with_progress
-    from meshprof.config import native_from_env
-
-    if force:
-        import meshprof.comm.native_ext
-
-        meshprof.comm.native_ext.load()  # MeshprofError: one line, exit code 2
-        os.environ["MESHPROF_NATIVE"] = "1"
-        return
-    if native_from_env() is False or not native_supports_device():
-        return
-    if build_with_progress("meshprof run"):
-        print("meshprof run: recording with the Python kernel", file=sys.stderr)
-        os.environ["MESHPROF_NATIVE"] = "0"
-
-
 def run(args: argparse.Namespace) -> int:
-    prepare_native(args.native)
+    if args.native:
+        prepare_native(force=True)  # here: a failed build is an error before anything starts
+    elif native_from_env() is not False:
+        os.environ[ENV_PREPARE] = "1"  # torchrun prepares it (torch is imported there anyway)
     if args.layout:
         from meshprof.launch.launcher import ENV_LAYOUT
         from meshprof.layout import parse_layout
@@ -338,7 +325,7 @@ def run_result_dict(result: LaunchResult) -> dict[str, Any]:
         run_ = load_run(result.run_dir)
         out["manifest"] = run_.manifest.to_dict()
         out["ranks"] = _rank_rows(run_)
-        out["problems"] = {str(r): p for r, p in run_.problems.items()}
+        out["problems"] = {_rank_key(e.first, e.last): e.reason for e in run_.problems.entries()}
         out["stats"] = _merged_stats(run_).to_dict()
     except MeshprofError as e:
         out["error"] = str(e)
@@ -434,8 +421,8 @@ def print_run_summary(run_dir: Path, report: bool = True) -> None:
             f"{ex.get('how', '?')} {ex.get('code', '')}".strip(),
         )
     console.print(t)
-    for r, why in sorted(run_.problems.items()):
-        console.print(f"[yellow]rank {r}: {why}[/]")
+    for e in run_.problems.entries():
+        console.print(f"[yellow]rank {_rank_key(e.first, e.last)}: {e.reason}[/]")
     if not report:
         return
     try:
@@ -450,3 +437,8 @@ def print_run_summary(run_dir: Path, report: bool = True) -> None:
             f"[yellow]cross-rank report unavailable ({type(e).__name__}: {e}); merged statistics:[/]"
         )
         print_stats(_merged_stats(run_), console, header="all ranks")
+
+
+def _rank_key(first: int, last: int) -> str:
+    """``"3"`` for one rank, ``"4-99"`` for consecutive ranks."""
+    return str(first) if last == first else f"{first}-{last}"

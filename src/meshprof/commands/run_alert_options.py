@@ -182,6 +182,12 @@ def add_capture_options(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="the ranks run no capture agent: meshprof capture and meshprof stacks get no answer",
     )
+    g.add_argument(
+        "--requests-from-any-user",
+        action="store_true",
+        help="the ranks take capture and stacks requests from any user who can write the run "
+        "directory (default: only from the job's own user; see docs/security.md)",
+    )
 
 
 def capture_config_from_args(args: argparse.Namespace) -> CaptureConfig:

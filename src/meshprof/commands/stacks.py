@@ -40,6 +40,7 @@ def run(args: argparse.Namespace) -> int:
     from meshprof.commands.capture import parse_ranks
     from meshprof.live.capture_request import running_job, take_stacks
     from meshprof.records.codec import to_json
+    from meshprof.records.members import named_world
     from meshprof.render.stacks import stacks_text
 
     try:
@@ -50,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
         raise MeshprofError(f"--timeout {args.timeout!r}: expected a number of seconds > 0")
     snap, world = running_job(args.dir)
     named = parse_ranks(args.ranks, world) if args.ranks is not None else ()
-    asked = list(named) if named else list(range(world))
+    asked = list(named) if named else list(named_world(world))
     running = [r for r in asked if r in snap.ranks and snap.ranks[r].status == "running"]
     t0 = time.monotonic()
     request_id, got = take_stacks(args.dir, running or asked, timeout, named)

@@ -166,6 +166,7 @@ def session_config(target: dict[str, Any], settings: WorkerSettings | None = Non
         wrap_init_process_group=True,
         hang_timeout_s=settings.hang_timeout_s,
         capture=settings.capture,
+        capture_limits=settings.capture_limits,
         meta=meta,
         storage=StorageLimits(
             retain_s=settings.retain_s,

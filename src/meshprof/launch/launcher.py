@@ -27,6 +27,7 @@ from typing import Any
 
 from meshprof.errors import MeshprofError
 from meshprof.launch.agreement import Agreement, store_endpoint
+from meshprof.launch.job_versions import ENV_VERSIONS, read_versions, versions_here
 from meshprof.launch.live_relay import LiveRelay, mirrors, relay_interval
 from meshprof.launch.run_dirs import check_writable, choose_run_dir, new_run_id, other_run
 from meshprof.launch.run_options import RunOptions
@@ -108,6 +109,7 @@ def worker_env(
         step_detect=opts.step_detect,
         live_interval_s=float(opts.live_interval_s),
         capture=opts.capture_agent,
+        capture_limits=opts.capture_limits,
         max_events=opts.max_events,
         layout=env.get(ENV_LAYOUT, ""),
         run_id=run_id,
@@ -270,6 +272,8 @@ def launch(opts: RunOptions) -> LaunchResult:
         private=private,
         decision_file=str(decision) if multi else "",
     )
+    versions_file = private / "versions.json"
+    env[ENV_VERSIONS] = str(versions_file)  # torchrun says them: no torch import here
     files = _RunFiles()
     manifest: Manifest | None = None
     node: dict[str, Any] = {}
@@ -306,6 +310,7 @@ def launch(opts: RunOptions) -> LaunchResult:
     watch = opts.hang_timeout_s > 0 and _watchdog_available()
     alerts: Any = None
     exporter: Any = None
+    otlp: Any = None
     relay: LiveRelay | None = None
     watching = False
     every = heartbeat_s()
@@ -316,11 +321,17 @@ def launch(opts: RunOptions) -> LaunchResult:
                 final_dir, final_id = _agreed_dir(opts, agreement.result, run_dir)
                 files.attempt("the run decision", _write_decision, decision, final_dir, final_id)
                 begin(final_dir, final_id)
+            if manifest is not None and manifest.versions is None:
+                said = read_versions(versions_file)
+                if said is not None:
+                    manifest = manifest.updated(versions=said)
+                    files.attempt("the manifest", write_merged_manifest, run_dir, manifest)
             if manifest is not None and not watching:
                 watching = True
                 alerts = _start_alerts(opts, run_dir)
                 exporter = _start_exporter(opts, run_dir)
                 relay = _start_relay(opts, run_dir)
+                otlp = _start_otlp(opts, run_dir, run_id)
             try:
                 rc = proc.wait(0.5)
                 break
@@ -345,6 +356,8 @@ def launch(opts: RunOptions) -> LaunchResult:
             alerts.stop(_died(read_worker_exits(private / "workers.json")))
         if exporter is not None:
             exporter.stop()
+        if otlp is not None:
+            otlp.stop()  # (after the alerts' last word: it is sent too)
     if manifest is None:  # several nodes, and the job ended before the launchers agreed
         if agreement is not None and agreement.error:
             print(f"meshprof run: no agreement on the run ({agreement.error})", file=sys.stderr)
@@ -357,6 +370,8 @@ def launch(opts: RunOptions) -> LaunchResult:
             "signalled": [],
             "killed": False,
         }
+    if manifest.versions is None:  # torchrun ended before it said them (or could not)
+        manifest = manifest.updated(versions=read_versions(versions_file) or versions_here())
     exits = read_worker_exits(private / "workers.json")
     shutil.rmtree(private, ignore_errors=True)
     try:
@@ -415,6 +430,42 @@ def _start_exporter(opts: RunOptions, run_dir: Path) -> Any:
     from meshprof.live.metrics import start_exporter
 
     return start_exporter(run_dir, opts.metrics_port, opts.metrics_addr, node_id())
+
+
+def _start_otlp(opts: RunOptions, run_dir: Path, run_id: str) -> Any:
+    """The OTLP exporter of this node's ranks (:mod:`meshprof.live.otel.agent`), or None:
+    not configured, or it could not start (one line on stderr; the job runs without it)."""
+    if opts.otlp is None:
+        return None
+    try:
+        from meshprof.layout import Layout
+        from meshprof.live.otel.agent import OtlpAgent
+        from meshprof.live.otel.exporters import JobIdentity
+
+        layout_text = os.environ.get(ENV_LAYOUT, "")
+        job = JobIdentity(
+            run_id=run_id,
+            world_size=opts.world_size or -1,
+            layout=layout_text,
+            node_id=node_id(),
+            node_rank=opts.node_rank,
+            run_dir=str(run_dir),
+        )
+        return OtlpAgent(
+            run_dir,
+            opts.otlp,
+            job,
+            node_id=node_id(),
+            layout=Layout.from_any(layout_text or None),
+            root=opts.node_rank == 0,
+        ).start()
+    except Exception as e:
+        print(
+            f"meshprof run: warning: cannot start the OTLP exporter ({type(e).__name__}: {e}); "
+            "the job runs without it",
+            file=sys.stderr,
+        )
+        return None
 
 
 def _start_alerts(opts: RunOptions, run_dir: Path) -> Any:

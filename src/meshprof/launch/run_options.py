@@ -9,7 +9,9 @@ from pathlib import Path
 from meshprof.analyze.live.alert_config import AlertConfig
 from meshprof.analyze.live.capture_targets import CaptureConfig
 from meshprof.errors import MeshprofError
+from meshprof.live.otel.settings import OtlpSettings
 from meshprof.monitor.step_detect import STEP_DETECT_MODES
+from meshprof.records.captures import CaptureLimits
 
 _NNODES_RE = re.compile(r"^\d+(:\d+)?$")
 
@@ -55,12 +57,29 @@ class RunOptions:
     capture_agent: bool = True
     """Every rank answers ``meshprof capture`` and ``meshprof stacks`` (False: ``--no-capture``,
     no agent thread in the workers)."""
+    requests_from_any_user: bool = False
+    """The ranks take capture and stacks requests written by any user who can write the run
+    directory (``--requests-from-any-user``); by default only the job's own user's."""
+
+    @property
+    def capture_limits(self) -> CaptureLimits:
+        """What requests may ask of the ranks: the captures' disk budget, at most
+        max(12, ``--capture-max-per-hour``) captures an hour per rank, whose requests."""
+        return CaptureLimits(
+            max_bytes=self.capture.max_bytes,
+            max_per_hour=max(CaptureLimits().max_per_hour, self.capture.max_per_hour),
+            any_user=self.requests_from_any_user,
+        )
+
     max_events: int | None = None
     """Ring-buffer capacity of each rank's recorder (None: the recorder's default)."""
     metrics_port: int | None = None
     """Serve Prometheus ``/metrics`` for this node's ranks on this port (None: off)."""
     metrics_addr: str = "127.0.0.1"
     """Address the metrics endpoint binds."""
+    otlp: OtlpSettings | None = None
+    """Send the live figures and the steps over OTLP from each node's launcher
+    (``--otlp-endpoint`` or the ``OTEL_EXPORTER_OTLP_*`` variables; None: off)."""
     retain_s: float = 0.0
     """Each rank's segments older than this are deleted (seconds; 0: no age bound)."""
     max_disk_bytes: int = 1 << 30
@@ -126,6 +145,15 @@ class RunOptions:
             from meshprof.live.metrics import check_metrics_options
 
             check_metrics_options(self.metrics_port, self.live_interval_s)
+        if self.otlp is not None:
+            from meshprof.live.otel.settings import check_installed
+
+            check_installed(self.otlp)
+            if self.otlp.metrics is not None and not self.live_interval_s > 0:
+                raise MeshprofError(
+                    "OTLP metrics need the live state (a --live-interval above 0; or "
+                    "OTEL_METRICS_EXPORTER=none)"
+                )
 
     @property
     def world_size(self) -> int | None:

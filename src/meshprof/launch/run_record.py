@@ -68,20 +68,17 @@ def node_record(opts: RunOptions, cmd: list[str], start_ns: int) -> dict[str, An
     }
 
 
-def _versions() -> dict[str, Any]:
-    try:
-        from meshprof.commands.version import versions
-
-        return versions()
-    except Exception as e:  # a manifest without versions beats no run at all
-        return {"error": f"{type(e).__name__}: {e}"}
-
-
 def start_manifest(
-    opts: RunOptions, run_dir: Path, cmd: list[str], layout_text: str = "", layout_env: str = ""
+    opts: RunOptions,
+    run_dir: Path,
+    cmd: list[str],
+    layout_text: str = "",
+    layout_env: str = "",
+    versions: dict[str, Any] | None = None,
 ) -> Manifest:
     """The manifest as known before the workers start. ``layout_text`` is the job's layout
-    ("dp=2,tp=1,pp=2", from ``layout_env``; "" for none)."""
+    ("dp=2,tp=1,pp=2", from ``layout_env``; "" for none); ``versions`` come later when not
+    known yet (:mod:`meshprof.launch.job_versions`)."""
     layout = parse_layout(layout_text, f"{layout_env}={layout_text!r}") if layout_text else None
     manifest = Manifest.from_dict(
         {
@@ -99,7 +96,7 @@ def start_manifest(
             "hosts": [socket.gethostname()],
             "launcher_host": socket.gethostname(),
             "cwd": os.getcwd(),
-            "versions": _versions(),
+            "versions": versions,
             "layout": layout,
             "settings": {
                 "flush_interval_s": opts.flush_interval_s,
@@ -235,7 +232,10 @@ def finish_manifest(
                 failed = [c for _, c in sorted(rank_codes.items()) if c != 0]
                 if failed:
                     code = failed[0] if failed[0] > 0 else 128 - failed[0]
-        changes["missing_ranks"] = {str(r): why for r, why in sorted(run.problems.items())}
+        changes["missing_ranks"] = {
+            str(e.first) if e.last == e.first else f"{e.first}-{e.last}": e.reason
+            for e in run.problems.entries()
+        }
     else:
         rank_codes = {r: w.exit_code for r, w in exits.items()}
         signals = {r: n for r, w in exits.items() if (n := w.signal)}

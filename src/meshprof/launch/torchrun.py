@@ -11,6 +11,10 @@ It also asks the kernel to send it SIGTERM when the launcher dies (``PR_SET_PDEA
 torchrun then ends its workers as it does on any SIGTERM, so a launcher killed by SIGKILL does
 not leave the job running unsupervised (the workers also watch the launcher themselves:
 :func:`meshprof.launch.bootstrap.watch_launcher`).
+
+Before torchrun starts the workers it does what needs torch, so that the launcher never imports
+it: the native recorder is made ready (:mod:`meshprof.launch.native_prep`) and the versions for
+the manifest are written (:mod:`meshprof.launch.job_versions`).
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ import contextlib
 import os
 import sys
 
+from meshprof.launch.job_versions import report_versions
+from meshprof.launch.native_prep import prepare_in_torchrun
 from meshprof.records.worker_settings import WorkerSettings
 
 
@@ -68,6 +74,8 @@ def main(argv: list[str] | None = None) -> None:
     settings = WorkerSettings.from_env(os.environ)
     if settings is not None:
         die_with_launcher(settings.launcher_pid)
+    prepare_in_torchrun()  # the native recorder, before the workers start
+    report_versions()  # for the launcher's manifest (torch is imported here anyway)
     try:
         torchrun_main(sys.argv[1:] if argv is None else argv)
     except ChildFailedError as e:

@@ -24,7 +24,15 @@ from meshprof.rundir.captures import (
     write_request_copy,
 )
 from meshprof.rundir.live import read_rank_lives
-from meshprof.rundir.requests import new_request_id, remove_request, write_request
+from meshprof.rundir.requests import (
+    Request,
+    new_request_id,
+    read_refusal,
+    refusal_path,
+    remove_request,
+    request_name,
+    write_request,
+)
 from meshprof.rundir.stacks import read_rank_stacks
 
 #: Seconds between two looks at the answers.
@@ -33,6 +41,20 @@ POLL_S = 0.1
 GRACE_S = 2.0
 #: Seconds more to wait for a trace being written when the timeout passes.
 WRITING_GRACE_S = 30.0
+
+
+class RequestRefusedError(MeshprofError):
+    """The ranks refused the request (its refusal file says why)."""
+
+
+def check_refused(run_dir: Path, req: Request) -> None:
+    """:class:`RequestRefusedError` when a rank refused ``req`` (one line: the file and why)."""
+    ref = read_refusal(run_dir, req)
+    if ref is not None:
+        raise RequestRefusedError(
+            f"{refusal_path(run_dir, request_name(req))}: rank {ref.rank} refused the "
+            f"{req.kind} request: {ref.reason}"
+        )
 
 
 def _gone(run_dir: Path, ranks: Iterable[int]) -> set[int]:
@@ -50,7 +72,8 @@ def wait_for_capture(
 ) -> dict[int, CaptureRankStatus]:
     """Wait until every asked rank's status is final, the ranks not final have ended, or the
     timeout (plus :data:`GRACE_S`; plus :data:`WRITING_GRACE_S` while a trace is being written)
-    has passed. ``on_status`` sees each new status. Returns the last statuses."""
+    has passed. ``on_status`` sees each new status. Returns the last statuses;
+    :class:`RequestRefusedError` when the ranks refused the request."""
     run = Path(run_dir)
     seen: dict[int, tuple[str, int]] = {}
     statuses: dict[int, CaptureRankStatus] = {}
@@ -65,6 +88,7 @@ def wait_for_capture(
         open_ = [r for r in req.ranks if r not in statuses or not statuses[r].state.final]
         if not open_:
             return statuses
+        check_refused(run, req)
         now = time.time_ns()
         writing = any(statuses.get(r) and statuses[r].state is CaptureState.WRITING for r in open_)
         if now > end + (int(WRITING_GRACE_S * 1e9) if writing else 0):
@@ -99,7 +123,8 @@ def take_stacks(
     poll_s: float = POLL_S,
 ) -> tuple[str, dict[int, RankStacks]]:
     """Ask for the stacks of ``ranks`` (empty: every rank) and wait until every rank of
-    ``expected`` has answered or ``timeout_s`` passed: (request id, answers by rank)."""
+    ``expected`` has answered or ``timeout_s`` passed: (request id, answers by rank);
+    :class:`RequestRefusedError` when the ranks refused it and none answered."""
     run = Path(run_dir)
     req = StacksRequest(
         id=new_request_id(), ranks=ranks, requested_ns=time.time_ns(), timeout_s=timeout_s
@@ -110,7 +135,11 @@ def take_stacks(
     try:
         while True:
             got = read_rank_stacks(run, req.id)
-            if want <= set(got) or time.monotonic() >= end:
+            if want <= set(got):
+                return req.id, got
+            if not got:
+                check_refused(run, req)
+            if time.monotonic() >= end:
                 return req.id, got
             time.sleep(poll_s)
     finally:
@@ -139,4 +168,11 @@ def running_job(run_dir: str | os.PathLike[str]) -> tuple[LiveSnapshot, int]:
     return snap, world
 
 
-__all__ = ["run_capture", "running_job", "take_stacks", "wait_for_capture"]
+__all__ = [
+    "RequestRefusedError",
+    "check_refused",
+    "run_capture",
+    "running_job",
+    "take_stacks",
+    "wait_for_capture",
+]

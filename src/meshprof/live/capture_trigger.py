@@ -24,6 +24,7 @@ from meshprof.analyze.live.capture_targets import HANG_KINDS, CaptureConfig, cho
 from meshprof.layout import Layout
 from meshprof.records.captures import AlertCapture, CaptureRequest
 from meshprof.records.live import Alert, LiveSnapshot
+from meshprof.records.members import named_world
 from meshprof.rundir.captures import capture_dir, captures_bytes
 from meshprof.rundir.requests import new_request_id
 
@@ -98,9 +99,12 @@ class CaptureTrigger:
                 else self.config.timeout_s,
                 max_bytes=self.config.max_bytes,
             )
-            from meshprof.live.capture_request import run_capture
+            from meshprof.live.capture_request import RequestRefusedError, run_capture
 
-            comp = run_capture(self.run_dir, req)
+            try:
+                comp = run_capture(self.run_dir, req)
+            except RequestRefusedError as e:
+                return self._skip(str(e))
             return AlertCapture(
                 status=comp.state,
                 message=comp.message,
@@ -124,7 +128,8 @@ class CaptureTrigger:
         expected = [r for r, x in snap.ranks.items() if x.status == "running"]
         t0 = time.monotonic()
         rid, got = take_stacks(self.run_dir, expected, STACKS_TIMEOUT_S)
-        return snapshot_of(rid, list(range(world)), got, time.monotonic() - t0).clusters.lines
+        asked = list(named_world(world))
+        return snapshot_of(rid, asked, got, time.monotonic() - t0).clusters.lines
 
     def _skip(self, why: str) -> AlertCapture:
         self.skipped += 1

@@ -47,6 +47,7 @@ from urllib.parse import parse_qs, urlsplit
 from meshprof.analyze.live.snapshot import read_snapshot, snapshot_to_dict
 from meshprof.errors import MeshprofError
 from meshprof.records.live import LiveSnapshot
+from meshprof.rundir.json_file import read_json
 from meshprof.rundir.live import live_dir
 
 #: Samples kept per rank (at one a second: five minutes).
@@ -232,7 +233,7 @@ class LiveServer:
 def _run_status(run_dir: Path) -> str:
     """The manifest's status (running, ok, failed, hang; "" without one)."""
     with contextlib.suppress(OSError, ValueError):
-        m = json.loads((run_dir / "manifest.json").read_text("utf-8"))
+        m = read_json(run_dir / "manifest.json")
         if isinstance(m, dict):
             return str(m.get("status") or "")
     return ""

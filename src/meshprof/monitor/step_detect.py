@@ -5,11 +5,20 @@ optimizer that steps ends a step), "forward" (each outermost module forward call
 inference script gets per-request latency), "auto" (optimizer steps when the script steps an
 optimizer, else forward steps), "off". The script's own :func:`meshprof.mark_step` calls switch
 detection off ("user"). Runs inside the user's process: never raises into training.
+
+torch.compile: code that torch.compile traces through a module call guards on how many global
+module hooks there are, so removing one later would recompile every such region (seconds to
+minutes each). Hooks no longer needed are therefore removed only while torch.compile has
+compiled nothing since they were installed; otherwise they stay, inert, until the session ends
+(:meth:`StepDetector.remove_hooks`). torch.compile traces the hooks of nested module calls only
+(an outermost call runs them outside the graph); those return before reading anything that
+changes, so the mode deciding never fails a compiled graph's guards.
 """
 
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 import time
 from typing import TYPE_CHECKING, Any, Protocol
@@ -71,6 +80,9 @@ class StepDetector:
         self._grad_free_forwards = 0
         self._decided_forward = False  # auto decided "forward": a training forward can undo it
         self._restarted = False  # auto: step 0 restarted at the first forward that may train
+        self._grad_forward_seen = False  # auto: a forward with autograd came (a training step?)
+        self._retired: list[Any] = []  # hooks no longer needed, kept for compiled code's guards
+        self._frames_at_start = 0  # torch.compile's compiled frames when the hooks went in
 
     @property
     def monitor(self) -> StepMonitor | None:
@@ -91,6 +103,7 @@ class StepDetector:
         )
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
+        self._frames_at_start = _compiled_frames()
         if mode in ("auto", "optimizer"):
             self._hooks.append(register_optimizer_step_post_hook(self._on_optimizer_step))
         if mode == "optimizer":
@@ -122,25 +135,39 @@ class StepDetector:
                 self._internal_error(e)
 
     def remove_hooks(self) -> None:
-        """Remove every hook this detector installed."""
-        for h in [*self._hooks, self._forward_hook, *self._forward_hooks]:
+        """Remove every hook this detector installed (the retired ones too)."""
+        for h in [*self._hooks, self._forward_hook, *self._forward_hooks, *self._retired]:
             if h is not None:
                 with contextlib.suppress(Exception):
                     h.remove()
         self._hooks, self._forward_hook, self._forward_hooks = [], None, []
+        self._retired = []
+
+    def _retire(self, hooks: list[Any]) -> None:
+        """Global module hooks no longer needed: removed, unless torch.compile compiled code
+        since they went in (its guards count the global hooks: removing one would recompile
+        it); then they stay until :meth:`remove_hooks`, inert (the mode no longer uses them)."""
+        if _compiled_frames() > self._frames_at_start:
+            self._retired.extend(hooks)
+            return
+        for h in hooks:
+            with contextlib.suppress(Exception):
+                h.remove()
 
     def _open_first_step(self) -> None:
         if self._step_open:
             return
         self._step_open = True
         if self._forward_hook is not None:
-            self._forward_hook.remove()
+            self._retire([self._forward_hook])
             self._forward_hook = None
         if self.monitor is not None:
             self.monitor.mark_step()
 
     def _on_first_forward(self, module: Any, args: Any) -> None:
         """Step 0 starts at the first forward of any module (model building is not a step)."""
+        if self._step_open:
+            return
         try:
             self._open_first_step()
         except Exception as e:
@@ -185,14 +212,21 @@ class StepDetector:
         forwards are only timed (kept pending) until the script decides: its first optimizer
         step makes it a training script (pending forwards dropped: optimizer steps, exactly as
         "optimizer" mode), while the :data:`AUTO_FORWARD_AFTER`-th grad-free outermost forward
-        before any optimizer step, or the end of the script, makes it an inference script:
-        step 0 is dropped unrecorded, the pending forwards become steps, and every outermost
-        forward from then on is a step as it runs. A forward is thus a step in one mode only."""
+        before any optimizer step and any forward with autograd, or the end of the script, makes
+        it an inference script: step 0 is dropped unrecorded, the pending forwards become steps,
+        and every outermost forward from then on is a step as it runs. A forward is thus a step
+        in one mode only. Grad-free forwards after a forward with autograd are part of a
+        training step (a metric under ``torch.no_grad()``; the graphs torch.compile's
+        AOTAutograd runs as modules, with autograd off, in the forward and the backward): they
+        decide nothing."""
         tls = self._tls
         depth = getattr(tls, "depth", 0)
         tls.depth = depth + 1
-        if depth:
-            return
+        # A nested call is all that torch.compile traces of these hooks (an outermost call runs
+        # them outside the compiled graph): it must read nothing that changes, or the graph's
+        # guards would fail when it does.
+        if depth or self.mode in ("optimizer", "off"):
+            return  # nested, or retired
         try:
             if self._user_marks_steps():
                 return
@@ -216,7 +250,9 @@ class StepDetector:
                     if self.monitor is not None:
                         self.monitor.discard_implicit_step()
                         self.monitor.mark_step()
-                if not _grad_enabled():
+                if _grad_enabled():
+                    self._grad_forward_seen = True
+                elif not self._grad_forward_seen:
                     self._grad_free_forwards += 1
                     if self._grad_free_forwards >= AUTO_FORWARD_AFTER:
                         self._commit_forward_mode()
@@ -236,9 +272,11 @@ class StepDetector:
         depth = getattr(tls, "depth", 1) - 1
         tls.depth = max(depth, 0)
         if depth > 0:
-            return
+            return  # nested (see _on_forward_pre)
+        span = getattr(tls, "span", None)
+        if span is None and self.mode in ("optimizer", "off"):
+            return  # retired (a forward step still open closes all the same)
         try:
-            span = getattr(tls, "span", None)
             if span is not None:
                 tls.span = None
                 span.__exit__(None, None, None)
@@ -265,9 +303,7 @@ class StepDetector:
         self._pending = []
 
     def _remove_forward_hooks(self) -> None:
-        for h in self._forward_hooks:
-            with contextlib.suppress(Exception):
-                h.remove()
+        self._retire(self._forward_hooks)
         self._forward_hooks = []
 
     def _user_marks_steps(self) -> bool:
@@ -294,6 +330,19 @@ class StepDetector:
     def _internal_error(self, e: BaseException) -> None:
         with contextlib.suppress(Exception):
             self.host.report_internal_error(e)
+
+
+def _compiled_frames() -> int:
+    """How many frames torch.compile has compiled in this process (0 before it is first used;
+    a large number when the count cannot be read, so that hooks are kept, never removed under
+    compiled code)."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    if utils is None:
+        return 0
+    try:
+        return int(utils.counters["frames"]["ok"])
+    except Exception:
+        return 1 << 62
 
 
 def _grad_enabled() -> bool:

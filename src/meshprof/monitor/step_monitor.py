@@ -21,6 +21,7 @@ from meshprof.events import EVENT_DTYPE, MEMORY_DTYPE, SPAN_DTYPE, SPAN_KINDS, S
 from meshprof.layout import Layout
 from meshprof.monitor.flop_counter import count_flops, detect_peak_tflops
 from meshprof.monitor.memory_sampler import sample_memory
+from meshprof.records.rank_meta import GroupRecord
 
 F = TypeVar("F", bound=Callable[..., Any])
 _STEP = SPAN_KINDS.index("step")
@@ -405,7 +406,18 @@ class StepMonitor:
         prof = self._prof()
         if prof is not None:
             events, _ = prof.columns()
-            groups = list(prof.log.groups)
+            mesh = getattr(prof, "mesh_names", None)
+            mesh_dims = mesh.names() if mesh is not None else {}
+            groups = [
+                GroupRecord(
+                    name=g.name,
+                    desc=g.desc,
+                    ranks=g.ranks,
+                    backend=g.backend,
+                    mesh_dims=mesh_dims.get(g.name),
+                )
+                for g in prof.log.groups
+            ]
             rank = max(prof.rank, 0) if self._rank is None else self._rank
         else:
             events, groups, rank = np.zeros(0, dtype=EVENT_DTYPE), [], self._rank or 0
@@ -422,8 +434,9 @@ class RecordedSteps(NamedTuple):
     """Names of the spans' ``name`` codes."""
     events: np.ndarray
     """EVENT_DTYPE rows of the active recorder (empty without one)."""
-    groups: list[Any]
-    """The recorder's process groups, indexed by the events' ``group`` code."""
+    groups: list[GroupRecord]
+    """The recorder's process groups, indexed by the events' ``group`` code (with the job's
+    DeviceMesh names of each)."""
     memory: np.ndarray
     """MEMORY_DTYPE rows."""
     rank: int

@@ -6,8 +6,9 @@ Names load on first use (PEP 562) so that the CLI can import the layout code wit
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from meshprof.lazy import lazy_exports
 
 _EXPORTS = {
     "DataParallelMode": "meshprof.parallel.parallel_config",
@@ -40,13 +41,7 @@ if TYPE_CHECKING:
     )
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'meshprof.parallel' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__, __dir__ = lazy_exports("meshprof.parallel", _EXPORTS, globals())
 
 
 __all__ = [

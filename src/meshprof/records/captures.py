@@ -8,11 +8,14 @@ it. The files are read and written by :mod:`meshprof.rundir.captures`."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
-from meshprof.records.codec import dataclass_to_json, from_json
+from meshprof.records.codec import RecordError, dataclass_to_json, from_json
 from meshprof.records.finding import StrEnum
+from meshprof.records.members import check_ranks
+from meshprof.records.names import check_id
 from meshprof.records.stacks import RankStacks
 
 CAPTURE_FORMAT = "meshprof-capture/1"
@@ -23,6 +26,12 @@ stops)."""
 
 ACTIVITIES = ("cpu", "cuda")
 """What a capture can trace (torch.profiler's activities)."""
+
+MAX_TIMEOUT_S = 3600.0
+"""The longest timeout a request may carry (s): a rank armed for a capture that never starts is
+busy for that long."""
+
+GIB = 1 << 30
 
 
 class CaptureState(StrEnum):
@@ -93,7 +102,33 @@ class CaptureRequest:
     still tracing then stops at its next step boundary."""
     max_bytes: int = 0
     """Disk budget of ``RUN_DIR/captures`` as a whole: a rank does not keep a trace that would
-    take it past this many bytes (0: no limit)."""
+    take it past this many bytes (0: the job's own budget, :attr:`CaptureLimits.max_bytes`; a
+    request only ever lowers the job's budget)."""
+
+    def __post_init__(self) -> None:
+        """A request read from a file is checked here: its id is a name (it becomes a folder),
+        its numbers are in range (:class:`RecordError` otherwise)."""
+        check_id(self.id, "capture request.id")
+        check_ranks(self.ranks, "capture request.ranks")
+        if not self.ranks:
+            raise RecordError("capture request.ranks: no rank named")
+        if not 1 <= self.steps <= MAX_CAPTURE_STEPS:
+            raise RecordError(
+                f"capture request.steps: {self.steps}, expected 1 to {MAX_CAPTURE_STEPS}"
+            )
+        bad = [a for a in self.activities if a not in ACTIVITIES]
+        if bad:
+            raise RecordError(
+                f"capture request.activities: {bad[0]!r}, expected some of {', '.join(ACTIVITIES)}"
+            )
+        if not (math.isfinite(self.timeout_s) and 0 < self.timeout_s <= MAX_TIMEOUT_S):
+            raise RecordError(
+                f"capture request.timeout_s: {self.timeout_s}, expected 0 to {MAX_TIMEOUT_S:g} s"
+            )
+        if self.max_bytes < 0:
+            raise RecordError(f"capture request.max_bytes: {self.max_bytes}, expected >= 0")
+        if self.requested_ns < 0:
+            raise RecordError(f"capture request.requested_ns: {self.requested_ns}, expected >= 0")
 
     @property
     def deadline_ns(self) -> int:
@@ -106,6 +141,101 @@ class CaptureRequest:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> CaptureRequest:
         return from_json(cls, d, "capture request")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CaptureLimits:
+    """What the job lets a request ask of its ranks (``meshprof run``'s options, carried to
+    every rank in :class:`~meshprof.records.worker_settings.WorkerSettings`). A request is read
+    from a folder others may write: it can ask for less than these, never more; one that asks
+    for more is refused, and says why (:class:`RequestRefusal`)."""
+
+    max_steps: int = MAX_CAPTURE_STEPS
+    """The most steps one capture traces."""
+    max_bytes: int = 2 * GIB
+    """Disk budget of ``RUN_DIR/captures`` (bytes): no trace is kept past it, whatever the
+    request's own ``max_bytes``."""
+    max_per_hour: int = 12
+    """Captures a rank starts in any hour, whoever asks (``meshprof capture`` and the alerts'
+    captures together)."""
+    activities: tuple[str, ...] = ACTIVITIES
+    """The torch.profiler activities a request may ask for."""
+    max_timeout_s: float = MAX_TIMEOUT_S
+    """The longest timeout a capture request may carry (s): an armed rank serves no other
+    capture until its request's timeout."""
+    stacks_per_hour: int = 720
+    """Stacks requests a rank answers in any hour (one every 5 s)."""
+    any_user: bool = False
+    """Answer requests written by other users than the job's (the file's owner): off by
+    default (``meshprof run --requests-from-any-user``)."""
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.max_steps <= MAX_CAPTURE_STEPS:
+            raise RecordError(
+                f"capture limits.max_steps: {self.max_steps}, expected 1 to {MAX_CAPTURE_STEPS}"
+            )
+        if self.max_bytes < 1 or self.max_per_hour < 0 or self.stacks_per_hour < 0:
+            raise RecordError("capture limits: max_bytes must be > 0, the rates >= 0")
+        if not (math.isfinite(self.max_timeout_s) and 0 < self.max_timeout_s <= MAX_TIMEOUT_S):
+            raise RecordError(
+                f"capture limits.max_timeout_s: {self.max_timeout_s}, expected 0 to "
+                f"{MAX_TIMEOUT_S:g} s"
+            )
+        bad = [a for a in self.activities if a not in ACTIVITIES]
+        if bad:
+            raise RecordError(f"capture limits.activities: {bad[0]!r} is not an activity")
+
+    def excess(self, req: CaptureRequest) -> str:
+        """What ``req`` asks beyond these limits, in words ("" when nothing)."""
+        if req.steps > self.max_steps:
+            return f"{req.steps} steps asked, the job allows {self.max_steps}"
+        extra = [a for a in req.activities if a not in self.activities]
+        if extra:
+            allowed = ", ".join(self.activities) or "none"
+            return f"activity {extra[0]} asked, the job allows {allowed}"
+        if req.timeout_s > self.max_timeout_s:
+            return f"a timeout of {req.timeout_s:g} s, the job allows {self.max_timeout_s:g} s"
+        return ""
+
+    def budget(self, req: CaptureRequest) -> int:
+        """The disk budget of ``RUN_DIR/captures`` for ``req`` (bytes): the job's, or the
+        request's when lower."""
+        return min(self.max_bytes, req.max_bytes) if req.max_bytes > 0 else self.max_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclass_to_json(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> CaptureLimits:
+        return from_json(cls, d, "capture limits")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RequestRefusal:
+    """Why the ranks did not take a request (``RUN_DIR/requests/refused/<kind>-<id>.json``,
+    written once, by the first rank that refused it; the asker prints it and stops waiting)."""
+
+    format: str = CAPTURE_FORMAT
+    """``"meshprof-capture/1"``."""
+    request: str
+    """The request's file name in ``RUN_DIR/requests`` (``capture-<id>.json``)."""
+    reason: str
+    """Why, in words (an id that is not a name, another user's file, a limit of the job)."""
+    rank: int
+    """The rank that wrote this."""
+    refused_ns: int
+    """When (wall clock of the rank's host)."""
+    pid: int = -1
+    """The rank's process id."""
+    hostname: str = ""
+    """The rank's host."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclass_to_json(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RequestRefusal:
+        return from_json(cls, d, "request refusal")
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,6 +327,10 @@ class CaptureRankStatus:
     hostname: str = ""
     """The rank's host."""
 
+    def __post_init__(self) -> None:
+        check_id(self.id, "capture status.id")
+        check_ranks((self.rank,), "capture status.rank")
+
     def to_dict(self) -> dict[str, Any]:
         return dataclass_to_json(self)
 
@@ -275,13 +409,17 @@ class AlertCapture:
 __all__ = [
     "ACTIVITIES",
     "CAPTURE_FORMAT",
+    "GIB",
     "MAX_CAPTURE_STEPS",
+    "MAX_TIMEOUT_S",
     "AlertCapture",
     "CaptureCost",
+    "CaptureLimits",
     "CaptureRankStatus",
     "CaptureRequest",
     "CaptureState",
     "CapturedPhase",
     "CapturedStep",
     "OpDifference",
+    "RequestRefusal",
 ]

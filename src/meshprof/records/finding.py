@@ -73,6 +73,9 @@ class FindingKind(StrEnum):
     """A rank's clock could not be aligned."""
     INCOMPLETE = "incomplete"
     """Collectives not recorded by every member."""
+    RECORDING = "recording"
+    """The record contradicts itself (completions seen late by the recorder): repaired before
+    the what-if, or the reason it cannot price the ranks."""
     # the bottleneck rules (meshprof.analyze.steps.rules)
     COMMUNICATION = "communication"
     """Exposed communication above its threshold."""

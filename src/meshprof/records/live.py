@@ -11,6 +11,7 @@ from typing import Any
 
 from meshprof.records.codec import dataclass_to_json, from_json, json_key
 from meshprof.records.finding import Finding, Severity
+from meshprof.records.members import check_world
 from meshprof.records.serving import ServingLive
 
 LIVE_FORMAT = "meshprof-live/1"
@@ -176,6 +177,11 @@ class RankLive:
     """A serving rank's live figures (requests, their latencies' histograms and recent
     percentiles, decode steps; :mod:`meshprof.records.serving`); None for a rank that serves
     no request and names no decode step."""
+
+    def __post_init__(self) -> None:
+        """The rank and world size a record claims are checked when it is read."""
+        check_world(self.rank, "live.rank", low=0)
+        check_world(self.world_size, "live.world_size")
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON record."""

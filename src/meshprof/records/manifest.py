@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from meshprof.records.json_record import JsonRecord
+from meshprof.records.members import check_world
 from meshprof.records.rank_meta import Target
 
 RUN_FORMAT = "meshprof-run/1"
@@ -117,8 +118,8 @@ class Manifest(JsonRecord):
     cwd: str | None = None
     """Its working directory."""
     versions: dict[str, Any] | None = None
-    """``meshprof version --json`` of the launcher (library versions and the recorder: free form,
-    as each library reports itself)."""
+    """``meshprof version --json`` of the job's torchrun process, the workers' environment
+    (library versions and the recorder: free form, as each library reports itself)."""
     layout: dict[str, int] | None = None
     """The dp/tp/pp layout as given."""
     settings: RunSettings | None = None
@@ -155,6 +156,16 @@ class Manifest(JsonRecord):
     hang: HangInfo | None = None
     """The launcher's account of a hang (the dumps, who was signalled, whether it killed the
     job); the diagnosis itself is ``meshprof hang``'s."""
+
+    def __post_init__(self) -> None:
+        """The counts of ranks and nodes a manifest claims are checked when it is read (a
+        manifest of world size 1e308 is damaged, not a job of that size)."""
+        check_world(self.world_size, "manifest.world_size")
+        check_world(self.node_rank, "manifest.node_rank")
+        check_world(self.nodes_missing, "manifest.nodes_missing")
+        for key, value in (("nnodes", self.nnodes), ("nproc_per_node", self.nproc_per_node)):
+            if isinstance(value, int):
+                check_world(value, f"manifest.{key}")
 
 
 __all__ = ["RUN_FORMAT", "HangInfo", "Manifest", "NodeSummary", "RunSettings"]

@@ -18,6 +18,10 @@ from typing import Any, overload
 from meshprof.records.codec import RecordError
 
 _RANGE_KEYS = ("start", "stop", "step")
+MAX_WORLD_SIZE = 1 << 24
+"""The most ranks a job may have (16,777,216): a world size or rank past it in a file is damage,
+not a job (the largest jobs today have a few hundred thousand ranks). It keeps every number a
+file claims about ranks in int32 and ``len()`` range."""
 LISTED_UP_TO = 8
 """Groups of up to this many members are written as their list even when they are a
 progression: ``[8, 9, 10, 11]`` is no longer than ``{"start": 8, "stop": 12, "step": 1}``."""
@@ -78,10 +82,16 @@ class Members(Sequence[int]):
                 raise RecordError(f"{where}: start, stop and step must be integers")
             if vals[2] == 0:
                 raise RecordError(f"{where}: step must not be 0")
+            if (
+                not all(-1 <= v <= MAX_WORLD_SIZE for v in vals[:2])
+                or abs(vals[2]) > MAX_WORLD_SIZE
+            ):
+                raise RecordError(f"{where}: ranks outside 0 to {MAX_WORLD_SIZE:,}")
             return cls.span(*vals)
         if isinstance(data, list | tuple | range):
             if not all(isinstance(v, int) and not isinstance(v, bool) for v in data):
                 raise RecordError(f"{where}: expected a list of integer ranks")
+            check_ranks(data, where)
             return cls(data)
         raise RecordError(f"{where}: expected {{start, stop, step}} or a list of ranks")
 
@@ -121,6 +131,39 @@ class Members(Sequence[int]):
         return f"Members({list(r)!r})"
 
 
+MAX_NAMED_RANKS = 1 << 17
+"""The most ranks a live view or a hang diagnosis enumerates from a claimed world size (131,072:
+past the largest jobs meshprof is measured on), to name the ranks that did not answer: a live
+record or a dump claiming 16 million ranks costs this, not one entry per claimed rank."""
+
+
+def named_world(world: int) -> range:
+    """The ranks of a claimed ``world`` that may be enumerated one by one
+    (``range(min(world, MAX_NAMED_RANKS))``)."""
+    return range(max(0, min(int(world), MAX_NAMED_RANKS)))
+
+
+def check_ranks(ranks: Iterable[object], where: str) -> None:
+    """:class:`RecordError` naming ``where`` unless every one of ``ranks`` is an int rank in
+    [0, :data:`MAX_WORLD_SIZE`)."""
+    for r in ranks:
+        if not (isinstance(r, int) and not isinstance(r, bool) and 0 <= r < MAX_WORLD_SIZE):
+            shown = repr(r) if len(repr(r)) <= 40 else repr(r)[:37] + "..."
+            raise RecordError(f"{where}: {shown} is not a rank (0 to {MAX_WORLD_SIZE - 1:,})")
+
+
+def check_world(value: object, where: str, low: int = -1) -> None:
+    """:class:`RecordError` naming ``where`` unless ``value`` is None or an int in [``low``,
+    :data:`MAX_WORLD_SIZE`] (a world size, a rank, a count of ranks or nodes read from a file:
+    -1 is "unknown")."""
+    if value is None or (
+        isinstance(value, int) and not isinstance(value, bool) and low <= value <= MAX_WORLD_SIZE
+    ):
+        return
+    shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+    raise RecordError(f"{where}: {shown} is not a number of ranks ({low} to {MAX_WORLD_SIZE:,})")
+
+
 def _canonical(r: range) -> range:
     """One ``range`` per set of members (``range(0, 10, 3)`` and ``range(0, 12, 3)`` are
     equal ranges but differ in ``stop``): stop = start + len × step, step 1 below two."""
@@ -149,4 +192,12 @@ def _compact(ranks: Iterable[int]) -> range | tuple[int, ...]:
     return t
 
 
-__all__ = ["LISTED_UP_TO", "Members"]
+__all__ = [
+    "LISTED_UP_TO",
+    "MAX_NAMED_RANKS",
+    "MAX_WORLD_SIZE",
+    "Members",
+    "check_ranks",
+    "check_world",
+    "named_world",
+]

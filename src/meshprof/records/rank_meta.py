@@ -11,7 +11,7 @@ from typing import Any
 
 from meshprof.records.codec import RecordError, json_key
 from meshprof.records.json_record import JsonRecord
-from meshprof.records.members import Members
+from meshprof.records.members import Members, check_world
 from meshprof.records.storage import StorageInfo
 
 RANK_FORMAT = "meshprof-rank/1"
@@ -107,6 +107,11 @@ class GroupRecord(JsonRecord):
     iterated; a list given in code is made one."""
     backend: str | None = None
     """``"nccl"``, ``"gloo"``, ..."""
+    mesh_dims: list[str] | None = None
+    """The DeviceMesh dimension names the job gave this group, as it spelled them (``["tp"]``;
+    ``["tp", "efsdp"]`` for a world group two meshes reuse); None when no mesh of the job
+    names it. They say the group's parallel dimension (:func:`meshprof.layout.dimension_of`)
+    unless the user gave a layout."""
 
     def __post_init__(self) -> None:
         if self.ranks is not None and not isinstance(self.ranks, Members):
@@ -317,6 +322,10 @@ class RankMeta(JsonRecord):
     """The watchdog's timeout (s; 0: no watchdog)."""
     backend: str | None = None
     """The default process group's backend."""
+    device: str | None = None
+    """What the rank computed on: ``"cuda"`` once the process initialized CUDA, ``"xpu"`` the
+    same for Intel GPUs, else ``"cpu"`` (None in files of earlier versions: the backend then
+    tells, see :func:`meshprof.rundir.device_kind`)."""
     clock_sync: ClockSync | None = None
     """Timestamp exchange at start (``meshprof.comm.clocksync.exchange_timestamps``)."""
     current_step: int | None = None
@@ -332,6 +341,13 @@ class RankMeta(JsonRecord):
     writing stopped if it did."""
     serving: ServingCounters | None = None
     """The request monitor's counts (a rank that served requests)."""
+
+    def __post_init__(self) -> None:
+        """The ranks and world size a meta claims are checked when it is read."""
+        check_world(self.rank, "meta.rank")
+        check_world(self.world_size, "meta.world_size")
+        check_world(self.local_rank, "meta.local_rank")
+        check_world(self.node_rank, "meta.node_rank")
 
 
 __all__ = [

@@ -7,7 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from meshprof.records.codec import dataclass_to_json, from_json
+from meshprof.records.codec import RecordError, dataclass_to_json, from_json
+from meshprof.records.members import check_ranks
+from meshprof.records.names import check_id
 
 STACKS_FORMAT = "meshprof-stacks/1"
 
@@ -58,6 +60,13 @@ class StacksRequest:
     timeout_s: float = 5.0
     """The asker waits this long; a rank that sees the request later does not answer."""
 
+    def __post_init__(self) -> None:
+        """A request read from a file is checked here: its id is a name (it becomes a folder)."""
+        check_id(self.id, "stacks request.id")
+        check_ranks(self.ranks, "stacks request.ranks")
+        if not 0 < self.timeout_s <= 3600.0:  # (NaN fails too)
+            raise RecordError(f"stacks request.timeout_s: {self.timeout_s}, expected 0 to 3600 s")
+
     def to_dict(self) -> dict[str, Any]:
         return dataclass_to_json(self)
 
@@ -87,6 +96,11 @@ class RankStacks:
     """The step the rank was in (-1: unknown)."""
     threads: tuple[ThreadStack, ...] = ()
     """Every thread's stack, the main thread first."""
+
+    def __post_init__(self) -> None:
+        if self.id:
+            check_id(self.id, "rank stacks.id")
+        check_ranks((self.rank,), "rank stacks.rank")
 
     @property
     def main(self) -> ThreadStack | None:

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from meshprof.records.captures import CaptureLimits
 from meshprof.records.codec import from_json, to_json
 
 WORKER_ENV = "MESHPROF_WORKER"
@@ -34,6 +35,8 @@ class WorkerSettings:
     """Seconds between two live-state records of each rank (0: none)."""
     capture: bool = True
     """Start the capture agent: the rank answers ``meshprof capture`` and ``meshprof stacks``."""
+    capture_limits: CaptureLimits = field(default_factory=CaptureLimits)
+    """What requests may ask of the ranks (steps, disk, rate, activities, whose requests)."""
     max_events: int | None = None
     """Ring-buffer capacity of each rank's recorder (None: the recorder's default)."""
     layout: str = ""

@@ -13,17 +13,12 @@ from pathlib import Path
 
 from meshprof.analyze.diff.types import FindingChange, RunDiff
 from meshprof.render.changes import changes_lines
-from meshprof.render.diff_text import headline_text
-from meshprof.render.format import (
-    fmt_bytes,
-    fmt_delta_bytes,
-    fmt_delta_ns,
-    fmt_gbps,
-    fmt_ns,
-    fmt_pct,
-    fmt_rate,
-    fmt_signed_pct,
-    is_missing,
+from meshprof.render.diff_tables import (
+    diff_tables,
+    headline_text,
+    memory_text,
+    rate_texts,
+    step_text,
 )
 from meshprof.render.html_parts import html_page, html_table
 from meshprof.render.serving_html import serving_diff_html
@@ -31,13 +26,13 @@ from meshprof.rundir.atomic import atomic_write_text
 
 _E = html.escape
 
-
-def _rel(rel: float) -> str:
-    return "" if is_missing(rel) else f", {fmt_signed_pct(rel)}"
-
-
-def _pct(rel: float) -> str:
-    return "-" if is_missing(rel) else fmt_signed_pct(rel)
+#: The section each table of :func:`~meshprof.render.diff_tables.diff_tables` goes in.
+_SECTIONS = {
+    "phases": "Phases",
+    "ranks": "Per rank",
+    "collectives": "Collectives by op and message size",
+    "shares": "Communication share by dimension",
+}
 
 
 def _summary(d: RunDiff) -> str:
@@ -56,105 +51,14 @@ def _summary(d: RunDiff) -> str:
     for side, t in (("A", d.a_changes), ("B", d.b_changes)):
         for line in changes_lines(t, limit=3) if t is not None else ():
             notes += f'<div class="finding">{side}: {_E(line)}</div>'
-
-    step = ""
-    if d.step is not None:
-        s = d.step
-        step = (
-            f"<p>step time (median): {_E(fmt_ns(s.a_ns))} → {_E(fmt_ns(s.b_ns))} "
-            f"(<b>{_E(fmt_delta_ns(s.delta_ns) + _rel(s.rel))}</b>)</p>"
-        )
-    return runs + head + notes + step
-
-
-def _phases(d: RunDiff) -> str:
-    rows = [
-        [
-            (_E(p.phase), p.phase),
-            (_E(fmt_ns(p.a_ns)), p.a_ns),
-            (_E(fmt_ns(p.b_ns)), p.b_ns),
-            (_E(fmt_delta_ns(p.delta_ns)), p.delta_ns),
-            (_pct(p.rel), p.rel),
-        ]
-        for p in d.phases
-    ]
-    return html_table(["phase", "A", "B", "delta", "change"], rows) if rows else _none("phases")
-
-
-def _ranks(d: RunDiff) -> str:
-    rows = [
-        [
-            (str(r.rank), r.rank),
-            (_E(fmt_ns(r.a_step_ns)), r.a_step_ns),
-            (_E(fmt_ns(r.b_step_ns)), r.b_step_ns),
-            (_E(fmt_delta_ns(r.step_delta_ns)), r.step_delta_ns),
-            (_E(fmt_delta_ns(r.compute_delta_ns)), r.compute_delta_ns),
-            (_E(fmt_delta_ns(r.wait_delta_ns)), r.wait_delta_ns),
-            (_E(fmt_delta_bytes(r.memory_delta_bytes)), r.memory_delta_bytes),
-        ]
-        for r in d.ranks
-    ]
-    headers = ["rank", "step A", "step B", "step delta", "compute delta", "wait delta"]
-    return html_table([*headers, "memory delta"], rows) if rows else _none("per-rank rows")
-
-
-def _gbps(x: float) -> str:
-    return "-" if is_missing(x) else fmt_gbps(x)
-
-
-def _collectives(d: RunDiff) -> str:
-    rows = [
-        [
-            (_E(c.op), c.op),
-            (_E(fmt_bytes(c.size_bytes)), c.size_bytes),
-            (_E(fmt_ns(c.a_p50_ns)), c.a_p50_ns),
-            (_E(fmt_ns(c.b_p50_ns)), c.b_p50_ns),
-            (_E(fmt_delta_ns(c.delta_ns)), c.delta_ns),
-            (_pct(c.rel), c.rel),
-            (_gbps(c.a_busbw_gbps), c.a_busbw_gbps),
-            (_gbps(c.b_busbw_gbps), c.b_busbw_gbps),
-            (str(c.a_count), c.a_count),
-            (str(c.b_count), c.b_count),
-        ]
-        for c in d.collectives
-    ]
-    headers = ["op", "size", "A p50", "B p50", "delta", "change", "A busbw GB/s", "B busbw GB/s"]
-    return html_table([*headers, "A n", "B n"], rows) if rows else _none("collectives")
-
-
-def _shares(d: RunDiff) -> str:
-    rows = [
-        [
-            (_E(s.dim), s.dim),
-            (fmt_pct(s.a), s.a),
-            (fmt_pct(s.b), s.b),
-            (f"{s.delta * 100:+.1f} points", s.delta),
-        ]
-        for s in d.comm_share
-    ]
-    return html_table(["dimension", "A", "B", "delta"], rows) if rows else _none("shares")
+    step = step_text(d)
+    return runs + head + notes + (f"<p>{_E(step)}</p>" if step is not None else "")
 
 
 def _memory_throughput(d: RunDiff) -> str:
-    m = d.memory
-    out = []
-    if m.delta_bytes is not None:
-        out.append(
-            f"<p>peak memory (highest rank): {_E(fmt_bytes(m.a_max_bytes))} (rank {m.a_max_rank})"
-            f" → {_E(fmt_bytes(m.b_max_bytes))} (rank {m.b_max_rank}): "
-            f"<b>{_E(fmt_delta_bytes(m.delta_bytes) + _rel(m.rel))}</b></p>"
-        )
-    else:
-        out.append('<p class="muted">peak memory: not sampled in both runs</p>')
-    tp = d.throughput
-    rates = [("steps/s", tp.steps_per_s)]
-    if tp.tokens_per_s is not None:
-        rates.append(("tokens/s", tp.tokens_per_s))
-    for name, r in rates:
-        delta = "-" if is_missing(r.delta) else f"{r.delta:+.3g}/s"
-        out.append(
-            f"<p>{name}: {_E(fmt_rate(r.a))} → {_E(fmt_rate(r.b))} ({_E(delta + _rel(r.rel))})</p>"
-        )
+    muted = ' class="muted"' if d.memory.delta_bytes is None else ""
+    out = [f"<p{muted}>{_E(memory_text(d))}</p>"]
+    out += [f"<p>{_E(r)}</p>" for r in rate_texts(d)]
     return "".join(out)
 
 
@@ -172,22 +76,23 @@ def _bottlenecks(d: RunDiff) -> str:
     return "".join(out) or '<p class="ok">The same bottlenecks and findings in both runs.</p>'
 
 
-def _none(what: str) -> str:
-    return f'<p class="muted">No {_E(what)} to compare (see the notes).</p>'
-
-
 def render_diff_html(d: RunDiff, title: str = "meshprof diff") -> str:
     """The comparison as one HTML document."""
+    tables = {t.key: t for t in diff_tables(d)}
     sections = [
         ("Largest changes", _summary(d)),
         ("Bottlenecks and findings that appeared or vanished", _bottlenecks(d)),
-        ("Phases", _phases(d)),
-        ("Per rank", _ranks(d)),
-        ("Collectives by op and message size", _collectives(d)),
-        ("Communication share by dimension", _shares(d)),
-        ("Memory and throughput", _memory_throughput(d)),
-        ("Serving", serving_diff_html(d.serving)),
     ]
+    for key, name in _SECTIONS.items():
+        t = tables.get(key)
+        body = (
+            html_table(list(t.columns), [[(_E(text), v) for text, v in row] for row in t.rows])
+            if t is not None
+            else '<p class="muted">Nothing to compare (see the notes).</p>'
+        )
+        sections.append((name, body))
+    sections.append(("Memory and throughput", _memory_throughput(d)))
+    sections.append(("Serving", serving_diff_html(d.serving)))
     subject = f"<code>{_E(d.a_path)}</code> → <code>{_E(d.b_path)}</code>"
     return html_page(title, subject, sections)
 

@@ -46,7 +46,7 @@ def failure_headline(failures: Sequence[RankFailure]) -> str:
 def failure_cells(f: RankFailure) -> list[str]:
     """The texts of :data:`FAILURE_COLUMNS` for one rank."""
     return [
-        str(f.rank),
+        str(f.rank) if f.last is None else f"{f.rank}–{f.last}",
         f.how + (" (recovered)" if f.recovered else ""),
         "-" if f.exit_code is None else str(f.exit_code),
         f.signal or "-",

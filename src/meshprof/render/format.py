@@ -7,6 +7,7 @@ NaN) prints as ``"-"``. Nothing here computes a statistic; it only turns a numbe
 
 from __future__ import annotations
 
+import json
 import math
 
 __all__ = [
@@ -14,8 +15,11 @@ __all__ = [
     "fmt_bytes",
     "fmt_delta_bytes",
     "fmt_delta_ns",
+    "fmt_epoch_ns",
+    "fmt_field",
     "fmt_gbps",
     "fmt_ms",
+    "fmt_nested",
     "fmt_ns",
     "fmt_pct",
     "fmt_signed_pct",
@@ -34,9 +38,12 @@ def is_missing(x: float | int | None) -> bool:
 
 
 def fmt_ns(ns: float | int | None) -> str:
-    """A duration in ns for people: ns, µs, ms or s (``"-"`` when missing)."""
+    """A duration in ns for people: ns, µs, ms or s, negative ones with a leading ``-``
+    (``"-"`` when missing)."""
     if ns is None or is_missing(ns):
         return MISSING
+    if ns < 0:
+        return "-" + fmt_ns(-ns)
     if ns < 1e3:
         return f"{ns:.0f} ns"
     if ns < 1e6:
@@ -68,11 +75,61 @@ def fmt_ms(ns: float | int, digits: int = 2, signed: bool = False) -> str:
 
 
 def fmt_bytes(n: float | int) -> str:
-    """A size in bytes with binary units (KiB, MiB, GiB)."""
+    """A size in bytes with binary units (KiB, MiB, GiB), negative ones with a leading ``-``."""
+    if n < 0:
+        return "-" + fmt_bytes(-n)
     for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if n >= scale:
             return f"{n / scale:.1f} {unit}"
     return f"{int(n)} B"
+
+
+#: A value of a ``*_ns`` field at or above this is a point in time (ns since the epoch: 1e17 ns
+#: is 1973), not a duration (3.2 years).
+EPOCH_NS_FROM = 10**17
+
+
+def fmt_epoch_ns(ns: int | float) -> str:
+    """A wall-clock time in ns since the epoch as UTC, to the millisecond
+    (``2026-11-28 05:08:50.123 UTC``)."""
+    import datetime as _dt
+
+    t = _dt.datetime.fromtimestamp(ns / 1e9, tz=_dt.timezone.utc)
+    return t.strftime("%Y-%m-%d %H:%M:%S.") + f"{t.microsecond // 1000:03d} UTC"
+
+
+def fmt_field(key: str, value: object) -> str | None:
+    """A value of a record field named ``key`` for people, from the project's naming
+    conventions: ``*_ns`` a duration (a point in time from :data:`EPOCH_NS_FROM` on),
+    ``*_bytes`` a size, ``share``/``score``/``imbalance``/``pct`` a fraction. None when the
+    name says nothing about the unit (the caller prints the value as it is)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if key.endswith("_ns"):
+        return fmt_epoch_ns(value) if value >= EPOCH_NS_FROM else fmt_ns(value)
+    if key.endswith("_bytes"):
+        return MISSING if is_missing(value) else fmt_bytes(value)
+    if any(w in key for w in ("share", "score", "imbalance", "pct")) and isinstance(value, float):
+        return fmt_pct(value)
+    return None
+
+
+def fmt_nested(value: object, key: str = "", limit: int = 300) -> str:
+    """A value of metadata (numbers, strings, lists, dicts, nested) as one line for people:
+    each number by its field's name (:func:`fmt_field`), at most ``limit`` characters."""
+
+    def one(k: str, v: object) -> str:
+        if isinstance(v, dict):
+            return "{" + ", ".join(f"{kk}: {one(str(kk), vv)}" for kk, vv in v.items()) + "}"
+        if isinstance(v, (list, tuple)):
+            return "[" + ", ".join(one(k, vv) for vv in v) + "]"
+        txt = fmt_field(k, v)
+        if txt is not None:
+            return txt
+        return json.dumps(v, default=str)
+
+    out = one(key, value)
+    return out if len(out) <= limit else out[: limit - 1] + "…"
 
 
 def fmt_pct(x: float | int | None, digits: int = 1) -> str:

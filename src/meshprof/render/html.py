@@ -21,7 +21,9 @@ from meshprof.render.failures import FAILURE_COLUMNS, failure_cells, failure_hea
 from meshprof.render.format import (
     fmt_bytes,
     fmt_delta_ns,
+    fmt_field,
     fmt_gbps,
+    fmt_nested,
     fmt_ns,
     fmt_pct,
 )
@@ -103,10 +105,9 @@ def _summary(rep: RunReport) -> str:
         f'<div class="card"><span class="muted">{_E(k)}</span><b>{v}</b></div>' for k, v in cards
     )
     meta = "".join(
-        f"<li><code>{_E(str(k))}</code>: {_E(json.dumps(v, default=str)[:300])}</li>"
-        for k, v in md.items()
+        f"<li><code>{_E(str(k))}</code>: {_E(fmt_nested(v, str(k)))}</li>" for k, v in md.items()
     )
-    probs = "".join(f'<li class="warn">rank {p.rank}: {_E(p.reason)}</li>' for p in rep[PROBLEMS])
+    probs = "".join(f'<li class="warn">{p.label}: {_E(p.reason)}</li>' for p in rep[PROBLEMS])
     sampling = rep.get(SAMPLING)
     sampled = (
         f'<p class="warn" id="sampling">{_E(sampling_line(sampling))}</p>'
@@ -126,18 +127,9 @@ def _evidence(ev: Any) -> str:
         return ""
     items = []
     for k, v in ev.items():
-        if isinstance(v, float):
-            txt = (
-                fmt_ns(v)
-                if k.endswith("_ns")
-                else (
-                    fmt_pct(v) if ("share" in k or "score" in k or "imbalance" in k) else f"{v:.4g}"
-                )
-            )
-        elif isinstance(v, int) and k.endswith("_bytes"):
-            txt = fmt_bytes(v)
-        else:
-            txt = json.dumps(v, default=str)[:200]
+        txt = fmt_field(str(k), v)
+        if txt is None:
+            txt = f"{v:.4g}" if isinstance(v, float) else json.dumps(v, default=str)[:200]
         items.append(f"{_E(str(k))}={_E(txt)}")
     return '<div class="muted">' + ", ".join(items) + "</div>"
 
@@ -285,7 +277,7 @@ def _clock(rep: RunReport) -> str:
         [
             (str(c.rank), c.rank),
             (_E(c.method), c.method),
-            (_E(fmt_ns(abs(c.offset_ns))) + (" −" if c.offset_ns < 0 else ""), c.offset_ns),
+            (_E(fmt_ns(c.offset_ns)), c.offset_ns),
             (fmt_ns(c.uncertainty_ns) if c.uncertainty_ns >= 0 else "unknown", c.uncertainty_ns),
             (
                 fmt_ns(c.exchange_rtt_ns / 2) if c.exchange_rtt_ns is not None else "-",

@@ -113,7 +113,7 @@ def run_tables(
             if name not in ginfo:
                 ranks = tuple(int(x) for x in g.ranks or ())
                 desc = str(g.desc or "")
-                ginfo[name] = (desc, dimension_of(ranks, lay, desc), ranks)
+                ginfo[name] = (desc, dimension_of(ranks, lay, desc, g.mesh_dims or ()), ranks)
                 gnames.append(name)
         for c in np.unique(rd.events["op"]).tolist():
             name = rd.op_name(int(c))
@@ -212,30 +212,19 @@ def run_tables(
                 "cpu_ns": sp["cpu_ns"].astype(np.int64),
             }
         )
-        mem = rd.memory
         memory.append(
-            {"rank": np.full(len(mem), r, dtype=np.int32), "step": mem["step"].astype(np.int32)}
-            | {
-                "t_ns": mem["t_ns"].astype(np.int64),
-                "aligned_t_ns": mem["t_ns"].astype(np.int64) + off,
-            }
-            | {
-                k: mem[k].astype(np.int64)
-                for k in ("allocated", "reserved", "peak", "rss", "capacity")
-            }
+            _timed_rows(
+                rd.memory, r, off, "t_ns", ("allocated", "reserved", "peak", "rss", "capacity")
+            )
         )
-        st = rd.steps
         steps.append(
-            {"rank": np.full(len(st), r, dtype=np.int32), "step": st["step"].astype(np.int32)}
-            | {
-                "start_ns": st["start_ns"].astype(np.int64),
-                "aligned_start_ns": st["start_ns"].astype(np.int64) + off,
-            }
-            | {
-                k: st[k].astype(np.int64)
-                for k in ("duration_ns", "collectives", "comm_ns", "comm_bytes", "tokens")
-            }
-            | {"memory_peak": st["memory_peak"].astype(np.int64)}
+            _timed_rows(
+                rd.steps,
+                r,
+                off,
+                "start_ns",
+                ("duration_ns", "collectives", "comm_ns", "comm_bytes", "tokens", "memory_peak"),
+            )
         )
         rank_rows.append(r)
     events = pa.Table.from_batches(batches) if batches else pa.table({})
@@ -256,10 +245,15 @@ def run_tables(
 
     clock_of = {c.rank: c for c in clock.ranks}
     ev_count = {r: by_rank.count(r) for r in run.ranks}
-    all_ranks = sorted(set(run.ranks) | set(run.problems))
+    entries = {e.first: e for e in run.problems.entries()}  # (missing ranks: one row a span)
+    all_ranks = sorted(set(run.ranks) | set(entries))
     ranks_t = pa.table(
         {
             "rank": pa.array(all_ranks, type=pa.int32()),
+            "last_rank": pa.array(
+                [entries[r].last if r in entries and r not in run.ranks else r for r in all_ranks],
+                type=pa.int32(),
+            ),
             "host": pa.array(
                 [
                     str(run.ranks[r].meta.hostname or "") if r in run.ranks else None
@@ -268,7 +262,9 @@ def run_tables(
                 type=pa.string(),
             ),
             "loaded": pa.array([r in run.ranks for r in all_ranks]),
-            "problem": pa.array([run.problems.get(r) for r in all_ranks], type=pa.string()),
+            "problem": pa.array(
+                [entries[r].reason if r in entries else None for r in all_ranks], type=pa.string()
+            ),
             "clock_offset_ns": pa.array(
                 [clock_of[r].offset_ns if r in clock_of else None for r in all_ranks],
                 type=pa.int64(),
@@ -325,3 +321,16 @@ def write_parquet(tables: dict[str, Any], out_dir: Path) -> list[Path]:
         pq.write_table(t, sink, compression="zstd")
         paths.append(atomic_write_bytes(out_dir / f"{name}.parquet", sink.getvalue().to_pybytes()))
     return paths
+
+
+def _timed_rows(
+    a: np.ndarray, rank: int, off: int, time_col: str, cols: tuple[str, ...]
+) -> dict[str, Any]:
+    """One rank's rows of a table with a time column: rank, step, the time as recorded and
+    on the aligned clock (+ ``off`` ns), then ``cols`` as int64."""
+    t = a[time_col].astype(np.int64)
+    return (
+        {"rank": np.full(len(a), rank, dtype=np.int32), "step": a["step"].astype(np.int32)}
+        | {time_col: t, f"aligned_{time_col}": t + off}
+        | {k: a[k].astype(np.int64) for k in cols}
+    )

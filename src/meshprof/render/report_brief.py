@@ -73,8 +73,11 @@ def _headline(rep: RunReport, console: Console) -> None:
         say(console, f"failed: {failure_headline(failures)}")
     problems = rep[PROBLEMS]
     if problems:
-        ranks = ", ".join(str(p.rank) for p in problems[:8]) + (", …" if len(problems) > 8 else "")
-        say(console, f"not analyzed: {len(problems)} rank(s) ({ranks}): {problems[0].reason}")
+        ranks = ", ".join(
+            str(p.rank) if p.last is None else f"{p.rank}–{p.last:,}" for p in problems[:8]
+        ) + (", …" if len(problems) > 8 else "")
+        count = sum(p.count for p in problems)
+        say(console, f"not analyzed: {count:,} rank(s) ({ranks}): {problems[0].reason}")
     sampling = rep.get(SAMPLING)
     if sampling is not None:
         say(console, sampling_line(sampling))

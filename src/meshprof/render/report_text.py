@@ -138,7 +138,7 @@ def _headline(rep: RunReport, console: Console) -> None:
     for line in what_if_lines(rep.get(WHAT_IF_REPLAY)):
         console.print(line, highlight=False, markup=False)
     for p in rep[PROBLEMS]:
-        console.print(f"[red]rank {p.rank} not analyzed:[/] {p.reason}", highlight=False)
+        console.print(f"[red]{p.label} not analyzed:[/] {p.reason}", highlight=False)
 
 
 def _ranks(rep: RunReport, console: Console) -> None:

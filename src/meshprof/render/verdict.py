@@ -8,6 +8,7 @@ import textwrap
 
 from rich.console import Console
 
+from meshprof.analyze.run.verdict import MIN_SHARE
 from meshprof.render.format import fmt_ns, fmt_pct
 from meshprof.report.run_report import RunReport
 from meshprof.report.stages.ledger import LEDGER
@@ -17,7 +18,9 @@ from meshprof.report.stages.what_if import WHAT_IF_REPLAY
 WIDTH = 80
 """Lines are wrapped to this many columns."""
 MAX_CAUSES = 4
-"""Verdict items shown in the terminal."""
+"""Verdict items shown in the terminal at least; every item of 2 % of the step or more is
+shown whatever their number (the verdict never hides what the ledger shows), smaller ones
+(``--all-causes``) beyond this many are counted."""
 
 LEDGER_NAMES = {
     "compute": "compute",
@@ -53,23 +56,24 @@ def print_verdict(rep: RunReport, console: Console) -> None:
         note = f" ({w.note})" if w is not None and w.note else ""
         say(console, f"no cause costs 2% of a step or more{note}", indent="  ")
         return
-    for i, v in enumerate(items[:MAX_CAUSES], 1):
+    shown = max(MAX_CAUSES, sum(v.share_of_step >= MIN_SHARE for v in items))
+    for i, v in enumerate(items[:shown], 1):
         money = f", {v.money:,.2f} in money" if v.money is not None else ""
         say(
             console,
             f"{v.title}: {fmt_ns(v.ns_per_step)}/step ({fmt_pct(v.share_of_step)}), "
-            f"{v.gpu_hours:,.3g} GPU-h{money}",
+            f"{v.device_hours:,.3g} {v.device}-h{money}",
             indent="     ",
             first=f"  {i}. ",
         )
         say(console, f"why: {v.evidence}", indent="       ", first="     ")
         say(console, f"next: {v.action}", indent="       ", first="     ")
-    if len(items) > MAX_CAUSES:
-        say(console, f"(+{len(items) - MAX_CAUSES} more: --json, or --full)", indent="  ")
+    if len(items) > shown:
+        say(console, f"(+{len(items) - shown} more: --json, or --full)", indent="  ")
 
 
 def print_ledger(rep: RunReport, console: Console) -> None:
-    """Where the job's GPU time went, in one line."""
+    """Where the job's time (summed over its ranks) went, in one line."""
     led = rep[LEDGER]
     j = led.job
     if j.wall_ns <= 0:
@@ -96,7 +100,7 @@ def verdict_html(rep: RunReport) -> str:
         out.append(
             f'<div class="finding warning verdict" id="verdict-{i}" data-cause="{_E(v.cause)}"{ranks}>'
             f"<b>{i}. {_E(v.title)}: {_E(fmt_ns(v.ns_per_step))} per step "
-            f"({_E(fmt_pct(v.share_of_step))}), {v.gpu_hours:,.3g} GPU-hours{_E(money)}</b>"
+            f"({_E(fmt_pct(v.share_of_step))}), {v.device_hours:,.3g} {_E(v.device)}-hours{_E(money)}</b>"
             f"<p><i>why:</i> {_E(v.evidence)}</p><p><i>next:</i> {_E(v.action)}</p></div>"
         )
     return "".join(out)
@@ -117,8 +121,16 @@ LEDGER_COLORS = {
 """A color per ledger cause (the HTML bars)."""
 
 
+def _device(rep: RunReport) -> str:
+    """What the job computed on as the verdict says it, with a space ("GPU ", "CPU "); ""
+    when it does not say."""
+    items = rep.get(VERDICT)
+    return f"{items[0].device} " if items and items[0].device != "device" else ""
+
+
 def ledger_html(rep: RunReport) -> str:
-    """The job's ledger as one stacked bar and a table (share of the GPU time, per step)."""
+    """The job's ledger as one stacked bar and a table (share of the time of every rank, per
+    step)."""
     led = rep[LEDGER]
     j = led.job
     if j.wall_ns <= 0:
@@ -145,7 +157,7 @@ def ledger_html(rep: RunReport) -> str:
         )
     bar = f'<svg id="ledger" width="{width}" height="24" role="img" aria-label="time ledger">{"".join(rects)}</svg>'
     table = (
-        "<table><thead><tr><th>cause</th><th>share of the GPU time</th><th>per rank and step</th>"
+        f"<table><thead><tr><th>cause</th><th>share of the {_E(_device(rep))}time</th><th>per rank and step</th>"
         f"</tr></thead><tbody>{''.join(rows)}</tbody></table>"
     )
     return (

@@ -51,8 +51,11 @@ class ReportOptions:
     workers: int = 1
     """Processes for the stages that run beside the others (the per-rank step analyses); 1:
     in this process, on a second thread."""
+    device_hour_price: float | None = None
+    """Price of one device-hour (any currency): a GPU-hour on a GPU job, a CPU-hour (a rank's
+    process for an hour) on a CPU job; the verdict gives each cause's cost in it."""
     gpu_hour_price: float | None = None
-    """Price of one GPU-hour (any currency): the verdict gives each cause's cost in it."""
+    """The former name of ``device_hour_price`` (read when that is not given)."""
     all_causes: bool = False
     """The verdict lists every cause, also those under 2% of the step."""
     window: StepWindow | None = None

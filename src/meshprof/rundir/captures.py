@@ -14,12 +14,16 @@ from pathlib import Path
 
 from meshprof.records.captures import CaptureRankStatus, CaptureRequest
 from meshprof.records.codec import RecordError
-from meshprof.rundir.atomic import atomic_write_text
+from meshprof.rundir.confine import confined_write
+from meshprof.rundir.json_file import read_json
 
 CAPTURES_DIR = "captures"
 REQUEST_FILE = "request.json"
 _STATUS_RE = re.compile(r"^rank(\d+)\.json$")
 TRACE_SUFFIX = ".pt.trace.json.gz"
+MAX_STATUS_BYTES = 16 << 20
+"""A status (or request copy) larger than this (bytes) is not read: a status with every
+thread's stack is tens of kB."""
 
 
 def captures_root(run_dir: str | os.PathLike[str]) -> Path:
@@ -43,15 +47,17 @@ def trace_name(rank: int) -> str:
 
 
 def write_status(run_dir: str | os.PathLike[str], status: CaptureRankStatus) -> Path:
-    """Write a rank's status atomically (the asker polls it)."""
-    path = status_path(run_dir, status.id, status.rank)
-    return atomic_write_text(path, json.dumps(status.to_dict()), fsync=False)
+    """Write a rank's status atomically (the asker polls it), inside the run directory
+    whatever links it holds (:mod:`meshprof.rundir.confine`)."""
+    data = json.dumps(status.to_dict()).encode("utf-8")
+    name = status_path(run_dir, status.id, status.rank).name
+    return confined_write(run_dir, (CAPTURES_DIR, status.id), name, data)
 
 
 def write_request_copy(run_dir: str | os.PathLike[str], req: CaptureRequest) -> Path:
     """Keep the request in the capture's folder (the report reads it: trigger, ranks, steps)."""
-    path = capture_dir(run_dir, req.id) / REQUEST_FILE
-    return atomic_write_text(path, json.dumps(req.to_dict()), fsync=False)
+    data = json.dumps(req.to_dict()).encode("utf-8")
+    return confined_write(run_dir, (CAPTURES_DIR, req.id), REQUEST_FILE, data)
 
 
 def read_statuses(run_dir: str | os.PathLike[str], capture_id: str) -> dict[int, CaptureRankStatus]:
@@ -69,7 +75,7 @@ def _statuses(folder: Path) -> dict[int, CaptureRankStatus]:
         if not _STATUS_RE.match(name):
             continue
         try:
-            st = CaptureRankStatus.from_dict(json.loads((folder / name).read_text("utf-8")))
+            st = CaptureRankStatus.from_dict(read_json(folder / name, MAX_STATUS_BYTES))
         except (OSError, ValueError, TypeError, RecordError):
             continue
         out[st.rank] = st
@@ -112,7 +118,7 @@ def load_capture(folder: str | os.PathLike[str]) -> LoadedCapture:
     problems: list[str] = []
     request = None
     try:
-        request = CaptureRequest.from_dict(json.loads((d / REQUEST_FILE).read_text("utf-8")))
+        request = CaptureRequest.from_dict(read_json(d / REQUEST_FILE, MAX_STATUS_BYTES))
     except FileNotFoundError:
         problems.append(f"{d.name}: no {REQUEST_FILE}")
     except (OSError, ValueError, TypeError, RecordError) as e:

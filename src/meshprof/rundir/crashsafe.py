@@ -19,7 +19,6 @@ Files (one set per rank, plain ``.npy`` files)::
 from __future__ import annotations
 
 import contextlib
-import json
 import re
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from meshprof.events import EVENT_DTYPE, MEMORY_DTYPE, SPAN_DTYPE
+from meshprof.rundir.json_file import read_json
 from meshprof.rundir.rankfile import RankData, write_rank_file
 from meshprof.rundir.schema import ExitStatus, RankMeta
 
@@ -116,7 +116,7 @@ def recover_rank(run_dir: str | Path, rank: int) -> RankData | None:
         cur = np.load(crashsafe_path(run_dir, rank, "cursor.npy"), allow_pickle=False)
         if len(cur) < CURSOR_LEN or int(cur[CUR_VERSION]) != 1 or int(cur[CUR_TICK_NS]) <= 0:
             return None
-        raw = json.loads(crashsafe_path(run_dir, rank, "meta.json").read_text(encoding="utf-8"))
+        raw = read_json(crashsafe_path(run_dir, rank, "meta.json"))
         ev = np.load(crashsafe_path(run_dir, rank, "events.npy"), mmap_mode="r")
         sp = np.load(crashsafe_path(run_dir, rank, "spans.npy"), mmap_mode="r")
         mem = np.load(crashsafe_path(run_dir, rank, "memory.npy"), mmap_mode="r")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import tarfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import IO
 
 from meshprof.errors import MeshprofError
+from meshprof.rundir.confine import make_dirs
 from meshprof.rundir.manifest import (
     merge_node_records,
     read_manifest,
@@ -45,12 +47,18 @@ def _skipped(rel: Path) -> bool:
 
 
 def run_files(run_dir: Path) -> Iterator[Path]:
-    """Every file of a run directory that gathering copies, relative to it, sorted."""
+    """Every file of a run directory that gathering copies, relative to it, sorted: regular
+    files only (a symbolic link is not followed out of the directory, a FIFO or a link to a
+    device is not read: ``/dev/zero`` would fill the destination)."""
     for root, dirs, names in os.walk(run_dir):
         dirs.sort()
         for name in sorted(names):
             rel = (Path(root) / name).relative_to(run_dir)
-            if not _skipped(rel):
+            try:
+                regular = stat.S_ISREG(os.lstat(run_dir / rel).st_mode)
+            except OSError:
+                continue
+            if regular and not _skipped(rel):
                 yield rel
 
 
@@ -107,6 +115,9 @@ def _copy_new(src: Path, dst: Path) -> int:
     ):
         return 0  # the copy is as new (another source's, written later)
     dst.parent.mkdir(parents=True, exist_ok=True)
+    if dst.is_symlink():  # (never written through)
+        dst.unlink()
+        d = None
     if d is not None and src.suffix in _APPEND_ONLY and 0 < d.st_size < s.st_size:
         with src.open("rb") as fi, dst.open("ab") as fo:
             fi.seek(d.st_size)
@@ -138,6 +149,7 @@ def collect_into(dest: Path, sources: list[Path]) -> Collected:
             base = read_manifest(src, strict=False)
         for rel in run_files(src):
             try:
+                make_dirs(dest, (dest / rel).parent)  # (a folder of dest that is a link: refused)
                 n = _copy_new(src / rel, dest / rel)
             except OSError as e:
                 raise MeshprofError(f"{src / rel}: cannot copy it ({e.strerror or e})") from None

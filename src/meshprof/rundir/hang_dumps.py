@@ -17,7 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from meshprof.errors import MeshprofError
+from meshprof.records.codec import RecordError
+from meshprof.records.members import check_ranks, check_world
 from meshprof.records.stacks import StackFrame
+from meshprof.rundir.json_file import read_bytes
 from meshprof.rundir.schema import HANG_DIR
 
 _DUMP_RE = re.compile(r"^rank(\d+)\.json$")
@@ -199,14 +202,13 @@ def _read_meshprof(data: dict[str, Any]) -> RankState:
         Frame(str(f["file"]), int(f["line"]), str(f["function"]))
         for f in (chosen or {}).get("frames", [])
     )
+    rank, world = int(data["rank"]), int(data.get("world_size", 0) or 0)
+    check_world(rank, "rank", low=0)
+    check_world(world, "world_size")
+    for g, members in groups.items():
+        check_ranks(members, f"group {g}")
     return RankState(
-        int(data["rank"]),
-        "meshprof",
-        str(data.get("reason", "")),
-        tuple(cols),
-        groups,
-        where,
-        int(data.get("world_size", 0) or 0),
+        rank, "meshprof", str(data.get("reason", "")), tuple(cols), groups, where, world
     )
 
 
@@ -228,6 +230,7 @@ def _read_flight_recorder(rank: int, data: dict[str, Any]) -> RankState:
     for name, cfg in (data.get("pg_config") or {}).items():
         try:
             ranks = tuple(int(r) for r in json.loads(cfg.get("ranks", "[]")))
+            check_ranks(ranks, "ranks")
         except Exception:
             ranks = ()
         groups[str(cfg.get("name") or name)] = ranks
@@ -267,6 +270,16 @@ def _read_flight_recorder(rank: int, data: dict[str, Any]) -> RankState:
     return RankState(rank, "flight_recorder", "flight_recorder", tuple(out), groups)
 
 
+MAX_DUMP_BYTES = 512 << 20
+"""A dump larger than this (bytes) is not read (a Flight Recorder dump of 20,000 entries is a
+few MB)."""
+
+
+def _short(e: BaseException) -> str:
+    text = str(e)
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
 def load_dumps(directory: str | os.PathLike[str]) -> tuple[Path, dict[int, RankState], list[str]]:
     """Read every dump in ``directory`` (or ``directory/hang``). Returns (folder, states, problems)."""
     d = Path(directory)
@@ -282,7 +295,7 @@ def load_dumps(directory: str | os.PathLike[str]) -> tuple[Path, dict[int, RankS
         if not (m or fm) or not p.is_file():
             continue
         try:
-            raw = p.read_bytes()
+            raw = read_bytes(p, MAX_DUMP_BYTES)
             if raw[:1] not in (b"{", b"[", b" ", b"\n"):
                 problems.append(
                     f"{p.name}: not JSON (a pickled Flight Recorder dump? set TORCH_FR_DUMP_TEMP_FILE and dump as JSON); skipped"
@@ -297,8 +310,10 @@ def load_dumps(directory: str | os.PathLike[str]) -> tuple[Path, dict[int, RankS
                 fr_states[rank] = _read_flight_recorder(rank, data)
             else:
                 problems.append(f"{p.name}: not a meshprof or Flight Recorder dump; skipped")
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            problems.append(f"{p.name}: unreadable ({type(e).__name__}: {e}); skipped")
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, RecordError) as e:
+            problems.append(f"{p.name}: unreadable ({type(e).__name__}: {_short(e)}); skipped")
+        except RecursionError:
+            problems.append(f"{p.name}: unreadable (JSON nested too deep); skipped")
     for r, st in fr_states.items():
         states.setdefault(r, st)
     return d, states, problems

@@ -9,6 +9,7 @@ import contextlib
 import json
 import os
 import re
+import stat
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -16,10 +17,17 @@ from pathlib import Path
 from meshprof.records.codec import RecordError
 from meshprof.records.live import Alert, RankLive
 from meshprof.rundir.atomic import FILE_MODE, atomic_write_text
+from meshprof.rundir.confine import make_dirs
+from meshprof.rundir.json_file import TooLargeError, loads, read_json
 
 LIVE_DIR = "live"
 ALERTS_FILE = "alerts.jsonl"
 LIVE_FILE_RE = re.compile(r"^rank(\d+)\.json$")
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+MAX_LIVE_BYTES = 4 << 20
+"""A live record larger than this (bytes) is not read (a record is a few kB)."""
+ALERTS_TAIL_BYTES = 1 << 20
+"""The alerts are read from the last this many bytes of ``alerts.jsonl`` (it only grows)."""
 
 
 def live_dir(run_dir: str | os.PathLike[str]) -> Path:
@@ -47,10 +55,17 @@ class LiveWriter:
     A reader that races the write may see a mix of two records, which is not valid JSON:
     :func:`read_rank_lives` reads again."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], within: str | os.PathLike[str] | None = None
+    ) -> None:
+        """``within``: the run directory the file must lie in, every link resolved
+        (:class:`~meshprof.rundir.confine.OutsideRunDirError` otherwise)."""
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, FILE_MODE)
+        if within is not None:
+            make_dirs(within, self.path.parent)
+        else:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | _NOFOLLOW, FILE_MODE)
 
     def write(self, rec: RankLive) -> Path:
         data = json.dumps(rec.to_dict()).encode("utf-8")
@@ -66,9 +81,11 @@ class LiveWriter:
 def _read_record(p: Path, tries: int = 3) -> RankLive | None:
     for i in range(tries):
         try:
-            data = json.loads(p.read_text("utf-8"))
+            data = read_json(p, MAX_LIVE_BYTES)
             return RankLive.from_dict(data) if isinstance(data, dict) else None
-        except (ValueError, UnicodeDecodeError):
+        except TooLargeError:
+            return None
+        except ValueError:
             if i + 1 < tries:
                 time.sleep(0.005)  # raced the writer: read again
         except (OSError, TypeError, RecordError):  # unreadable, or not a live record
@@ -117,7 +134,7 @@ def append_alert(run_dir: str | os.PathLike[str], alert: Alert) -> None:
     path = live_dir(run_dir) / ALERTS_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     line = (json.dumps(alert.to_dict()) + "\n").encode("utf-8")
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, FILE_MODE)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | _NOFOLLOW, FILE_MODE)
     try:
         os.write(fd, line)
     finally:
@@ -129,12 +146,26 @@ def read_alerts(run_dir: str | os.PathLike[str], last: int = 100) -> list[Alert]
     path = live_dir(run_dir) / ALERTS_FILE
     out: list[Alert] = []
     with contextlib.suppress(OSError):
-        for line in path.read_text("utf-8").splitlines()[-last:]:
+        for line in _tail(path, ALERTS_TAIL_BYTES).splitlines()[-last:]:
             with contextlib.suppress(ValueError, TypeError, RecordError):
-                d = json.loads(line)
+                d = loads(line)
                 if isinstance(d, dict):
                     out.append(Alert.from_dict(d))
     return out
+
+
+def _tail(path: Path, nbytes: int) -> str:
+    """The last ``nbytes`` of a regular file as text (bytes that are not UTF-8 replaced)."""
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(path, flags)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(f"{path}: not a regular file")
+        os.lseek(fd, max(0, st.st_size - nbytes), os.SEEK_SET)
+        return os.read(fd, nbytes).decode("utf-8", errors="replace")
+    finally:
+        os.close(fd)
 
 
 def manifest_done(run: str | os.PathLike[str]) -> bool:
@@ -145,6 +176,6 @@ def manifest_done(run: str | os.PathLike[str]) -> bool:
 def _manifest_done(run: Path) -> bool:
     """The launcher wrote a final status (ok, failed, hang) into the manifest."""
     with contextlib.suppress(OSError, ValueError):
-        m = json.loads((run / "manifest.json").read_text("utf-8"))
+        m = read_json(run / "manifest.json")
         return isinstance(m, dict) and m.get("status") in {"ok", "failed", "hang"}
     return False

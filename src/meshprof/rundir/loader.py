@@ -20,6 +20,14 @@ from meshprof.layout import Layout
 from meshprof.records.members import Members
 from meshprof.rundir.crashsafe import crashsafe_ranks, is_newer_than, recover_rank
 from meshprof.rundir.manifest import merge_node_records, read_manifest, read_node_records
+from meshprof.rundir.rank_problems import (
+    ELSEWHERE,
+    MISSING,
+    RankProblems,
+    RankSpan,
+    missing_spans,
+    split_elsewhere,
+)
 from meshprof.rundir.rankfile import RankData, load_rank_file
 from meshprof.rundir.schema import (
     MANIFEST,
@@ -41,8 +49,10 @@ class LoadedRun:
     manifest: Manifest
     """manifest.json merged with the node records (empty when the directory has none)."""
     ranks: dict[int, RankData]
-    problems: dict[int, str]
-    """rank -> why it is missing or damaged (ranks expected from the manifest's world size)."""
+    problems: RankProblems
+    """rank -> why it is missing or damaged (ranks expected from the manifest's world size):
+    the damaged ones each, the missing ones as spans (:mod:`meshprof.rundir.rank_problems`; a
+    plain dict given here is taken as damaged ranks)."""
     world_size: int
     manifest_state: str = "ok"
     """``manifest.json``: "ok", "missing" (e.g. a run recorded without ``meshprof run``) or
@@ -60,12 +70,18 @@ class LoadedRun:
     paths: tuple[Path, ...] = ()
     """Every directory read (``path`` is the first): one per node without a shared file
     system."""
-    elsewhere: frozenset[int] = frozenset()
-    """Ranks missing here that ran on a node whose directory was not read (listed in
-    ``problems`` too, but not failures of the job)."""
     storage_notes: tuple[StorageNote, ...] = field(default=())
     """What ranks recorded but did not store: rotated out, dropped, or not written once the
     disk filled up."""
+
+    def __post_init__(self) -> None:
+        self.problems = RankProblems.of(self.problems)
+
+    def is_elsewhere(self, rank: int) -> bool:
+        """Rank ``rank`` is missing here because it ran on a node whose directory was not
+        read (not a failure of the job)."""
+        span = self.problems.span_of(rank)
+        return span is not None and span.kind == ELSEWHERE
 
     def layout_of(self, rank: int) -> Layout | None:
         """The dp/tp/pp layout rank ``rank`` ran with (:func:`resolve_layout`)."""
@@ -313,7 +329,7 @@ def load_run(
             if have is None or _entry_time(p) > _entry_time(have):
                 chosen[r] = p
     ranks: dict[int, RankData] = {}
-    problems: dict[int, str] = {}
+    problems: dict[int, str] = {}  # (the ranks whose file is there but unusable)
     files = sorted(chosen.items())
     for r, got in zip(
         (r for r, _ in files),
@@ -332,27 +348,22 @@ def load_run(
             if rec is not None and is_newer_than(rec, ranks.get(r)):
                 ranks[r] = rec
                 problems.pop(r, None)
-    world = int(manifest.world_size or 0)
-    for rd in ranks.values():
-        world = max(world, rd.world_size)
-    world = max(world, max(list(ranks) + list(problems), default=-1) + 1)
-    expected = set(range(world)) if wanted is None else wanted
-    elsewhere = _elsewhere(manifest, records, expected - set(ranks) - set(problems))
-    for r in sorted(expected):
-        if r not in ranks and r not in problems:
-            problems[r] = (
-                f"{rank_file(dirs[0], r).stem}: on another node, whose run directory was not "
-                "read (meshprof report DIR1 DIR2 ..., or meshprof collect)"
-                if r in elsewhere
-                else f"{rank_file(dirs[0], r).name}: missing"
-            )
+    world = _world_size(manifest, ranks, problems)
+    present = set(ranks) | set(problems)
+    if wanted is None:
+        spans = missing_spans(world, present)  # (ranges: never one entry per missing rank)
+    else:
+        spans = [RankSpan(r, r, MISSING) for r in sorted(wanted - present)]
+    if _nodes_unread(manifest, records):
+        spans = split_elsewhere(spans, _listed(records))
+    all_problems = RankProblems(problems, spans)
     if not ranks:
-        raise NoUsableRankFileError(dirs[0], problems)
+        raise NoUsableRankFileError(dirs[0], all_problems)
     return LoadedRun(
         path=dirs[0],
         manifest=manifest,
         ranks=ranks,
-        problems=problems,
+        problems=all_problems,
         world_size=world,
         manifest_state=manifest_state,
         manifest_problem=manifest_problem,
@@ -360,7 +371,6 @@ def load_run(
         sample_fraction=float(sample),
         sample_reason=sample_reason if sample < 1.0 else "",
         paths=tuple(dirs),
-        elsewhere=frozenset(elsewhere),
         storage_notes=() if meta_only else storage_notes(ranks),
     )
 
@@ -380,16 +390,30 @@ def _entries(run_dir: Path, wanted: set[int] | None) -> list[tuple[int, Path]]:
     return out
 
 
-def _elsewhere(manifest: Manifest, records: list[dict[str, Any]], missing: set[int]) -> set[int]:
-    """Of the ``missing`` ranks, those that ran on a node none of whose records was read: the
-    job had more nodes (``nnodes``) than the records present, and no present node lists them."""
+def _world_size(manifest: Manifest, ranks: dict[int, RankData], problems: dict[int, str]) -> int:
+    """The world size: the largest the manifest, the ranks' metas and the ranks present say
+    (each claim already bounded by :data:`~meshprof.records.members.MAX_WORLD_SIZE` when its
+    record was read)."""
+    world = int(manifest.world_size or 0)
+    for rd in ranks.values():
+        world = max(world, rd.world_size)
+    return max(world, max(list(ranks) + list(problems), default=-1) + 1)
+
+
+def _nodes_unread(manifest: Manifest, records: list[dict[str, Any]]) -> bool:
+    """The job had more nodes (``nnodes``) than the node records read."""
     nnodes = str(manifest.nnodes or "")
-    if not missing or not nnodes.isdigit() or len(records) >= int(nnodes):
-        return set()
+    return nnodes.isdigit() and len(records) < int(nnodes)
+
+
+def _listed(records: list[dict[str, Any]]) -> set[int]:
+    """The ranks the node records read list (ranks of the nodes that were read)."""
     listed: set[int] = set()
     for rec in records:
-        listed |= {int(r) for r in rec.get("ranks") or [] if isinstance(r, int)}
-    return {r for r in missing if r not in listed}
+        got = rec.get("ranks")
+        if isinstance(got, list):
+            listed |= {r for r in got if isinstance(r, int) and not isinstance(r, bool)}
+    return listed
 
 
 __all__ = ["LoadedRun", "load_run"]

@@ -15,8 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from meshprof.errors import MeshprofError
-from meshprof.records.codec import RecordError
+from meshprof.records.codec import RecordError, decode
+from meshprof.records.manifest import NodeSummary
+from meshprof.records.members import check_ranks
 from meshprof.rundir.atomic import atomic_write_text
+from meshprof.rundir.json_file import read_json
 from meshprof.rundir.schema import MANIFEST, NODES_DIR, RUN_FORMAT, Manifest, node_record_path
 
 #: How a job ended, worst first: the merged status is the worst node's.
@@ -57,10 +60,10 @@ def read_manifest(run_dir: str | Path, strict: bool = True) -> Manifest:
     :class:`MeshprofError`, or reads as empty when not ``strict``."""
     path = Path(run_dir) / MANIFEST
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
+        raw = read_json(path)
     except FileNotFoundError:
         return Manifest()
-    except (OSError, ValueError, UnicodeDecodeError) as e:
+    except (OSError, ValueError) as e:
         if not strict:
             return Manifest()
         raise MeshprofError(f"{path}: damaged manifest ({e})") from None
@@ -92,13 +95,37 @@ def read_node_records(run_dir: str | Path) -> list[dict[str, Any]]:
         return out
     for f in sorted(d.glob("*.json")):
         try:
-            rec = json.loads(f.read_text(encoding="utf-8"))
-        except (OSError, ValueError, UnicodeDecodeError):
+            rec = read_json(f)
+        except (OSError, ValueError):
             continue
-        if isinstance(rec, dict):
+        if isinstance(rec, dict) and node_record_ok(rec):
             out.append(rec)
     out.sort(key=lambda r: (int(r.get("node_rank") or 0), str(r.get("node_id", ""))))
     return out
+
+
+_NODE_TYPES: dict[str, Any] = {
+    "hosts": list[str],
+    "rank_exit_codes": dict[str, int | None],
+    "rank_signals": dict[str, str],
+    "hang": dict[str, Any],
+}
+
+
+def node_record_ok(rec: Mapping[str, Any]) -> bool:
+    """Every key of a node record that the merge reads has its type (a record with ``end_ns``
+    an object, or ``hosts`` a list of lists, is damaged and skipped)."""
+    try:
+        NodeSummary.from_dict(dict(rec), "node")
+        for key, tp in _NODE_TYPES.items():
+            if rec.get(key) is not None:
+                decode(tp, rec[key], key)
+        ranks = rec.get("ranks")
+        if ranks is not None:
+            check_ranks(ranks, "ranks")
+    except (RecordError, RecursionError):
+        return False
+    return True
 
 
 def node_status(rec: Mapping[str, Any], now_ns: int | None = None) -> str:

@@ -42,6 +42,7 @@ from meshprof.records.codec import RecordError
 from meshprof.records.members import Members
 from meshprof.records.rank_meta import GroupRecord
 from meshprof.rundir.atomic import atomic_write_bytes
+from meshprof.rundir.json_file import is_regular
 from meshprof.rundir.schema import RANK_FILE_RE, RANK_FORMAT, RankMeta, rank_file
 
 if TYPE_CHECKING:
@@ -147,6 +148,27 @@ def _member_header(f: Any, name: str) -> tuple[np.dtype, tuple[int, ...]] | None
     return _npy_header(f.read(hlen).decode("utf-8" if magic[6] == 3 else "latin1"))
 
 
+_DEFLATE_RATIO = 1032
+"""The most a deflated stream expands (zlib's bound): a member claiming more bytes than its
+compressed size allows is damage, not data."""
+
+
+def _check_size(zf: zipfile.ZipFile, member: str, dt: np.dtype, shape: tuple[int, ...]) -> None:
+    """``ValueError`` when an array of ``shape`` × ``dt`` needs more bytes than the member can
+    hold (its header claims a size, the file holds what it holds: never allocate the claim)."""
+    info = zf.getinfo(member)
+    need = dt.itemsize
+    for d in shape:
+        need *= int(d)
+    disk = zf.fp.seek(0, 2) if zf.fp is not None else info.compress_size
+    packed = min(info.compress_size, disk)
+    room = packed if info.compress_type == zipfile.ZIP_STORED else packed * _DEFLATE_RATIO + 4096
+    if need > min(info.file_size, room):
+        raise ValueError(
+            f"{member}: its header claims {need:,} bytes, the file holds at most {min(info.file_size, room):,}"
+        )
+
+
 def _read_into(f: Any, arr: np.ndarray, name: str) -> None:
     """Fill ``arr`` (C-contiguous) with the next ``arr.nbytes`` bytes of ``f``."""
     view = memoryview(arr.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
@@ -227,6 +249,7 @@ def _read_npz(path: Path, names: tuple[str, ...], zf: zipfile.ZipFile) -> dict[s
             if parsed is None:
                 break
             dt, shape = parsed
+            _check_size(zf, f"{name}.npy", dt, shape)
             arr = np.empty(shape, dtype=dt)
             _read_into(f, arr, name)
             out[name] = arr
@@ -323,6 +346,7 @@ def _read_events_lean(
         parsed = _member_header(f, "events")
     if parsed is None or parsed[0] != EVENT_DTYPE or len(parsed[1]) != 1:
         return None
+    _check_size(zf, "events.npy", parsed[0], parsed[1])
     n = parsed[1][0]
 
     def chunks() -> Iterator[np.ndarray]:
@@ -392,6 +416,8 @@ def load_rank_file(
     load): long group member lists parsed once and shared between the rank files."""
     m = RANK_FILE_RE.match(Path(path).name)
     file_events = -1
+    if Path(path).exists() and not is_regular(path):
+        raise MeshprofError(f"{path}: not a regular file (a link to a device, a FIFO?)")
     try:
         names = ("spans", "memory", "meta") if lean else ("events", "spans", "memory", "meta")
         got = None
@@ -422,7 +448,7 @@ def load_rank_file(
         raise MeshprofError(f"{path}: no such file") from None
     except (
         zipfile.BadZipFile, ValueError, KeyError, OSError, EOFError, UnicodeDecodeError,
-        TypeError, SyntaxError,  # a damaged .npy header (numpy parses it as a literal)
+        TypeError, SyntaxError, RecursionError,  # a damaged .npy header (a literal to numpy)
     ) as e:  # fmt: skip
         raise MeshprofError(f"{path}: damaged rank file ({type(e).__name__}: {e})") from None
     ev_ok = lean or events.dtype == EVENT_DTYPE

@@ -24,6 +24,7 @@ from meshprof.records.codec import RecordError
 from meshprof.records.members import Members
 from meshprof.records.rank_meta import Recovered
 from meshprof.rundir.atomic import atomic_write_text
+from meshprof.rundir.json_file import read_bytes
 from meshprof.rundir.rankfile import RankData, lean_events, parse_meta
 from meshprof.rundir.schema import ExitStatus, RankMeta, rank_entries
 from meshprof.rundir.segments import (
@@ -65,8 +66,8 @@ def load_rank_dir(
     raw: Any = {}
     if files.meta is not None:
         try:
-            raw = parse_meta(files.meta.read_text(encoding="utf-8"), shared_ranks)
-        except (OSError, ValueError, UnicodeDecodeError) as e:
+            raw = parse_meta(read_bytes(files.meta).decode("utf-8"), shared_ranks)
+        except (OSError, ValueError, RecursionError) as e:
             raise MeshprofError(f"{files.meta}: damaged rank meta ({e})") from None
     if not isinstance(raw, dict):
         raise MeshprofError(f"{files.meta}: damaged rank meta (not a JSON object)")
@@ -174,7 +175,7 @@ def _side(
     """A batch's side table, keyed by event id, re-keyed by row index (as strings)."""
     try:
         side = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return
     if not isinstance(side, dict):
         return

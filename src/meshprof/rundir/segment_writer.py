@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import stat
 import threading
 import time
 from collections.abc import Callable
@@ -26,6 +27,7 @@ from typing import Any
 
 from meshprof.records.storage import SEGMENT_FORMAT, StorageInfo
 from meshprof.rundir.atomic import FILE_MODE, atomic_write_bytes
+from meshprof.rundir.confine import check_inside, make_dirs
 from meshprof.rundir.segments import (
     CURSOR,
     KIND_BATCH,
@@ -53,7 +55,8 @@ DEFAULT_SEGMENT_S = 1800.0
 RESERVE_BYTES = 128 << 10
 """Space set aside per rank for the meta written after the disk filled up (half when writing
 stops, the rest at exit)."""
-_OPEN = os.O_WRONLY | os.O_APPEND | getattr(os, "O_CLOEXEC", 0)
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_OPEN = os.O_WRONLY | os.O_APPEND | _NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -329,7 +332,7 @@ class SegmentWriter:
                 return
             fd = os.open(
                 self.dir / cursor_name(self.generation),
-                os.O_WRONLY | os.O_CREAT | getattr(os, "O_CLOEXEC", 0),
+                os.O_WRONLY | os.O_CREAT | _NOFOLLOW | getattr(os, "O_CLOEXEC", 0),
                 FILE_MODE,
             )
             try:
@@ -342,7 +345,7 @@ class SegmentWriter:
     def _ensure_dir(self) -> None:
         if self.generation:
             return
-        self.dir.mkdir(parents=True, exist_ok=True)
+        make_dirs(self.run_dir, self.dir)  # (a rank folder that is a link out: not written)
         taken = [0]
         for p in self.dir.iterdir():
             m = SEGMENT_RE.match(p.name) or STEPS_RE.match(p.name) or META_RE.match(p.name)
@@ -355,7 +358,7 @@ class SegmentWriter:
         if self.limits.reserve_bytes <= 0:
             return
         try:
-            fd = os.open(self.dir / RESERVE, os.O_WRONLY | os.O_CREAT, FILE_MODE)
+            fd = os.open(self.dir / RESERVE, os.O_WRONLY | os.O_CREAT | _NOFOLLOW, FILE_MODE)
         except OSError:
             return
         try:
@@ -369,6 +372,7 @@ class SegmentWriter:
         self._ensure_dir()
         if self._seg_fd >= 0:
             return
+        check_inside(self.run_dir, self.dir)  # (at every new segment: replaced by a link since?)
         index = (self._own[-1].index if self._own else 0) + 1
         if self._seg is not None:
             index = max(index, self._seg.index + 1)
@@ -436,8 +440,10 @@ class SegmentWriter:
             if p.name == RESERVE:
                 continue
             try:
-                st = p.stat()
+                st = p.stat(follow_symlinks=False)  # (a link planted here counts nothing)
             except OSError:
+                continue
+            if not stat.S_ISREG(st.st_mode):
                 continue
             total += st.st_size
             m = SEGMENT_RE.match(p.name)

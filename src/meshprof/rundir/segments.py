@@ -53,7 +53,9 @@ from meshprof.events import (
     STEP_TOTALS_DTYPE,
     TOKEN_DTYPE,
 )
+from meshprof.records.codec import RecordError
 from meshprof.records.storage import SEGMENT_FORMAT, SegmentHeader
+from meshprof.rundir.json_file import read_bytes
 from meshprof.rundir.schema import RANK_DIR_RE, rank_dir
 
 TICK_S = 0.5
@@ -252,12 +254,26 @@ class FileChunks:
     """Why the file was not read ("" when it was)."""
 
 
+def parse_header(kind: int, payload: memoryview, name: str) -> tuple[SegmentHeader | None, str]:
+    """A file's first chunk as its :class:`SegmentHeader`, or why it is not one this version
+    reads (``(None, problem)``: not a header, damaged, or rows of another layout)."""
+    if kind != KIND_HEADER:
+        return None, f"{name}: no segment header"
+    try:
+        header = SegmentHeader.from_dict(json.loads(bytes(payload)), name)
+    except (ValueError, TypeError, RecursionError, RecordError) as e:
+        return None, f"{name}: damaged segment header ({e})"
+    if header.format != SEGMENT_FORMAT or not _known_layout(header.dtypes or {}):
+        return None, f"{name}: segment of another meshprof format"
+    return header, ""
+
+
 def read_chunks(path: Path) -> FileChunks:
     """Every whole chunk of ``path``, up to the first one cut short or damaged. A file whose
     header names another layout is not read (its ``problem`` says why)."""
     out = FileChunks()
     try:
-        data = memoryview(path.read_bytes())
+        data = memoryview(read_bytes(path, None))  # (a regular file: not a link to /dev/zero)
     except OSError as e:
         out.problem = f"{path.name}: {e.strerror or e}"
         return out
@@ -271,16 +287,8 @@ def read_chunks(path: Path) -> FileChunks:
         if zlib.crc32(payload) != crc:
             break
         if out.header is None:
-            if kind != KIND_HEADER:
-                out.problem = f"{path.name}: no segment header"
-                return out
-            try:
-                out.header = SegmentHeader.from_dict(json.loads(bytes(payload)), path.name)
-            except (ValueError, TypeError) as e:
-                out.problem = f"{path.name}: damaged segment header ({e})"
-                return out
-            if out.header.format != SEGMENT_FORMAT or not _known_layout(out.header.dtypes or {}):
-                out.problem = f"{path.name}: segment of another meshprof format"
+            out.header, out.problem = parse_header(kind, payload, path.name)
+            if out.problem:
                 return out
         else:
             out.chunks.append((kind, payload))
@@ -411,7 +419,7 @@ def read_cursor(files: RankFiles) -> tuple[int, int] | None:
     if files.cursor is None:
         return None
     try:
-        data = files.cursor.read_bytes()
+        data = read_bytes(files.cursor, 1 << 16)
     except OSError:
         return None
     if len(data) < CURSOR.size:
@@ -460,6 +468,7 @@ __all__ = [
     "iter_batches",
     "meta_name",
     "new_header",
+    "parse_header",
     "rank_dir",
     "read_chunks",
     "read_cursor",

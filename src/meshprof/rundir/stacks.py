@@ -10,7 +10,8 @@ from pathlib import Path
 
 from meshprof.records.codec import RecordError
 from meshprof.records.stacks import RankStacks
-from meshprof.rundir.atomic import atomic_write_text
+from meshprof.rundir.confine import confined_write
+from meshprof.rundir.json_file import read_json
 
 STACKS_DIR = "stacks"
 _RANK_RE = re.compile(r"^rank(\d+)\.json$")
@@ -27,9 +28,11 @@ def rank_stacks_path(run_dir: str | os.PathLike[str], request_id: str, rank: int
 
 
 def write_rank_stacks(run_dir: str | os.PathLike[str], stacks: RankStacks) -> Path:
-    """Write a rank's answer atomically."""
-    path = rank_stacks_path(run_dir, stacks.id, stacks.rank)
-    return atomic_write_text(path, json.dumps(stacks.to_dict()), fsync=False)
+    """Write a rank's answer atomically, inside the run directory whatever links it holds
+    (:mod:`meshprof.rundir.confine`)."""
+    data = json.dumps(stacks.to_dict()).encode("utf-8")
+    name = rank_stacks_path(run_dir, stacks.id, stacks.rank).name
+    return confined_write(run_dir, (STACKS_DIR, stacks.id), name, data)
 
 
 def read_rank_stacks(run_dir: str | os.PathLike[str], request_id: str) -> dict[int, RankStacks]:
@@ -45,7 +48,7 @@ def read_rank_stacks(run_dir: str | os.PathLike[str], request_id: str) -> dict[i
         if not m:
             continue
         try:
-            rec = RankStacks.from_dict(json.loads((d / name).read_text("utf-8")))
+            rec = RankStacks.from_dict(read_json(d / name, 16 << 20))
         except (OSError, ValueError, TypeError, RecordError):
             continue
         out[rec.rank] = rec

@@ -25,16 +25,21 @@ tracing); during a capture, starting and stopping torch.profiler at two boundari
 annotation per step in between, each measured and reported in the rank's status
 (:class:`~meshprof.records.captures.CaptureCost`). Nothing here raises into training: a failure
 ends the capture with a FAILED status, and the hook is removed.
+
+What a request can make a rank do: the requests folder is input from anyone who can write the
+run directory. A request passes :class:`~meshprof.session.request_gate.RequestGate` first (a
+name for an id, the job's user, the job's limits; a refusal is said once), everything the rank
+writes for it lies inside the run directory whatever links the folders hold
+(:mod:`meshprof.rundir.confine`, :mod:`meshprof.session.trace_file`), and the rank starts at
+most :attr:`~meshprof.records.captures.CaptureLimits.max_per_hour` captures and answers at most
+:attr:`~meshprof.records.captures.CaptureLimits.stacks_per_hour` stacks requests an hour.
 """
 
 from __future__ import annotations
 
 import contextlib
-import gzip
-import json
 import math
 import os
-import shutil
 import socket
 import statistics
 import threading
@@ -45,38 +50,39 @@ from typing import Any, Protocol
 
 from meshprof.records.captures import (
     CaptureCost,
-    CapturedPhase,
     CapturedStep,
+    CaptureLimits,
     CaptureRankStatus,
     CaptureRequest,
     CaptureState,
 )
-from meshprof.records.stacks import RankStacks, StackFrame, StacksRequest, ThreadStack
-from meshprof.rundir.captures import (
-    capture_dir,
-    captures_bytes,
-    read_statuses,
-    trace_name,
-    write_status,
-)
-from meshprof.rundir.requests import read_requests, requests_dir
+from meshprof.records.stacks import StacksRequest
+from meshprof.rundir.captures import captures_bytes, read_statuses, write_status
+from meshprof.rundir.requests import request_name, requests_dir, scan_requests
 from meshprof.rundir.stacks import write_rank_stacks
+from meshprof.session.capture_steps import (
+    add_distributed_info,
+    choose_activities,
+    mark_instrumented,
+    median_recent_step,
+    traced_phases,
+    warm_up_profiler,
+)
+from meshprof.session.request_gate import RequestGate
+from meshprof.session.thread_stacks import thread_stacks_now
+from meshprof.session.trace_file import write_trace
 
 #: Seconds between two looks at ``RUN_DIR/requests``.
 POLL_S = 0.5
 #: Seconds after which the folder is listed even if its mtime did not change (shared file
 #: systems may cache a directory's attributes).
 RELIST_S = 5.0
-#: Steps before a capture whose median is its ``step_ns_before``.
-STEPS_BEFORE = 8
 #: Seconds of steps between the agreement and the start step (every agent must see it first).
 LEAD_S = 1.0
 #: The most steps of lead (very short steps).
 MAX_LEAD_STEPS = 200
 #: Seconds an armed rank waits for the other asked ranks to arm before it starts without them.
 COORD_WAIT_S = 3.0
-_STEP_KIND = 0  # SPAN_KINDS.index("step")
-_PHASE_KIND = 1  # SPAN_KINDS.index("phase")
 
 
 class AgentHost(Protocol):
@@ -87,32 +93,6 @@ class AgentHost(Protocol):
     """The step monitor whose boundaries start and stop captures (None: no steps)."""
 
     def rank(self) -> int: ...
-
-
-def thread_stacks_now(rank: int, request_id: str = "", step: int = -1) -> RankStacks:
-    """Every thread's Python stack in this process, now (the main thread first)."""
-    import sys
-    import traceback
-
-    names = {t.ident: t.name for t in threading.enumerate()}
-    main = threading.main_thread().ident
-    threads = []
-    for tid, frame in sys._current_frames().items():
-        frames = tuple(
-            StackFrame(fs.filename, fs.lineno or 0, fs.name)
-            for fs in traceback.extract_stack(frame)
-        )
-        threads.append(ThreadStack(int(tid), names.get(tid, ""), tid == main, frames))
-    threads.sort(key=lambda t: (not t.main, t.name, t.thread_id))
-    return RankStacks(
-        id=request_id,
-        rank=rank,
-        taken_ns=time.time_ns(),
-        pid=os.getpid(),
-        hostname=socket.gethostname(),
-        step=step,
-        threads=tuple(threads),
-    )
 
 
 @dataclass(slots=True)
@@ -145,16 +125,20 @@ class CaptureAgent:
         run_dir: str | os.PathLike[str],
         host: AgentHost,
         poll_s: float = POLL_S,
+        limits: CaptureLimits | None = None,
     ) -> None:
         self.run_dir = Path(run_dir)
         self.host = host
         self.poll_s = float(poll_s)
+        self.limits = limits if limits is not None else CaptureLimits()
+        """What requests may ask of this rank (the job's limits)."""
+        self.gate = RequestGate(self.run_dir, self.limits, self._rank)
+        """Which requests the rank takes (:mod:`meshprof.session.request_gate`)."""
         self.started_ns = time.time_ns()
         self.captures_done = 0
         self.stacks_answered = 0
         self.failures = 0
         """Errors of the agent itself (a look that failed, a status not written)."""
-        self._seen: set[str] = set()
         self._active: _Capture | None = None
         self._lock = threading.Lock()
         self._to_write: list[_Capture] = []
@@ -202,11 +186,7 @@ class CaptureAgent:
         """One look: new requests, the active capture's timeout, traces to write."""
         now = time.time_ns() if now_ns is None else now_ns
         if self._changed():
-            for req in read_requests(self.run_dir):
-                key = f"{req.kind}-{req.id}"
-                if key in self._seen:
-                    continue
-                self._seen.add(key)
+            for req in self.gate.new_requests(scan_requests(self.run_dir), now):
                 if isinstance(req, StacksRequest):
                     self._answer_stacks(req, now)
                 else:
@@ -246,6 +226,13 @@ class CaptureAgent:
             return
         if now > req.requested_ns + int(req.timeout_s * 1e9):
             return  # the asker has gone
+        if not self.gate.stacks.allow():
+            self.gate.refuse(
+                request_name(req),
+                f"rank {rank} answered {self.limits.stacks_per_hour} stacks requests in the "
+                f"last hour, the job's limit: again in {self.gate.stacks.next_in_s():.0f} s",
+            )
+            return
         try:
             write_rank_stacks(self.run_dir, thread_stacks_now(rank, req.id, self._step()))
             self.stacks_answered += 1
@@ -263,11 +250,12 @@ class CaptureAgent:
             with self._lock:
                 why_not = self._refuse(req)
                 if why_not is None:
+                    self.gate.captures.allow()
                     c.monitor = self.host.monitor
-                    c.activities, note = _activities(req.activities)
+                    c.activities, note = choose_activities(req.activities, self.limits.activities)
                     c.message = note
                     c.armed_step = int(c.monitor.current_step)
-                    c.step_ns = _median_recent_step(c.monitor)
+                    c.step_ns = median_recent_step(c.monitor)
                     c.armed_mono = time.monotonic()
                     if len(req.ranks) == 1:
                         c.start_at = c.armed_step + 1
@@ -283,12 +271,16 @@ class CaptureAgent:
         busy = self._active
         if busy is not None:
             return CaptureState.SKIPPED, f"busy with capture {busy.req.id}"
-        if req.max_bytes > 0 and captures_bytes(self.run_dir) >= req.max_bytes:
-            return CaptureState.SKIPPED, (
-                f"the captures' disk budget ({req.max_bytes:,} bytes) is spent"
-            )
+        budget = self.limits.budget(req)
+        if captures_bytes(self.run_dir) >= budget:
+            return CaptureState.SKIPPED, f"the captures' disk budget ({budget:,} bytes) is spent"
         if self.host.monitor is None or not hasattr(self.host.monitor, "boundary_hook"):
             return CaptureState.FAILED, "no step monitor: no step boundaries"
+        if self.gate.captures.full():
+            return CaptureState.SKIPPED, (
+                f"{self.limits.max_per_hour} captures in the last hour, the job's limit: "
+                f"again in {self.gate.captures.next_in_s():.0f} s"
+            )
         return None
 
     def _coordinate(self) -> None:
@@ -379,7 +371,7 @@ class CaptureAgent:
                 "@performance_monitor's): not started"
             )
         t0 = time.perf_counter_ns()
-        c.cost = replace(c.cost, step_ns_before=_median_recent_step(c.monitor))
+        c.cost = replace(c.cost, step_ns_before=median_recent_step(c.monitor))
         c.prof = profile(
             use_kineto=True,
             use_cpu="cpu" in c.activities,
@@ -388,10 +380,10 @@ class CaptureAgent:
             with_stack=c.req.with_stack,
         )
         c.prof.__enter__()
-        _add_distributed_info()
+        add_distributed_info()
         c.annotation = record_function(f"ProfilerStep#{step}")
         c.annotation.__enter__()
-        _mark_instrumented(c.monitor, step)
+        mark_instrumented(c.monitor, step)
         c.step_open = (step, time.time_ns())
         c.state = CaptureState.TRACING
         c.cost = replace(c.cost, start_ns=time.perf_counter_ns() - t0)
@@ -408,7 +400,7 @@ class CaptureAgent:
 
         c.annotation = record_function(f"ProfilerStep#{step}")
         c.annotation.__enter__()
-        _mark_instrumented(c.monitor, step)
+        mark_instrumented(c.monitor, step)
         c.step_open = (step, now)
         c.cost = replace(c.cost, boundary_ns=c.cost.boundary_ns + time.perf_counter_ns() - t0)
 
@@ -487,36 +479,23 @@ class CaptureAgent:
                 self._write_status(c)
 
     def _write_trace(self, c: _Capture) -> None:
-        folder = capture_dir(self.run_dir, c.req.id)
-        final = folder / trace_name(c.rank)
-        tmp = folder / f".{final.name}.tmp.gz"
-        raw = folder / f".{final.name}.tmp.json"
         t0 = time.perf_counter_ns()
+        budget = self.limits.budget(c.req)
         try:
-            folder.mkdir(parents=True, exist_ok=True)
-            c.prof.export_chrome_trace(str(raw))
-            with open(raw, "rb") as fin, gzip.open(tmp, "wb", compresslevel=6) as fout:
-                shutil.copyfileobj(fin, fout, 1 << 20)
-            raw.unlink()
-            size = tmp.stat().st_size
-            if c.req.max_bytes > 0 and captures_bytes(self.run_dir) > c.req.max_bytes:
-                tmp.unlink()
+            got = write_trace(self.run_dir, c.req.id, c.rank, c.prof, budget)
+            if not got.name:
                 c.state = CaptureState.SKIPPED
                 c.message = (
-                    f"the trace ({size:,} bytes) would take the captures past their disk "
-                    f"budget ({c.req.max_bytes:,} bytes): not kept"
+                    f"the trace ({got.size:,} bytes) would take the captures past their disk "
+                    f"budget ({budget:,} bytes): not kept"
                 )
                 self._write_status(c)
                 return
-            os.replace(tmp, final)
             c.cost = replace(c.cost, write_ns=time.perf_counter_ns() - t0)
             c.state = CaptureState.DONE
             self.captures_done += 1
-            self._write_status(c, trace=final.name, trace_bytes=size)
+            self._write_status(c, trace=got.name, trace_bytes=got.size)
         except Exception as e:
-            for f in (raw, tmp):
-                with contextlib.suppress(OSError):
-                    f.unlink()
             c.state, c.message = CaptureState.FAILED, f"writing the trace: {type(e).__name__}: {e}"
             self._write_status(c)
         finally:
@@ -536,7 +515,7 @@ class CaptureAgent:
             step_ns=c.step_ns,
             start_step=-1 if c.start_at is None else c.start_at,
             steps=tuple(c.steps),
-            phases=_phases(c.monitor, c.steps) if c.state is CaptureState.DONE else (),
+            phases=traced_phases(c.monitor, c.steps) if c.state is CaptureState.DONE else (),
             activities=c.activities,
             cost=c.cost,
             pid=os.getpid(),
@@ -554,91 +533,11 @@ class CaptureAgent:
             self.failures += 1
 
 
-def warm_up_profiler() -> None:
-    """Import the profiler's module on the agent's thread, not at the training thread's step
-    boundary."""
-    with contextlib.suppress(Exception):
-        import torch.autograd.profiler  # noqa: F401
-
-
-def _add_distributed_info() -> None:
-    """The trace's ``distributedInfo`` (rank, world size, backend), as torch.profiler adds it,
-    when the default group exists (the trace's file name says the rank otherwise)."""
-    with contextlib.suppress(Exception):
-        import torch
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized():
-            info = {
-                "backend": str(dist.get_backend()),
-                "rank": dist.get_rank(),
-                "world_size": dist.get_world_size(),
-            }
-            torch.autograd._add_metadata_json("distributedInfo", json.dumps(info))
-
-
-def _activities(asked: tuple[str, ...]) -> tuple[tuple[str, ...], str]:
-    """The activities to trace (``asked`` empty: cpu, and cuda where available) and a note on
-    those left out (cuda asked where there is none)."""
-    try:
-        import torch
-
-        cuda = bool(torch.cuda.is_available())
-    except Exception:
-        cuda = False
-    if not asked:
-        return ("cpu", "cuda") if cuda else ("cpu",), ""
-    out = [a for a in asked if a == "cpu" or (a == "cuda" and cuda)]
-    note = "" if cuda or "cuda" not in asked else "cuda asked but not available here: not traced"
-    return tuple(out) or ("cpu",), note
-
-
-def _mark_instrumented(monitor: Any, step: int) -> None:
-    """The step analysis leaves the traced step out (the step monitor's own record)."""
-    mark = getattr(monitor, "mark_instrumented", None)
-    if mark is not None:
-        mark(step)
-
-
-def _median_recent_step(monitor: Any) -> int:
-    """Median duration of the monitor's last :data:`STEPS_BEFORE` steps (0 without any)."""
-    rows = _span_rows(monitor)
-    durs = [int(r[6]) for r in rows if r[0] == _STEP_KIND and r[2] == 0][-STEPS_BEFORE:]
-    return int(statistics.median(durs)) if durs else 0
-
-
-def _span_rows(monitor: Any, last: int = 20_000) -> list[tuple[Any, ...]]:
-    spans = getattr(monitor, "span_rows", None)
-    if spans is None:
-        return []
-    for _ in range(3):  # the training thread may append while we read
-        try:
-            n = len(spans)
-            return [spans[i] for i in range(max(n - last, 0), n)]
-        except (RuntimeError, IndexError):
-            continue
-    return []
-
-
-def _phases(monitor: Any, steps: list[CapturedStep]) -> tuple[CapturedPhase, ...]:
-    """The monitor's phase spans inside the traced steps."""
-    if not steps:
-        return ()
-    first, last = steps[0].step, steps[-1].step
-    names = list(getattr(monitor, "span_names", []) or [])
-    out = []
-    for r in _span_rows(monitor):
-        # SPAN row: (kind, status, depth, name, step, start_ns, duration_ns, ...)
-        if r[0] != _PHASE_KIND or not first <= int(r[4]) <= last:
-            continue
-        name = names[int(r[3])] if int(r[3]) < len(names) else f"phase{r[3]}"
-        out.append(CapturedPhase(name, int(r[4]), int(r[5]), int(r[5]) + int(r[6])))
-    return tuple(sorted(out, key=lambda p: p.start_ns))
-
-
-def start_capture_agent(run_dir: str | os.PathLike[str], host: AgentHost) -> CaptureAgent:
+def start_capture_agent(
+    run_dir: str | os.PathLike[str], host: AgentHost, limits: CaptureLimits | None = None
+) -> CaptureAgent:
     """Start the agent of this process (``.stop()`` ends it)."""
-    return CaptureAgent(run_dir, host).start()
+    return CaptureAgent(run_dir, host, limits=limits).start()
 
 
 __all__ = ["POLL_S", "AgentHost", "CaptureAgent", "start_capture_agent", "thread_stacks_now"]

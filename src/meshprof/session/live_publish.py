@@ -62,6 +62,7 @@ class LiveCounters:
         int64 pairs of its collectives, in chunks as they came (merged when measured)."""
         self.collectives = 0
         self._dims: dict[int, str] = {}
+        self._mesh_version = 0
 
     def on_chunk(self, chunk: np.ndarray) -> None:
         """Event-log listener (runs in whatever thread flushes): queue only, with the chunk's
@@ -70,6 +71,11 @@ class LiveCounters:
 
     def dim_of_group(self, gidx: int) -> str:
         """Parallel dimension of the log's group ``gidx``."""
+        mesh = getattr(self.prof, "mesh_names", None)
+        version = mesh.version if mesh is not None else 0
+        if version != self._mesh_version:  # the job named more groups: look again
+            self._mesh_version = version
+            self._dims.clear()
         d = self._dims.get(gidx)
         if d is None:
             from meshprof.layout import dimension_of
@@ -78,7 +84,8 @@ class LiveCounters:
             if gidx >= len(groups):
                 return "other"
             g = groups[gidx]
-            d = self._dims[gidx] = dimension_of(g.ranks, self.layout, g.desc)
+            names = mesh.of(g.name) if mesh is not None else ()
+            d = self._dims[gidx] = dimension_of(g.ranks, self.layout, g.desc, names)
         return d
 
     def fold(self, upto: int | None = None) -> None:
@@ -247,7 +254,7 @@ class LivePublisher:
                 self.counters.fold(reading.chunks if reading is not None else None)
                 rec = self.build(reading)
                 if self._writer is None or self._writer.path != live_file(self.run_dir, rec.rank):
-                    self._writer = LiveWriter(live_file(self.run_dir, rec.rank))
+                    self._writer = LiveWriter(live_file(self.run_dir, rec.rank), self.run_dir)
                 path = self._writer.write(rec)
                 self.publishes += 1
                 return path
@@ -400,7 +407,9 @@ class LivePublisher:
                 break
         from meshprof.layout import dimension_of
 
-        dim = dimension_of(op.group_ranks, self.counters.layout, desc)
+        mesh = getattr(self.prof, "mesh_names", None)
+        names = mesh.of(op.group_name) if mesh is not None else ()
+        dim = dimension_of(op.group_ranks, self.counters.layout, desc, names)
         age = max(int(op.age_ns), 0)
         return InflightLive(
             op=op.op,

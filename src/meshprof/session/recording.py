@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from meshprof.monitor.step_detect import STEP_DETECT_MODES, StepDetector, step_detect_mode
 from meshprof.process import process_rank
+from meshprof.records.captures import CaptureLimits
 from meshprof.records.serving import ServiceLevels
 from meshprof.rundir.schema import HANG_DIR, Manifest
 
@@ -81,6 +82,9 @@ class SessionConfig:
     capture: bool = False
     """Start the capture agent: this rank answers ``meshprof capture`` and ``meshprof stacks``
     requests posted in ``run_dir`` (:mod:`meshprof.session.capture_agent`). Needs ``run_dir``."""
+    capture_limits: CaptureLimits | None = None
+    """What those requests may ask of the rank (None: the defaults of
+    :class:`~meshprof.records.captures.CaptureLimits`: the job's user's requests only)."""
     hang_timeout_s: float = 0.0
     """> 0: start the hang watchdog: an op in flight this many seconds dumps into ``hang_dir``."""
     hang_dir: Path | None = None
@@ -346,13 +350,24 @@ class RecordingSession:
         except Exception as e:
             self._fail("step monitor", e)
 
+    def _layout(self, layout: object) -> object:
+        """``layout`` as the monitor and the live state get it: marked assumed
+        (:attr:`meshprof.layout.Layout.assumed`) when the meta says nobody gave it, so that the
+        job's DeviceMesh names name the groups they cover."""
+        if layout is None or self.meta.get("layout_assumed") is not True:
+            return layout
+        from meshprof.layout import Layout
+
+        lay = Layout.from_any(layout)
+        return Layout(lay.dp, lay.tp, lay.pp, assumed=True) if lay is not None else layout
+
     def _start_monitor(self) -> None:
         try:
             from meshprof.api import StepMonitor
             from meshprof.monitor import get_monitor
 
             self.monitor = get_monitor() or StepMonitor(
-                self.config.layout, profiler=self.prof, rank=self.config.rank
+                self._layout(self.config.layout), profiler=self.prof, rank=self.config.rank
             )
             self._bound_monitor()
         except Exception as e:
@@ -389,7 +404,7 @@ class RecordingSession:
             from meshprof.session.live_publish import LivePublisher
 
             assert self.prof is not None
-            layout = self.meta.get("layout") or self.config.layout
+            layout = self._layout(self.meta.get("layout") or self.config.layout)
             self.live = LivePublisher(
                 run_dir,
                 self.prof,
@@ -419,7 +434,7 @@ class RecordingSession:
 
             from meshprof.session.capture_agent import start_capture_agent
 
-            self.capture_agent = start_capture_agent(run_dir, self)
+            self.capture_agent = start_capture_agent(run_dir, self, self.config.capture_limits)
             atexit.register(self._capture_at_exit)
         except Exception as e:
             self._fail("capture agent", e)
@@ -439,7 +454,15 @@ class RecordingSession:
         try:
             from meshprof.session.watchdog import start_watchdog
 
-            self.watchdog = start_watchdog(self.prof, dump_dir, cfg.hang_timeout_s)
+            inside = cfg.hang_dir is None or (
+                cfg.run_dir is not None and Path(cfg.run_dir) in Path(cfg.hang_dir).parents
+            )
+            self.watchdog = start_watchdog(
+                self.prof,
+                dump_dir,
+                cfg.hang_timeout_s,
+                within=Path(cfg.run_dir) if inside and cfg.run_dir is not None else None,
+            )
             self.meta["hang_timeout_s"] = cfg.hang_timeout_s
         except Exception as e:
             self._fail("watchdog", e)

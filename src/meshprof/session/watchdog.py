@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from meshprof.process import process_rank
+from meshprof.rundir.confine import make_dirs
 from meshprof.rundir.hang_dumps import dump_path, fr_dump_path
 
 DUMP_FORMAT = "meshprof-hang/1"
@@ -49,10 +50,20 @@ def _mtime(path: Path) -> int:
         return 0
 
 
-def _touch(path: Path) -> int:
+def _touch(path: Path, within: Path | None = None) -> int:
+    """Touch ``path`` (created when missing, never through a link planted there; inside
+    ``within`` when given); its new mtime, 0 on failure."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.touch()
+        if within is not None:
+            make_dirs(within, path.parent)
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        flags = os.O_WRONLY | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
+        fd = os.open(path, flags, 0o666)
+        try:
+            os.utime(fd if os.utime in os.supports_fd else path)
+        finally:
+            os.close(fd)
         return _mtime(path)
     except OSError:
         return 0
@@ -144,10 +155,14 @@ def write_dump(
     reason: str,
     last_n: int = 64,
     threshold_s: float = 0.0,
+    within: Path | None = None,
 ) -> Path:
-    """Write ``DUMP_DIR/rank{r}.json`` (and ``fr_rank{r}.json`` when the Flight Recorder is on)."""
+    """Write ``DUMP_DIR/rank{r}.json`` (and ``fr_rank{r}.json`` when the Flight Recorder is on);
+    ``within``: the run directory the dump folder must lie in, every link resolved."""
     from meshprof.rundir.atomic import atomic_write_text
 
+    if within is not None:
+        make_dirs(within, dump_dir)
     data = build_dump(prof, reason, last_n, threshold_s)
     rank = data["rank"]
     fr = _flight_recorder_json()
@@ -168,8 +183,11 @@ class Watchdog:
         last_n: int = 64,
         on_dump: Callable[[Path], None] | None = None,
         follow_peers: bool = True,
+        within: str | os.PathLike[str] | None = None,
     ) -> None:
         self.prof = prof
+        self.within = Path(within) if within is not None else None
+        """The run directory the dumps must lie in (None: no such bound)."""
         self.dump_dir = Path(dump_dir)
         self.timeout_s = float(timeout_s)
         self.poll_s = float(poll_s)
@@ -211,7 +229,9 @@ class Watchdog:
                 pass
         with self._lock:
             try:
-                path = write_dump(self.prof, self.dump_dir, reason, self.last_n, self.timeout_s)
+                path = write_dump(
+                    self.prof, self.dump_dir, reason, self.last_n, self.timeout_s, self.within
+                )
             except Exception as e:
                 with contextlib.suppress(Exception):
                     self.prof.report_internal_error(e)
@@ -233,7 +253,7 @@ class Watchdog:
                 self._dumped_keys.add(key)
                 path = self.dump("hang")
                 if path is not None and self.follow_peers:
-                    self._trigger_seen = _touch(trigger_path(self.dump_dir))
+                    self._trigger_seen = _touch(trigger_path(self.dump_dir), self.within)
                 return path
         if self.follow_peers:
             mtime = _mtime(trigger_path(self.dump_dir))
@@ -271,6 +291,7 @@ def start_watchdog(
     on_dump: Callable[[Path], None] | None = None,
     follow_peers: bool = True,
     signum: int | None = signal.SIGUSR1,
+    within: str | os.PathLike[str] | None = None,
 ) -> Watchdog:
     """Start the watchdog of this process and return it (``.stop()`` ends it).
 
@@ -279,11 +300,12 @@ def start_watchdog(
     ``follow_peers``, a hang dump also touches ``dump_dir/trigger``, and every rank whose watchdog
     sees the trigger change writes its own dump (reason "peer"); a launcher may touch it too.
     ``signum`` (SIGUSR1; None for none) is handled when called from the main thread: on that
-    signal the rank dumps wherever it is.
+    signal the rank dumps wherever it is. ``within``: the run directory the dumps must lie in,
+    every link resolved (a dump folder replaced by a link out of it is not written).
     """
     global _signal_watchdog
     poll = poll_s if poll_s is not None else max(0.05, min(1.0, timeout_s / 4))
-    wd = Watchdog(prof, dump_dir, timeout_s, poll, last_n, on_dump, follow_peers)
+    wd = Watchdog(prof, dump_dir, timeout_s, poll, last_n, on_dump, follow_peers, within)
     if signum is not None and threading.current_thread() is threading.main_thread():
         try:
             signal.signal(signum, _on_signal)

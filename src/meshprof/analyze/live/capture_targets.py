@@ -17,13 +17,13 @@ ones waiting wait for it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from meshprof.analyze.live.alert_config import RULES
 from meshprof.errors import MeshprofError
 from meshprof.layout import Layout
-from meshprof.records.captures import MAX_CAPTURE_STEPS
+from meshprof.records.captures import MAX_CAPTURE_STEPS, MAX_TIMEOUT_S
 from meshprof.records.live import LiveSnapshot, RankLive
 
 TRIGGERS: dict[str, tuple[str, ...]] = {
@@ -72,8 +72,10 @@ class CaptureConfig:
             raise MeshprofError(f"--capture-max-per-hour {self.max_per_hour}: must be >= 1")
         if self.max_bytes < 1:
             raise MeshprofError(f"--capture-max-bytes {self.max_bytes}: must be positive")
-        if not self.timeout_s > 0:
-            raise MeshprofError(f"--capture-timeout {self.timeout_s}: must be > 0 seconds")
+        if not 0 < self.timeout_s <= MAX_TIMEOUT_S:
+            raise MeshprofError(
+                f"--capture-timeout {self.timeout_s}: expected 0 to {MAX_TIMEOUT_S:g} seconds"
+            )
 
     @property
     def enabled(self) -> bool:
@@ -127,8 +129,7 @@ def peer_of(
 
     d, t, p = lay.coords(rank)
     step = lay.tp * lay.pp
-    replicas = sorted((x for x in range(lay.dp) if x != d), key=lambda x: (abs(x - d), x))
-    for x in replicas:
+    for x in _nearest(d, lay.dp):
         r = x * step + t * lay.pp + p
         if ok(r):
             if lay.tp == 1 and lay.pp == 1:
@@ -137,22 +138,32 @@ def peer_of(
                 f"rank {r}: the same pipeline stage ({p}) and tensor-parallel position ({t}) "
                 f"in data-parallel replica {x}"
             )
-    for x in sorted((x for x in range(lay.tp) if x != t), key=lambda x: (abs(x - t), x)):
+    for x in _nearest(t, lay.tp):
         r = d * step + x * lay.pp + p
         if ok(r):
             return r, f"rank {r}: its tensor-parallel neighbour (no healthy replica)"
-    for x in sorted((x for x in range(lay.pp) if x != p), key=lambda x: (abs(x - p), x)):
+    for x in _nearest(p, lay.pp):
         r = d * step + t * lay.pp + x
         if ok(r):
             return r, f"rank {r}: its pipeline neighbour, stage {x} (no healthy replica)"
-    rest = sorted((r for r in range(world_size) if ok(r)), key=lambda r: (abs(r - rank), r))
-    if rest:
-        return rest[0], f"rank {rest[0]}: the nearest healthy rank (no peer with its role)"
-    others = [r for r in range(world_size) if r != rank]
-    if others:
-        r = min(others, key=lambda r: (abs(r - rank), r))
-        return r, f"rank {r}: the only other rank left (not a healthy peer)"
+    healthy = next((r for r in _nearest(rank, world_size) if ok(r)), None)
+    if healthy is not None:
+        return healthy, f"rank {healthy}: the nearest healthy rank (no peer with its role)"
+    other = next(_nearest(rank, world_size), None)
+    if other is not None:
+        return other, f"rank {other}: the only other rank left (not a healthy peer)"
     return None, "no other rank"
+
+
+def _nearest(center: int, n: int) -> Iterator[int]:
+    """``0 .. n-1`` except ``center``, nearest first (the lower one first at equal distance),
+    made as they are asked for: a search that stops at the first healthy rank costs the ranks
+    it looks at, not the world size a live record claims."""
+    for k in range(1, max(center, n - 1 - center) + 1):
+        if 0 <= center - k < n:
+            yield center - k
+        if center + k < n:
+            yield center + k
 
 
 def _slowest(ranks: Iterable[int], snap: LiveSnapshot) -> int | None:

@@ -9,12 +9,17 @@ Two estimates of each rank's offset (``aligned = local + offset``), combined:
    all_to_all, barrier, ...): no member completes before the last one arrives and all complete at
    about the same instant, so for a collective seen by rank r and an already aligned rank a,
    ``(end_a + offset_a) − end_r`` estimates offset_r. The median over collectives is the estimate;
+   a blocking collective (any, without flags) completed after its rank's next issue is left
+   out, and so is one completed at or after the end of the step it was issued in: the
+   recorder saw it late (a poller, the rank's next call, the step's end), its completion
+   aligns nothing;
    its uncertainty is the standard error 1.4826·MAD/√n plus the anchor's own uncertainty. Ranks are
    aligned outward from the reference (a rank that shares no collective with the reference is
    aligned through ranks that do).
 
 Combining: when both exist and agree (differ by at most ``_AGREE_FACTOR`` times the sum of
-their uncertainties) the collective estimate is kept inside the exchange interval
+their uncertainties, the collectives' taken as the larger of their standard error and the
+spread of their samples, 1.4826·MAD) the collective estimate is kept inside the exchange interval
 ``[o_x − RTT/2, o_x + RTT/2]`` when it is the tighter one, else the exchange estimate is kept;
 the uncertainty is the collective one when its median lay inside the interval, else RTT/2.
 The factor matters on a loaded host: with a handful of collectives whose completions are seen
@@ -138,7 +143,7 @@ _ROW_BLOCK = 1 << 18
 """Rows of the event table :func:`_sync_cells` reads at a time in its passes over all rows."""
 
 
-def _sync_cells(table: EventTable, ranks: list[int]) -> _SyncCells:
+def _sync_cells(table: EventTable, ranks: list[int], late: np.ndarray | None = None) -> _SyncCells:
     """The cells of synchronizing collectives seen by ≥ 2 ranks; beyond ``_MAX_SYNC``
     collectives in one group, ``_MAX_SYNC`` evenly spaced ones of it (every k-th seq first, then
     evenly spaced over those). Cost: one pass over the table's columns, then sorts over the
@@ -175,6 +180,10 @@ def _sync_cells(table: EventTable, ranks: list[int]) -> _SyncCells:
             for b in blocks:
                 gb = g[b : b + _ROW_BLOCK]
                 mask[b : b + _ROW_BLOCK] &= (seq[b : b + _ROW_BLOCK] - lo[gb]) % stride[gb] == 0
+    for b in range(0, len(mask), _ROW_BLOCK):
+        mask[b : b + _ROW_BLOCK] &= ~_seen_late(table, b, min(b + _ROW_BLOCK, len(mask)))
+    if late is not None:
+        mask &= ~late
     sel = np.flatnonzero(mask)
     del mask
     if not len(sel) or not ranks:
@@ -259,10 +268,56 @@ def _sync_cells(table: EventTable, ranks: list[int]) -> _SyncCells:
     return _SyncCells(row, col, end.astype(np.float64), gstart.astype(np.int64), base)
 
 
+def _seen_late(table: EventTable, lo: int, hi: int) -> np.ndarray:
+    """bool [row lo..hi): completed after the next row of its rank was issued — a blocking
+    collective (or, without flags, any) whose completion the recorder saw late, as a poller
+    does: its completion time aligns nothing. Rows compared with the next row of the file
+    only where that one was issued later (a rank's rows are in issue order)."""
+    start = table.start_ns[lo : min(hi + 1, len(table))]
+    n = hi - lo
+    nxt = np.full(n, np.iinfo(np.int64).max, dtype=np.int64)
+    k = len(start) - 1
+    if k > 0:
+        rk = table.rank[lo : lo + k + 1]
+        ok = (rk[1:] == rk[:-1]) & (start[1:] >= start[:-1])
+        nxt[:k] = np.where(ok, start[1:], nxt[:k])
+    late = start[:n] + table.duration_ns[lo:hi] > nxt
+    if table.is_async is not None:
+        late &= ~table.is_async[lo:hi]
+    return late
+
+
+def _after_step_end(run: LoadedRun, table: EventTable) -> np.ndarray | None:
+    """bool [row]: completed at or after the end of the step span it was issued in (a
+    collective's caller waits for it before its step ends: such a completion is the
+    recorder's, seen when the step ended); None when no rank recorded steps."""
+    out: np.ndarray | None = None
+    rk = table.rank
+    for r, rd in run.ranks.items():
+        sp = rd.spans
+        st = sp[sp["kind"] == 0] if len(sp) else sp
+        if not len(st):
+            continue
+        lo, hi = (int(x) for x in np.searchsorted(rk, [r, r + 1]))
+        if lo == hi:
+            continue
+        if out is None:
+            out = np.zeros(len(table), dtype=bool)
+        st = st[np.argsort(st["start_ns"], kind="stable")]
+        s0 = st["start_ns"].astype(np.int64)
+        s1 = s0 + st["duration_ns"].astype(np.int64)
+        a = table.start_ns[lo:hi]
+        i = np.searchsorted(s0, a, side="right") - 1
+        j = np.maximum(i, 0)
+        out[lo:hi] = (i >= 0) & (a < s1[j]) & (a + table.duration_ns[lo:hi] >= s1[j])
+    return out
+
+
 def _collective_estimates(
     cells: _SyncCells, ranks: list[int], ref_col: int
-) -> dict[int, tuple[float, float, int]]:
-    """rank → (offset, standard error, samples) by aligning outward from the reference column.
+) -> dict[int, tuple[float, float, int, float]]:
+    """rank → (offset, standard error, samples, robust standard deviation of the samples) by
+    aligning outward from the reference column.
 
     Group by group: the group with the most shared collectives among those with an aligned
     member comes first; each of its unaligned members is aligned on the mean aligned completion
@@ -272,7 +327,7 @@ def _collective_estimates(
     column against every aligned one: O(ranks³ × collectives))."""
     import heapq
 
-    est: dict[int, tuple[float, float, int]] = {}
+    est: dict[int, tuple[float, float, int, float]] = {}
     ng = len(cells.group_start) - 1
     if ref_col < 0 or ng <= 0:
         return est
@@ -335,10 +390,11 @@ def _collective_estimates(
                 continue
             d = anchor_t[ok] - m[ok, j]
             med = float(np.median(d))
-            se = 1.4826 * float(np.median(np.abs(d - med))) / np.sqrt(n)
+            sd = 1.4826 * float(np.median(np.abs(d - med)))
+            se = sd / np.sqrt(n)
             c = int(cols[j])
             off[c], unc[c] = med, se + u_anchor
-            est[ranks[c]] = (med, se + u_anchor, n)
+            est[ranks[c]] = (med, se + u_anchor, n, sd)
             newly.append(c)
         for c in newly:
             unaligned_left[col_groups_flat[col_cut[c] : col_cut[c + 1]]] -= 1
@@ -363,7 +419,8 @@ def align_clocks(run: LoadedRun, table: EventTable) -> ClockAlignment:
         anchor = with_x[0] if with_x else ranks[0]
     else:
         anchor = ref
-    coll = _collective_estimates(_sync_cells(table, ranks), ranks, ranks.index(anchor))
+    late = _after_step_end(run, table)
+    coll = _collective_estimates(_sync_cells(table, ranks, late), ranks, ranks.index(anchor))
     x_anchor = exchange_estimate(run.ranks[anchor].meta.clock_sync) if anchor != ref else None
     shift = x_anchor[0] if x_anchor else 0  # collective offsets are relative to the anchor
     out: list[RankClock] = []
@@ -380,7 +437,10 @@ def align_clocks(run: LoadedRun, table: EventTable) -> ClockAlignment:
         if x is not None and c is not None and c_off is not None and c_unc is not None:
             xo, xu = x[0], x[1] // 2
             diff = abs(c_off - xo)
-            if diff <= _AGREE_FACTOR * (xu + c_unc):
+            # the collectives overrule the exchange only when their samples agree with each
+            # other far better than with it (their spread, not their standard error: a few
+            # completions seen late by a poller move a median of a handful of samples)
+            if diff <= _AGREE_FACTOR * (xu + max(c_unc, int(c[3]))):
                 final = min(max(c_off, xo - xu), xo + xu) if c_unc < xu else xo
                 # a collective median clamped to the exchange interval keeps only the causal
                 # bound; an unclamped one keeps its (smaller, statistical) uncertainty

@@ -9,7 +9,8 @@ A pure function over a loaded run (:func:`find_failures`). What it reads, per ra
 - ``meta.recovered`` for a rank read from its crash-safe files (it died without its final
   rank file): the step it was in and its last tick;
 - the ranks with no data at all (``problems``), except those on a node whose run directory was
-  not read (``elsewhere``: not failures of the job).
+  not read (not failures of the job); consecutive ranks with no data and no exit code are one
+  entry (``last``: a manifest may claim millions of ranks that left nothing).
 
 Times are on the aligned clock (the rank's wall clock + its offset, ns).
 """
@@ -21,7 +22,9 @@ import signal as _signal
 from dataclasses import dataclass
 
 from meshprof.analyze.run.clock import ClockAlignment
+from meshprof.records.codec import dataclass_to_json
 from meshprof.rundir import LoadedRun, RankData
+from meshprof.rundir.rank_problems import ELSEWHERE, MISSING, RankSpan, missing_spans
 
 HOWS = ("signal", "exception", "exit", "missing")
 """How a rank failed: killed by a signal; an unhandled exception; a non-zero exit code; or it
@@ -52,6 +55,16 @@ class RankFailure:
     """A few words: "killed by SIGKILL", "connection closed by peer", the exception's text."""
     recovered: bool = False
     """Its data was recovered from crash-safe files (it never wrote its final rank file)."""
+    last: int | None = None
+    """For ranks ``rank`` to ``last`` that all left nothing ("missing"): the last one (None:
+    this rank alone)."""
+
+    def to_dict(self) -> dict[str, object]:
+        """The JSON object (``last`` only when set)."""
+        out = dataclass_to_json(self)
+        if self.last is None:
+            del out["last"]
+        return out
 
 
 #: Phrases of the collective backends' errors when a peer has gone, shortened for people.
@@ -133,7 +146,7 @@ def _one(run: LoadedRun, r: int, clock: ClockAlignment) -> RankFailure | None:
     elif code is not None and code > 0:
         how, reason = "exit", f"exit code {code}"
     elif rd is None:
-        if manifest.status == "running" or r in run.elsewhere:
+        if manifest.status == "running" or run.is_elsewhere(r):
             return None  # (still running, or on a node whose directory was not read)
         how, reason = "missing", run.problems.get(r, "no rank file")
     elif recovered and ex is None and manifest.status != "running":
@@ -165,7 +178,8 @@ def find_failures(run: LoadedRun, clock: ClockAlignment) -> tuple[RankFailure, .
     True), then the others by time. The first is the earliest by ``last_seen_ns`` among the
     failures that are not consequences (torchrun's SIGTERM, ranks without data); with only
     those, the earliest of them. Empty when every rank ended normally."""
-    found = [f for r in range(run.world_size) if (f := _one(run, r, clock)) is not None]
+    found = [f for r in _ranks_with_word(run) if (f := _one(run, r, clock)) is not None]
+    found += _silent_spans(run, set(_ranks_with_word(run)))
     if not found:
         return ()
 
@@ -176,6 +190,61 @@ def find_failures(run: LoadedRun, clock: ClockAlignment) -> tuple[RankFailure, .
     found.sort(key=key)
     found[0] = dataclasses.replace(found[0], first=True)
     return tuple(found)
+
+
+def _ranks_with_word(run: LoadedRun) -> list[int]:
+    """The ranks something says something about: loaded, damaged, or named by the launcher's
+    exit codes or signals (O(what the files hold), never O(the world size claimed))."""
+    m = run.manifest
+    named = {
+        int(k)
+        for k in [*(m.rank_exit_codes or {}), *(m.rank_signals or {})]
+        if str(k).isdigit() and len(str(k)) <= 9 and int(k) < run.world_size
+    }
+    return sorted(set(run.ranks) | set(run.problems.each) | named)
+
+
+def _silent_spans(run: LoadedRun, spoken: set[int]) -> list[RankFailure]:
+    """The ranks of the world nothing says anything about, one entry per run of consecutive
+    ranks (none while the job runs, none on nodes whose directories were not read): O(the ranks
+    present), whatever the world size claimed."""
+    if run.manifest.status == "running":
+        return []
+    away = [s for s in run.problems.spans if s.kind == ELSEWHERE]
+    out: list[RankFailure] = []
+    for span in missing_spans(run.world_size, spoken):
+        for first, last in _without(span.first, span.last, away):
+            out.append(
+                RankFailure(
+                    rank=first,
+                    how="missing",
+                    exit_code=None,
+                    signal=None,
+                    last_step=None,
+                    last_seen_ns=None,
+                    first=False,
+                    reason=run.problems.get(first) or "no rank file"
+                    if first == last
+                    else RankSpan(first, last, MISSING).reason,
+                    last=last if last > first else None,
+                )
+            )
+    return out
+
+
+def _without(first: int, last: int, away: list[RankSpan]) -> list[tuple[int, int]]:
+    """``first..last`` less the spans ``away`` (sorted, disjoint)."""
+    out = []
+    start = first
+    for s in away:
+        if s.last < start or s.first > last:
+            continue
+        if s.first > start:
+            out.append((start, s.first - 1))
+        start = max(start, s.last + 1)
+    if start <= last:
+        out.append((start, last))
+    return out
 
 
 __all__ = ["HOWS", "RankFailure", "find_failures", "short_reason"]

@@ -1,5 +1,6 @@
 """The cross-rank report's findings: stragglers, memory imbalance, missing ranks, unaligned
-clocks and incompletely recorded collectives, each one line with the figures behind it."""
+clocks, incompletely recorded collectives and a record that contradicts itself, each one line
+with the figures behind it."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import dataclasses
 from meshprof.analyze.run.clock import ClockAlignment
 from meshprof.analyze.run.match import MatchSummary
 from meshprof.analyze.run.stragglers import StragglerReport
-from meshprof.analyze.run.types import MemoryImbalance, RunFinding
+from meshprof.analyze.run.types import MemoryImbalance, RankProblem, RunFinding
+from meshprof.analyze.run.what_if import WhatIf
 from meshprof.records.finding import FindingKind, Severity
 from meshprof.rundir.storage_notes import StorageNote
 
@@ -20,17 +22,19 @@ same default as :class:`meshprof.analyze.steps.rules.BottleneckThresholds.memory
 def find_findings(
     stragglers: StragglerReport,
     memory: MemoryImbalance,
-    problems: tuple[tuple[int, str], ...],
+    problems: tuple[RankProblem, ...],
     clock: ClockAlignment,
     match: MatchSummary,
     manifest_state: str = "ok",
     manifest_problem: str = "",
     storage: tuple[StorageNote, ...] = (),
+    what_if: WhatIf | None = None,
 ) -> tuple[RunFinding, ...]:
     """Every finding, in this order: a damaged (warning) or missing (info) manifest, stragglers,
     memory imbalance, missing or damaged ranks, what ranks recorded but did not store (a
     warning when writing stopped), ranks whose clock could not be aligned, collectives not
-    recorded by every member."""
+    recorded by every member, completions the record contradicts (a warning when the what-if
+    cannot price the ranks because of them, else info: repaired)."""
     out: list[RunFinding] = []
     if manifest_state != "ok":
         out.append(
@@ -62,14 +66,14 @@ def find_findings(
                 evidence=dataclasses.asdict(memory),
             )
         )
-    for r, why in problems:
+    for p in problems:
         out.append(
             RunFinding(
                 kind=FindingKind.MISSING_RANK,
                 severity=Severity.WARNING,
-                title=f"rank {r} not analyzed: {why}",
-                ranks=(r,),
-                evidence={"rank": r, "reason": why},
+                title=f"{p.label} not analyzed: {p.reason}",
+                ranks=(p.rank,),
+                evidence=p.to_dict(),
             )
         )
     for note in storage:
@@ -93,6 +97,8 @@ def find_findings(
                     evidence={"rank": c.rank},
                 )
             )
+    if what_if is not None:
+        out.extend(_recording(what_if))
     if match.incomplete:
         out.append(
             RunFinding(
@@ -103,3 +109,24 @@ def find_findings(
             )
         )
     return tuple(out)
+
+
+def _recording(w: WhatIf) -> list[RunFinding]:
+    """The what-if's record check as a finding (none when the record was consistent)."""
+    r = w.record
+    fixed = r.capped + r.retimed
+    if not (fixed or r.unrepaired or w.doubt):
+        return []
+    evidence = {**dataclasses.asdict(r), "doubt": w.doubt, "contradicted_ns": w.contradicted_ns}
+    if w.doubt:
+        return [RunFinding(kind=FindingKind.RECORDING, severity=Severity.WARNING,
+                           title=f"what-if {w.doubt}", evidence=evidence)]  # fmt: skip
+    title = (
+        f"{fixed} of {r.members} replayed completions were seen late by the recorder "
+        f"(after the rank's next issue, or far after their collective's transfer) and repaired "
+        "before the what-if"
+    )
+    if r.unrepaired:
+        title += f"; {r.unrepaired} could not be"
+    return [RunFinding(kind=FindingKind.RECORDING, severity=Severity.INFO, title=title,
+                       evidence=evidence)]  # fmt: skip

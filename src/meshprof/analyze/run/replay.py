@@ -52,7 +52,8 @@ import numpy as np
 
 from meshprof.analyze.compute.sorting import stable_argsort
 from meshprof.analyze.run import replay_native
-from meshprof.analyze.run.replay_record import Recorded, fold_joins, index_dtype
+from meshprof.analyze.run.replay_chains import index_dtype
+from meshprof.analyze.run.replay_record import Recorded, fold_joins
 
 
 def levels(rec: Recorded) -> tuple[np.ndarray, np.ndarray] | None:

@@ -14,7 +14,8 @@ from __future__ import annotations
 import numpy as np
 
 from meshprof.analyze.compute.sorting import stable_argsort
-from meshprof.analyze.run.replay_record import Recorded, fold_joins, index_dtype
+from meshprof.analyze.run.replay_chains import index_dtype
+from meshprof.analyze.run.replay_record import Recorded, fold_joins
 
 
 def overlap_levels(rec: Recorded) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:

@@ -1,127 +1,40 @@
-"""What the what-if replay replays (:mod:`meshprof.analyze.run.replay`): the recorded events
-as per-rank chains within steps, each member of a collective with its compute gap, overlap flag
-and recorded times (aligned clock, ns). The model is described in :mod:`.replay`."""
+"""What the what-if replay replays (:mod:`meshprof.analyze.run.replay`): the chains'
+(:mod:`.replay_chains`) members, each with its compute gap, overlap flag and recorded times
+(aligned clock, ns), completions the record contradicts repaired first
+(:mod:`.replay_repair`). The model is described in :mod:`.replay`."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from meshprof.analyze.compute.grouped import group_spread, robust_group_spread
-from meshprof.analyze.compute.sorting import (
-    RowsByKey,
-    stable_argsort,
-    unique_inverse,
-)
+from meshprof.analyze.compute.sorting import RowsByKey, unique_inverse
 from meshprof.analyze.run.clock import SYNC_OPS
 from meshprof.analyze.run.match import CollectiveMatch
+from meshprof.analyze.run.replay_chains import Chains, index_dtype
+from meshprof.analyze.run.replay_repair import (
+    RecordCheck,
+    blocking_members,
+    cap_blocking,
+    next_issue,
+    often_after_next,
+    retime,
+    retime_leads,
+    tied_to_next,
+    transfer_key,
+    waited_seen_late,
+)
 from meshprof.analyze.run.table import EventTable
-from meshprof.rundir import LoadedRun
 
 I64_MIN = int(np.iinfo(np.int64).min)
+SEEN_LATE_OFFSETS = 8
+"""Issues after an op tested as the place it was waited for though seen complete later."""
 MUST_WAIT = SYNC_OPS | {"recv", "recv_object_list", "send", "send_object_list"}
 """Ops none of whose members can complete before the last one arrives (a receive: before its
 send; a send of a rendezvous direction: before its receive — an eager one never waits, see
 :func:`record`)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Chains:
-    """The replayed events (*members*: inside a replayed step span, sorted by chain, then issue)
-    and the chains (one per rank and replayed step, sorted by rank, then start)."""
-
-    row: np.ndarray
-    """int32 (int64 beyond 2³¹ rows) [member]: EventTable row."""
-    chain: np.ndarray
-    """int64 [member]: its chain."""
-    c_rank: np.ndarray
-    """int64 [chain]: rank."""
-    c_step: np.ndarray
-    """int64 [chain]: index into the replayed steps."""
-    c_start: np.ndarray
-    """int64 [chain]: step start, aligned ns."""
-    c_end: np.ndarray
-    """int64 [chain]: step end, aligned ns."""
-
-
-def build_chains(
-    run: LoadedRun, table: EventTable, off: np.ndarray, steps: Sequence[int]
-) -> Chains:
-    """Every (rank, replayed step) chain and the events whose issue falls in its step span
-    (``off[r]``: rank r's clock offset), by one search per rank over its chains' starts."""
-    step_set = np.asarray(sorted(steps), dtype=np.int64)
-    parts: list[tuple[int, np.ndarray, np.ndarray, np.ndarray]] = []
-    for r in sorted(run.ranks):
-        sp = run.ranks[r].spans
-        st = sp[sp["kind"] == 0]
-        st = st[np.isin(st["step"].astype(np.int64), step_set)]
-        if not len(st):
-            continue
-        _, first = np.unique(st["step"], return_index=True)  # one span per step number
-        st = st[first]
-        st = st[np.argsort(st["start_ns"], kind="stable")]
-        a = st["start_ns"].astype(np.int64)
-        parts.append((r, st["step"].astype(np.int64), a, a + st["duration_ns"].astype(np.int64)))
-    empty = np.zeros(0, dtype=np.int64)
-    if not parts:
-        return Chains(empty, empty, empty, empty, empty, empty)
-    c_rank = np.concatenate([np.full(len(p[1]), p[0], dtype=np.int64) for p in parts])
-    c_step = np.searchsorted(step_set, np.concatenate([p[1] for p in parts]))
-    a = np.concatenate([p[2] for p in parts])
-    b = np.concatenate([p[3] for p in parts])
-    # one rank at a time (the table's rows are grouped by rank): a row is in the last chain of
-    # its rank starting at or before its issue, if it issued before that chain's end; members
-    # by chain, then issue, then row. Temporaries are one rank's rows, not the whole table's.
-    rk = table.rank
-    by_rank = None if _ascending(rk) else RowsByKey(rk)
-    row_t = index_dtype(len(table))
-    rows_out: list[np.ndarray] = []
-    chains_out: list[np.ndarray] = []
-    chain_ranks = np.unique(c_rank)
-    c_at = np.searchsorted(c_rank, chain_ranks)
-    # each rank's rows, searched once for all ranks (one search per rank would cast the whole
-    # narrow rank column each time: 5 s at 4,096 ranks)
-    r_lo = np.searchsorted(rk, chain_ranks).tolist() if by_rank is None else []
-    r_hi = np.searchsorted(rk, chain_ranks + 1).tolist() if by_rank is None else []
-    for ci, (c0, c1) in enumerate(
-        zip(c_at.tolist(), [*c_at[1:].tolist(), len(c_rank)], strict=True)
-    ):
-        r = int(c_rank[c0])
-        if by_rank is None:
-            lo, hi = r_lo[ci], r_hi[ci]
-            mine: np.ndarray | None = None
-            t = table.start_ns[lo:hi]
-        else:
-            lo, mine = 0, by_rank.rows(r)
-            t = table.start_ns[mine]
-        i = np.searchsorted(a[c0:c1], t, side="right") - 1
-        sel = np.flatnonzero((i >= 0) & (t < b[c0:c1][np.maximum(i, 0)]))
-        if not len(sel):
-            continue
-        ts = t[sel]
-        if not _ascending(ts):
-            sel = sel[stable_argsort(ts)]
-        del ts
-        rows_out.append((lo + sel if mine is None else mine[sel]).astype(row_t))
-        chains_out.append(c0 + i[sel])
-    o_c = off[c_rank]
-    if not rows_out:
-        return Chains(empty, empty, c_rank, c_step, a + o_c, b + o_c)
-    return Chains(
-        np.concatenate(rows_out), np.concatenate(chains_out), c_rank, c_step, a + o_c, b + o_c
-    )
-
-
-def index_dtype(n: int) -> type[np.signedinteger]:
-    """int32 for indices and codes below ``n`` when they fit (half the memory), else int64."""
-    return np.int32 if n < 1 << 31 else np.int64
-
-
-def _ascending(v: np.ndarray) -> bool:
-    """Whether ``v`` is nondecreasing."""
-    return len(v) < 2 or bool((v[1:] >= v[:-1]).all())
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +70,8 @@ class Recorded:
     """bool [chain]: the step ended after all its events completed."""
     tail: np.ndarray
     """int64 [chain]: time from the latest completion (else the last issue) to the step end."""
+    check: RecordCheck = field(default_factory=RecordCheck)
+    """What the record contradicted and how it was repaired (:mod:`.replay_repair`)."""
 
     @property
     def overlapped(self) -> np.ndarray:
@@ -174,8 +89,15 @@ def record(
     off: np.ndarray,
     ch: Chains,
     sig: np.ndarray | None = None,
+    reading: str = "waited",
 ) -> Recorded:
     """The recorded gaps, releases, transfer times and tails of the chains' members.
+
+    ``reading`` (a record without flags): "waited" takes the collectives often seen to
+    complete after their rank's next issue as blocking ops the recorder saw late (waited for
+    at that issue, the completion capped there), "recorded" as in flight across it (see
+    :class:`~meshprof.analyze.run.replay_repair.RecordCheck`; the what-if compares the two:
+    :mod:`~meshprof.analyze.run.what_if_checks`).
 
     A member's *release* contribution is its arrival, except for the sends of an *eager*
     direction (a (sender, receiver) pair of which some send completed before its receive was
@@ -184,10 +106,31 @@ def record(
     rows = ch.row
     n, nch = len(rows), len(ch.c_rank)
     a0 = table.start_ns[rows] + off[table.rank[rows]]
-    dur = table.duration_ns[rows].astype(np.int64)
-    e0 = a0 + dur
+    e0 = a0 + table.duration_ns[rows].astype(np.int64)
+    first_idx = np.flatnonzero(np.r_[True, ch.chain[1:] != ch.chain[:-1]]) if n else ch.chain
+    c_first = np.full(nch, -1, dtype=np.int64)
+    c_len = np.zeros(nch, dtype=np.int64)
+    c_first[ch.chain[first_idx]] = first_idx
+    c_len[ch.chain[first_idx]] = np.diff(np.r_[first_idx, n])
+    pos = (np.arange(n) - c_first[ch.chain]).astype(index_dtype(n))
+    # completions the record contradicts, repaired first (see replay_repair): a blocking
+    # collective seen to complete after its rank's next issue is capped there, ...
+    nxt = next_issue(a0, ch.chain, ch.c_end)
+    blocking = blocking_members(table.is_async, table.peer, rows)
+    capped = cap_blocking(e0, nxt, blocking)
     coll, const, first_pair, n_pairs = _collectives(table, match, off, rows)
     lead = _eager_sends(table, match, off, rows, coll, first_pair, n_pairs)
+    # (a send and its receive: one key per direction, whose semantics may differ)
+    peer = table.peer[rows].astype(np.int64)
+    me = table.rank[rows].astype(np.int64)
+    is_send = np.isin(table.op[rows], [i for i, o in enumerate(table.ops) if o.startswith("send")])
+    width = np.int64(max(int(me.max(initial=0)), int(peer.max(initial=0))) + 1)
+    direction = np.where(is_send, me * width + peer, peer * width + me)
+    op_key = np.where(peer >= 0, len(table.ops) + direction, table.op[rows].astype(np.int64))
+    del peer, me, is_send, direction
+    key = transfer_key(table.gid[rows], op_key, table.size_bytes[rows])
+    del op_key
+    lead_late = retime_leads(e0, a0, lead, key, nxt)
     release0 = const.copy()
     np.maximum.at(release0, coll, np.where(lead, e0, a0))
     after_ns = release0[coll]  # (in place: a member array fewer at the peak)
@@ -197,21 +140,34 @@ def record(
     # the release is the clock alignment's error, or the receive's issue recorded late — a
     # batch of p2p ops is issued as one —, which would otherwise freeze its whole wait into
     # its duration)
+    matched = coll < first_pair + n_pairs  # (not alone)
     must = np.isin(table.op[rows], [i for i, o in enumerate(table.ops) if o in MUST_WAIT])
-    must &= coll < first_pair + n_pairs  # (matched, not alone)
+    must &= matched
     waits = ((e0 >= after_ns) | must) & ~lead
     del lead, must
+    known, undecided = blocking is not None, 0
+    if not known and sig is not None:  # (no flags: the record may still tell)
+        coll_m = table.peer[rows] < 0
+        blocking = tied_to_next(e0, after_ns, waits & matched, coll_m, ch.chain, pos, sig)
+        open_ = often_after_next(e0, nxt, waits & matched, coll_m, ch.chain, pos, sig)
+        open_ &= ~blocking
+        undecided = int(open_.sum())
+        if reading == "waited":
+            blocking |= open_
+        del coll_m, open_
+        capped = cap_blocking(e0, nxt, blocking)
+    # ... and a member seen far after its collective's transfer is retimed
+    expected = np.empty_like(e0)
+    check = retime(e0, after_ns, np.where(matched, coll, -1), waits, key, nxt, capped, blocking,
+                   known, undecided, reading, expected, lead_late)  # fmt: skip
+    del key, nxt, capped, matched
     np.subtract(e0, after_ns, out=after_ns)
-    np.copyto(after_ns, dur, where=~waits)
-    del dur
-    first_idx = np.flatnonzero(np.r_[True, ch.chain[1:] != ch.chain[:-1]]) if n else ch.chain
-    c_first = np.full(nch, -1, dtype=np.int64)
-    c_len = np.zeros(nch, dtype=np.int64)
-    c_first[ch.chain[first_idx]] = first_idx
-    c_len[ch.chain[first_idx]] = np.diff(np.r_[first_idx, n])
-    pos = (np.arange(n) - c_first[ch.chain]).astype(index_dtype(n))
+    np.copyto(after_ns, e0 - a0, where=~waits)
     flags = None if table.is_async is None else table.is_async[rows]
-    join, joined = _joins(a0, e0, ch, c_first, c_len, sig, flags, table.peer[rows] < 0)
+    join, joined = _joins(
+        a0, e0, ch, c_first, c_len, sig, flags, table.peer[rows] < 0, blocking, expected
+    )
+    del blocking, expected
     start_m = ch.c_start[ch.chain]
     # what each member waited for: its previous member's issue and the completions of the
     # earlier members that had completed when it was issued (the step's start for the first)
@@ -236,7 +192,7 @@ def record(
     after_all = ch.c_end >= c_emax
     tail = ch.c_end - np.where(after_all, c_emax, c_alast)
     return Recorded(
-        a0, coll, const, waits, after_ns, pos, join, gap, c_first, c_len, after_all, tail
+        a0, coll, const, waits, after_ns, pos, join, gap, c_first, c_len, after_all, tail, check
     )
 
 
@@ -249,12 +205,17 @@ def _joins(
     sig: np.ndarray | None,
     is_async: np.ndarray | None = None,
     collective: np.ndarray | None = None,
+    blocking: np.ndarray | None = None,
+    expected: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Each member's join (see :attr:`Recorded.join`) and, per member, the latest completion of
     the earlier members joined at or before it (int64 min when none), by one search over the
     chains laid end to end on one increasing time axis. ``sig``: per chain, a code equal for
     chains of the same program (same ops in the same order): a position's join is then the
-    latest one seen there."""
+    latest one seen there. ``blocking`` (per member, when the flags are known): a collective
+    its caller waited for, joined at the next member whatever its completion says;
+    ``expected``: the completions the model expects (release + usual transfer), against which
+    a wait is recognized where the recorded completion came late (``_waited_seen_late``)."""
     n = len(a0)
     if not n:
         return np.zeros(0, dtype=index_dtype(0)), np.zeros(0, dtype=np.int64)
@@ -272,7 +233,11 @@ def _joins(
     np.maximum(j, idx + 1, out=j)
     end = (c_first + c_len)[ch.chain]
     if sig is not None:
-        j = _harmonized(j, idx, end, a0, e0, ch, c_first, c_len, sig, is_async, collective)
+        j = _harmonized(
+            j, idx, end, a0, e0, ch, c_first, c_len, sig, is_async, collective, expected
+        )
+    if blocking is not None:
+        j = np.where(blocking, idx + 1, j)
     ok = j < end
     join = np.where(ok, j, -1).astype(index_dtype(n))
     # the joined completions' running maximum, chain by chain (values of chain c lie in
@@ -296,6 +261,7 @@ def _harmonized(
     sig: np.ndarray,
     is_async: np.ndarray | None = None,
     collective: np.ndarray | None = None,
+    expected: np.ndarray | None = None,
 ) -> np.ndarray:
     """The joins made the same at each position of the chains of one signature (one program
     waits for an op at one place): the latest first issue after its completion seen there (on
@@ -313,6 +279,9 @@ def _harmonized(
     compute needs its data), over the chains (100 ns) —: then it is an async op whose flight
     covered the compute. A position held by one chain keeps its own join."""
     n = len(j)
+    # (the tests below measure from the completion the model expects where it is known: a
+    # recorder's lag on the recorded one would pass for an async op's flight)
+    e_ref = e0 if expected is None else expected
     pos = idx - c_first[ch.chain]
     width = int(c_len.max(initial=1))
     _, key = unique_inverse(sig[ch.chain].astype(np.int64) * width + pos)
@@ -342,7 +311,7 @@ def _harmonized(
         m = m[flagged[key[m]]]  # (a blocking op is waited for where it completes)
     if len(m):
         g = key[m]
-        with_it = (a0[m + 1] - e0[m]).astype(np.float64)
+        with_it = (a0[m + 1] - e_ref[m]).astype(np.float64)
         without = (a0[m + 1] - a0[m]).astype(np.float64)
         sub = unique_inverse(g * (int(ch.c_rank.max(initial=0)) + 1) + ch.c_rank[ch.chain[m]])[1]
         # (a real wait taken for compute freezes it into every scenario: strong evidence only,
@@ -369,10 +338,34 @@ def _harmonized(
             async_like |= moved & blocking & cross
         blocking &= ~async_like
         d[async_like] = 2
+    # waited for at an issue before the earliest one it was seen joined at (the next first),
+    # though seen complete after it: the recorder saw it late
+    # (only against the model's completion, release + usual transfer: a completion recorded
+    # exactly after an issue is an op in flight there, however tightly the two go together)
+    seen_late = np.zeros(ng, dtype=bool)
+    top = SEEN_LATE_OFFSETS + 1 if expected is not None else 1
+    for o in range(1, min(int(lo[lo < none].max(initial=1)), top)):
+        open_ = (lo > o) & ~blocking & ~seen_late
+        if not open_.any():
+            break
+        got = waited_seen_late(open_, key, ng, size, idx, end, a0, e_ref, o)
+        d[got] = o
+        seen_late |= got
+    if expected is None and collective is not None:
+        # without the model, a send or receive only, at its next issue, within the lag: the
+        # next issue came right after the recorded completion would have had it
+        p2p = np.zeros(ng, dtype=bool)
+        p2p[key[~collective]] = True
+        open_ = (lo > 1) & ~blocking & p2p
+        if open_.any():
+            got = waited_seen_late(open_, key, ng, size, idx, end, a0, e0, 1, strict=True)
+            d[got] = 1
+            seen_late |= got
+    blocking |= seen_late & (d == 1)
     # what each issue waited for besides the op tested: the previous issue, and the previous
     # member's completion when that is a blocking op's
     prev_done = np.r_[np.int64(I64_MIN), np.where(blocking[key[:-1]], e0[:-1], I64_MIN)]
-    active = (size >= 2) & (d < none) & ~blocking
+    active = (size >= 2) & (d < none) & ~blocking & ~seen_late
     while active.any():
         m = np.flatnonzero(active[key])
         g = key[m]
@@ -387,7 +380,7 @@ def _harmonized(
                 break
         base = np.maximum(prev_issue[at], np.where(at - 1 == m, I64_MIN, prev_done[at]))
         without = (a0[at] - base).astype(np.float64)
-        with_it = (a0[at] - np.maximum(base, e0[m])).astype(np.float64)
+        with_it = (a0[at] - np.maximum(base, e_ref[m])).astype(np.float64)
         moved = group_spread(with_it, g, ng) > group_spread(without, g, ng) + 100
         d[moved] += 1
         active &= moved
@@ -399,7 +392,7 @@ def _harmonized(
     # saw the completion late (a work waited for in C++, DDP's buckets, is polled: on a
     # loaded machine the poll lags by milliseconds), and joining it later would count the
     # whole wait as compute. Its next gap is then negative: minus the lag.
-    return np.where(blocking[key], at, np.maximum(at, j))
+    return np.where(blocking[key] | seen_late[key], at, np.maximum(at, j))
 
 
 def _eager_sends(
@@ -509,45 +502,6 @@ def _collectives(
     return coll, const, nc, npairs
 
 
-def pipeline_stages(table: EventTable, n: int) -> np.ndarray:
-    """Each rank's pipeline stage: its position in its pipeline-parallel group ("pp"
-    dimension; 0 for ranks in none)."""
-    stage = np.zeros(max(n, 1), dtype=np.int64)
-    for gr in table.groups:
-        if gr.dimension == "pp":
-            for i, r in enumerate(gr.ranks):
-                if 0 <= r < n:
-                    stage[r] = i
-    return stage
-
-
-def chain_signatures(ch: Chains, op: np.ndarray, dimc: np.ndarray, stage: np.ndarray) -> np.ndarray:
-    """Per chain, a code (int64, dense) equal for chains of the same pipeline stage that
-    issued the same sequence of (op, dimension)."""
-    n, nch = len(ch.chain), len(ch.c_rank)
-    first = np.flatnonzero(np.r_[True, ch.chain[1:] != ch.chain[:-1]]) if n else ch.chain
-    c_first = np.zeros(nch, dtype=np.int64)
-    c_len = np.zeros(nch, dtype=np.int64)
-    c_first[ch.chain[first]] = first
-    c_len[ch.chain[first]] = np.diff(np.r_[first, n])
-    pos = np.arange(n) - c_first[ch.chain]
-    h = _mix((op.astype(np.int64) << 40) ^ (dimc.astype(np.int64) << 32) ^ pos)
-    has = np.flatnonzero(c_len > 0)
-    sig = np.zeros(nch, dtype=np.uint64)
-    sig[has] = np.add.reduceat(h, c_first[has])
-    sig = _mix(sig ^ c_len.astype(np.uint64))
-    sig = _mix(sig ^ stage[ch.c_rank].astype(np.uint64))
-    return unique_inverse(sig.view(np.int64))[1]
-
-
-def _mix(x: np.ndarray) -> np.ndarray:
-    """splitmix64 of each value (uint64; wraps)."""
-    z = x.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return z ^ (z >> np.uint64(31))
-
-
 def own_compute(table: EventTable, ch: Chains, sig: np.ndarray) -> np.ndarray:
     """Each chain's compute (int64 ns, its rank's own clock: ``ch`` built with zero offsets):
     the sum of its members' compute gaps (see :func:`record`, with the joins of :func:`_joins`
@@ -562,13 +516,17 @@ def own_compute(table: EventTable, ch: Chains, sig: np.ndarray) -> np.ndarray:
         return out
     a0 = table.start_ns[rows].astype(np.int64)
     e0 = a0 + table.duration_ns[rows].astype(np.int64)
+    # a blocking collective completed by its rank's next issue (a later completion is the
+    # recorder's: see replay_repair)
+    blocking = blocking_members(table.is_async, table.peer, rows)
+    cap_blocking(e0, next_issue(a0, ch.chain, ch.c_end), blocking)
     first_idx = np.flatnonzero(np.r_[True, ch.chain[1:] != ch.chain[:-1]])
     c_first = np.full(nch, -1, dtype=np.int64)
     c_len = np.zeros(nch, dtype=np.int64)
     c_first[ch.chain[first_idx]] = first_idx
     c_len[ch.chain[first_idx]] = np.diff(np.r_[first_idx, n])
     flags = None if table.is_async is None else table.is_async[rows]
-    _, joined = _joins(a0, e0, ch, c_first, c_len, sig, flags, table.peer[rows] < 0)
+    _, joined = _joins(a0, e0, ch, c_first, c_len, sig, flags, table.peer[rows] < 0, blocking)
     before = np.r_[np.int64(0), a0[:-1]]
     np.maximum(before, joined, out=before)
     before[first_idx] = ch.c_start[ch.chain[first_idx]]

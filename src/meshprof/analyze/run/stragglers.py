@@ -49,12 +49,8 @@ import numpy as np
 
 from meshprof.analyze.run.clock import ClockAlignment
 from meshprof.analyze.run.match import CollectiveMatch, arrived_last_share
-from meshprof.analyze.run.replay_record import (
-    build_chains,
-    chain_signatures,
-    own_compute,
-    pipeline_stages,
-)
+from meshprof.analyze.run.replay_chains import build_chains, chain_signatures, pipeline_stages
+from meshprof.analyze.run.replay_record import own_compute
 from meshprof.analyze.run.straggler_measures import measure_ranks
 from meshprof.analyze.run.table import EventTable
 from meshprof.records.codec import NOT_IN_JSON, json_key

@@ -12,7 +12,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from meshprof.events import FLAG_ASYNC, OP_CODES, STATUS_CODES, nccl_tests_size_array
+from meshprof.events import (
+    FLAG_ASYNC,
+    FLAG_DEVICE_TIMING,
+    OP_CODES,
+    STATUS_CODES,
+    nccl_tests_size_array,
+)
 from meshprof.layout import dimension_of
 from meshprof.rundir import LoadedRun, resolve_layout
 
@@ -67,7 +73,11 @@ class EventTable:
     size_bytes: np.ndarray
     """int32 or int64: nccl-tests buffer size S."""
     is_async: np.ndarray | None = None
-    """bool: issued async (``FLAG_ASYNC``: ``async_op=True``, isend/irecv); None when unknown."""
+    """bool: the host did not wait for it at the call — issued async (``FLAG_ASYNC``:
+    ``async_op=True``) or timed on the device (``FLAG_DEVICE_TIMING``: its completion is the
+    device's, which the host ran ahead of); None when unknown. False, for a collective: its
+    caller waited for it before its next call (the what-if relies on that: see
+    :mod:`meshprof.analyze.run.replay_repair`)."""
     kept_index: np.ndarray | None = None
     """int32: row in the rank's own events array; None when every rank's rows were all kept
     (:attr:`index` then derives it)."""
@@ -144,7 +154,8 @@ def build_event_table(
                 ranks = tuple(int(x) for x in g.ranks or ())
                 desc = str(g.desc or "")
                 gindex[name] = len(groups)
-                groups.append(GroupRef(name, desc, ranks, dimension_of(ranks, layout, desc)))
+                dim = dimension_of(ranks, layout, desc, g.mesh_dims or ())
+                groups.append(GroupRef(name, desc, ranks, dim))
             gmap.append(gindex[name])
         ev = rd.events
         keep = (
@@ -214,7 +225,9 @@ def build_event_table(
                 out[dst][o0:o1] = blk[src]
             out["op"][o0:o1] = omap[blk["op"]]
             if has_flags:
-                np.not_equal(blk["flags"] & FLAG_ASYNC, 0, out=out["async"][o0:o1])
+                np.not_equal(
+                    blk["flags"] & (FLAG_ASYNC | FLAG_DEVICE_TIMING), 0, out=out["async"][o0:o1]
+                )
             gid = gm[blk["group"]]
             out["gid"][o0:o1] = gid
             if plain:  # no gather/scatter-like op on this rank: S = max(in, out)

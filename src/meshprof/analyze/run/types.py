@@ -160,12 +160,32 @@ class StepHeatmap:
 
 @dataclass(frozen=True, slots=True)
 class RankProblem:
-    """A rank whose file is missing or could not be read."""
+    """A rank whose file is missing or could not be read, or consecutive missing ranks."""
 
     rank: int
-    """Global rank."""
+    """Global rank (the first of the ranks ``rank`` to ``last``)."""
     reason: str
     """Why it was not analyzed."""
+    last: int | None = None
+    """The last of consecutive missing ranks (None: ``rank`` alone). A manifest may claim
+    millions of ranks a directory does not hold: they are one entry."""
+
+    @property
+    def count(self) -> int:
+        """How many ranks this is."""
+        return 1 if self.last is None else self.last - self.rank + 1
+
+    @property
+    def label(self) -> str:
+        """``rank 3`` or ``ranks 4–99,999``."""
+        return f"rank {self.rank}" if self.last is None else f"ranks {self.rank}–{self.last:,}"
+
+    def to_dict(self) -> dict[str, object]:
+        """The JSON object (``last`` only for several ranks)."""
+        out: dict[str, object] = {"rank": self.rank, "reason": self.reason}
+        if self.last is not None:
+            out["last"] = self.last
+        return out
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,7 @@ in a backward). A member's *excess* is its compute gap minus the median of its p
 its position (itself left out: with one peer, a slow rank is compared with a normal one); a
 chain's tail (compute after its last collective) likewise. Its *systematic excess* is the
 median of its excess over the replayed steps (the same rank, signature and position), kept
-where it exceeds :data:`Z` standard errors of that median and is positive, else 0: what the
+where it exceeds :data:`~meshprof.analyze.run.what_if_peers.Z` standard errors of that median and is positive, else 0: what the
 rank does more than its peers every step, without the step-to-step noise that no fix removes.
 
 A *scenario* takes the systematic excess off some gaps (in a rank's scenario, its tail's
@@ -46,29 +46,28 @@ the phase span covering most of it).
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from meshprof.analyze.compute import intervals
 from meshprof.analyze.compute.heap import release_free_memory
-from meshprof.analyze.compute.sorting import RowsByKey, lexsort2, stable_argsort
+from meshprof.analyze.compute.sorting import RowsByKey
 from meshprof.analyze.run.clock import ClockAlignment
 from meshprof.analyze.run.match import CollectiveMatch
 from meshprof.analyze.run.replay import in_order, join_plan, levels, replay
-from meshprof.analyze.run.replay_overlap import overlap_levels
-from meshprof.analyze.run.replay_record import (
-    I64_MIN,
-    Chains,
-    Recorded,
+from meshprof.analyze.run.replay_chains import (
     build_chains,
     chain_signatures,
     pipeline_stages,
-    record,
 )
+from meshprof.analyze.run.replay_overlap import overlap_levels
+from meshprof.analyze.run.replay_record import I64_MIN, record
+from meshprof.analyze.run.replay_repair import RecordCheck
 from meshprof.analyze.run.stragglers import StragglerReport
 from meshprof.analyze.run.table import EventTable
+from meshprof.analyze.run.what_if_checks import contradicted_ns, reading_doubt
+from meshprof.analyze.run.what_if_peers import median_interval, peer_references, systematic
 from meshprof.rundir import LoadedRun
 
 MAX_RANKS = 8
@@ -86,10 +85,6 @@ CELL_BUDGET = 16_000_000
 many events per step, so the replay stays a small part of the report."""
 MIN_SHARE = 0.01
 """Savings below this share of the step are not called out in the report's text."""
-Z = 3.0
-"""Standard errors a systematic excess must exceed (see :func:`_systematic`): at 3, about 1 in
-700 positions of a balanced rank passes by chance (a dimension's scenario sums them over every
-rank)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,8 +184,8 @@ class WhatIf:
     levels: int
     """Dependency levels of the replay (its Python iterations)."""
     replay_error_ns: int = 0
-    """Largest |replayed − recorded| step end of a rank with the recorded gaps (ns): the model's
-    self-check, 0 by construction."""
+    """Largest |replayed − recorded| step end of a rank with the recorded gaps (ns): the
+    engine's self-check (0 unless the replay is wrong; the record's own are below)."""
     min_share: float = MIN_SHARE
     """Savings below this share are not called out in the report's text."""
     note: str = ""
@@ -198,18 +193,31 @@ class WhatIf:
     unmeasured: tuple[int, ...] = ()
     """Replayed ranks without peers (no other rank of their pipeline stage issued the same
     collectives): their compute is compared with nobody's, their cost is not measured."""
+    record: RecordCheck = field(default_factory=RecordCheck)
+    """What the record contradicted and how it was repaired before the replay
+    (:mod:`~meshprof.analyze.run.replay_repair`)."""
+    doubt: str = ""
+    """Why no saving is measured though the run was replayed ("" when they are: see
+    :func:`~meshprof.analyze.run.what_if_checks.reading_doubt`): the savings are then given
+    but never called out."""
+    contradicted_ns: float = 0.0
+    """Issues recorded before completions the model says they waited for, summed per chain
+    (median over chains, ns per step; :func:`~meshprof.analyze.run.what_if_checks.
+    contradicted_ns`): 0 on a record the model fits."""
 
     @property
     def notable(self) -> tuple[RankCost, ...]:
         """The ranks whose cost stands above the run's noise: measurable (compared with peers,
         the 95 % interval of its saving above zero) and at least :attr:`min_share` of the
-        step; largest first."""
+        step; largest first. None when the savings are in :attr:`doubt`."""
+        if self.doubt:
+            return ()
         return tuple(r for r in self.ranks if r.measurable and r.share_of_step >= self.min_share)
 
     def notable_cost(self, c: GroupCost | DimCost) -> bool:
         """A group's or dimension's saving stands above the noise (interval above zero) and is
-        at least :attr:`min_share` of the step."""
-        return c.ci_low_ns > 0 and c.share_of_step >= self.min_share
+        at least :attr:`min_share` of the step (never when the savings are in doubt)."""
+        return not self.doubt and c.ci_low_ns > 0 and c.share_of_step >= self.min_share
 
 
 def _empty(note: str, steps: tuple[int, ...] = ()) -> WhatIf:
@@ -260,6 +268,9 @@ def what_if(
     dimc = dim_of_gid.astype(np.int16 if len(dims) < 1 << 15 else np.int64)[gid]
     sig = chain_signatures(ch, table.op[ch.row], dimc, pipeline_stages(table, n_off))
     rec = record(table, match, off, ch, sig)
+    step_ns = _median_step(stragglers, steps)
+    doubt = reading_doubt(table, match, off, ch, sig, rec, len(steps), step_ns)
+    check, contradicted = rec.check, contradicted_ns(rec, ch)
     release_free_memory()  # (the temporaries of each stage back to the OS: a lower peak)
     lv = levels(rec)
     arrival: np.ndarray | None = None
@@ -270,9 +281,9 @@ def what_if(
             return _empty("the collectives' order is inconsistent across ranks (a cycle)", steps)
         lv, arrival = two_phase[:2], two_phase[2]
     rank = table.rank[ch.row]
-    pr = _peer_references(rec, ch, sig, len(steps))
+    pr = peer_references(rec, ch, sig, len(steps))
     ex, tex = rec.gap - pr.ref, rec.tail - pr.tref
-    sys_ex, sys_tex, measured = _systematic(ex, tex, rec, ch, sig)
+    sys_ex, sys_tex, measured = systematic(ex, tex, rec, ch, sig)
     # a scenario takes the rank's systematic excess off its gaps (its step-to-step noise,
     # which no fix removes, stays)
     # (a negative gap, a completion the recorder saw after the next issue, is kept as it is)
@@ -363,7 +374,6 @@ def what_if(
             use[:, 1 + i] = got
     saving = [float(np.median(by_step[use[:, j], j])) for j in range(k)]
     lo_hi = [median_interval(by_step[use[:, j], j]) for j in range(k)]
-    step_ns = _median_step(stragglers, steps)
 
     def share(v: float) -> float:
         return v / step_ns if step_ns > 0 else float("nan")
@@ -403,6 +413,9 @@ def what_if(
         replay_error_ns=int(np.abs(ends[0] - c_end).max()),
         unmeasured=unmeasured,
         note=NO_PEERS if len(unmeasured) == len(rank_ids) else "",
+        record=check,
+        doubt=doubt,
+        contradicted_ns=contradicted,
     )
 
 
@@ -410,24 +423,6 @@ NO_PEERS = (
     "no rank has a peer (another rank of its pipeline stage that issued the same collectives): "
     "compute is compared between peers, so no rank's cost can be measured"
 )
-
-
-def median_interval(x: np.ndarray, level: float = 0.95) -> tuple[float, float]:
-    """A distribution-free interval for the median of ``x`` (the per-step savings): the
-    order statistics x₍ₖ₎ and x₍ₙ₋ₖ₊₁₎ with the largest k whose binomial coverage
-    1 − 2·P(Bin(n, ½) < k) is at least ``level``; the whole range (k = 1) when no k reaches it
-    (fewer than 6 steps: 94 % with 5). NaN for no values."""
-    v = np.sort(np.asarray(x, dtype=np.float64))
-    n = len(v)
-    if not n:
-        return float("nan"), float("nan")
-    cdf, rank = 0.0, 1
-    for i in range(n // 2):  # cdf = P(Bin(n, 1/2) <= i)
-        cdf += math.comb(n, i) / 2.0**n
-        if 1 - 2 * cdf < level:
-            break
-        rank = i + 2
-    return float(v[rank - 1]), float(v[n - rank])
 
 
 def _starts(
@@ -451,101 +446,6 @@ def _lookup(values: np.ndarray, chosen: list[int], first: int) -> np.ndarray:
     )
     lut[np.asarray(chosen, dtype=np.int64)] = first + np.arange(len(chosen))
     return lut[values]
-
-
-def _others_median(x: np.ndarray) -> np.ndarray:
-    """Per column of ``x`` [peer, position]: each row's median over the *other* rows (float;
-    a lone row keeps its own values)."""
-    p = x.shape[0]
-    if p < 2:
-        return x.astype(np.float64)
-    o = np.argsort(x, axis=0, kind="stable")
-    s = np.take_along_axis(x, o, axis=0).astype(np.float64)
-    at = np.empty_like(o)  # each row's place in its column's order
-    np.put_along_axis(at, o, np.broadcast_to(np.arange(p)[:, None], o.shape), axis=0)
-
-    def kth(j: int) -> np.ndarray:  # the j-th smallest of the others
-        return np.where(j < at, s[j][None, :], s[j + 1][None, :])
-
-    q = p - 1
-    if q % 2:
-        return kth(q // 2)
-    return (kth(q // 2 - 1) + kth(q // 2)) / 2
-
-
-@dataclass(frozen=True, slots=True)
-class _Peers:
-    """What each member and chain is compared with (see :func:`_peer_references`)."""
-
-    ref: np.ndarray
-    """int64 [member]: its peers' median gap at its position (its own gap without peers)."""
-    tref: np.ndarray
-    """int64 [chain]: its peers' median tail."""
-    peers: np.ndarray
-    """int64 [chain]: peers compared with (0: none)."""
-
-
-def _peer_references(rec: Recorded, ch: Chains, sig: np.ndarray, n_steps: int) -> _Peers:
-    """Each member's gap and each chain's tail as the median over its *peers*: the other chains
-    of the same step and signature (:func:`~meshprof.analyze.run.replay_record.chain_signatures`: the same pipeline stage and sequence
-    of (op, dimension); ranks of different stages are never peers: at one position one may be
-    in a forward and the other in a backward; the rank itself is left out, so that with one
-    peer a slow rank is compared with a normal one, not with the mean of the two)."""
-    nch = len(ch.c_rank)
-    ref, tref = rec.gap.copy(), rec.tail.copy()
-    peers = np.zeros(nch, dtype=np.int64)
-    corder = lexsort2(ch.c_step, sig)
-    key = sig[corder] * (n_steps + 1) + ch.c_step[corder]
-    bounds = np.flatnonzero(np.r_[True, key[1:] != key[:-1], True])
-    for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
-        if hi - lo < 2:
-            continue
-        cs = corder[lo:hi]
-        peers[cs] = hi - lo - 1
-        tref[cs] = np.rint(_others_median(rec.tail[cs][:, None])[:, 0]).astype(np.int64)
-        k = int(rec.c_len[cs[0]])
-        if k:
-            idx = rec.c_first[cs][:, None] + np.arange(k)[None, :]
-            ref[idx] = np.rint(_others_median(rec.gap[idx])).astype(np.int64)
-    return _Peers(ref, tref, peers)
-
-
-def _systematic(
-    ex: np.ndarray, tex: np.ndarray, rec: Recorded, ch: Chains, sig: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Each member's and chain's *systematic* excess: at each position of a rank's chains of
-    one signature, the median over the replayed steps of its excess there, when that stands
-    above the steps' noise (more than :data:`Z` standard errors of the median: 1.2533 × the
-    standard deviation over steps / √steps), else 0 (also where the rank's chains of that
-    signature are in one step only). Never negative: a scenario only takes off compute. Also
-    returns, per chain, whether it was measured (another chain of its rank has its
-    signature)."""
-    e = np.zeros_like(ex)
-    te = np.zeros_like(tex)
-    measured = np.zeros(len(tex), dtype=bool)
-    key = ch.c_rank * (int(sig.max(initial=0)) + 1) + sig
-    corder = stable_argsort(key)
-    ks = key[corder]
-    bounds = np.flatnonzero(np.r_[True, ks[1:] != ks[:-1], True])
-    for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
-        if hi - lo < 2:
-            continue
-        cs = corder[lo:hi]
-        measured[cs] = True
-        te[cs] = int(np.rint(_above_noise(tex[cs][:, None])[0]))
-        k = int(rec.c_len[cs[0]])
-        if k:
-            idx = rec.c_first[cs][:, None] + np.arange(k)[None, :]
-            e[idx] = np.rint(_above_noise(ex[idx])).astype(np.int64)[None, :]
-    return e, te, measured
-
-
-def _above_noise(x: np.ndarray) -> np.ndarray:
-    """Per column of ``x`` [step, position]: the median over steps where it exceeds
-    :data:`Z` standard errors of the median, else 0."""
-    med = np.median(x, axis=0)
-    se = 1.2533 * np.std(x, axis=0, ddof=1) / np.sqrt(x.shape[0])
-    return np.where(med > Z * se, med, 0.0)
 
 
 def _median_step(s: StragglerReport, steps: tuple[int, ...]) -> float:

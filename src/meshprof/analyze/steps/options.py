@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from meshprof.analyze.compute.workload import Workload
 from meshprof.config import BottleneckThresholds
 from meshprof.layout import Layout
 from meshprof.records.rank_meta import MonitorSettings
@@ -35,10 +36,19 @@ class StepOptions:
     skip_steps: tuple[int, ...] = ()
     """Step numbers left out besides (meshprof's own instrumented steps: the FLOP counter's,
     torch.profiler's, a capture's), unless that would leave none."""
+    workload: Workload = Workload.UNKNOWN
+    """Whether the rank trains (:func:`meshprof.analyze.compute.workload.workload_of`): the
+    bottleneck rules give gradient advice only to a training rank (a training phase among the
+    analysed phases also says so)."""
 
     @classmethod
     def from_meta(
-        cls, meta: MonitorSettings | None, *, rank: int = 0, layout: Layout | None = None
+        cls,
+        meta: MonitorSettings | None,
+        *,
+        rank: int = 0,
+        layout: Layout | None = None,
+        workload: Workload = Workload.UNKNOWN,
     ) -> StepOptions:
         """The options a step monitor wrote into a rank file's meta
         (:meth:`meshprof.monitor.StepMonitor.to_meta`); missing entries take the defaults."""
@@ -46,6 +56,7 @@ class StepOptions:
         return cls(
             rank=rank,
             layout=layout,
+            workload=workload,
             schedule=str(m.schedule or ""),
             microbatches=int(m.microbatches or 0),
             virtual_stages=int(m.virtual_stages or 1),

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from meshprof.analyze.compute.workload import Workload
 from meshprof.config import BottleneckThresholds
 from meshprof.records.codec import dataclass_to_json, json_key
 from meshprof.records.finding import Finding, FindingKind, Severity
@@ -109,9 +110,24 @@ _COMM_FIXES = {
     "tp": "keep TP inside a node (NVLink), lower the TP degree, or use sequence parallelism / async TP to overlap TP collectives",
     "pp": "use more micro-batches or an interleaved schedule so P2P transfers hide behind compute",
 }
+"""What to do about a dimension's exposed communication in a training job."""
+_COMM_FIXES_NOT_TRAINING = {
+    "dp": "overlap the data-parallel collectives with compute (issue them asynchronously and early, bucket small ones) or send less: fewer, larger collectives",
+    "tp": "a forward-only job has no backward to hide TP collectives behind: keep the TP group inside a node (NVLink), lower the TP degree and serve more replicas instead, or batch more requests per forward so each all-reduce's fixed latency is shared",
+}
+"""The same where the job computes no gradients (inference, or nothing says it trains): no
+gradient advice (:mod:`meshprof.analyze.compute.workload`)."""
 _COMM_FIX_DEFAULT = (
     "overlap communication with compute (async collectives, bucketing) or reduce its volume"
 )
+
+
+def comm_fix(dim: str, workload: Workload = Workload.TRAINING) -> str:
+    """What to do about exposed communication of ``dim`` in a job of ``workload``: gradient
+    advice only for a training job."""
+    if workload is not Workload.TRAINING and dim in _COMM_FIXES_NOT_TRAINING:
+        return _COMM_FIXES_NOT_TRAINING[dim]
+    return _COMM_FIXES.get(dim, _COMM_FIX_DEFAULT)
 
 
 def _finding(
@@ -147,9 +163,12 @@ def _shared(text: str) -> str:
 
 
 def rule_exposed_comm(
-    exposed_share: float, by_dim: dict[str, float], th: BottleneckThresholds
+    exposed_share: float,
+    by_dim: dict[str, float],
+    th: BottleneckThresholds,
+    workload: Workload = Workload.TRAINING,
 ) -> Bottleneck | None:
-    """Exposed communication > threshold of the step."""
+    """Exposed communication > threshold of the step (the suggestion: :func:`comm_fix`)."""
     if not exposed_share > th.exposed_comm:
         return None
     worst = max(by_dim.items(), key=lambda kv: kv[1]) if by_dim else ("all", exposed_share)
@@ -157,7 +176,7 @@ def rule_exposed_comm(
         f"{d} {v:.0%}" for d, v in sorted(by_dim.items(), key=lambda kv: -kv[1]) if v > 0
     )
     evidence = f"{exposed_share:.1%} of the step waits on communication that no compute hides ({dims or 'no dimension data'}); largest: {worst[0]}"
-    fix = _COMM_FIXES.get(worst[0], _COMM_FIX_DEFAULT)
+    fix = comm_fix(worst[0], workload)
     sev = severity(exposed_share / th.exposed_comm)
     metrics = {"by_dimension": by_dim}
     return _finding("communication", exposed_share, th.exposed_comm, sev, evidence, fix, metrics)
@@ -201,11 +220,14 @@ def rule_pipeline(
     return _finding("pipeline", utilization, limit, sev, evidence, 4 * p, metrics)
 
 
-def rule_tp(tp_efficiency: float, th: BottleneckThresholds) -> Bottleneck | None:
+def rule_tp(
+    tp_efficiency: float, th: BottleneckThresholds, workload: Workload = Workload.TRAINING
+) -> Bottleneck | None:
     """Tensor-parallel efficiency < threshold."""
     if not tp_efficiency < th.tp_efficiency:
         return None
-    evidence = f"TP collectives take {1 - tp_efficiency:.1%} of forward+backward time"
+    where = "forward+backward" if workload is Workload.TRAINING else "forward"
+    evidence = f"TP collectives take {1 - tp_efficiency:.1%} of {where} time"
     sev = severity(th.tp_efficiency / max(tp_efficiency, 1e-9))
     return _finding("tensor_parallel", tp_efficiency, th.tp_efficiency, sev, evidence)
 

@@ -196,13 +196,16 @@ def timeline_of_spans(
     return StepTimeline(cols, phases, warmup_steps, tuple(dimensions), mem)
 
 
-def _group_fields(g: Any) -> tuple[Sequence[int], str]:
-    """(members, description) of a group record (or its JSON object); the members as they are
-    (a ``Members`` range is not expanded: the world group at 100,000 ranks, once per rank)."""
+def _group_fields(g: Any) -> tuple[Sequence[int], str, Sequence[str]]:
+    """(members, description, DeviceMesh names) of a group record (or its JSON object); the
+    members as they are (a ``Members`` range is not expanded: the world group at 100,000
+    ranks, once per rank)."""
     if isinstance(g, dict):
-        return tuple(g.get("ranks", ())), str(g.get("desc", ""))
+        names = g.get("mesh_dims") or ()
+        return tuple(g.get("ranks", ())), str(g.get("desc", "")), tuple(map(str, names))
     ranks = getattr(g, "ranks", None)
-    return (ranks if ranks is not None else ()), str(getattr(g, "desc", None) or "")
+    names = getattr(g, "mesh_dims", None) or ()
+    return (ranks if ranks is not None else ()), str(getattr(g, "desc", None) or ""), names
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,7 +225,7 @@ class _Collectives:
 def _collectives(events: np.ndarray, groups: Sequence[Any], layout: Layout | None) -> _Collectives:
     """Completed events (duration ≥ 0), sorted by start, each with its group's dimension
     (events of an unknown group: "other")."""
-    dims = [dimension_of(m, layout, desc) for m, desc in map(_group_fields, groups)]
+    dims = [dimension_of(m, layout, d, names) for m, d, names in map(_group_fields, groups)]
     done = events["duration_ns"] >= 0
     ev = events if done.all() else events[done]  # (a lean load holds completed events only)
     ev_start = ev["start_ns"].astype(np.int64)

@@ -28,12 +28,12 @@ from __future__ import annotations
 
 import functools
 import gc
-import gzip
 import itertools
 import json
 import os
 import re
 import sys
+import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +50,7 @@ from meshprof.analyze.traces.gpu_breakdown import (
 )
 from meshprof.analyze.traces.kineto_load import fast_trace, trace_columns
 from meshprof.errors import MeshprofError, NotATraceError
+from meshprof.rundir.json_file import read_bytes
 
 #: Lower-case substrings that mark an event as communication.
 COMM_MARKERS: tuple[str, ...] = (
@@ -202,15 +203,41 @@ def _trace_bytes(path: str | os.PathLike[str]) -> bytes:
     """The file's bytes, gunzipped when compressed."""
     p = Path(path)
     try:
-        raw = p.read_bytes()
+        raw = read_bytes(p, None)  # (a regular file: not a link to /dev/zero)
     except FileNotFoundError:
         raise MeshprofError(f"{p}: no such trace file") from None
     except OSError as e:
         raise MeshprofError(f"{p}: cannot read ({e})") from None
     try:
-        return gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw
-    except (OSError, EOFError, ValueError) as e:
+        return _gunzip(raw, p) if raw[:2] == b"\x1f\x8b" else raw
+    except (OSError, EOFError, ValueError, zlib.error) as e:
         raise MeshprofError(f"{p}: not a JSON trace ({type(e).__name__}: {e})") from None
+
+
+GZIP_RATIO = 200
+"""A gzipped trace is read up to this many times its compressed size (plus 64 MiB): Kineto's
+JSON compresses 10–30×; a file that expands further is a bomb, not a trace."""
+
+
+def _gunzip(raw: bytes, p: Path) -> bytes:
+    """``raw`` gunzipped, at most :data:`GZIP_RATIO` × its size (``ValueError`` past it)."""
+    limit = GZIP_RATIO * len(raw) + (64 << 20)
+    out = bytearray()
+    d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    data = raw
+    while data:
+        out += d.decompress(data, limit + 1 - len(out))
+        if len(out) > limit:
+            raise ValueError(f"expands past {limit:,} bytes ({GZIP_RATIO}× its size)")
+        data = d.unconsumed_tail
+        if d.eof:
+            data = d.unused_data  # (a second gzip member follows: gzip's own rule)
+            if data[:2] != b"\x1f\x8b":
+                break
+            d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    if not d.eof:
+        raise EOFError("compressed file ended before the end-of-stream marker was reached")
+    return bytes(out)
 
 
 def _parse_trace(path: str | os.PathLike[str], raw: bytes) -> dict[str, Any]:
@@ -219,6 +246,8 @@ def _parse_trace(path: str | os.PathLike[str], raw: bytes) -> dict[str, Any]:
         data = _loads(raw)
     except (ValueError, UnicodeDecodeError) as e:
         raise MeshprofError(f"{p}: not a JSON trace ({type(e).__name__}: {e})") from None
+    except RecursionError:
+        raise MeshprofError(f"{p}: not a JSON trace (nested too deep)") from None
     if isinstance(data, list):
         data = {"traceEvents": data}
     if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):

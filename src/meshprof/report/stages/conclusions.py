@@ -15,6 +15,7 @@ from meshprof.analyze.run.types import (
     RunFinding,
     RunSummary,
 )
+from meshprof.analyze.run.what_if import WhatIf
 from meshprof.report.stage import Key, stage
 from meshprof.rundir import LoadedRun
 
@@ -25,8 +26,12 @@ SUMMARY: Key[RunSummary] = Key("summary")
 
 @stage(PROBLEMS)
 def problems(run: LoadedRun) -> tuple[RankProblem, ...]:
-    """The ranks whose file is missing or damaged, by rank."""
-    return tuple(RankProblem(r, why) for r, why in sorted(run.problems.items()))
+    """The ranks whose file is missing or damaged, by rank (consecutive missing ranks: one
+    entry)."""
+    return tuple(
+        RankProblem(e.first, e.reason, e.last if e.last > e.first else None)
+        for e in run.problems.entries()
+    )
 
 
 @stage(FINDINGS, section=False)
@@ -37,17 +42,19 @@ def findings(
     problems: tuple[RankProblem, ...],
     clock: ClockAlignment,
     collectives: MatchSummary,
+    what_if_replay: WhatIf,
 ) -> tuple[RunFinding, ...]:
     """Conclusions with the figures behind them."""
     return find_findings(
         stragglers,
         memory,
-        tuple((p.rank, p.reason) for p in problems),
+        problems,
         clock,
         collectives,
         run.manifest_state,
         run.manifest_problem,
         run.storage_notes,
+        what_if_replay,
     )
 
 

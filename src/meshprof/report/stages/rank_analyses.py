@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
+from meshprof.analyze.compute.workload import workload_of
 from meshprof.analyze.steps import StepAnalysis, StepOptions, analyze_recorded
 from meshprof.report.stage import Key, stage
 from meshprof.rundir import LoadedRun, resolve_layout
@@ -26,8 +27,13 @@ def analyze_ranks(
     for r in wanted:
         rd = run.ranks[r]
         mon = rd.meta.monitor
-        options = StepOptions.from_meta(mon, rank=r, layout=resolve_layout(rd.meta, run.manifest))
         names = rd.span_names or list((mon.span_names if mon is not None else None) or [])
+        options = StepOptions.from_meta(
+            mon,
+            rank=r,
+            layout=resolve_layout(rd.meta, run.manifest),
+            workload=workload_of(rd.meta.step_detection, names),
+        )
         out[r] = analyze_recorded(rd.spans, names, rd.events, rd.groups, rd.memory, options)
         if after_rank is not None:
             after_rank(r)

@@ -3,13 +3,14 @@ and what to do, largest first — what the report says first."""
 
 from __future__ import annotations
 
+from meshprof.analyze.compute.workload import job_workload, workload_of
 from meshprof.analyze.run.ledger import Ledger
 from meshprof.analyze.run.stragglers import StragglerReport
 from meshprof.analyze.run.verdict import VerdictInputs, VerdictItem, verdict
 from meshprof.analyze.run.waits import WaitCause
 from meshprof.analyze.run.what_if import WhatIf
 from meshprof.report.stage import Key, ReportOptions, stage
-from meshprof.rundir import LoadedRun
+from meshprof.rundir import LoadedRun, job_device_kind
 
 VERDICT: Key[tuple[VerdictItem, ...]] = Key("verdict")
 
@@ -23,10 +24,26 @@ def verdict_stage(
     wait_causes: tuple[WaitCause, ...],
     options: ReportOptions,
 ) -> tuple[VerdictItem, ...]:
-    """The causes of lost time, largest first."""
+    """The causes of lost time, largest first; priced per device-hour of what the job ran on,
+    gradient advice only for a job that trains."""
     hosts = {r: rd.meta.hostname or "" for r, rd in run.ranks.items()}
-    inputs = VerdictInputs(what_if_replay, ledger, stragglers, run.world_size, hosts, wait_causes)
-    return verdict(inputs, gpu_hour_price=options.gpu_hour_price, include_small=options.all_causes)
+    work = job_workload(
+        workload_of(
+            rd.meta.step_detection,
+            rd.meta.span_names or (rd.meta.monitor.span_names if rd.meta.monitor else None) or (),
+        )
+        for rd in run.ranks.values()
+    )
+    device = job_device_kind(rd.meta for rd in run.ranks.values())
+    inputs = VerdictInputs(
+        what_if_replay, ledger, stragglers, run.world_size, hosts, wait_causes, work, device
+    )
+    price = (
+        options.device_hour_price
+        if options.device_hour_price is not None
+        else options.gpu_hour_price
+    )
+    return verdict(inputs, gpu_hour_price=price, include_small=options.all_causes)
 
 
 STAGES = (verdict_stage,)

@@ -7,10 +7,11 @@ first) and ``what_if_info`` (what was replayed)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from meshprof.analyze.run.clock import ClockAlignment
 from meshprof.analyze.run.match import CollectiveMatch
+from meshprof.analyze.run.replay_repair import RecordCheck
 from meshprof.analyze.run.stragglers import StragglerReport
 from meshprof.analyze.run.table import EventTable
 from meshprof.analyze.run.what_if import DimCost, GroupCost, RankCost, WhatIf, what_if
@@ -43,6 +44,15 @@ class WhatIfInfo:
     collectives): their cost is not measured."""
     interval: str = "order statistics of the per-step savings, 95 % (the range under 6 steps)"
     """How ``ci_low_ns`` / ``ci_high_ns`` are computed."""
+    record: RecordCheck = field(default_factory=RecordCheck)
+    """What the record contradicted and how it was repaired before the replay (counts of
+    events: ``capped``, ``retimed``, ``unrepaired``, ``undecided``; see
+    :mod:`meshprof.analyze.run.replay_repair`)."""
+    doubt: str = ""
+    """Why no saving is measured though the run was replayed ("" when they are)."""
+    contradicted_ns: float = 0.0
+    """Issues recorded before completions the model says they waited for, summed per step
+    (median over chains, ns): the record's self-check, 0 when the model fits it."""
 
 
 WHAT_IF_REPLAY: Key[WhatIf] = Key("what_if_replay")
@@ -92,6 +102,9 @@ def what_if_info(what_if_replay: WhatIf) -> WhatIfInfo:
         w.min_share,
         w.note,
         w.unmeasured,
+        record=w.record,
+        doubt=w.doubt,
+        contradicted_ns=w.contradicted_ns,
     )
 
 

@@ -1,0 +1,150 @@
+"""A served request as an OpenTelemetry span, under the GenAI semantic conventions.
+
+One :class:`RequestRecord` (what a serving loop knows when a request finishes) becomes one
+``SERVER`` span named ``{gen_ai.operation.name} {gen_ai.request.model}``, from the request's
+arrival to its last token, with the conventions' attributes (operation, provider, model,
+response id, input and output tokens, finish reasons, ``error.type``) and meshprof's figures
+of it (time to first token, time per output token, queue time; seconds). When the request came
+with a W3C ``traceparent`` header, the span is that caller's child, in the caller's trace: a
+slow request shows under the client's own span. Otherwise it starts a trace of its own, its ids
+derived from the run id and the request id (stable however often it is sent).
+
+Definitions are ``vllm bench serve``'s: TTFT = first token − arrival; TPOT = (E2E − TTFT) /
+(output tokens − 1), for requests of more than one output token.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from meshprof.live.otel.spans import AttrValue, SpanContextInfo, derived_id
+
+_TRACEPARENT = re.compile(r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRecord:
+    """A finished request, as the serving rank saw it (wall clock, ns)."""
+
+    request_id: str
+    """The request's id (``gen_ai.response.id``)."""
+    rank: int
+    """The rank that served it (the scheduler's)."""
+    arrival_ns: int
+    """When it arrived."""
+    end_ns: int
+    """When its last token was emitted (or it failed)."""
+    first_token_ns: int = 0
+    """When its first token was emitted (0: none)."""
+    scheduled_ns: int = 0
+    """When it was first scheduled (0: unknown): the queue time ends there."""
+    prompt_tokens: int = 0
+    """Input tokens (``gen_ai.usage.input_tokens``)."""
+    output_tokens: int = 0
+    """Output tokens (``gen_ai.usage.output_tokens``)."""
+    finish_reason: str = "stop"
+    """``stop``, ``length``, ``abort`` or ``error``."""
+    error_type: str = ""
+    """Why it failed (``error.type``), "" when it did not."""
+    operation: str = "text_completion"
+    """``gen_ai.operation.name``."""
+    provider: str = "meshprof"
+    """``gen_ai.provider.name``: the serving framework."""
+    model: str = ""
+    """``gen_ai.request.model``."""
+    traceparent: str = ""
+    """The incoming request's W3C ``traceparent`` header ("" when it had none)."""
+
+    @property
+    def ttft_ns(self) -> int | None:
+        """Time to first token (None without a first token)."""
+        return self.first_token_ns - self.arrival_ns if self.first_token_ns else None
+
+    @property
+    def tpot_ns(self) -> float | None:
+        """Time per output token after the first (None for fewer than two tokens)."""
+        ttft = self.ttft_ns
+        if ttft is None or self.output_tokens < 2:
+            return None
+        return (self.end_ns - self.arrival_ns - ttft) / (self.output_tokens - 1)
+
+
+def parse_traceparent(value: str) -> tuple[int, int, int] | None:
+    """(trace id, span id, flags) of a W3C ``traceparent`` header; None when it is not one
+    (a version ff, or an all-zero id, is not)."""
+    m = _TRACEPARENT.match(value.strip().lower())
+    if m is None or m.group(1) == "ff":
+        return None
+    trace, span = int(m.group(2), 16), int(m.group(3), 16)
+    if not trace or not span:
+        return None
+    return trace, span, int(m.group(4), 16)
+
+
+def request_attributes(rec: RequestRecord) -> dict[str, AttrValue]:
+    """The span's attributes (see the module docstring)."""
+    out: dict[str, AttrValue] = {
+        "gen_ai.operation.name": rec.operation,
+        "gen_ai.provider.name": rec.provider,
+        "gen_ai.response.id": rec.request_id,
+        "gen_ai.usage.input_tokens": rec.prompt_tokens,
+        "gen_ai.usage.output_tokens": rec.output_tokens,
+        "gen_ai.response.finish_reasons": (rec.finish_reason,),
+        "meshprof.rank": rec.rank,
+    }
+    if rec.model:
+        out["gen_ai.request.model"] = rec.model
+    if rec.error_type:
+        out["error.type"] = rec.error_type
+    if rec.ttft_ns is not None:
+        out["meshprof.request.time_to_first_token"] = rec.ttft_ns / 1e9
+    if rec.tpot_ns is not None:
+        out["meshprof.request.time_per_output_token"] = rec.tpot_ns / 1e9
+    if rec.scheduled_ns:
+        out["meshprof.request.queue_time"] = (rec.scheduled_ns - rec.arrival_ns) / 1e9
+    return out
+
+
+def request_span(rec: RequestRecord, info: SpanContextInfo) -> Any:
+    """The request's ``SERVER`` span (see the module docstring)."""
+    from opentelemetry import trace
+    from opentelemetry.sdk import trace as sdk_trace
+
+    parent = None
+    got = parse_traceparent(rec.traceparent) if rec.traceparent else None
+    if got is not None:
+        tid = got[0]
+        parent = trace.SpanContext(
+            trace_id=tid, span_id=got[1], is_remote=True, trace_flags=trace.TraceFlags(got[2])
+        )
+    else:
+        tid = derived_id(128, "meshprof-request", info.run_id, rec.request_id)
+    ctx = trace.SpanContext(
+        trace_id=tid,
+        span_id=derived_id(64, "meshprof-request-span", info.run_id, rec.request_id),
+        is_remote=False,
+        trace_flags=trace.TraceFlags(trace.TraceFlags.SAMPLED),
+    )
+    status = (
+        trace.Status(trace.StatusCode.ERROR, rec.error_type)
+        if rec.error_type
+        else trace.Status(trace.StatusCode.UNSET)
+    )
+    name = f"{rec.operation} {rec.model}" if rec.model else rec.operation
+    return sdk_trace.ReadableSpan(
+        name=name,
+        context=ctx,
+        parent=parent,
+        resource=info.resource,
+        attributes=request_attributes(rec),
+        kind=trace.SpanKind.SERVER,
+        start_time=rec.arrival_ns,
+        end_time=max(rec.end_ns, rec.arrival_ns),
+        status=status,
+        instrumentation_scope=info.scope,
+    )
+
+
+__all__ = ["RequestRecord", "parse_traceparent", "request_attributes", "request_span"]

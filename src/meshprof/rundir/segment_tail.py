@@ -1,0 +1,196 @@
+"""Following a rank folder while its rank writes it: the batches appended since the last look.
+
+:class:`RankTail` keeps, for each segment file of the rank's newest generation, how many bytes
+it has read, and on each :meth:`~RankTail.poll` reads only what was appended since — whole
+chunks, each checked as the loader checks them (head, length, CRC-32; the header's row
+layouts). A chunk still being written is left for the next look. Segments the retention bounds
+delete are forgotten; a new generation (the rank restarted) is followed from its first segment.
+
+It reads files only: the rank does nothing for it. ``meshprof run``'s OpenTelemetry exporter
+follows every rank of its node with one tail each (:mod:`meshprof.live.otel.agent`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from meshprof.records.codec import RecordError
+from meshprof.rundir.schema import RankMeta
+from meshprof.rundir.segments import (
+    HEAD,
+    KIND_BATCH,
+    MAGIC,
+    VERSION,
+    Batch,
+    decode_batch,
+    parse_header,
+    scan_rank_dir,
+)
+
+MAX_READ_BYTES = 32 << 20
+"""At most this many bytes are read from one rank per poll (the rest at the next): a tail that
+starts late, or falls behind, holds a bounded amount of a rank's rows at a time."""
+
+
+@dataclass(slots=True)
+class _File:
+    offset: int = 0
+    """Bytes read and decoded (whole chunks)."""
+    header: bool = False
+    """The header chunk was read and accepted."""
+    problem: str = ""
+    """Why the file is no longer read ("" while it is)."""
+
+
+@dataclass(slots=True)
+class TailCounters:
+    """What a tail has read so far."""
+
+    batches: int = 0
+    """Batches decoded."""
+    bytes_read: int = 0
+    """Bytes of segment files read."""
+    problems: list[str] = field(default_factory=list)
+    """Files or chunks that could not be read (the newest 16)."""
+
+
+class RankTail:
+    """The batches one rank folder's newest generation gains, look by look (see the module
+    docstring). Never raises for what is in the folder: unreadable files end their reading and
+    are named in :attr:`counters`."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self.generation = -1
+        """The generation followed (-1: none yet)."""
+        self.counters = TailCounters()
+        self._files: dict[str, _File] = {}
+        self._meta: RankMeta | None = None
+        self._meta_key: tuple[str, int, int] | None = None
+
+    def poll(self, max_bytes: int = MAX_READ_BYTES) -> list[Batch]:
+        """The batches appended since the last poll, oldest first (at most ``max_bytes`` read)."""
+        files = scan_rank_dir(self.path)
+        if files is None:
+            return []
+        if files.generation != self.generation:
+            self.generation = files.generation
+            self._files = {}
+        present = {p.name for p in files.segments}
+        for name in [n for n in self._files if n not in present]:
+            del self._files[name]  # rotated out by the retention bounds
+        out: list[Batch] = []
+        budget = max_bytes
+        for seg in files.segments:
+            st = self._files.setdefault(seg.name, _File())
+            if st.problem:
+                continue
+            budget -= self._read(seg, st, out, budget)
+            if budget <= 0:
+                break
+        self.counters.batches += len(out)
+        return out
+
+    def meta(self) -> RankMeta | None:
+        """The newest generation's meta as last written (read again when the file changed);
+        None before the rank writes one, or when it cannot be read."""
+        files = scan_rank_dir(self.path)
+        if files is None or files.meta is None:
+            return self._meta
+        try:
+            st = files.meta.stat()
+        except OSError:
+            return self._meta
+        key = (files.meta.name, st.st_mtime_ns, st.st_size)
+        if key == self._meta_key:
+            return self._meta
+        try:
+            raw = json.loads(files.meta.read_text(encoding="utf-8"))
+            if isinstance(raw, dict):
+                raw.pop("errors", None)
+                raw.pop("metadata", None)
+                raw.pop("stats", None)
+                self._meta = RankMeta.from_dict(raw, "meta")
+                self._meta_key = key
+        except (OSError, ValueError, UnicodeDecodeError, RecordError):
+            pass  # (raced the writer's rename, or damaged: the last good one stays)
+        return self._meta
+
+    def _read(self, path: Path, st: _File, out: list[Batch], budget: int) -> int:
+        """Decode the whole chunks of ``path`` after ``st.offset`` into ``out``; bytes read."""
+        try:
+            with open(path, "rb") as f:
+                f.seek(st.offset)
+                want = max(budget, HEAD.size)
+                data = f.read(want)
+                if len(data) == want and len(data) >= HEAD.size:
+                    whole = HEAD.size + HEAD.unpack_from(data, 0)[3]
+                    if whole > len(data):  # one chunk larger than the budget: read it whole
+                        data += f.read(whole - len(data))
+        except OSError as e:
+            if not isinstance(e, FileNotFoundError):
+                self._problem(st, f"{path.name}: {e.strerror or e}")
+            return 0
+        self.counters.bytes_read += len(data)
+        view = memoryview(data)
+        pos, n = 0, len(data)
+        while pos + HEAD.size <= n:
+            magic, kind, version, size, crc = HEAD.unpack_from(view, pos)
+            end = pos + HEAD.size + size
+            if magic != MAGIC or version != VERSION:
+                self._problem(st, f"{path.name}: damaged chunk at byte {st.offset + pos}")
+                break
+            if end > n:
+                break  # still being written (or beyond this poll's budget)
+            payload = view[pos + HEAD.size : end]
+            if zlib.crc32(payload) != crc:
+                break  # torn: the writer may still complete it (a crash leaves it torn)
+            if not st.header:
+                _, problem = parse_header(kind, payload, path.name)
+                if problem:
+                    self._problem(st, problem)
+                    break
+                st.header = True
+            elif kind == KIND_BATCH:
+                try:
+                    out.append(decode_batch(payload))
+                except ValueError as e:
+                    self._problem(st, f"{path.name}: {e}")
+                    break
+            pos = end
+        st.offset += pos
+        return len(data)
+
+    def _problem(self, st: _File, why: str) -> None:
+        st.problem = why
+        self.counters.problems = [*self.counters.problems[-15:], why]
+
+
+def read_json_lines(path: Path, offset: int, max_bytes: int = 1 << 20) -> tuple[list[dict], int]:
+    """The whole JSON-object lines appended to ``path`` after byte ``offset`` (a line not yet
+    ended is left for the next call) and the new offset; lines that do not parse are skipped."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            data = f.read(max_bytes)
+    except OSError:
+        return [], offset
+    end = data.rfind(b"\n")
+    if end < 0:
+        return [], offset
+    out: list[dict] = []
+    for line in data[:end].split(b"\n"):
+        try:
+            d = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(d, dict):
+            out.append(d)
+    return out, offset + end + 1
+
+
+__all__ = ["MAX_READ_BYTES", "RankTail", "TailCounters", "read_json_lines"]
