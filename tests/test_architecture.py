@@ -77,6 +77,7 @@ SAME_FEATURE = frozenset(
         "changes",
         "captures",
         "stacks",
+        "serving",
     }
 )
 """Basenames that may repeat: ``__init__``, ``types`` (a room's result types), and the names

@@ -18,6 +18,13 @@ import pytest
 
 from meshprof.live.metrics import LiveCollector, metrics_text
 from meshprof.records.live import DimLive, OpSeries, RankLive
+from meshprof.records.serving import (
+    HISTOGRAMS,
+    Histogram,
+    ServiceLevels,
+    ServingLive,
+    WindowFigures,
+)
 from meshprof.rundir.live import write_rank_live
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,10 +33,16 @@ GRAFANA_VARS = {"$__rate_interval": "1m", "$job": ".*"}
 """What Grafana puts for its variables (promtool does not know them)."""
 
 
-def dashboard_exprs() -> list[str]:
-    """Every target's PromQL, Grafana's variables filled in."""
+def dashboard_exprs(serving: bool = True) -> list[str]:
+    """Every target's PromQL, Grafana's variables filled in (``serving`` False: not those of the
+    Serving row, whose metrics only a serving job has)."""
     out = []
+    row = ""
     for p in json.loads(DASHBOARD.read_text("utf-8"))["panels"]:
+        if p["type"] == "row":
+            row = p["title"]
+        if row == "Serving" and not serving:
+            continue
         for t in p.get("targets", []):
             e = t["expr"]
             for k, v in GRAFANA_VARS.items():
@@ -38,8 +51,8 @@ def dashboard_exprs() -> list[str]:
     return out
 
 
-def dashboard_metrics() -> set[str]:
-    return {m for e in dashboard_exprs() for m in re.findall(r"\bmeshprof_\w+", e)}
+def dashboard_metrics(serving: bool = True) -> set[str]:
+    return {m for e in dashboard_exprs(serving) for m in re.findall(r"\bmeshprof_\w+", e)}
 
 
 def served_metrics(text: str) -> set[str]:
@@ -63,7 +76,8 @@ def test_dashboard_has_grafanas_shape() -> None:
         for t in p["targets"]:
             assert t["refId"] and t["expr"].strip(), p["title"]
     titles = " ".join(p["title"] for p in d["panels"]).lower()
-    for what in ("straggler score", "badput", "step", "exposed", "in flight", "memory"):
+    for what in ("straggler score", "badput", "step", "exposed", "in flight", "memory",
+                 "time to first token", "goodput and slo", "decode compute"):  # fmt: skip
         assert what in titles, what
 
 
@@ -79,6 +93,12 @@ def test_dashboard_uses_only_served_metrics(tmp_path: Path) -> None:
                 memory_capacity_bytes=4, steps_done=3, tokens_per_s=10.0,
                 dims=[DimLive("dp", 10**6, 10**6, 0.1, 0.1)], ledger_ns={"compute": 5},
                 ledger_wall_ns=5, series=[OpSeries("all_reduce", "dp", 1, 10**6)],
+                serving=ServingLive(
+                    requests_finished={"stop": 3}, slo=ServiceLevels(ttft_s=0.2),
+                    histograms=[Histogram.empty(n) for n in HISTOGRAMS],
+                    window=WindowFigures(slo_attainment=0.5, goodput_per_s=1.0),
+                    decode_steps=4, decode_compute_s=0.01 * (1 + r),
+                ),
             ),
         )  # fmt: skip
     text = metrics_text(LiveCollector(tmp_path))[0].decode()

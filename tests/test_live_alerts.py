@@ -23,6 +23,7 @@ from meshprof.errors import MeshprofError
 from meshprof.live.watch import AlertWatcher
 from meshprof.records.finding import FindingKind
 from meshprof.records.live import Alert, InflightLive, RankLive
+from meshprof.records.serving import ServiceLevels, ServingLive, WindowFigures
 from meshprof.rundir.live import read_alerts, write_rank_live
 
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -710,10 +711,17 @@ def test_every_rule_gives_si_value_threshold_and_since_step(tmp_path: Path) -> N
         gone = r(2, 8, 100 * MS, memory_bytes=gib)  # still the record of t = 1: stale
         gone.updated_ns = T0 + 10**9
         return [
-            r(0, 16, 200 * MS, memory_bytes=int(9.5 * gib)),  # memory, growth, steps, rate
-            r(1, 16, 100 * MS, memory_bytes=gib, inflight=stuck, last_step_end_ns=T0),  # stall
+            r(0, 16, 200 * MS, memory_bytes=int(9.5 * gib), serving=serving0),  # memory, growth,
+            # steps, rate; serving: decode straggler and SLO attainment
+            r(1, 16, 100 * MS, memory_bytes=gib, inflight=stuck, last_step_end_ns=T0,
+              serving=ServingLive(serves_requests=False, decode_steps=8, decode_compute_s=0.01)),
             gone,
-        ]
+        ]  # fmt: skip
+
+    serving0 = ServingLive(
+        decode_steps=8, decode_compute_s=0.02, slo=ServiceLevels(ttft_s=0.2),
+        window=WindowFigures(requests=10, slo_attainment=0.5),
+    )  # fmt: skip
 
     # the job-wide rules wait for rank 1's next record (see the test above)
     alerts = look(rules, tmp_path, 9, slow(9)) + look(rules, tmp_path, 10, slow(10))
@@ -736,6 +744,8 @@ def test_every_rule_gives_si_value_threshold_and_since_step(tmp_path: Path) -> N
     assert got["inflight"].ranks == (1,) and got["inflight"].threshold == 5
     assert got["stale"].ranks == (2,) and got["stale"].threshold == pytest.approx(5.0)
     assert got["stale"].value == pytest.approx(8.0) and got["stale"].since_step == 8
+    assert got["decode_straggler"].ranks == (0,) and got["decode_straggler"].value == 1.0
+    assert got["slo"].ranks == (0,) and got["slo"].value == 0.5
 
 
 def test_a_rank_killed_without_its_last_record_is_stale_at_the_end(tmp_path: Path) -> None:

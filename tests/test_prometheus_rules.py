@@ -16,6 +16,7 @@ import pytest
 
 from meshprof.live.metrics import LiveCollector, metrics_text
 from meshprof.records.live import RankLive
+from meshprof.records.serving import ServiceLevels, ServingLive, WindowFigures
 from meshprof.rundir.live import write_rank_live
 
 pytest.importorskip("prometheus_client")
@@ -33,6 +34,10 @@ def test_the_rules_use_only_metrics_the_exporter_serves(tmp_path: Path) -> None:
             rank=0, updated_ns=now, interval_s=1.0, step_ns=10**7, compute_ns=8 * 10**6,
             memory_bytes=1, memory_peak_bytes=2, memory_capacity_bytes=4, steps_done=3,
             storage="writing stopped: ENOSPC (No space left on device)",
+            serving=ServingLive(
+                requests_finished={"stop": 3, "length": 1}, slo=ServiceLevels(ttft_s=0.2),
+                window=WindowFigures(slo_attainment=0.5), decode_steps=4, decode_compute_s=0.01,
+            ),
         ),
     )  # fmt: skip
     body, _ = metrics_text(LiveCollector(tmp_path))

@@ -33,6 +33,7 @@ RECORD_MODULES = (
     "meshprof.records.captures",
     "meshprof.records.stacks",
     "meshprof.records.storage",
+    "meshprof.records.serving",
 )
 
 

@@ -30,6 +30,8 @@ _EXPORTS: dict[str, str] = {
     "BottleneckThresholds": "meshprof.config",
     "StepAnalysis": "meshprof.analyze.steps",
     "StepMonitor": "meshprof.api",
+    "RequestMonitor": "meshprof.monitor.request_monitor",
+    "requests": "meshprof.monitor.request_monitor",
     "CommProfiler": "meshprof.api",
     "OpStats": "meshprof.stats",
     "StatsReport": "meshprof.stats",
@@ -51,6 +53,7 @@ if TYPE_CHECKING:
     )
     from meshprof.config import BottleneckThresholds, ProfilerConfig
     from meshprof.events import CommEvent, GroupInfo, OpType
+    from meshprof.monitor.request_monitor import RequestMonitor, requests
     from meshprof.perfmon import PerformanceMonitor, performance_monitor
     from meshprof.stats import OpStats, StatsReport
     from meshprof.tools.logs import setup_logging
@@ -70,6 +73,7 @@ __all__ = [
     "OpType",
     "PerformanceMonitor",
     "ProfilerConfig",
+    "RequestMonitor",
     "StatsReport",
     "StepAnalysis",
     "StepMonitor",
@@ -80,6 +84,7 @@ __all__ = [
     "mark_step",
     "performance_monitor",
     "profile",
+    "requests",
     "reset",
     "setup_logging",
 ]

@@ -22,7 +22,7 @@ from meshprof.comm import active, recorder
 from meshprof.config import ProfilerConfig
 from meshprof.events import CommEvent
 from meshprof.layout import group_label
-from meshprof.monitor import step_monitor
+from meshprof.monitor import request_monitor, step_monitor
 from meshprof.records.rank_meta import MonitorSettings
 from meshprof.render.stats_text import render_stats
 from meshprof.render.step_report import render_analysis
@@ -110,9 +110,11 @@ def mark_step(tokens: int = 0, samples: int = 0) -> bool:
 
 
 def reset() -> None:
-    """Disable and forget the global profiler and the active step monitor (tests use it)."""
+    """Disable and forget the global profiler, the active step monitor and the request monitor
+    (tests use it)."""
     active.forget()
     step_monitor.forget_active()
+    request_monitor.forget_request_monitor()
 
 
 class profile:

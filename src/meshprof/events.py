@@ -324,6 +324,47 @@ STEP_TOTALS_DTYPE = np.dtype(
     ]
 )
 
+FINISH_REASONS = ["stop", "length", "abort", "error", "unfinished"]
+"""Why a request ended, by code (REQUEST_DTYPE ``reason``), as vLLM's ``finished_reason``:
+``stop`` (a stop token or string), ``length`` (the output-token limit), ``abort`` (cancelled by
+the client or the server), ``error`` (it failed); ``unfinished``: still running when its rank
+wrote its last data (no finish time)."""
+FINISH_CODES = {name: i for i, name in enumerate(FINISH_REASONS)}
+
+#: One serving request on the rank that served it (a row once it finished, or at the rank's
+#: last write while still running). Wall clock ns of this rank (not aligned); -1: never
+#: happened. The intervals between them are defined in docs/definitions.md (Serving).
+REQUEST_DTYPE = np.dtype(
+    [
+        ("id", np.int64),  # request id (the RequestMonitor's handle, or the caller's integer id)
+        ("arrival_ns", np.int64),  # the request reached the server (vLLM's arrival_time)
+        ("queued_ns", np.int64),  # it entered the scheduler's queue (arrival unless given)
+        ("scheduled_ns", np.int64),  # first scheduled: its prefill began
+        ("first_token_ns", np.int64),  # its first output token was emitted
+        ("last_token_ns", np.int64),  # its last output token was emitted
+        ("finished_ns", np.int64),  # it finished (any reason)
+        ("prompt_tokens", np.int32),
+        ("output_tokens", np.int32),  # tokens emitted (the sum of its TOKEN_DTYPE rows' n)
+        ("reason", np.uint8),  # FINISH_CODES
+    ]
+)
+
+#: One emission of output tokens to one request (a serving step emits one per running request).
+#: The gaps between a request's consecutive emissions are its inter-token latencies.
+TOKEN_DTYPE = np.dtype(
+    [
+        ("id", np.int64),  # request id (REQUEST_DTYPE ``id``)
+        ("t_ns", np.int64),  # wall clock when the tokens were emitted (this rank's clock)
+        ("n", np.int32),  # tokens emitted at once (1, or more with speculative decoding)
+    ]
+)
+
+STEP_KINDS = ("prefill", "decode", "mixed")
+"""Names a serving loop gives its step spans (``StepMonitor.step(name=...)``): a forward that
+computes prompts only, one that decodes one token per running request, or both at once
+(continuous batching with chunked prefill). Other names: the kind is derived from the tokens
+the step emitted (:mod:`meshprof.analyze.serve.steps`)."""
+
 CHUNK_PHASES = {
     "forward_one_chunk": "pp_forward",
     "backward_one_chunk": "pp_backward",

@@ -4,6 +4,7 @@ and print what it recorded, per parallel dimension and per op, and the loss of e
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -50,6 +51,27 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="also print rank 0's collective tables, the per-dimension totals and its step analysis",
     )
+    g = p.add_argument_group("serving (--serve)")
+    g.add_argument(
+        "--serve",
+        action="store_true",
+        help="serve the transformer instead: tensor parallel (--tp, default 2), a KV cache, a "
+        "client sending requests as a Poisson stream; the report's Serving section",
+    )
+    g.add_argument("--requests", type=int, default=40, help="requests sent (default 40)")
+    g.add_argument("--rate", type=float, default=10.0, help="requests per second (default 10)")
+    g.add_argument(
+        "--slo", metavar="NAME=TIME,...", help="service levels (e.g. ttft=500ms,tpot=100ms)"
+    )
+    g.add_argument(
+        "--device-ms",
+        type=float,
+        default=10.0,
+        help="milliseconds each forward waits, as for a GPU (default 10; 0: none)",
+    )
+    g.add_argument("--slow-rank", type=int, default=-1, help="make this rank slow in decode")
+    g.add_argument("--slow-ms", type=float, default=0.0, help="... by this much per decode step")
+    g.add_argument("--slow-from", type=int, default=0, help="... from this step on")
     add_json_option(p)
     layout_options.add_layout_args(p)
     layout_options.add_model_args(p)
@@ -93,6 +115,8 @@ def _dimension_table(results: list[dict[str, Any]]) -> Table:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.serve:
+        return serve(args)
     from meshprof.launch.spawn import run_ranks
 
     parallel = layout_options.parallel_config_from_args(args, default=DEFAULT_LAYOUT)
@@ -195,3 +219,63 @@ def _report(out: Path, console: Console) -> None:
         "wrote " + ", ".join(str(w) for w in written) + f" — later: meshprof report {out}",
         highlight=False,
     )
+
+
+def serve(args: argparse.Namespace) -> int:
+    """``meshprof demo --serve``: the serving job, its client, then the report."""
+    from meshprof.demo.serving import ServeConfig
+    from meshprof.demo.serving_client import Load
+    from meshprof.demo.serving_run import run_serving
+    from meshprof.records.serving import ServiceLevels
+
+    tp = args.tp or 2
+    if (args.dp or 1) != 1 or (args.pp or 1) != 1 or tp < 1:
+        raise MeshprofError("--serve: tensor parallelism only (--tp N; no --dp or --pp)")
+    if args.requests < 1 or not args.rate > 0:
+        raise MeshprofError("--serve: --requests must be at least 1 and --rate above 0")
+    if args.slow_rank >= tp:
+        raise MeshprofError(f"--slow-rank {args.slow_rank}: the job has ranks 0-{tp - 1}")
+    slo = ServiceLevels.parse(args.slo) if args.slo else None
+    model = layout_options.model_config_from_args(args)
+    model = dataclasses.replace(model, seq_len=max(model.seq_len, 128))
+    if model.n_heads % tp:
+        raise MeshprofError(f"--tp {tp} must divide the attention heads ({model.n_heads})")
+    cfg = ServeConfig(
+        model=model,
+        seed=args.seed,
+        device_ms=args.device_ms,
+        slow_rank=args.slow_rank,
+        slow_ms=args.slow_ms,
+        slow_from=args.slow_from,
+        slo=slo,
+    )
+    load = Load(requests=args.requests, rate=args.rate, seed=args.seed, vocab=model.vocab_size)
+    out = Path(args.out)
+    console = Console(stderr=args.json)
+    console.print(
+        f"[bold]meshprof demo --serve[/]: tp={tp} ranks on cpu (gloo), {args.requests} requests "
+        f"at {args.rate:g}/s (Poisson), a client in its own process → {out}"
+    )
+    t0 = time.perf_counter()
+    results = run_serving(out, cfg, load, tp=tp, timeout_s=args.timeout)
+    wall = time.perf_counter() - t0
+    from meshprof.render.report_brief import print_brief
+    from meshprof.report.analysis import analyze_run
+    from meshprof.rundir import load_run
+
+    rep = analyze_run(load_run(out), slo=slo)
+    doc = {"ranks": results, "wall_s": wall}
+    atomic_write_text(out / "demo.json", json.dumps(doc, indent=1))
+    if args.json:
+        print(json.dumps(doc))
+        return 0
+    print_brief(rep, console)
+    try:
+        from meshprof.render.html import write_html
+
+        console.print(
+            f"wrote {write_html(out / 'report.html', rep)} — later: meshprof report {out}"
+        )
+    except ImportError as e:
+        console.print(f"no HTML report ({e}); pip install 'meshprof[html]'")
+    return 0

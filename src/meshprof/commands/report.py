@@ -13,6 +13,7 @@ from rich.console import Console
 from meshprof.analyze.run.stragglers import DEFAULT_THRESHOLD
 from meshprof.analyze.run.window import parse_steps, parse_time, run_start_ns, steps_between
 from meshprof.errors import MeshprofError, NotATraceError, NoUsableRankFileError
+from meshprof.records.serving import ServiceLevels
 from meshprof.report.analysis import analyze_run, analyze_run_parts
 from meshprof.report.stage import ReportOptions
 from meshprof.report.workers import default_workers
@@ -71,6 +72,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "2026-11-25T14:02:11, or a duration after the run's start (90s, 5m, 2h)",
     )
     p.add_argument("--until", metavar="TIME", help="... and before TIME (as --since)")
+    p.add_argument(
+        "--slo",
+        metavar="NAME=TIME,...",
+        help="service levels of a serving run (ttft, tpot, itl, e2e; e.g. ttft=200ms,tpot=50ms): "
+        "the goodput counts the requests that met them all",
+    )
     p.add_argument("--html", metavar="FILE", help="write a self-contained HTML report")
     p.add_argument("--trace", metavar="FILE", help="write a merged Perfetto/Chrome JSON trace")
     p.add_argument(
@@ -300,6 +307,7 @@ def run(args: argparse.Namespace) -> int:
         workers=jobs if jobs is not None else default_workers(len(loaded.ranks)),
         device_hour_price=args.device_hour_price,
         all_causes=args.all_causes,
+        slo=ServiceLevels.parse(args.slo) if args.slo else None,
     )
     # the event table and the match outlive the report only for the trace
     parts = analyze_run_parts(loaded, options) if args.trace else None

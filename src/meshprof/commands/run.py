@@ -22,6 +22,7 @@ from meshprof.errors import MeshprofError
 from meshprof.launch.launcher import LaunchResult, launch
 from meshprof.launch.native_prep import ENV_PREPARE, prepare_native
 from meshprof.launch.run_options import RunOptions
+from meshprof.records.serving import ServiceLevels
 
 #: torchrun options passed through as they are (name without the leading dashes).
 PASSTHROUGH = (
@@ -129,6 +130,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="N",
         help="per-rank ring-buffer capacity of the recorder (default 262144: the segments on "
         "disk hold the run)",
+    )
+    p.add_argument(
+        "--slo",
+        default="",
+        metavar="NAME=TIME,...",
+        help="service levels of a serving job (ttft, tpot, itl, e2e; e.g. ttft=200ms,tpot=50ms): "
+        "the live goodput, SLO attainment and its alert count against them",
     )
     p.add_argument(
         "--retain",
@@ -263,6 +271,7 @@ def options_from_args(args: argparse.Namespace, argv: list[str] | None = None) -
         otlp=otlp_settings_from_args(args),
         retain_s=duration_s(args.retain, "--retain"),
         max_disk_bytes=size_bytes(args.max_disk, "--max-disk"),
+        slo=ServiceLevels.parse(args.slo).text() if args.slo else "",
         report=not args.no_report,
         command=["meshprof", *(argv if argv is not None else sys.argv[1:])],
     )

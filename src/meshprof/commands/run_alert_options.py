@@ -126,6 +126,19 @@ def add_alert_options(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="a rank is a live straggler in N consecutive records (default 3)",
     )
+    g.add_argument(
+        "--alert-decode-straggler",
+        default="20",
+        metavar="PCT",
+        help="a serving rank's compute in its recent decode steps above its peers' by more "
+        "than PCT %% (default 20)",
+    )
+    g.add_argument(
+        "--alert-slo-attainment",
+        default="90",
+        metavar="PCT",
+        help="a serving rank's share of recent requests meeting --slo below PCT %% (default 90)",
+    )
     g.add_argument("--no-alerts", action="store_true", help="no live alerts")
 
 
@@ -219,6 +232,8 @@ def alert_config_from_args(args: argparse.Namespace) -> AlertConfig:
         ),
         straggler_pct=_number(args.alert_straggler, "--alert-straggler"),
         straggler_looks=_number(args.alert_straggler_looks, "--alert-straggler-looks", int),
+        decode_straggler_pct=_number(args.alert_decode_straggler, "--alert-decode-straggler"),
+        slo_attainment_pct=_number(args.alert_slo_attainment, "--alert-slo-attainment"),
     )
 
 

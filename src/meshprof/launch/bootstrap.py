@@ -148,6 +148,14 @@ def session_config(target: dict[str, Any], settings: WorkerSettings | None = Non
     from meshprof.rundir.segment_writer import StorageLimits
 
     profiler = ProfilerConfig(max_events=settings.max_events or RING_EVENTS)
+    slo = None
+    if settings.slo:
+        from meshprof.records.serving import ServiceLevels
+
+        try:
+            slo = ServiceLevels.parse(settings.slo)
+        except Exception as e:
+            warn_part_failed("reading the service levels", e)
     return SessionConfig(
         run_dir=Path(settings.run_dir),
         flush_interval_s=settings.flush_interval_s,
@@ -167,6 +175,8 @@ def session_config(target: dict[str, Any], settings: WorkerSettings | None = Non
         ),
         run_id=settings.run_id or None,
         monitor_rows=MONITOR_ROWS,
+        serving_hooks=True,
+        slo=slo,
     )
 
 

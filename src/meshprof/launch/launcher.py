@@ -117,6 +117,7 @@ def worker_env(
         retain_s=float(opts.retain_s),
         max_disk_bytes=int(opts.max_disk_bytes),
         launcher_pid=os.getpid(),
+        slo=opts.slo,
     )
     env[WORKER_ENV] = settings.to_env()
     # Workers import meshprof from wherever this launcher did (a checkout without install works).

@@ -85,6 +85,9 @@ class RunOptions:
     max_disk_bytes: int = 1 << 30
     """Each rank's files are kept under this size by deleting its oldest segments (bytes; 0:
     no bound). The per-step totals are kept for the whole run."""
+    slo: str = ""
+    """Service levels of a serving job (``--slo ttft=200ms,tpot=50ms``; "" none): the live
+    goodput and SLO attainment count against them."""
     report: bool = True
     """Print the job's cross-rank report at the end (node 0 only)."""
     command: list[str] = field(default_factory=list)

@@ -39,6 +39,10 @@ Metrics (labels ``rank``, ``node`` — the rank's host name — and where they a
   goodput), the straggler wait carved out across ranks (:mod:`meshprof.analyze.live.badput`):
   ``sum by (rank) (badput) + goodput == wall``.
 
+A serving job's families (vLLM's names after ``meshprof_``: TTFT, ITL, TPOT, E2E histograms,
+request and token counters, running and waiting requests, goodput, SLO attainment, decode
+stragglers) are in :mod:`meshprof.live.serving_metrics`.
+
 Alerting rules over these, evaluated by Prometheus across every node's endpoint (a straggler on
 one node against the job's median), ship as ``meshprof/live/prometheus_rules.yml``.
 """
@@ -57,6 +61,7 @@ from typing import Any
 from meshprof.analyze.live.badput import BadputBook
 from meshprof.analyze.live.snapshot import carvable_exposed_ns, straggler_scores, wait_estimates
 from meshprof.errors import MeshprofError
+from meshprof.live.serving_metrics import serving_families
 from meshprof.records.ledger import TimeCause
 from meshprof.records.live import HIST_BOUNDS_S, RankLive
 from meshprof.rundir.live import manifest_done, read_rank_lives
@@ -233,6 +238,7 @@ class LiveCollector:
             inflight.add_metric(lab, age)
         yield from (up, step, steps, sps, tps, coll, hist, comm, exposed, mem, peak, cap, inflight)
         yield from (compute, storage, score, wait, badput, goodput, wall)
+        yield from serving_families(recs, stale)
 
 
 def _buckets(counts: list[int]) -> list[tuple[str, float]]:

@@ -124,6 +124,16 @@ class StepDetector:
             except Exception as e:
                 self._internal_error(e)
 
+    def decide_inference(self) -> None:
+        """The script serves (a Hugging Face ``generate()`` call, a request monitor): in auto
+        mode, decide on forward steps now rather than after a few grad-free forwards (the
+        forwards seen so far become steps)."""
+        if self.mode == "auto":
+            try:
+                self._commit_forward_mode()
+            except Exception as e:
+                self._internal_error(e)
+
     def remove_hooks(self) -> None:
         """Remove every hook this detector installed (the retired ones too)."""
         for h in [*self._hooks, self._forward_hook, *self._forward_hooks, *self._retired]:

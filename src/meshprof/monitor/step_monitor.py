@@ -155,6 +155,10 @@ class StepMonitor:
         """Called on the training thread with the step's number as each step opens, before its
         clock starts (a capture agent sets it only while a capture is pending: otherwise each
         step boundary costs one attribute check)."""
+        self.step_name = "step"
+        """The name of the steps opened without one (automatic forward steps included): a
+        serving integration sets "prefill" or "decode" before the forward it knows the kind of
+        (:mod:`meshprof.monitor.hf_generate`)."""
         self._wall_offset = time.time_ns() - time.perf_counter_ns()
         _active = self
         if track_pipeline:
@@ -163,9 +167,11 @@ class StepMonitor:
             install_pipeline_hooks(get_monitor)
 
     # -- recording ----------------------------------------------------------------------------
-    def step(self, tokens: int = 0, samples: int = 0) -> _Span:
-        """Context manager / decorator timing one training step."""
-        return _Span(self, _STEP, "step", tokens, samples)
+    def step(self, tokens: int = 0, samples: int = 0, name: str | None = None) -> _Span:
+        """Context manager / decorator timing one training step (or one serving forward:
+        ``name`` "prefill", "decode" or "mixed" says which, see
+        :data:`meshprof.events.STEP_KINDS`; default :attr:`step_name`)."""
+        return _Span(self, _STEP, name or self.step_name, tokens, samples)
 
     def phase(self, name: str) -> _Span:
         """Context manager / decorator timing a phase inside the current step."""

@@ -117,6 +117,18 @@ class FindingKind(StrEnum):
     """A rank has been in one step too long."""
     STALE = "stale"
     """A rank stopped publishing its live state."""
+    # serving (meshprof.analyze.serve; the first two also live alerts)
+    DECODE_STRAGGLER = "decode_straggler"
+    """A rank computes longer than its peers in the decode steps of a serving job: every token
+    of every running request waits for it."""
+    SLO = "slo"
+    """Requests missed the service levels the user gave (goodput below the requests served)."""
+    SERVING_COMMUNICATION = "serving_communication"
+    """The collectives' share of the serving steps (transfer, and waiting for the last rank)."""
+    QUEUEING = "queueing"
+    """Requests waited for their prefill longer than it took: the server is saturated."""
+    REQUEST_ERRORS = "request_errors"
+    """Requests finished with an error."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

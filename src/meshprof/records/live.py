@@ -12,6 +12,7 @@ from typing import Any
 from meshprof.records.codec import dataclass_to_json, from_json, json_key
 from meshprof.records.finding import Finding, Severity
 from meshprof.records.members import check_world
+from meshprof.records.serving import ServingLive
 
 LIVE_FORMAT = "meshprof-live/1"
 
@@ -172,6 +173,10 @@ class RankLive:
     ledger_wall_ns: int = 0
     """Wall time the ledger covers: from when the rank started recording (or its first step,
     when earlier) to the end of its last completed step (to the last record once ended), ns."""
+    serving: ServingLive | None = None
+    """A serving rank's live figures (requests, their latencies' histograms and recent
+    percentiles, decode steps; :mod:`meshprof.records.serving`); None for a rank that serves
+    no request and names no decode step."""
 
     def __post_init__(self) -> None:
         """The rank and world size a record claims are checked when it is read."""

@@ -148,6 +148,25 @@ class MonitorSettings(JsonRecord):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ServingCounters(JsonRecord):
+    """The request monitor's counts at this write (a serving rank,
+    :class:`~meshprof.monitor.request_monitor.RequestMonitor`)."""
+
+    requests_begun: int | None = None
+    """Requests begun since the process started."""
+    requests_finished: int | None = None
+    """Requests finished since then (every reason)."""
+    prompt_tokens: int | None = None
+    """Prompt tokens of the requests begun."""
+    output_tokens: int | None = None
+    """Output tokens emitted."""
+    requests_forgotten: int | None = None
+    """Requests dropped unfinished: more in flight at once than the monitor tracks."""
+    unknown_calls: int | None = None
+    """Calls about a request the monitor did not track (ignored)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class WriterCounters(JsonRecord):
     """The rank writer's counters at this write."""
 
@@ -320,6 +339,8 @@ class RankMeta(JsonRecord):
     storage: StorageInfo | None = None
     """How the rank's recording was stored (segment files): written, rotated out, and why
     writing stopped if it did."""
+    serving: ServingCounters | None = None
+    """The request monitor's counts (a rank that served requests)."""
 
     def __post_init__(self) -> None:
         """The ranks and world size a meta claims are checked when it is read."""
@@ -340,6 +361,7 @@ __all__ = [
     "RecorderCpu",
     "RecorderInfo",
     "Recovered",
+    "ServingCounters",
     "Target",
     "WriterCounters",
 ]

@@ -36,8 +36,8 @@ class SegmentHeader(JsonRecord):
     """When the file was created."""
     dtypes: dict[str, str] | None = None
     """Row layout of each table in the file, as ``numpy.dtype.descr`` text (``events``,
-    ``spans``, ``memory``, ``batch``, ``steps``): a reader refuses a file whose layout differs
-    from its own."""
+    ``spans``, ``memory``, ``batch``, ``steps``, and since serving requests are stored
+    ``requests`` and ``tokens``): a reader refuses a file whose layout differs from its own."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -69,6 +69,14 @@ class StorageInfo(JsonRecord):
     """Events in those segments."""
     rotated_spans: int | None = None
     """Spans in those segments."""
+    requests_written: int | None = None
+    """Serving requests appended so far (finished ones, and at the last write those running)."""
+    tokens_written: int | None = None
+    """Token emissions of serving requests appended so far."""
+    rotated_requests: int | None = None
+    """Serving requests in the segments deleted by the retention bounds."""
+    rotated_tokens: int | None = None
+    """Token emissions in those segments."""
     retain_s: float | None = None
     """Segments whose newest row is older than this are deleted (0: no age bound)."""
     max_disk_bytes: int | None = None

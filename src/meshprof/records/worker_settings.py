@@ -55,6 +55,8 @@ class WorkerSettings:
     launcher_pid: int = 0
     """The ``meshprof run`` launcher's pid: a worker whose launcher is gone ends itself (0: no
     such check)."""
+    slo: str = ""
+    """Service levels of a serving job as given (``--slo``; "" none)."""
 
     def to_env(self) -> str:
         """The value of :data:`WORKER_ENV`."""

@@ -21,6 +21,7 @@ from meshprof.render.diff_tables import (
     step_text,
 )
 from meshprof.render.html_parts import html_page, html_table
+from meshprof.render.serving_html import serving_diff_html
 from meshprof.rundir.atomic import atomic_write_text
 
 _E = html.escape
@@ -91,6 +92,7 @@ def render_diff_html(d: RunDiff, title: str = "meshprof diff") -> str:
         )
         sections.append((name, body))
     sections.append(("Memory and throughput", _memory_throughput(d)))
+    sections.append(("Serving", serving_diff_html(d.serving)))
     subject = f"<code>{_E(d.a_path)}</code> → <code>{_E(d.b_path)}</code>"
     return html_page(title, subject, sections)
 

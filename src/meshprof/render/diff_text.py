@@ -21,6 +21,7 @@ from meshprof.render.diff_tables import (
     rate_texts,
     step_text,
 )
+from meshprof.render.serving_text import print_serving_diff
 
 MAX_ROWS = 10
 """Rows a table shows in the terminal (the largest changes)."""
@@ -63,6 +64,7 @@ def print_diff(d: RunDiff, console: Console) -> None:
     if d.memory.delta_bytes is not None:
         console.print(memory_text(d), highlight=False)
     console.print("throughput: " + "; ".join(rate_texts(d)), highlight=False)
+    print_serving_diff(d.serving, console)
     b = d.bottlenecks
     if not b.appeared and not b.vanished:
         console.print("Bottlenecks and findings: the same in both runs.")

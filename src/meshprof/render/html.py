@@ -42,6 +42,7 @@ from meshprof.render.html_pictures import (
     straggler_view,
 )
 from meshprof.render.report_text import RANK_COLUMNS, rank_cells, sampling_line
+from meshprof.render.serving_html import serving_html
 from meshprof.render.verdict import ledger_html, verdict_html
 from meshprof.render.what_if import what_if_html
 from meshprof.report.run_report import RunReport
@@ -485,6 +486,7 @@ def _changes(rep: RunReport) -> str:
 HTML_SECTIONS: tuple[tuple[str, Callable[[RunReport], str]], ...] = (
     ("Verdict", verdict_html),
     ("Where the time went", ledger_html),
+    ("Serving", serving_html),
     ("When things changed", _changes),
     ("Summary", _summary),
     ("What each rank costs", _what_if),

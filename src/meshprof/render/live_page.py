@@ -6,7 +6,9 @@ Shown: the run's state (running, ranks stale, ended), a step counter and summary
 over the kept history of step time per rank, throughput per rank (tokens/s, else steps/s),
 communication share by parallel dimension (mean over ranks) and memory per rank; a per-rank
 table (status, step, step time, rates, shares, memory, the oldest collective in flight);
-live stragglers and alerts; a link to the full report (``/report``).
+live stragglers and alerts; a serving job's requests (running, waiting, TTFT, ITL and TPOT
+p50/p99 over the recent window, tokens/s, errors, goodput) and each rank's decode compute; a
+link to the full report (``/report``).
 
 Every string from the run reaches the page as JSON data and is inserted as text (``esc``) —
 never as markup.
@@ -115,6 +117,33 @@ function dimSeries(nowNs){
   return out;
 }
 
+function fmtS(x){ return (x === null || x === undefined) ? '–' : fmtNs(x * 1e9); }
+
+// a serving job: the lowest rank that records requests, its recent window; every rank's decode compute
+function renderServing(ranks){
+  var sv = ranks.filter(function(x){ return x.serving; });
+  $('serving-h').style.display = sv.length ? '' : 'none';
+  if (!sv.length){ $('serving').innerHTML = ''; return; }
+  var main = sv.filter(function(x){ return x.serving.serves_requests; }).sort(function(a, b){ return a.rank - b.rank; })[0];
+  var out = [];
+  if (main){
+    var s = main.serving, w = s.window;
+    var cards = [['requests running', String(s.requests_running)], ['waiting', String(s.requests_waiting)],
+      ['TTFT p50 / p99', fmtS(w.ttft_p50_s) + ' / ' + fmtS(w.ttft_p99_s)], ['ITL p50 / p99', fmtS(w.itl_p50_s) + ' / ' + fmtS(w.itl_p99_s)],
+      ['TPOT p50 / p99', fmtS(w.tpot_p50_s) + ' / ' + fmtS(w.tpot_p99_s)], ['output tokens/s', fmtNum(w.output_tokens_per_s)],
+      ['error rate', fmtPct(w.error_rate)]];
+    if (s.slo) cards.push(['goodput (SLO met)', (w.goodput_per_s === null ? '–' : w.goodput_per_s.toFixed(2) + '/s') + ' (' + fmtPct(w.slo_attainment) + ')']);
+    out.push('<p class="muted">rank ' + main.rank + ', last ' + (w.window_s || 0).toFixed(0) + ' s</p><div class="cards">' +
+      cards.map(function(c){ return '<div class="card">' + esc(c[0]) + '<b>' + esc(c[1]) + '</b></div>'; }).join('') + '</div>');
+  }
+  var dec = sv.filter(function(x){ return x.serving.decode_steps > 0; });
+  if (dec.length){
+    out.push('<table><thead><tr><th>rank</th><th>decode step (median)</th><th>decode compute (median)</th></tr></thead><tbody>' +
+      dec.map(function(x){ return '<tr><td>' + x.rank + '</td><td>' + fmtS(x.serving.decode_step_s) + '</td><td>' + fmtS(x.serving.decode_compute_s) + '</td></tr>'; }).join('') + '</tbody></table>');
+  }
+  $('serving').innerHTML = out.join('');
+}
+
 function rankStatus(x){
   if (x.status !== 'running') return 'ended' + (x.exit_how ? ' (' + x.exit_how + ')' : '');
   return x.stale ? 'stale' : 'running';
@@ -167,6 +196,8 @@ function render(d){
       '</td><td>' + fmtPct(x.exposed_share) + '</td><td>' + fmtBytes(x.memory_bytes) + '</td><td>' + inf + '</td><td>' + ((now - x.updated_ns) / 1e9).toFixed(1) + ' s</td></tr>';
   });
   $('rank-rows').innerHTML = rows.join('');
+
+  renderServing(ranks);
 
   var sl = (d.stragglers || []).map(function(s){
     return '<li>rank ' + s.rank + ' computes ' + fmtNs(s.compute_ns) + ' per step, ' + fmtNs(s.excess_ns) + ' (' + fmtPct(s.excess_ratio) + ') more than the others\u2019 median: they wait for it</li>';
@@ -228,6 +259,7 @@ _BODY = """
 <div class="chart"><h3>Communication share of step time by dimension (mean over ranks)</h3><div id="chart-comm"></div></div>
 <div class="chart"><h3>Memory per rank</h3><div id="chart-mem"></div></div>
 </div>
+<h2 id="serving-h" style="display:none">Serving</h2><div id="serving"></div>
 <h2>Ranks</h2>
 <table><thead><tr><th>rank</th><th>host</th><th>status</th><th>steps</th><th>step time</th><th>steps/s</th><th>tokens/s</th>
 <th>comm</th><th>exposed</th><th>memory</th><th>oldest in flight</th><th>record age</th></tr></thead><tbody id="rank-rows"></tbody></table>

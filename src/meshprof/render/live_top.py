@@ -9,7 +9,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from meshprof.analyze.live.top_table import SORT_KEYS, TopRow, TopTable
+from meshprof.analyze.live.top_table import SORT_KEYS, ServingTop, TopRow, TopTable
 from meshprof.render.format import MISSING, fmt_bytes, fmt_ns, fmt_pct
 
 BLOCKS = "▁▂▃▄▅▆▇█"
@@ -17,6 +17,10 @@ BLOCKS = "▁▂▃▄▅▆▇█"
 
 SPARK_WIDTH = 16
 """Steps a sparkline shows (the most recent)."""
+
+DECODE_SLOW = 1.1
+"""A rank whose decode compute is this many times its peers' is named under the serving
+line."""
 
 
 def sparkline(values: list[int], width: int = SPARK_WIDTH) -> str:
@@ -87,9 +91,44 @@ def _header(t: TopTable, run_dir: str) -> Text:
     return line
 
 
+def _s(seconds: float) -> str:
+    return fmt_ns(seconds * 1e9) if seconds == seconds else MISSING
+
+
+def serving_lines(s: ServingTop) -> list[Text]:
+    """The serving job's lines: requests, latencies over the recent window, tokens/s, errors,
+    goodput; the ranks slow in decode."""
+    out = []
+    x = s.live
+    if x is not None:
+        w = x.window
+        good = ""
+        if x.slo is not None:
+            good = (
+                f" · goodput {w.goodput_per_s:.3g}/s ({fmt_pct(w.slo_attainment)} met "
+                f"{x.slo.text()})"
+            )
+        out.append(
+            Text(
+                f"serving (rank {s.rank}): {x.requests_running} running, {x.requests_waiting} "
+                f"waiting · last {w.window_s:.0f} s: TTFT p50 {_s(w.ttft_p50_s)} p99 "
+                f"{_s(w.ttft_p99_s)} · ITL p50 {_s(w.itl_p50_s)} p99 {_s(w.itl_p99_s)} · TPOT "
+                f"p50 {_s(w.tpot_p50_s)} p99 {_s(w.tpot_p99_s)} · {w.output_tokens_per_s:.3g} "
+                f"tok/s · errors {fmt_pct(w.error_rate)}{good}",
+                style="bold",
+            )
+        )
+    slow = sorted(((v, r) for r, v in s.decode_scores.items() if v >= DECODE_SLOW), reverse=True)
+    for v, r in slow[:3]:
+        out.append(Text(f"decode: rank {r} computes {v:.2f}× its peers per step", style="yellow"))
+    return out
+
+
 def render_top(t: TopTable, run_dir: str, interactive: bool = False) -> RenderableType:
     """One frame of ``meshprof top`` (``interactive`` adds the line of keys)."""
     parts: list[RenderableType] = [_header(t, run_dir)]
+    if t.serving is not None:
+        parts.extend(serving_lines(t.serving))
     for s in t.stragglers[:3]:
         parts.append(
             Text(
@@ -167,4 +206,12 @@ def _sort_column(sort: str) -> str:
     }.get(sort, "")
 
 
-__all__ = ["BLOCKS", "SPARK_WIDTH", "fmt_throughput", "render_top", "render_waiting", "sparkline"]
+__all__ = [
+    "BLOCKS",
+    "SPARK_WIDTH",
+    "fmt_throughput",
+    "render_top",
+    "render_waiting",
+    "serving_lines",
+    "sparkline",
+]

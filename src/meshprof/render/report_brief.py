@@ -17,6 +17,7 @@ from meshprof.render.changes import changes_lines
 from meshprof.render.failures import failure_headline
 from meshprof.render.format import fmt_bytes, fmt_ns, fmt_pct, fmt_signed_pct
 from meshprof.render.report_text import sampling_line
+from meshprof.render.serving_text import print_serving_brief
 from meshprof.render.verdict import print_ledger, print_verdict, say
 from meshprof.report.run_report import RunReport
 from meshprof.report.stages.changes import CHANGES
@@ -183,6 +184,7 @@ BRIEF_PARTS: tuple[Callable[[RunReport, Console], None], ...] = (
     _headline,
     print_verdict,
     print_ledger,
+    print_serving_brief,
     _ranks,
     _groups,
     _rest,

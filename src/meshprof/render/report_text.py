@@ -24,6 +24,7 @@ from meshprof.render.format import (
     fmt_rate,
     fmt_signed_pct,
 )
+from meshprof.render.serving_text import print_serving
 from meshprof.render.verdict import print_ledger, print_verdict
 from meshprof.render.what_if import what_if_lines
 from meshprof.report.run_report import RunReport
@@ -275,6 +276,7 @@ TEXT_SECTIONS: tuple[Callable[[RunReport, Console], None], ...] = (
     _headline,
     print_verdict,
     print_ledger,
+    print_serving,
     _print_findings,
     _ranks,
     _print_pipeline_and_traces,

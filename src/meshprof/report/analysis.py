@@ -40,15 +40,18 @@ class RunAnalysis:
 
 def choose_window(run: LoadedRun, options: ReportOptions) -> tuple[LoadedRun, ReportOptions]:
     """The change points of ``run`` and the steps the report analyses: ``options.window`` when
-    given, else the latest regime when something changed mid-run (``options.regime``), else
-    everything. Returns the run cut to that window and the options carrying the
+    given, else the latest regime when something changed mid-run (``options.regime``; not for a
+    job that served requests, whose step time follows its load), else everything. Returns the run cut to that window and the options carrying the
     :class:`~meshprof.analyze.run.changes.Timeline`."""
     series = step_series(run)
     found = find_changes(series)
     first = int(series.steps[0]) if series is not None else -1
     last = int(series.steps[-1]) if series is not None else -1
     window, reason = options.window, "asked" if options.window is not None else ""
-    if window is None and options.regime and series is not None:
+    serving = any(len(rd.requests) for rd in run.ranks.values())
+    # a serving job's step time follows its load (batch sizes, prefill and decode): its change
+    # points are listed, the whole run analysed unless a window is asked for
+    if window is None and options.regime and series is not None and not serving:
         window = latest_regime(found, last)
         reason = "latest_regime" if window is not None else ""
     timeline = Timeline(

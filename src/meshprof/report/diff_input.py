@@ -9,6 +9,7 @@ from meshprof.report.stages.changes import CHANGES
 from meshprof.report.stages.conclusions import PROBLEMS, SUMMARY
 from meshprof.report.stages.pipeline import BOTTLENECKS
 from meshprof.report.stages.rank_analyses import RANK_ANALYSES
+from meshprof.report.stages.serving import SERVING
 from meshprof.report.stages.stragglers import STRAGGLERS
 from meshprof.report.stages.tables import BY_SIZE, COMM_SHARE, MEMORY, RANKS
 
@@ -30,6 +31,7 @@ def side_of(rep: RunReport, layout: Layout | None) -> RunSide:
             bottlenecks=rep[BOTTLENECKS],
             findings=summary.findings,
             timeline=rep[CHANGES],
+            serving=rep.get(SERVING),
         ),
         layout,
     )

@@ -21,6 +21,7 @@ from meshprof.analyze.run.changes import Timeline
 from meshprof.analyze.run.stragglers import DEFAULT_THRESHOLD
 from meshprof.analyze.run.window import StepWindow
 from meshprof.errors import MeshprofError
+from meshprof.records.serving import ServiceLevels
 
 T = TypeVar("T")
 
@@ -62,6 +63,9 @@ class ReportOptions:
     regime: bool = True
     """Without a window: when something changed mid-run, analyse the latest regime (the steps
     since the latest change point; ``--steps all`` turns it off)."""
+    slo: ServiceLevels | None = None
+    """Service levels of a serving run (``--slo ttft=200ms,tpot=50ms``): the goodput counts
+    the requests that met them."""
     timeline: Timeline | None = None
     """Set by :func:`meshprof.report.analysis.analyze_run`: the change points and the window
     it chose (the ``changes`` section)."""

@@ -33,8 +33,10 @@ from meshprof.events import (
     EVENT_DTYPE,
     MEMORY_DTYPE,
     OP_NAMES,
+    REQUEST_DTYPE,
     SPAN_DTYPE,
     STEP_TOTALS_DTYPE,
+    TOKEN_DTYPE,
 )
 from meshprof.records.codec import RecordError
 from meshprof.records.members import Members
@@ -66,6 +68,12 @@ class RankData:
     steps: np.ndarray = field(default_factory=lambda: np.zeros(0, STEP_TOTALS_DTYPE))
     """Per-step totals (STEP_TOTALS_DTYPE) for the whole run, including the steps whose
     detailed rows were rotated out (segment storage; empty for a single rank file)."""
+    requests: np.ndarray = field(default_factory=lambda: np.zeros(0, REQUEST_DTYPE))
+    """The serving requests this rank recorded (REQUEST_DTYPE), in the order they finished
+    (those still running at the last write at the end, reason ``unfinished``); empty for a
+    rank that served none (and for a single rank file)."""
+    tokens: np.ndarray = field(default_factory=lambda: np.zeros(0, TOKEN_DTYPE))
+    """Their token emissions (TOKEN_DTYPE), in the order they were emitted."""
 
     @property
     def world_size(self) -> int:

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from meshprof.errors import MeshprofError
-from meshprof.events import EVENT_DTYPE, MEMORY_DTYPE, SPAN_DTYPE
+from meshprof.events import EVENT_DTYPE, MEMORY_DTYPE, REQUEST_DTYPE, SPAN_DTYPE, TOKEN_DTYPE
 from meshprof.records.codec import RecordError
 from meshprof.records.members import Members
 from meshprof.records.rank_meta import Recovered
@@ -88,7 +88,8 @@ def load_rank_dir(
     last: Any = None
     batches = 0
     inflight = _empty(EVENT_DTYPE)
-    for b in iter_batches(files, problems):
+    serving: list[tuple[np.ndarray, np.ndarray]] = []
+    for b in iter_batches(files, problems, None if meta_only else serving):
         batches += 1
         last = b.info
         inflight = b.inflight  # the set at the last tick written
@@ -163,6 +164,8 @@ def load_rank_dir(
         file_events=rows,
         steps=read_step_totals(files),
         inflight=np.array(inflight),
+        requests=join_rows([r for r, _ in serving if len(r)], REQUEST_DTYPE),
+        tokens=join_rows([t for _, t in serving if len(t)], TOKEN_DTYPE),
     )
 
 

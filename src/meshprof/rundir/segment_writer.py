@@ -31,6 +31,7 @@ from meshprof.rundir.confine import check_inside, make_dirs
 from meshprof.rundir.segments import (
     CURSOR,
     KIND_BATCH,
+    KIND_SERVING,
     KIND_STEPS,
     META_RE,
     RESERVE,
@@ -97,6 +98,8 @@ class _Segment:
     events: int = 0
     spans: int = 0
     last_ns: int = 0
+    requests: int = 0
+    tokens: int = 0
 
 
 class SegmentWriter:
@@ -128,6 +131,10 @@ class SegmentWriter:
         self.rotated_segments = 0
         self.rotated_events = 0
         self.rotated_spans = 0
+        self.rotated_requests = 0
+        self.rotated_tokens = 0
+        self.requests_written = 0
+        self.tokens_written = 0
         self.closed_ns = 0
         self._seg: _Segment | None = None
         self._seg_fd = -1
@@ -162,6 +169,10 @@ class SegmentWriter:
             rotated_segments=self.rotated_segments,
             rotated_events=self.rotated_events,
             rotated_spans=self.rotated_spans,
+            requests_written=self.requests_written or None,
+            tokens_written=self.tokens_written or None,
+            rotated_requests=self.rotated_requests or None,
+            rotated_tokens=self.rotated_tokens or None,
             retain_s=lim.retain_s,
             max_disk_bytes=lim.max_disk_bytes,
             segment_bytes=lim.segment_bytes,
@@ -197,6 +208,30 @@ class SegmentWriter:
             seg.events += events
             seg.spans += spans
             seg.last_ns = t_ns
+            return True
+        except OSError as e:
+            self._stop(e)
+            return False
+
+    def append_serving(self, payload: bytes, requests: int, tokens: int, t_ns: int) -> bool:
+        """Append one serving chunk (:func:`~meshprof.rundir.segments.serving_payload`) to the
+        open segment (opening or rotating as needed)."""
+        if self.stopped:
+            return False
+        try:
+            self._ensure_segment()
+            if self._seg_size >= self.limits.segment_bytes:
+                self._rotate()
+            data = chunk(KIND_SERVING, payload)
+            self._append(self._seg_fd, data, self._seg_size)
+            self._seg_size += len(data)
+            seg = self._seg
+            assert seg is not None
+            seg.requests += requests
+            seg.tokens += tokens
+            seg.last_ns = max(seg.last_ns, t_ns)
+            self.requests_written += requests
+            self.tokens_written += tokens
             return True
         except OSError as e:
             self._stop(e)
@@ -430,6 +465,8 @@ class SegmentWriter:
                     self.rotated_segments += 1
                     self.rotated_events += seg.events
                     self.rotated_spans += seg.spans
+                    self.rotated_requests += seg.requests
+                    self.rotated_tokens += seg.tokens
 
     def _close_fds(self) -> None:
         with self._cursor_lock:

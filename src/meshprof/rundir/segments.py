@@ -21,7 +21,10 @@ step the rank is in, the id of its first event, row counts), then the new event,
 memory rows as packed arrays, the collectives in flight at the tick (EVENT_DTYPE rows of status
 pending, duration -1: a rank's in-flight set is its last batch's; a change of the set alone
 makes a batch), then the error texts and metadata of those events (JSON keyed by
-event id). The steps file holds ``STEPS`` chunks of STEP_TOTALS_DTYPE rows.
+event id). The steps file holds ``STEPS`` chunks of STEP_TOTALS_DTYPE rows. A serving rank
+also appends a ``SERVING`` chunk per tick with something new: the requests finished since the
+last one (REQUEST_DTYPE rows; at the last write, also those still running, reason
+``unfinished``) and the token emissions (TOKEN_DTYPE rows), after a :data:`SERVING_HEAD`.
 
 Nothing is ever rewritten: the bytes written per collective are the bytes stored. A process
 killed without warning leaves everything it appended (the kernel keeps the page cache of a dead
@@ -42,7 +45,14 @@ from pathlib import Path
 
 import numpy as np
 
-from meshprof.events import EVENT_DTYPE, MEMORY_DTYPE, SPAN_DTYPE, STEP_TOTALS_DTYPE
+from meshprof.events import (
+    EVENT_DTYPE,
+    MEMORY_DTYPE,
+    REQUEST_DTYPE,
+    SPAN_DTYPE,
+    STEP_TOTALS_DTYPE,
+    TOKEN_DTYPE,
+)
 from meshprof.records.codec import RecordError
 from meshprof.records.storage import SEGMENT_FORMAT, SegmentHeader
 from meshprof.rundir.json_file import read_bytes
@@ -61,6 +71,10 @@ KIND_BATCH = 2
 """One tick's new rows."""
 KIND_STEPS = 3
 """STEP_TOTALS_DTYPE rows."""
+KIND_SERVING = 4
+"""One tick's finished requests and token emissions (a serving rank)."""
+SERVING_HEAD = struct.Struct("<II")
+"""A serving chunk's head: request rows, token rows (8 bytes)."""
 
 BATCH_DTYPE = np.dtype(
     [
@@ -89,6 +103,10 @@ DTYPES = {
     "batch": BATCH_DTYPE,
     "steps": STEP_TOTALS_DTYPE,
 }
+
+SERVING_DTYPES = {"requests": REQUEST_DTYPE, "tokens": TOKEN_DTYPE}
+"""Layouts of the serving chunks' rows: in every header written since they exist; a file
+without them (an earlier version) has no serving chunk."""
 
 SEGMENT_RE = re.compile(r"^g(\d+)-(\d+)\.seg$")
 STEPS_RE = re.compile(r"^g(\d+)-steps\.seg$")
@@ -147,7 +165,7 @@ def new_header(
         pid=pid,
         run_id=run_id,
         created_ns=created_ns,
-        dtypes={name: dtype_text(dt) for name, dt in DTYPES.items()},
+        dtypes={name: dtype_text(dt) for name, dt in {**DTYPES, **SERVING_DTYPES}.items()},
     )
 
 
@@ -245,8 +263,7 @@ def parse_header(kind: int, payload: memoryview, name: str) -> tuple[SegmentHead
         header = SegmentHeader.from_dict(json.loads(bytes(payload)), name)
     except (ValueError, TypeError, RecursionError, RecordError) as e:
         return None, f"{name}: damaged segment header ({e})"
-    want = {n: dtype_text(dt) for n, dt in DTYPES.items()}
-    if header.format != SEGMENT_FORMAT or (header.dtypes or {}) != want:
+    if header.format != SEGMENT_FORMAT or not _known_layout(header.dtypes or {}):
         return None, f"{name}: segment of another meshprof format"
     return header, ""
 
@@ -280,6 +297,43 @@ def read_chunks(path: Path) -> FileChunks:
     if out.header is None and not out.problem and n:
         out.problem = f"{path.name}: damaged segment (no header)"
     return out
+
+
+def _known_layout(dtypes: dict[str, str]) -> bool:
+    """The header names this version's row layouts: every table of :data:`DTYPES`, and the
+    serving tables where it has them."""
+    for name, dt in DTYPES.items():
+        if dtypes.get(name) != dtype_text(dt):
+            return False
+    extra = set(dtypes) - set(DTYPES)
+    if not extra <= set(SERVING_DTYPES):
+        return False
+    return all(dtypes[name] == dtype_text(SERVING_DTYPES[name]) for name in extra)
+
+
+def serving_payload(requests: np.ndarray, tokens: np.ndarray) -> bytes:
+    """A serving chunk's payload: the head, the request rows, the token rows."""
+    return b"".join(
+        (
+            SERVING_HEAD.pack(len(requests), len(tokens)),
+            np.ascontiguousarray(requests, dtype=REQUEST_DTYPE).tobytes(),
+            np.ascontiguousarray(tokens, dtype=TOKEN_DTYPE).tobytes(),
+        )
+    )
+
+
+def decode_serving(payload: memoryview) -> tuple[np.ndarray, np.ndarray]:
+    """A serving chunk's (request rows, token rows); ValueError when its sizes do not add up."""
+    if len(payload) < SERVING_HEAD.size:
+        raise ValueError("serving chunk shorter than its head")
+    nr, nt = SERVING_HEAD.unpack_from(payload)
+    o1 = SERVING_HEAD.size + nr * REQUEST_DTYPE.itemsize
+    if o1 + nt * TOKEN_DTYPE.itemsize != len(payload):
+        raise ValueError("serving chunk sizes do not add up")
+    return (
+        np.frombuffer(payload, REQUEST_DTYPE, nr, SERVING_HEAD.size),
+        np.frombuffer(payload, TOKEN_DTYPE, nt, o1),
+    )
 
 
 @dataclass(slots=True)
@@ -327,9 +381,14 @@ def scan_rank_dir(path: Path) -> RankFiles | None:
     return newest
 
 
-def iter_batches(files: RankFiles, problems: list[str] | None = None) -> Iterator[Batch]:
+def iter_batches(
+    files: RankFiles,
+    problems: list[str] | None = None,
+    serving: list[tuple[np.ndarray, np.ndarray]] | None = None,
+) -> Iterator[Batch]:
     """Every batch of the generation's segments, oldest first (a damaged batch ends its file;
-    what could not be read is appended to ``problems``)."""
+    what could not be read is appended to ``problems``). ``serving``: the serving chunks'
+    (request rows, token rows) are appended to it as they are read."""
     for seg in files.segments:
         got = read_chunks(seg)
         if got.problem:
@@ -337,6 +396,14 @@ def iter_batches(files: RankFiles, problems: list[str] | None = None) -> Iterato
                 problems.append(got.problem)
             continue
         for kind, payload in got.chunks:
+            if kind == KIND_SERVING and serving is not None:
+                try:
+                    serving.append(decode_serving(payload))
+                except ValueError as e:
+                    if problems is not None:
+                        problems.append(f"{seg.name}: {e}")
+                    break
+                continue
             if kind != KIND_BATCH:
                 continue
             try:
@@ -382,9 +449,12 @@ __all__ = [
     "CURSOR",
     "KIND_BATCH",
     "KIND_HEADER",
+    "KIND_SERVING",
     "KIND_STEPS",
     "RANK_DIR_RE",
     "RESERVE",
+    "SERVING_DTYPES",
+    "SERVING_HEAD",
     "TICK_S",
     "Batch",
     "FileChunks",
@@ -393,6 +463,7 @@ __all__ = [
     "chunk",
     "cursor_name",
     "decode_batch",
+    "decode_serving",
     "header_chunk",
     "iter_batches",
     "meta_name",
@@ -404,5 +475,6 @@ __all__ = [
     "read_step_totals",
     "scan_rank_dir",
     "segment_name",
+    "serving_payload",
     "steps_name",
 ]

@@ -43,6 +43,7 @@ from meshprof.rundir.row_tail import RowTail, rows_since
 from meshprof.rundir.schema import RANK_FORMAT, ExitStatus, RankMeta
 from meshprof.rundir.segment_writer import SegmentWriter, StorageLimits, describe_stop
 from meshprof.rundir.segments import BATCH_DTYPE, TICK_S, batch_payload
+from meshprof.rundir.serving_rows import ServingRows
 from meshprof.rundir.step_totals import StepTotals
 
 if TYPE_CHECKING:
@@ -126,6 +127,7 @@ class RankWriter:
         self._overrun = 0
         self._spans_tail = RowTail()
         self._memory_tail = RowTail()
+        self.serving = ServingRows()  # a serving rank's requests and tokens not appended yet
         self._totals = StepTotals()
         self._steps_written = 0
         self._steps_pending: list[np.ndarray] = []
@@ -202,7 +204,7 @@ class RankWriter:
                 return None
             self._lock_owner = threading.get_ident()
             try:
-                self._tick()
+                self._tick(final)
                 store = self.store
                 if store is None:
                     return None
@@ -254,7 +256,7 @@ class RankWriter:
             # under it goes, and everything the ring still holds is written under the real one
             store.discard()
             self._log, self._next_id, self._overrun, self._events_written = None, 0, 0, 0
-            self._spans_tail, self._memory_tail = RowTail(), RowTail()
+            self._spans_tail, self._memory_tail, self.serving = RowTail(), RowTail(), ServingRows()
             self._totals, self._steps_pending, self._steps_written = StepTotals(), [], 0
         self.store = store = SegmentWriter(
             self.run_dir, rank, self.limits, self.run_id, on_stop=self._on_storage_stop
@@ -267,7 +269,7 @@ class RankWriter:
             self.prof.step_listeners.append(self._note_step)
         return store
 
-    def _tick(self) -> None:
+    def _tick(self, final: bool = False) -> None:
         """One tick (lock held): flush the recorder, append the new rows as one batch."""
         t0 = time.time_ns()
         prof = self.prof
@@ -294,6 +296,7 @@ class RankWriter:
         spans = rows_since(getattr(mon, "span_rows", None), self._spans_tail, SPAN_DTYPE)
         memory = rows_since(getattr(mon, "memory_rows", None), self._memory_tail, MEMORY_DTYPE)
         self._totals.add(events, spans, memory)
+        self.serving.append(store, t0, final)  # (``final``: with the requests still running)
         if self._tables_changed():
             self._write_meta(True, fsync=False)
         inflight = reading.pending.rows
@@ -400,6 +403,7 @@ class RankWriter:
         mon = self.monitor
         if mon is not None:
             meta = meta.updated(span_names=list(mon.span_names), monitor=mon.to_meta())
+        meta = self.serving.counted(meta)
         extra = {k: v for k, v in self.extra_meta.items() if k not in ("exit", "writer")}
         if extra:
             meta = meta.updated(**extra)
@@ -417,7 +421,7 @@ class RankWriter:
             meta.exit,
             meta.world_size,
             len(meta.groups or []),
-            repr(meta.clock_sync),
+            repr((meta.clock_sync, meta.serving)),
             store.stopped,
             self._steps_written,
             self._events_written,

@@ -32,10 +32,13 @@ import numpy as np
 
 from meshprof.analyze.compute.intervals import clipped_total
 from meshprof.events import FLAG_UNSAMPLED, OP_NAMES
+from meshprof.monitor.request_monitor import get_request_monitor
 from meshprof.process import env_rank
 from meshprof.records.live import HIST_BOUNDS_S, DimLive, InflightLive, OpSeries, RankLive
+from meshprof.records.serving import ServiceLevels, ServingLive
 from meshprof.rundir.live import LiveWriter, live_file
 from meshprof.session.live_ledger import LiveLedger
+from meshprof.session.live_serving import LiveServing, decode_figures
 
 #: Steps in the recent window (medians, shares, rates).
 WINDOW_STEPS = 32
@@ -181,6 +184,7 @@ class LivePublisher:
         rank: int | None = None,
         layout: object = None,
         extra: dict[str, Any] | None = None,
+        slo: ServiceLevels | None = None,
     ) -> None:
         self.run_dir = Path(run_dir)
         self.prof = prof
@@ -191,6 +195,8 @@ class LivePublisher:
         lay = layout if layout is not None else getattr(monitor, "layout", None)
         self.counters = LiveCounters(prof, lay)
         self.ledger = LiveLedger(self.counters)
+        self.serving = LiveServing(slo)
+        """The serving figures (a rank with a request monitor, or with decode steps)."""
         self.started_ns = time.time_ns()
         self.publishes = 0
         self.failures = 0
@@ -286,10 +292,22 @@ class LivePublisher:
             self._fill_steps(rec, recent_steps(mon))
             self._fill_memory(rec, mon)
             self.ledger.fill(rec, mon)
+        self._fill_serving(rec, mon)
         ops = reading.pending.ops if reading is not None else self._ops_in_flight()
         rec.inflight_count = len(ops)
         rec.inflight = self._inflight(ops)
         return rec
+
+    def _fill_serving(self, rec: RankLive, mon: Any) -> None:
+        rm = get_request_monitor()
+        if rm is not None:
+            self.serving.fold(rm)
+            rec.serving = self.serving.build(rm, rec.updated_ns, mon, self.counters)
+            return
+        live = ServingLive(serves_requests=False)
+        decode_figures(live, mon, self.counters)
+        if live.decode_steps:
+            rec.serving = live
 
     def _rank(self) -> int:
         if self.rank is not None:

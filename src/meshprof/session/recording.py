@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from meshprof.monitor.step_detect import STEP_DETECT_MODES, StepDetector, step_detect_mode
 from meshprof.process import process_rank
 from meshprof.records.captures import CaptureLimits
+from meshprof.records.serving import ServiceLevels
 from meshprof.rundir.schema import HANG_DIR, Manifest
 
 if TYPE_CHECKING:
@@ -105,6 +106,13 @@ class SessionConfig:
     """Spans and memory samples the step monitor keeps in memory (0: its own limit, a million):
     the rank writer appends them to the segments every tick, so a small bound (``meshprof run``
     keeps 16,384) keeps a weeks-long run's memory flat."""
+    slo: ServiceLevels | None = None
+    """Service levels a serving rank's live goodput and SLO attainment count against
+    (``meshprof run --slo``)."""
+    serving_hooks: bool = False
+    """Recognize Hugging Face ``generate()`` calls as serving (each batch row a request, the
+    forwards prefill and decode steps: :mod:`meshprof.monitor.hf_generate`); ``meshprof
+    run`` turns it on."""
     on_error: Callable[[str, BaseException], None] | None = None
     """Called once per failed part (see :data:`PARTS`) instead of the default stderr line
     ("meshprof: <what> failed, the script runs without it: ...")."""
@@ -115,6 +123,7 @@ PARTS = {
     "recorder": "enabling the recorder",
     "step monitor": "creating the step monitor",
     "step detection": "automatic step detection",
+    "serving hooks": "recognizing Hugging Face generate() as serving",
     "rank writer": "starting the rank writer",
     "live state": "publishing the live state",
     "watchdog": "starting the hang watchdog",
@@ -192,6 +201,13 @@ class RecordingSession:
                 self.steps.start(cfg.step_detection)
             except Exception as e:
                 self._fail("step detection", e)
+        if cfg.serving_hooks:
+            try:
+                from meshprof.monitor import hf_generate
+
+                hf_generate.install(lambda: self.monitor, self.steps.decide_inference)
+            except Exception as e:
+                self._fail("serving hooks", e)
         if cfg.run_dir is not None:
             self._start_writer(Path(cfg.run_dir))
             if cfg.live_interval_s > 0:
@@ -277,6 +293,11 @@ class RecordingSession:
             self.capture_agent = None
         self.settle_steps()
         self.steps.remove_hooks()
+        if self.config.serving_hooks:
+            with contextlib.suppress(Exception):
+                from meshprof.monitor import hf_generate
+
+                hf_generate.uninstall()
         self._unwrap_init_process_group()
         if self.writer is not None:
             with contextlib.suppress(Exception):
@@ -392,6 +413,7 @@ class RecordingSession:
                 rank=self.config.rank,
                 layout=layout,
                 extra=self.meta,
+                slo=self.config.slo,
             )
             if self.writer is not None:
                 self.live.storage_state = lambda: self.writer.storage_state if self.writer else ""

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from meshprof.analyze.diff.serving_diff import headline_rows, serving_diff
 from meshprof.analyze.diff.types import (
     BottleneckChanges,
     CollectiveDiff,
@@ -63,6 +64,7 @@ from meshprof.analyze.run.types import (
     RunFinding,
     SizeRow,
 )
+from meshprof.analyze.serve.types import ServingReport
 from meshprof.analyze.steps.types import StepAnalysis
 from meshprof.errors import MeshprofError
 from meshprof.layout import Layout
@@ -122,6 +124,8 @@ class RunSide:
     """Its bottlenecks and findings, as they would be listed if they appeared or vanished."""
     timeline: Timeline | None = None
     """When things changed in it, and which steps its report analysed."""
+    serving: ServingReport | None = None
+    """Its serving section (None: it served no requests)."""
 
     @property
     def has_collectives(self) -> bool:
@@ -192,6 +196,8 @@ class RunFigures:
     findings: tuple[RunFinding, ...]
     timeline: Timeline | None = None
     """When things changed in the run, and which steps its report analysed."""
+    serving: ServingReport | None = None
+    """Its serving section (None: it served no requests)."""
 
 
 def run_side(rep: RunFigures, layout: Layout | None) -> RunSide:
@@ -231,6 +237,7 @@ def run_side(rep: RunFigures, layout: Layout | None) -> RunSide:
         tokens_per_s=_nanmedian(tokens) if tokens else _NAN,
         findings=_findings_of(rep.bottlenecks, rep.findings),
         timeline=rep.timeline,
+        serving=rep.serving,
     )
 
 
@@ -487,6 +494,11 @@ def diff_runs(a: RunSide, b: RunSide) -> RunDiff:
     mem = _memory(a, b)
     tp = _throughput(a, b)
     head = _headline(d_step, phases, ranks, colls, shares, mem, tp, {x.rank: x for x in a.ranks})
+    serving = serving_diff(a.serving, b.serving)
+    if serving is not None and serving.note:
+        notes.append(serving.note)
+    served = [Headline(f.figure, f.unit, f.a, f.b, f.delta, f.rel) for f in headline_rows(serving)]
+    head = tuple(sorted((*head, *served), key=lambda h: -abs(h.rel))[:HEADLINE_MAX])
     return RunDiff(
         a_path=a.path,
         b_path=b.path,
@@ -504,4 +516,5 @@ def diff_runs(a: RunSide, b: RunSide) -> RunDiff:
         notes=tuple(notes),
         a_changes=a.timeline,
         b_changes=b.timeline,
+        serving=serving,
     )

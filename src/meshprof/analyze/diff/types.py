@@ -12,6 +12,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from meshprof.analyze.diff.serving_diff import ServingDiff
 from meshprof.analyze.run.changes import Timeline
 from meshprof.records.codec import dataclass_to_json, to_json
 from meshprof.records.finding import Finding
@@ -229,10 +230,12 @@ class RunDiff:
     when something changed mid-run)."""
     b_changes: Timeline | None = None
     """The same for B."""
+    serving: ServingDiff | None = None
+    """Serving compared (None: neither run served requests)."""
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict (NaN becomes None)."""
-        return to_json(
+        """A JSON-ready dict (NaN becomes None; ``serving`` only when a run served requests)."""
+        out = to_json(
             {
                 "a": {
                     "path": self.a_path,
@@ -256,6 +259,9 @@ class RunDiff:
                 "bottlenecks": self.bottlenecks,
             }
         )
+        if self.serving is not None:
+            out["serving"] = to_json(self.serving)
+        return dict(out)
 
 
 def _timeline(t: Timeline | None) -> dict[str, Any] | None:

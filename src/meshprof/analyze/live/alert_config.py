@@ -17,6 +17,8 @@ RULES: tuple[str, ...] = (
     "inflight",
     "stall",
     "stale",
+    "decode_straggler",
+    "slo",
 )
 """Every rule's name (the :attr:`Alert.kind` it raises)."""
 
@@ -29,6 +31,8 @@ UNITS: dict[str, str] = {
     "inflight": "s",
     "stall": "s",
     "stale": "s",
+    "decode_straggler": "ratio",
+    "slo": "ratio",
 }
 """The SI unit of each rule's :attr:`Alert.value` and :attr:`Alert.threshold`: ``ratio`` (0.25
 for 25 %), ``bytes`` or ``s``."""
@@ -92,6 +96,15 @@ class AlertConfig:
     ``stall_floor_s``."""
     stale: bool = True
     """Alert when a running rank stops publishing its live state."""
+    decode_straggler_pct: float = 20.0
+    """A serving rank whose compute in its recent decode steps exceeds the median of the other
+    fresh ranks' of its pipeline stage by more than this many percent, for
+    ``straggler_looks`` consecutive fresh records (every token of every running request waits
+    for it)."""
+    slo_attainment_pct: float = 90.0
+    """A serving rank's SLO attainment over the recent window (requests that met every service
+    level of ``--slo`` / successful requests) below this many percent, for ``hold_looks``
+    consecutive fresh records (no service levels: no alert)."""
     warmup_steps: int = 10
     """Steps ignored at the start (compilation, allocator and cache warm-up) for the baselines."""
     baseline_steps: int = 20
@@ -127,11 +140,17 @@ class AlertConfig:
             ("memory_growth_pct", "--alert-memory-growth"),
             ("memory_growth_floor_bytes", "--alert-memory-growth-floor"),
             ("noise_k", "--alert-noise-k"),
+            ("decode_straggler_pct", "--alert-decode-straggler"),
+            ("slo_attainment_pct", "--alert-slo-attainment"),
             ("command_interval_s", "--alert-interval"),
         ):
             v = getattr(self, name)
             if not v >= 0:
                 raise MeshprofError(f"{option} {v}: must be >= 0 (0 turns it off)")
+        if self.slo_attainment_pct > 100:
+            raise MeshprofError(
+                f"--alert-slo-attainment {self.slo_attainment_pct}: must be at most 100 (%)"
+            )
         if self.throughput_drop_pct >= 100:
             raise MeshprofError(
                 f"--alert-throughput-drop {self.throughput_drop_pct}: must be below 100 (%)"

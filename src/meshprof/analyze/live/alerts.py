@@ -38,6 +38,8 @@ Rules (each one can be turned off in :class:`AlertConfig`):
   last completed step, so not before its first step.
 * ``stale`` — a running rank stopped publishing (see :meth:`RankLive.is_stale`); and, when the
   job has ended, a rank torchrun saw die whose last record says running (:meth:`AlertRules.flush`).
+* ``decode_straggler``, ``slo`` — a serving job's (conditions in
+  :mod:`meshprof.analyze.live.serving_rules`).
 
 Every alert's ``value`` and ``threshold`` are in the rule's SI unit (:data:`UNITS`: a ratio,
 bytes or seconds; the message may say ms, GiB or %), and ``since_step`` is the step at which the
@@ -65,6 +67,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from meshprof.analyze.live.alert_config import JOB_WIDE, RULES, UNITS, AlertConfig
+from meshprof.analyze.live.serving_rules import decode_excess, serving_conditions
 from meshprof.records.finding import FindingKind, Severity
 from meshprof.records.live import (
     STALE_GRACE_S,
@@ -232,7 +235,12 @@ class AlertRules:
             x.inflight is not None and x.rank not in snap.stale for x in running
         )  # every running rank waits in a collective: none can end the wait
         trips: dict[str, list[_Trip]] = {k: [] for k in RULES}
+        decode = decode_excess(snap.ranks, snap.stale)
         for r, x in fresh.items():
+            for c in serving_conditions(cfg, x, decode.get(r)):  # (serving_rules.py)
+                if self._observe(c.rule, r, c.holds, x.step, c.looks) and c.holds:
+                    since = self._since(c.rule, r)
+                    trips[c.rule].append(_Trip(r, c.text, c.value, c.threshold, since))
             self._rule_straggler(r, x, stragglers.get(r), trips)
             self._rule_step(r, x, trips)
             self._rule_rate(r, x, trips)
@@ -559,6 +567,8 @@ class AlertRules:
             "inflight": f"collective stuck on {subject}: {detail}",
             "stall": f"step stalled on {subject}: {detail}",
             "stale": f"{subject} stopped publishing live state: {detail}",
+            "decode_straggler": f"{subject} slow in decode: {detail}",
+            "slo": f"service levels missed on {subject}: {detail}",
         }[rule]
         known = [t.since_step for t in trips if t.since_step >= 0]
         return Alert(

@@ -9,8 +9,10 @@ import statistics
 from dataclasses import dataclass, field
 
 from meshprof.analyze.live.alerts import inflight_age_ns, rank_rate
+from meshprof.analyze.live.serving_rules import decode_excess
 from meshprof.analyze.live.snapshot import straggler_scores
 from meshprof.records.live import Alert, LiveSnapshot, LiveStraggler, RankLive
+from meshprof.records.serving import ServingLive
 
 SORT_KEYS: dict[str, str] = {
     "o": "cost",
@@ -95,6 +97,32 @@ class TopTable:
     stragglers: list[LiveStraggler] = field(default_factory=list)
     alerts: list[Alert] = field(default_factory=list)
     """The most recent alerts, oldest first."""
+    serving: ServingTop | None = None
+    """A serving job's figures (None: no rank serves requests or names decode steps)."""
+
+
+@dataclass(slots=True)
+class ServingTop:
+    """What ``top`` shows of a serving job: the serving rank's live figures and each rank's
+    decode compute against its peers'."""
+
+    rank: int
+    """The serving rank shown (the lowest that records requests; -1: none, decode only)."""
+    live: ServingLive | None
+    """Its live figures."""
+    decode_scores: dict[int, float] = field(default_factory=dict)
+    """rank → its recent decode compute / its peers' median."""
+
+
+def serving_top(snap: LiveSnapshot) -> ServingTop | None:
+    """The serving part of ``snap`` (None when there is none)."""
+    have = {r: x.serving for r, x in snap.ranks.items() if x.serving is not None}
+    if not have:
+        return None
+    serving = sorted(r for r, s in have.items() if s is not None and s.serves_requests)
+    scores = {r: 1.0 + e for r, (e, _) in decode_excess(snap.ranks, snap.stale).items()}
+    r0 = serving[0] if serving else -1
+    return ServingTop(r0, have.get(r0) if r0 >= 0 else None, scores)
 
 
 def top_row(
@@ -192,6 +220,7 @@ def build_top_table(
         median_step_ns=int(statistics.median(steps)) if steps else None,
         stragglers=list(snap.stragglers),
         alerts=list(snap.alerts[-alerts:]) if alerts > 0 else [],
+        serving=serving_top(snap),
     )
 
 
@@ -199,8 +228,10 @@ __all__ = [
     "SORT_KEYS",
     "STUCK_MIN_NS",
     "STUCK_STEPS",
+    "ServingTop",
     "TopRow",
     "TopTable",
     "build_top_table",
+    "serving_top",
     "top_row",
 ]

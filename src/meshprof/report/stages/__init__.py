@@ -21,6 +21,7 @@ from meshprof.report.stages import (
     pipeline,
     rank_analyses,
     sampling_error,
+    serving,
     stragglers,
     tables,
     traces,
@@ -36,6 +37,7 @@ REPORT_STAGES: tuple[Stage[Any], ...] = (
     *waits.STAGES,
     *stragglers.STAGES,
     *what_if.STAGES,
+    *serving.STAGES,  # requests, serving steps across ranks, their what-if
     *tables.STAGES,  # ranks, memory, comm share, timeline, by size, heatmap
     *overview.STAGES,
     *sampling_error.STAGES,

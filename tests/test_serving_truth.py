@@ -1,0 +1,100 @@
+"""The serving figures against a client's own clock: a load-generating client in a process of
+its own takes a timestamp when it sends each request and when each token reaches it
+(meshprof.demo.serving_client, which runs none of meshprof's analysis); TTFT, ITL, TPOT and E2E
+are computed here from those timestamps, with this file's own code, and ``meshprof report``'s
+must agree within max(1 ms, 5 %) at p50 and p99; the goodput count exactly.
+
+The job: the demo transformer served by 2 tensor-parallel ranks (DTensor, gloo) with a KV cache,
+40 requests as a Poisson stream with varied prompt and output lengths, batched at the decode
+step. Its forwards sleep 30 ms each (the time a GPU would compute) and its ranks run at a lower
+priority, so that on a small shared machine the client and the frontend get a core as soon as a
+token or a request reaches them (their transport is what the two clocks may disagree by).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from meshprof.demo.serving import ServeConfig
+from meshprof.demo.serving_client import Load
+from meshprof.demo.serving_run import CLIENT_FILE, run_serving
+
+pytestmark = pytest.mark.slow
+
+LOAD = Load(requests=40, rate=10.0, prompt=(8, 40), output=(6, 24), seed=3)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("serving") / "run"
+    run_serving(out, ServeConfig(device_ms=30, nice=10), LOAD, tp=2, timeout_s=500)
+    return out
+
+
+def client_view(run: Path) -> dict[str, np.ndarray]:
+    """TTFT, TPOT, ITL (every gap) and E2E in ns, from the client's timestamps alone."""
+    reqs = json.loads((run / CLIENT_FILE).read_text())["requests"]
+    ttft, tpot, itl, e2e = [], [], [], []
+    for r in reqs:
+        t = r["token_ns"]
+        assert t and r["reason"] in ("stop", "length"), r
+        first, last = t[0] - r["sent_ns"], t[-1] - r["sent_ns"]
+        ttft.append(first)
+        e2e.append(last)
+        if len(t) > 1:
+            tpot.append((last - first) / (len(t) - 1))
+        itl.extend(b - a for a, b in itertools.pairwise(t))
+    return {k: np.asarray(v, dtype=np.float64) for k, v in
+            (("ttft", ttft), ("tpot", tpot), ("itl", itl), ("e2e", e2e))}  # fmt: skip
+
+
+def _report(cli, run: Path, *extra: str) -> dict:  # type: ignore[no-untyped-def]
+    r = cli("report", run, "--json", "--steps", "all", *extra)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)["serving"]
+
+
+def test_latencies_agree_with_the_clients_clock(served: Path, cli) -> None:  # type: ignore[no-untyped-def]
+    truth = client_view(served)
+    lat = _report(cli, served)["latencies"]
+    assert lat["requests"] == LOAD.requests and lat["successful"] == LOAD.requests
+    assert lat["itl"]["count"] == len(truth["itl"])
+    for fig in ("ttft", "itl", "tpot", "e2e"):
+        for q in (50, 99):
+            want = float(np.percentile(truth[fig], q))
+            got = float(lat[fig][f"p{q}"])
+            assert abs(got - want) <= max(1e6, 0.05 * want), (fig, q, got / 1e6, want / 1e6)
+
+
+def _threshold(values: np.ndarray) -> float:
+    """A bound (ns) in the widest gap between two of the values between their 25th and 75th
+    percentiles: no request lies within the clocks' disagreement of it."""
+    v = np.sort(values)
+    lo, hi = np.percentile(v, 25), np.percentile(v, 75)
+    mid = v[(v >= lo) & (v <= hi)]
+    gaps = np.diff(mid)
+    i = int(np.argmax(gaps))
+    assert gaps[i] > 4e6, "no gap of 4 ms between the middle values"
+    return float((mid[i] + mid[i + 1]) / 2)
+
+
+def test_goodput_counts_the_requests_the_client_saw_meet_the_levels(served: Path, cli) -> None:  # type: ignore[no-untyped-def]
+    reqs = json.loads((served / CLIENT_FILE).read_text())["requests"]
+    truth = client_view(served)
+    b_ttft, b_tpot = _threshold(truth["ttft"]), _threshold(truth["tpot"])
+    good = 0
+    for r in reqs:
+        t = r["token_ns"]
+        first, last = t[0] - r["sent_ns"], t[-1] - r["sent_ns"]
+        tpot = (last - first) / (len(t) - 1) if len(t) > 1 else 0.0
+        good += first <= b_ttft and tpot <= b_tpot
+    assert 0 < good < len(reqs)
+    slo = f"ttft={b_ttft / 1e6:.3f}ms,tpot={b_tpot / 1e6:.3f}ms"
+    g = _report(cli, served, "--slo", slo)["latencies"]["goodput"]
+    assert g["good"] == good
+    assert g["judged"] == len(reqs)
