@@ -1,4 +1,4 @@
-"""What the what-if attribution (``meshprof.analyze.run.what_if``) costs and how close it is, at scale.
+"""What the what-if attribution (``meshprof.analyze.run.what_if.what_if``) costs and how close it is, at scale.
 
 Writes the synthetic dp × tp × pp run of ``scale_report.py`` (one rank 30 % slower in every
 phase, clocks off by up to ±30 ms) and the same run without the slow rank (same random draws),
@@ -25,11 +25,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from scale_report import layout_of
 from synth_run import write_run
 
-from meshprof.analyze.run.clock import align_clocks
-from meshprof.analyze.run.match import match_collectives
-from meshprof.analyze.run.stragglers import find_stragglers
-from meshprof.analyze.run.table import build_event_table
-from meshprof.analyze.run.what_if import what_if
+from meshprof.analyze.run.events.clock import align_clocks
+from meshprof.analyze.run.events.match import match_collectives
+from meshprof.analyze.run.events.table import build_event_table
+from meshprof.analyze.run.stragglers.stragglers import find_stragglers
+from meshprof.analyze.run.what_if.what_if import what_if
 from meshprof.rundir import load_run
 
 

@@ -12,9 +12,9 @@ import pytest
 from data.meshprof_synth import MS, synthetic_run
 from meshprof.analyze.compute.intervals import Segments, clipped_total
 from meshprof.analyze.compute.sorting import group_seq_key, lexsort2, stable_argsort, unique_inverse
-from meshprof.analyze.run.clock import align_clocks
-from meshprof.analyze.run.match import match_collectives
-from meshprof.analyze.run.table import build_event_table
+from meshprof.analyze.run.events.clock import align_clocks
+from meshprof.analyze.run.events.match import match_collectives
+from meshprof.analyze.run.events.table import build_event_table
 from meshprof.render.perfetto import build_trace, write_trace
 from meshprof.rundir import load_run
 

@@ -204,6 +204,36 @@ def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+RUN_ROOMS: tuple[str, ...] = ("types", "events", "replay", "stragglers", "what_if", "conclusions")
+"""The rooms of ``analyze/run/``, bottom to top (``types`` a module): the event table; the replay
+engine on it; the straggler measures (a rank's own compute is the replay's chain model); the
+what-if (the replay with a straggler as fast as its peers); the conclusions drawn from them all.
+``overview`` and ``failures`` sit beside them and may use any."""
+
+
+def test_rooms_of_the_run_analysis_look_down(graph: dict[str, set[str]]) -> None:
+    prefix = "meshprof.analyze.run."
+
+    def room(name: str) -> str | None:
+        head = name[len(prefix) :].split(".")[0] if name.startswith(prefix) else None
+        return head if head in RUN_ROOMS else None
+
+    upward = []
+    for name, deps in graph.items():
+        here = room(name)
+        if here is None:
+            continue
+        for d in deps:
+            there = room(d)
+            if there is not None and RUN_ROOMS.index(there) > RUN_ROOMS.index(here):
+                upward.append(f"{name} -> {d}")
+    assert not upward, "analyze/run rooms importing upward:\n" + "\n".join(sorted(upward))
+    folders = {p.name for p in (PACKAGE / "analyze" / "run").iterdir() if p.is_dir()} - {
+        "__pycache__"
+    }
+    assert folders == set(RUN_ROOMS) - {"types"}, folders
+
+
 def test_no_import_circles(graph: dict[str, set[str]]) -> None:
     circles = strongly_connected(graph)
     assert not circles, "import circles:\n" + "\n".join(" <-> ".join(c) for c in circles)
@@ -220,7 +250,7 @@ def test_basenames_mean_one_thing() -> None:
     for p in PACKAGE.rglob("*.py"):
         where[p.stem].append(str(p.relative_to(PACKAGE)))
     # a report stage module is named after the analysis it runs (report/stages/stragglers.py
-    # runs analyze/run/stragglers.py)
+    # runs analyze/run/stragglers/stragglers.py)
     for k, v in where.items():
         stages = [p for p in v if p.startswith("report/stages/")]
         if stages and all(p.startswith(("report/stages/", "analyze/")) for p in v):

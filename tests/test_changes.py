@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from meshprof.analyze.run.changes import change_points
-from meshprof.analyze.run.window import StepWindow, parse_steps, parse_time, window_run
+from meshprof.analyze.run.events.changes import change_points
+from meshprof.analyze.run.events.window import StepWindow, parse_steps, parse_time, window_run
 from meshprof.report.analysis import analyze_run
 from meshprof.report.stages.changes import CHANGES
 from meshprof.report.stages.stragglers import STRAGGLERS
@@ -192,7 +192,7 @@ def test_cost_holds_at_any_world_size(tmp_path, n) -> None:
 
 def test_the_brief_names_the_largest_changes_not_the_latest() -> None:
     """Two small later shifts (a loaded host) never push a 30 ms change off the brief's lines."""
-    from meshprof.analyze.run.changes import Change, Timeline
+    from meshprof.analyze.run.events.changes import Change, Timeline
     from meshprof.render.changes import changes_lines
 
     big = Change(1, "compute", 50, 0, 5 * MS, 35 * MS)

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from data.meshprof_synth import MS, US, real_worker, shift_rank_file, synthetic_run
-from meshprof.analyze.run.clock import align_clocks, exchange_estimate
-from meshprof.analyze.run.table import build_event_table
+from meshprof.analyze.run.events.clock import align_clocks, exchange_estimate
+from meshprof.analyze.run.events.table import build_event_table
 from meshprof.launch.spawn import run_ranks
 from meshprof.records.rank_meta import ClockSync
 from meshprof.rundir import load_run
@@ -129,7 +129,7 @@ def test_sync_cells_against_a_plain_loop(tmp_path, monkeypatch, packed):
     import sys
     from pathlib import Path
 
-    from meshprof.analyze.run import clock
+    from meshprof.analyze.run.events import clock
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
     from synth_run import write_run

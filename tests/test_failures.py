@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from meshprof.analyze.run.clock import ClockAlignment, RankClock
+from meshprof.analyze.run.events.clock import ClockAlignment, RankClock
 from meshprof.analyze.run.failures import find_failures, short_reason
 from meshprof.events import EVENT_DTYPE, MEMORY_DTYPE, SPAN_DTYPE
 from meshprof.render.failures import failure_headline

@@ -140,7 +140,7 @@ def test_old_explicit_lists_load_as_the_same_groups(tmp_path: Path) -> None:
             assert worlds[0] == list(range(world)) and worlds[0].as_range == range(world)
             assert all(rd.groups[1].ranks == [3, 0, 2] for rd in run.ranks.values())
     # the report's groups: sizes from the members, the same either way
-    from meshprof.analyze.run.table import build_event_table
+    from meshprof.analyze.run.events.table import build_event_table
 
     sizes = [
         sorted((g.name, len(g.ranks)) for g in build_event_table(load_run(d)).groups)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from data.meshprof_synth import MS, US, synthetic_run
-from meshprof.analyze.run.verdict import NS_PER_HOUR
+from meshprof.analyze.run.conclusions.verdict import NS_PER_HOUR
 from meshprof.records.ledger import TimeCause
 from meshprof.report.analysis import analyze_run
 from meshprof.report.stages.ledger import LEDGER

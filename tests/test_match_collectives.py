@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 from data.meshprof_synth import MS, US, events_array, memory_array, spans_array, synthetic_run
-from meshprof.analyze.run.clock import align_clocks
-from meshprof.analyze.run.match import arrived_last_share, match_collectives, summarize_match
-from meshprof.analyze.run.table import build_event_table
+from meshprof.analyze.run.events.clock import align_clocks
+from meshprof.analyze.run.events.match import arrived_last_share, match_collectives, summarize_match
+from meshprof.analyze.run.events.table import build_event_table
 from meshprof.events import OP_CODES
 from meshprof.layout import dimension_of
 from meshprof.rundir import RankData, RankMeta, load_run, write_rank_file

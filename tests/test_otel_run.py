@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from meshprof.analyze.run.clock import exchange_estimate
+from meshprof.analyze.run.events.clock import exchange_estimate
 from meshprof.launch.spawn import free_port
 from meshprof.live.otel.spans import trace_id
 from meshprof.rundir import load_run

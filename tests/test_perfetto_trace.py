@@ -7,9 +7,9 @@ import sys
 from collections import Counter
 
 from data.meshprof_synth import MS, real_worker, synthetic_run
-from meshprof.analyze.run.clock import align_clocks
-from meshprof.analyze.run.match import match_collectives
-from meshprof.analyze.run.table import build_event_table
+from meshprof.analyze.run.events.clock import align_clocks
+from meshprof.analyze.run.events.match import match_collectives
+from meshprof.analyze.run.events.table import build_event_table
 from meshprof.launch.spawn import run_ranks
 from meshprof.render.perfetto import build_trace
 from meshprof.rundir import load_run

@@ -1,4 +1,4 @@
-"""The what-if replay's level loop in C (``analyze/run/replay_levels.c`` through ``replay_c``)
+"""The what-if replay's level loop in C (``analyze/run/replay/replay_levels.c`` through ``replay_c``)
 gives exactly what the numpy loop gives (the reference, itself checked against the synthetic
 runs' own step ends in ``test_what_if.py``), in one block or many; without a compiler the
 numpy loop runs."""
@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from meshprof import native_build
-from meshprof.analyze.run import replay_native as replay_c
+from meshprof.analyze.run.replay import replay_native as replay_c
 from meshprof.report.analysis import analyze_run
 from meshprof.rundir import load_run
 

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from meshprof.analyze.compute import heap
-from meshprof.analyze.run.replay import levels
-from meshprof.analyze.run.replay_record import Recorded
+from meshprof.analyze.run.replay.replay import levels
+from meshprof.analyze.run.replay.replay_record import Recorded
 from meshprof.report.analysis import analyze_run
 from meshprof.rundir import load_run
 

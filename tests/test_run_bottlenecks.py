@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from meshprof.analyze.run.run_bottlenecks import merge_rank_bottlenecks
+from meshprof.analyze.run.conclusions.run_bottlenecks import merge_rank_bottlenecks
 from meshprof.analyze.steps.rules import Bottleneck
 from meshprof.records.finding import FindingKind, Severity
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from meshprof.analyze.run.clock import align_clocks
-from meshprof.analyze.run.match import match_collectives
-from meshprof.analyze.run.table import build_event_table
+from meshprof.analyze.run.events.clock import align_clocks
+from meshprof.analyze.run.events.match import match_collectives
+from meshprof.analyze.run.events.table import build_event_table
 from meshprof.events import OP_NAMES
 from meshprof.layout import Layout
 from meshprof.records.rank_meta import MonitorSettings

@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from meshprof.analyze.run.clock import align_clocks
-from meshprof.analyze.run.match import match_collectives
-from meshprof.analyze.run.stragglers import find_stragglers
-from meshprof.analyze.run.table import build_event_table
+from meshprof.analyze.run.events.clock import align_clocks
+from meshprof.analyze.run.events.match import match_collectives
+from meshprof.analyze.run.events.table import build_event_table
+from meshprof.analyze.run.stragglers.stragglers import find_stragglers
 from meshprof.rundir import load_run
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))

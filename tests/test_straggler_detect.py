@@ -12,9 +12,9 @@ import pytest
 from data.meshprof_synth import MS, US, real_worker, synthetic_run
 from meshprof.analyze.compute.intervals import covered as covered_ns
 from meshprof.analyze.compute.intervals import union as _union
-from meshprof.analyze.run.clock import align_clocks
-from meshprof.analyze.run.match import arrived_last_share, match_collectives
-from meshprof.analyze.run.table import build_event_table
+from meshprof.analyze.run.events.clock import align_clocks
+from meshprof.analyze.run.events.match import arrived_last_share, match_collectives
+from meshprof.analyze.run.events.table import build_event_table
 from meshprof.launch.spawn import run_ranks
 from meshprof.report.analysis import analyze_run
 from meshprof.report.stages.conclusions import SUMMARY

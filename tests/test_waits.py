@@ -1,4 +1,4 @@
-"""Who waits for whom (``meshprof.analyze.run.waits``), against the generator's true arrival
+"""Who waits for whom (``meshprof.analyze.run.stragglers.waits``), against the generator's true arrival
 times: each member of a collective waits for the last one to arrive (at most its own duration,
 which here always exceeds the skew); the truth charges that to the last rank by the generator's
 own clocks (no clock alignment, no matching: its own record of who issued what when)."""

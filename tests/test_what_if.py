@@ -1,4 +1,4 @@
-"""What-if attribution (``meshprof.analyze.run.what_if``): what a slow rank costs every step, proved
+"""What-if attribution (``meshprof.analyze.run.what_if.what_if``): what a slow rank costs every step, proved
 against known truth.
 
 Synthetic dp × tp × pp runs (``benchmarks/synth_run.py``) inject an exact extra compute on chosen
@@ -306,7 +306,7 @@ def test_overlap_levels_order_crossed_async_and_refuse_a_real_cycle():
     Eager sends (they do not wait for their receiver) that the receive waited for: ordered."""
     from types import SimpleNamespace
 
-    from meshprof.analyze.run.replay_overlap import overlap_levels
+    from meshprof.analyze.run.replay.replay_overlap import overlap_levels
 
     coll = np.asarray([0, 1, 1, 0])  # chain 0: A, B; chain 1: B, A
     pos = np.asarray([0, 1, 0, 1])

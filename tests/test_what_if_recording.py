@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from meshprof.analyze.run.clock import align_clocks
-from meshprof.analyze.run.table import build_event_table
+from meshprof.analyze.run.events.clock import align_clocks
+from meshprof.analyze.run.events.table import build_event_table
 from meshprof.records.finding import FindingKind
 from meshprof.records.ledger import TimeCause
 from meshprof.render.report_text import render_report

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from meshprof.analyze.compute.workload import Workload, job_workload, workload_of
-from meshprof.analyze.run.verdict import VerdictInputs, verdict
+from meshprof.analyze.run.conclusions.verdict import VerdictInputs, verdict
 from meshprof.analyze.steps.rules import rule_exposed_comm
 from meshprof.config import BottleneckThresholds
 from meshprof.records.ledger import LedgerEntry, TimeCause

@@ -1,6 +1,6 @@
 """Building meshprof's two compiled pieces once per host: the C++ recorder
 (:mod:`meshprof.comm.native_ext`, through ``torch.utils.cpp_extension``) and the what-if replay's
-level loop (:mod:`meshprof.analyze.run.replay_native`, plain C through the system compiler).
+level loop (:mod:`meshprof.analyze.run.replay.replay_native`, plain C through the system compiler).
 
 Both follow one pattern, kept here: a build whose output's name encodes what it depends on (the
 source's hash, the toolchain), looked up in a cache first; built under an exclusive host-wide

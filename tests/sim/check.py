@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from meshprof.analyze.diff.compare import diff_runs
-from meshprof.analyze.run.what_if import NO_PEERS
+from meshprof.analyze.run.what_if.what_if import NO_PEERS
 from meshprof.report.analysis import analyze_run
 from meshprof.report.diff_input import side_of
 from meshprof.report.run_report import RunReport

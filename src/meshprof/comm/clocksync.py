@@ -4,7 +4,7 @@ Every rank but the reference (rank 0) plays ``rounds`` rounds of ping-pong with 
 default process group: it notes its own wall clock ``t_send`` (``time.time_ns``), sends a small
 tensor, rank 0 notes its wall clock ``t_ref`` on receipt and sends it back, and the rank notes
 ``t_recv`` when the answer arrives. Each round gives one sample ``(t_send, t_ref, t_recv)``;
-the analysis (:mod:`meshprof.analyze.run.clock`) picks the sample with the smallest round trip:
+the analysis (:mod:`meshprof.analyze.run.events.clock`) picks the sample with the smallest round trip:
 ``offset = t_ref - (t_send + t_recv) / 2`` and the true offset lies within ``± RTT / 2`` of it.
 
 The result goes into the rank file's ``meta["clock_sync"]``::

@@ -10,8 +10,8 @@ from typing import Any
 
 from rich.console import Console
 
-from meshprof.analyze.run.stragglers import DEFAULT_THRESHOLD
-from meshprof.analyze.run.window import parse_steps, parse_time, run_start_ns, steps_between
+from meshprof.analyze.run.events.window import parse_steps, parse_time, run_start_ns, steps_between
+from meshprof.analyze.run.stragglers.stragglers import DEFAULT_THRESHOLD
 from meshprof.errors import MeshprofError, NotATraceError, NoUsableRankFileError
 from meshprof.records.serving import ServiceLevels
 from meshprof.report.analysis import analyze_run, analyze_run_parts
@@ -318,7 +318,7 @@ def run(args: argparse.Namespace) -> int:
 
         written.append(write_html(Path(args.html), rep))
     if parts is not None:
-        from meshprof.analyze.run.timeline_excerpt import DEFAULT_MAX_EVENTS
+        from meshprof.analyze.run.conclusions.timeline_excerpt import DEFAULT_MAX_EVENTS
         from meshprof.render.perfetto import build_trace, write_trace
 
         cap = DEFAULT_MAX_EVENTS if args.trace_max_events is None else args.trace_max_events

@@ -56,7 +56,7 @@ def severity_order(severity: str) -> int:
 class FindingKind(StrEnum):
     """What a finding is about."""
 
-    # the cross-rank report (meshprof.analyze.run.findings)
+    # the cross-rank report (meshprof.analyze.run.conclusions.findings)
     MANIFEST = "manifest"
     """The run's manifest is missing or damaged."""
     STRAGGLER = "straggler"

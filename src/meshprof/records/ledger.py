@@ -4,7 +4,7 @@ ledger of ``meshprof report`` (per rank and for the job) and the live
 
 A ledger's parts sum to its wall time exactly (ns). Definitions:
 :mod:`meshprof.analyze.steps.ledger` (one rank's step, phase by phase) and
-:mod:`meshprof.analyze.run.ledger` (the straggler wait, from the collectives matched across
+:mod:`meshprof.analyze.run.conclusions.ledger` (the straggler wait, from the collectives matched across
 ranks; the job's ledger).
 """
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as _dt
 import html
 
-from meshprof.analyze.run.changes import Change, Timeline
+from meshprof.analyze.run.events.changes import Change, Timeline
 from meshprof.render.format import fmt_ns
 
 

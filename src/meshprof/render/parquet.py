@@ -7,9 +7,9 @@ Six tables, one file each (``DIR/<name>.parquet``):
   ``dimension`` ("dp", "tp", "pp", "world", ...), ``group_size``, ``seq``, ``peer`` (-1 for
   collectives), ``in_bytes``, ``out_bytes``, ``size_bytes`` (nccl-tests S), ``start_ns`` (the
   rank's clock), ``aligned_start_ns`` and ``aligned_end_ns`` (rank 0's clock, see
-  :mod:`meshprof.analyze.run.clock`), ``duration_ns`` (null while pending), ``step``, ``flags``,
+  :mod:`meshprof.analyze.run.events.clock`), ``duration_ns`` (null while pending), ``step``, ``flags``,
   ``wait_ns`` (time waited for the last member, null when not matched; see
-  :mod:`meshprof.analyze.run.match`);
+  :mod:`meshprof.analyze.run.events.match`);
 - ``spans``: steps and phases: ``rank``, ``kind``, ``name``, ``status``, ``depth``, ``step``,
   ``start_ns``, ``aligned_start_ns``, ``duration_ns``, ``tokens``, ``samples``, ``cpu_ns``;
 - ``memory``: one sample per step: ``rank``, ``step``, ``t_ns``, ``aligned_t_ns``,
@@ -47,9 +47,9 @@ from meshprof.rundir.atomic import atomic_write_bytes
 from meshprof.rundir.loader import LoadedRun
 
 if TYPE_CHECKING:
-    from meshprof.analyze.run.clock import ClockAlignment
-    from meshprof.analyze.run.match import CollectiveMatch
-    from meshprof.analyze.run.table import EventTable
+    from meshprof.analyze.run.events.clock import ClockAlignment
+    from meshprof.analyze.run.events.match import CollectiveMatch
+    from meshprof.analyze.run.events.table import EventTable
 
 TABLES = ("events", "spans", "memory", "groups", "ranks", "steps")
 OPTIONAL_TABLES = frozenset({"steps"})

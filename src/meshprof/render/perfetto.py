@@ -13,16 +13,16 @@ import json
 from pathlib import Path
 from typing import Any
 
-from meshprof.analyze.run.clock import ClockAlignment
-from meshprof.analyze.run.match import CollectiveMatch
-from meshprof.analyze.run.table import EventTable
-from meshprof.analyze.run.timeline_excerpt import (
+from meshprof.analyze.run.conclusions.timeline_excerpt import (
     DEFAULT_MAX_EVENTS,
     FlowArrows,
     MergedTimeline,
     RankSlices,
     merged_timeline,
 )
+from meshprof.analyze.run.events.clock import ClockAlignment
+from meshprof.analyze.run.events.match import CollectiveMatch
+from meshprof.analyze.run.events.table import EventTable
 from meshprof.rundir import LoadedRun
 from meshprof.rundir.atomic import atomic_open
 
@@ -45,7 +45,7 @@ def build_trace(
 
     With more than ``max_events`` collectives (all ranks) only the last whole steps are kept:
     every slice and arrow from the first kept step's start on (see
-    :data:`~meshprof.analyze.run.timeline_excerpt.DEFAULT_MAX_EVENTS`); ``metadata["truncated"]`` then says
+    :data:`~meshprof.analyze.run.conclusions.timeline_excerpt.DEFAULT_MAX_EVENTS`); ``metadata["truncated"]`` then says
     from when and how much was left out."""
     return trace_document(merged_timeline(run, table, clock, match, max_events=max_events))
 

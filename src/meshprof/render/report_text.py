@@ -12,7 +12,7 @@ from collections.abc import Callable
 from rich.console import Console
 from rich.table import Table
 
-from meshprof.analyze.run.sampling_error import SamplingInfo
+from meshprof.analyze.run.conclusions.sampling_error import SamplingInfo
 from meshprof.analyze.run.types import RankRow
 from meshprof.render.changes import changes_lines
 from meshprof.render.failures import FAILURE_COLUMNS, failure_cells, failure_headline

@@ -8,7 +8,7 @@ import textwrap
 
 from rich.console import Console
 
-from meshprof.analyze.run.verdict import MIN_SHARE
+from meshprof.analyze.run.conclusions.verdict import MIN_SHARE
 from meshprof.render.format import fmt_ns, fmt_pct
 from meshprof.report.run_report import RunReport
 from meshprof.report.stages.ledger import LEDGER

@@ -1,13 +1,13 @@
-"""Text and HTML of the what-if attribution (:mod:`meshprof.analyze.run.what_if`): the sentences the
+"""Text and HTML of the what-if attribution (:mod:`meshprof.analyze.run.what_if.what_if`): the sentences the
 report leads with ("rank 37 costs every step 0.90 ms (6.0%), in forward") and the tables behind
-them. Formatting only: every figure is a field of :class:`~meshprof.analyze.run.what_if.WhatIf`."""
+them. Formatting only: every figure is a field of :class:`~meshprof.analyze.run.what_if.what_if.WhatIf`."""
 
 from __future__ import annotations
 
 import html
 from collections.abc import Sequence
 
-from meshprof.analyze.run.what_if import DimCost, GroupCost, RankCost, WhatIf
+from meshprof.analyze.run.what_if.what_if import DimCost, GroupCost, RankCost, WhatIf
 from meshprof.render.format import fmt_ns, fmt_pct
 
 LEAD = 3

@@ -7,11 +7,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from meshprof.analyze.run.changes import Timeline, find_changes, latest_regime, step_series
-from meshprof.analyze.run.clock import ClockAlignment
-from meshprof.analyze.run.match import CollectiveMatch
-from meshprof.analyze.run.table import EventTable
-from meshprof.analyze.run.window import window_run
+from meshprof.analyze.run.events.changes import Timeline, find_changes, latest_regime, step_series
+from meshprof.analyze.run.events.clock import ClockAlignment
+from meshprof.analyze.run.events.match import CollectiveMatch
+from meshprof.analyze.run.events.table import EventTable
+from meshprof.analyze.run.events.window import window_run
 from meshprof.report.executor import run_stages
 from meshprof.report.run_report import RunReport
 from meshprof.report.stage import ReportOptions
@@ -42,7 +42,7 @@ def choose_window(run: LoadedRun, options: ReportOptions) -> tuple[LoadedRun, Re
     """The change points of ``run`` and the steps the report analyses: ``options.window`` when
     given, else the latest regime when something changed mid-run (``options.regime``; not for a
     job that served requests, whose step time follows its load), else everything. Returns the run cut to that window and the options carrying the
-    :class:`~meshprof.analyze.run.changes.Timeline`."""
+    :class:`~meshprof.analyze.run.events.changes.Timeline`."""
     series = step_series(run)
     found = find_changes(series)
     first = int(series.steps[0]) if series is not None else -1

@@ -17,9 +17,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from meshprof.analyze.run.changes import Timeline
-from meshprof.analyze.run.stragglers import DEFAULT_THRESHOLD
-from meshprof.analyze.run.window import StepWindow
+from meshprof.analyze.run.events.changes import Timeline
+from meshprof.analyze.run.events.window import StepWindow
+from meshprof.analyze.run.stragglers.stragglers import DEFAULT_THRESHOLD
 from meshprof.errors import MeshprofError
 from meshprof.records.serving import ServiceLevels
 

@@ -71,7 +71,7 @@ def group_seq_key(gid: np.ndarray, seq: np.ndarray) -> np.ndarray:
 
 class RowsByKey:
     """The rows of an integer column grouped by value, from one sort (or none when the column
-    is already sorted, as :class:`~meshprof.analyze.run.table.EventTable`'s rank column is): the
+    is already sorted, as :class:`~meshprof.analyze.run.events.table.EventTable`'s rank column is): the
     per-rank (per-group) loops of the analyzers take their rows from here instead of comparing
     the whole column with each value, which cost O(values × rows)."""
 

@@ -53,9 +53,9 @@ from meshprof.analyze.diff.types import (
     StepDiff,
     Throughput,
 )
-from meshprof.analyze.run.changes import Timeline
-from meshprof.analyze.run.run_bottlenecks import RunBottleneck
-from meshprof.analyze.run.stragglers import StragglerReport
+from meshprof.analyze.run.conclusions.run_bottlenecks import RunBottleneck
+from meshprof.analyze.run.events.changes import Timeline
+from meshprof.analyze.run.stragglers.stragglers import StragglerReport
 from meshprof.analyze.run.types import (
     CommShareByDimension,
     MemoryImbalance,

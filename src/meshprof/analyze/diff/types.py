@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from meshprof.analyze.diff.serving_diff import ServingDiff
-from meshprof.analyze.run.changes import Timeline
+from meshprof.analyze.run.events.changes import Timeline
 from meshprof.records.codec import dataclass_to_json, to_json
 from meshprof.records.finding import Finding
 

@@ -6,7 +6,7 @@ A rank alone cannot tell whether its exposed communication was the transfer or t
 late peer; across the ranks' records it can be estimated
 (:func:`~meshprof.analyze.live.snapshot.wait_estimates`: the slowest peer's compute − its own,
 per step). Each time the ledger grows, that share of the growth of its exposed data-parallel,
-tensor-parallel and other communication (the report's carving, :mod:`meshprof.analyze.run.ledger`)
+tensor-parallel and other communication (the report's carving, :mod:`meshprof.analyze.run.conclusions.ledger`)
 moves to ``straggler_wait``, at the share of the moment. So every part only grows, and the parts
 still sum to the ledger's wall time: causes + compute = wall, per rank, exactly.
 """

@@ -21,7 +21,7 @@ import dataclasses
 import signal as _signal
 from dataclasses import dataclass
 
-from meshprof.analyze.run.clock import ClockAlignment
+from meshprof.analyze.run.events.clock import ClockAlignment
 from meshprof.records.codec import dataclass_to_json
 from meshprof.rundir import LoadedRun, RankData
 from meshprof.rundir.rank_problems import ELSEWHERE, MISSING, RankSpan, missing_spans

@@ -3,7 +3,7 @@ for the last arrival, and who arrived last.
 
 Per rank and step (aligned clock, ns): *step* is the rank's step span; *comm* the sum of its
 collectives' durations (issue to completion) in the step; *wait* the part of them spent waiting
-for the collective's last member to arrive (:mod:`meshprof.analyze.run.match`); *transfer* =
+for the collective's last member to arrive (:mod:`meshprof.analyze.run.events.match`); *transfer* =
 comm − wait; *compute* = step − comm (the forward's arithmetic and everything else that is not
 a collective). A rank's *excess* in a step is its compute minus the median compute of its peers
 (the other ranks of its pipeline stage that ran the step). The *last arrival* of a collective of

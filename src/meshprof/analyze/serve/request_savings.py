@@ -8,7 +8,7 @@ time after that last arrival (the transfer). With the recorded gaps this gives b
 recorded end exactly. In x's scenario its gap before each collective is lowered by its
 *systematic excess* at that position of the step's chain, and so is the compute after its last
 collective (its *tail*; the time the next step's first collective would wait for it: that step
-starts earlier by it, as in :mod:`meshprof.analyze.run.what_if`).
+starts earlier by it, as in :mod:`meshprof.analyze.run.what_if.what_if`).
 
 x's excess at a position is its gap minus the median of its peers' gaps before the same
 collective (the other members of its pipeline stage); its systematic excess there is the median

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from meshprof.analyze.run.clock import ClockAlignment
-from meshprof.analyze.run.match import CollectiveMatch
-from meshprof.analyze.run.table import EventTable
+from meshprof.analyze.run.events.clock import ClockAlignment
+from meshprof.analyze.run.events.match import CollectiveMatch
+from meshprof.analyze.run.events.table import EventTable
 from meshprof.analyze.serve.latency import request_latencies
 from meshprof.analyze.serve.rank_breakdown import dim_shares, rank_breakdowns, step_matrix
 from meshprof.analyze.serve.request_savings import request_costs

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from meshprof.analyze.run.window import step_spans
+from meshprof.analyze.run.events.window import step_spans
 from meshprof.analyze.serve.request_table import RequestTable
 from meshprof.analyze.serve.types import KindSummary, LatencyStats
 from meshprof.events import STEP_KINDS

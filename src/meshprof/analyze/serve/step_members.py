@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from meshprof.analyze.run.clock import ClockAlignment
-from meshprof.analyze.run.match import CollectiveMatch
-from meshprof.analyze.run.table import EventTable
-from meshprof.analyze.run.window import step_spans
+from meshprof.analyze.run.events.clock import ClockAlignment
+from meshprof.analyze.run.events.match import CollectiveMatch
+from meshprof.analyze.run.events.table import EventTable
+from meshprof.analyze.run.events.window import step_spans
 from meshprof.analyze.serve.step_kinds import ServingSteps
 from meshprof.rundir import LoadedRun
 

@@ -17,7 +17,7 @@ time, capped by the communication inside, split over the dimensions by their com
   else ``compute`` (a step recorded without phases is compute and communication only).
 
 The straggler wait is carved out of the exposed communication across ranks
-(:mod:`meshprof.analyze.run.ledger`): one rank cannot see who it waited for.
+(:mod:`meshprof.analyze.run.conclusions.ledger`): one rank cannot see who it waited for.
 """
 
 from __future__ import annotations

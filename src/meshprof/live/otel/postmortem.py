@@ -2,7 +2,7 @@
 
 Every step of every rank (or every ``every``-th) becomes the trace the live exporter would have
 sent (:mod:`meshprof.live.otel.spans`, the same ids), with its original timestamps put on one
-clock by the report's clock alignment (:mod:`meshprof.analyze.run.clock`: the timestamp
+clock by the report's clock alignment (:mod:`meshprof.analyze.run.events.clock`: the timestamp
 exchange and the synchronizing collectives), so the ranks of several hosts line up. The alerts
 raised while it ran and the captures taken are events of their steps; the report's findings
 and its verdict are events of one ``run`` span over the whole run.

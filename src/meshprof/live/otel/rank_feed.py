@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from meshprof.analyze.run.clock import exchange_estimate
+from meshprof.analyze.run.events.clock import exchange_estimate
 from meshprof.events import EVENT_DTYPE, SPAN_DTYPE
 from meshprof.live.otel.steps import PendingRankStep, RankTables
 from meshprof.rundir.schema import resolve_layout

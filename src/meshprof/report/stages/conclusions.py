@@ -3,11 +3,11 @@ findings`)."""
 
 from __future__ import annotations
 
-from meshprof.analyze.run.clock import ClockAlignment
-from meshprof.analyze.run.findings import find_findings
-from meshprof.analyze.run.match import MatchSummary
-from meshprof.analyze.run.stragglers import StragglerReport
-from meshprof.analyze.run.tables import mean_step_ns
+from meshprof.analyze.run.conclusions.findings import find_findings
+from meshprof.analyze.run.conclusions.tables import mean_step_ns
+from meshprof.analyze.run.events.clock import ClockAlignment
+from meshprof.analyze.run.events.match import MatchSummary
+from meshprof.analyze.run.stragglers.stragglers import StragglerReport
 from meshprof.analyze.run.types import (
     MemoryImbalance,
     RankProblem,
@@ -15,7 +15,7 @@ from meshprof.analyze.run.types import (
     RunFinding,
     RunSummary,
 )
-from meshprof.analyze.run.what_if import WhatIf
+from meshprof.analyze.run.what_if.what_if import WhatIf
 from meshprof.report.stage import Key, stage
 from meshprof.rundir import LoadedRun
 

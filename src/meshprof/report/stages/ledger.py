@@ -1,10 +1,10 @@
-"""The time ledger (:mod:`meshprof.analyze.run.ledger`): every rank's wall time and the job's,
+"""The time ledger (:mod:`meshprof.analyze.run.conclusions.ledger`): every rank's wall time and the job's,
 split into causes that add up."""
 
 from __future__ import annotations
 
-from meshprof.analyze.run.ledger import Ledger, run_ledger
-from meshprof.analyze.run.stragglers import StragglerReport
+from meshprof.analyze.run.conclusions.ledger import Ledger, run_ledger
+from meshprof.analyze.run.stragglers.stragglers import StragglerReport
 from meshprof.analyze.steps import StepAnalysis
 from meshprof.report.stage import Key, stage
 

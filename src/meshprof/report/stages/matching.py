@@ -6,16 +6,16 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from meshprof.analyze.run.clock import ClockAlignment, align_clocks
-from meshprof.analyze.run.failures import RankFailure, find_failures
-from meshprof.analyze.run.match import (
+from meshprof.analyze.run.conclusions.tables import group_rows
+from meshprof.analyze.run.events.clock import ClockAlignment, align_clocks
+from meshprof.analyze.run.events.match import (
     CollectiveMatch,
     MatchSummary,
     match_collectives,
     summarize_match,
 )
-from meshprof.analyze.run.table import EventTable, build_event_table
-from meshprof.analyze.run.tables import group_rows
+from meshprof.analyze.run.events.table import EventTable, build_event_table
+from meshprof.analyze.run.failures import RankFailure, find_failures
 from meshprof.report.stage import Key, stage
 from meshprof.rundir import LoadedRun
 

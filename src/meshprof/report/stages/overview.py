@@ -3,7 +3,7 @@ ranks, the outlier ranks, the groups by kind — the console's view at any world
 
 from __future__ import annotations
 
-from meshprof.analyze.run.match import MatchSummary
+from meshprof.analyze.run.events.match import MatchSummary
 from meshprof.analyze.run.overview import Overview, overview
 from meshprof.analyze.run.types import RankRow
 from meshprof.report.stage import Key, stage

@@ -1,6 +1,6 @@
 """The pipeline bubble of all stages on the aligned clock, and the bottlenecks: the step
 monitor's rules on every rank merged across ranks, and the cross-rank rules
-(:mod:`meshprof.analyze.compute.pipeline_bubble`, :mod:`meshprof.analyze.run.run_bottlenecks`)."""
+(:mod:`meshprof.analyze.compute.pipeline_bubble`, :mod:`meshprof.analyze.run.conclusions.run_bottlenecks`)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from meshprof.analyze.compute.pipeline_bubble import (
     StageTimeline,
     measure_pipeline_bubble,
 )
-from meshprof.analyze.run.clock import ClockAlignment
-from meshprof.analyze.run.run_bottlenecks import RunBottleneck, run_bottlenecks
-from meshprof.analyze.run.stragglers import StragglerReport
+from meshprof.analyze.run.conclusions.run_bottlenecks import RunBottleneck, run_bottlenecks
+from meshprof.analyze.run.events.clock import ClockAlignment
+from meshprof.analyze.run.stragglers.stragglers import StragglerReport
 from meshprof.analyze.run.types import MemoryImbalance
 from meshprof.analyze.steps import StepAnalysis
 from meshprof.records.rank_meta import MonitorSettings

@@ -1,12 +1,12 @@
 """How the run was sampled and the resulting error of the main figures
-(:mod:`meshprof.analyze.run.sampling_error`); absent when every collective was loaded."""
+(:mod:`meshprof.analyze.run.conclusions.sampling_error`); absent when every collective was loaded."""
 
 from __future__ import annotations
 
-from meshprof.analyze.run.match import MatchSummary
-from meshprof.analyze.run.sampling_error import SamplingInfo, sampling_info
-from meshprof.analyze.run.stragglers import StragglerReport
-from meshprof.analyze.run.table import EventTable
+from meshprof.analyze.run.conclusions.sampling_error import SamplingInfo, sampling_info
+from meshprof.analyze.run.events.match import MatchSummary
+from meshprof.analyze.run.events.table import EventTable
+from meshprof.analyze.run.stragglers.stragglers import StragglerReport
 from meshprof.analyze.run.types import SizeRow
 from meshprof.report.stage import Key, stage
 from meshprof.rundir import LoadedRun

@@ -5,9 +5,9 @@ that served no requests."""
 
 from __future__ import annotations
 
-from meshprof.analyze.run.clock import ClockAlignment
-from meshprof.analyze.run.match import CollectiveMatch
-from meshprof.analyze.run.table import EventTable
+from meshprof.analyze.run.events.clock import ClockAlignment
+from meshprof.analyze.run.events.match import CollectiveMatch
+from meshprof.analyze.run.events.table import EventTable
 from meshprof.analyze.serve.serving_report import serving_report
 from meshprof.analyze.serve.types import ServingReport
 from meshprof.report.stage import Key, ReportOptions, stage

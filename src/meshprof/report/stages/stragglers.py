@@ -3,10 +3,10 @@ stragglers`)."""
 
 from __future__ import annotations
 
-from meshprof.analyze.run.clock import ClockAlignment
-from meshprof.analyze.run.match import CollectiveMatch
-from meshprof.analyze.run.stragglers import StragglerReport, find_stragglers
-from meshprof.analyze.run.table import EventTable
+from meshprof.analyze.run.events.clock import ClockAlignment
+from meshprof.analyze.run.events.match import CollectiveMatch
+from meshprof.analyze.run.events.table import EventTable
+from meshprof.analyze.run.stragglers.stragglers import StragglerReport, find_stragglers
 from meshprof.report.stage import Key, ReportOptions, stage
 from meshprof.rundir import LoadedRun
 

@@ -1,13 +1,9 @@
 """The report's per-rank, memory, dimension, message-size tables, the step-time heatmap and the
-timeline excerpt (:mod:`meshprof.analyze.run.tables`, :mod:`.timeline_excerpt`)."""
+timeline excerpt (:mod:`meshprof.analyze.run.conclusions.tables`, :mod:`.timeline_excerpt`)."""
 
 from __future__ import annotations
 
-from meshprof.analyze.run.clock import ClockAlignment
-from meshprof.analyze.run.match import CollectiveMatch
-from meshprof.analyze.run.stragglers import StragglerReport
-from meshprof.analyze.run.table import EventTable
-from meshprof.analyze.run.tables import (
+from meshprof.analyze.run.conclusions.tables import (
     comm_share_by_dimension,
     memory_imbalance,
     rank_rows,
@@ -17,7 +13,11 @@ from meshprof.analyze.run.tables import (
     step_heatmap,
     with_recorded,
 )
-from meshprof.analyze.run.timeline_excerpt import excerpt_ranks, timeline_excerpt
+from meshprof.analyze.run.conclusions.timeline_excerpt import excerpt_ranks, timeline_excerpt
+from meshprof.analyze.run.events.clock import ClockAlignment
+from meshprof.analyze.run.events.match import CollectiveMatch
+from meshprof.analyze.run.events.table import EventTable
+from meshprof.analyze.run.stragglers.stragglers import StragglerReport
 from meshprof.analyze.run.types import (
     CommShareByDimension,
     MemoryImbalance,

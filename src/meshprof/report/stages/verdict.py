@@ -1,14 +1,14 @@
-"""The verdict (:mod:`meshprof.analyze.run.verdict`): the causes of lost time, what each costs
+"""The verdict (:mod:`meshprof.analyze.run.conclusions.verdict`): the causes of lost time, what each costs
 and what to do, largest first — what the report says first."""
 
 from __future__ import annotations
 
 from meshprof.analyze.compute.workload import job_workload, workload_of
-from meshprof.analyze.run.ledger import Ledger
-from meshprof.analyze.run.stragglers import StragglerReport
-from meshprof.analyze.run.verdict import VerdictInputs, VerdictItem, verdict
-from meshprof.analyze.run.waits import WaitCause
-from meshprof.analyze.run.what_if import WhatIf
+from meshprof.analyze.run.conclusions.ledger import Ledger
+from meshprof.analyze.run.conclusions.verdict import VerdictInputs, VerdictItem, verdict
+from meshprof.analyze.run.stragglers.stragglers import StragglerReport
+from meshprof.analyze.run.stragglers.waits import WaitCause
+from meshprof.analyze.run.what_if.what_if import WhatIf
 from meshprof.report.stage import Key, ReportOptions, stage
 from meshprof.rundir import LoadedRun, job_device_kind
 

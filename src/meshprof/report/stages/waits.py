@@ -1,11 +1,11 @@
-"""Who waits for whom (:mod:`meshprof.analyze.run.waits`): the ranks the others wait for in the
+"""Who waits for whom (:mod:`meshprof.analyze.run.stragglers.waits`): the ranks the others wait for in the
 collectives, how much of the run's waiting is theirs, and in which group."""
 
 from __future__ import annotations
 
-from meshprof.analyze.run.match import CollectiveMatch
-from meshprof.analyze.run.table import EventTable
-from meshprof.analyze.run.waits import WaitCause, wait_causes
+from meshprof.analyze.run.events.match import CollectiveMatch
+from meshprof.analyze.run.events.table import EventTable
+from meshprof.analyze.run.stragglers.waits import WaitCause, wait_causes
 from meshprof.report.stage import Key, stage
 
 WAIT_CAUSES: Key[tuple[WaitCause, ...]] = Key("wait_causes")

@@ -1,5 +1,5 @@
 """What each slow rank, group and dimension costs every step: the matched collectives replayed
-with its compute set to its peers' median (:mod:`meshprof.analyze.run.what_if`).
+with its compute set to its peers' median (:mod:`meshprof.analyze.run.what_if.what_if`).
 
 The replay is kept whole for the renderers (:data:`WHAT_IF_REPLAY`); ``report --json`` carries
 it as four keys: ``what_if`` (the ranks), ``what_if_groups``, ``what_if_dims`` (largest saving
@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from meshprof.analyze.run.clock import ClockAlignment
-from meshprof.analyze.run.match import CollectiveMatch
-from meshprof.analyze.run.replay_repair import RecordCheck
-from meshprof.analyze.run.stragglers import StragglerReport
-from meshprof.analyze.run.table import EventTable
-from meshprof.analyze.run.what_if import DimCost, GroupCost, RankCost, WhatIf, what_if
+from meshprof.analyze.run.events.clock import ClockAlignment
+from meshprof.analyze.run.events.match import CollectiveMatch
+from meshprof.analyze.run.events.table import EventTable
+from meshprof.analyze.run.replay.replay_repair import RecordCheck
+from meshprof.analyze.run.stragglers.stragglers import StragglerReport
+from meshprof.analyze.run.what_if.what_if import DimCost, GroupCost, RankCost, WhatIf, what_if
 from meshprof.report.stage import Key, stage
 from meshprof.rundir import LoadedRun
 
@@ -47,7 +47,7 @@ class WhatIfInfo:
     record: RecordCheck = field(default_factory=RecordCheck)
     """What the record contradicted and how it was repaired before the replay (counts of
     events: ``capped``, ``retimed``, ``unrepaired``, ``undecided``; see
-    :mod:`meshprof.analyze.run.replay_repair`)."""
+    :mod:`meshprof.analyze.run.replay.replay_repair`)."""
     doubt: str = ""
     """Why no saving is measured though the run was replayed ("" when they are)."""
     contradicted_ns: float = 0.0

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from meshprof.analyze.run.window import StepWindow, step_spans
+from meshprof.analyze.run.events.window import StepWindow, step_spans
 from meshprof.rundir import LoadedRun
 
 Z = 8.0

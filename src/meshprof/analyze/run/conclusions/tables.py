@@ -15,9 +15,9 @@ import numpy as np
 
 from meshprof.analyze.compute import intervals
 from meshprof.analyze.compute.sorting import RowsByKey
-from meshprof.analyze.run.match import CollectiveMatch
-from meshprof.analyze.run.stragglers import StragglerReport
-from meshprof.analyze.run.table import EventTable
+from meshprof.analyze.run.events.match import CollectiveMatch
+from meshprof.analyze.run.events.table import EventTable
+from meshprof.analyze.run.stragglers.stragglers import StragglerReport
 from meshprof.analyze.run.types import (
     GroupRow,
     MemoryImbalance,

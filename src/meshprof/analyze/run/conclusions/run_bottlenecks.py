@@ -19,7 +19,7 @@ from meshprof.records.finding import severity_order
 
 if TYPE_CHECKING:
     from meshprof.analyze.compute.pipeline_bubble import PipelineBubble
-    from meshprof.analyze.run.stragglers import StragglerReport
+    from meshprof.analyze.run.stragglers.stragglers import StragglerReport
     from meshprof.analyze.steps.types import StepAnalysis
 
 

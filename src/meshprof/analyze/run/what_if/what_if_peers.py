@@ -1,4 +1,4 @@
-"""The what-if's comparison of each rank with its peers (:mod:`meshprof.analyze.run.what_if`):
+"""The what-if's comparison of each rank with its peers (:mod:`meshprof.analyze.run.what_if.what_if`):
 every compute gap and tail against its peers' median, the part of that excess that stands above
 the steps' noise, and the distribution-free interval of a median saving (ns)."""
 
@@ -10,8 +10,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from meshprof.analyze.compute.sorting import lexsort2, stable_argsort
-from meshprof.analyze.run.replay_chains import Chains
-from meshprof.analyze.run.replay_record import Recorded
+from meshprof.analyze.run.replay.replay_chains import Chains
+from meshprof.analyze.run.replay.replay_record import Recorded
 
 Z = 3.0
 """Standard errors a systematic excess must exceed (see :func:`systematic`): at 3, about 1 in
@@ -71,7 +71,7 @@ class Peers:
 
 def peer_references(rec: Recorded, ch: Chains, sig: np.ndarray, n_steps: int) -> Peers:
     """Each member's gap and each chain's tail as the median over its *peers*: the other chains
-    of the same step and signature (:func:`~meshprof.analyze.run.replay_chains.chain_signatures`: the same pipeline stage and sequence
+    of the same step and signature (:func:`~meshprof.analyze.run.replay.replay_chains.chain_signatures`: the same pipeline stage and sequence
     of (op, dimension); ranks of different stages are never peers: at one position one may be
     in a forward and the other in a backward; the rank itself is left out, so that with one
     peer a slow rank is compared with a normal one, not with the mean of the two)."""

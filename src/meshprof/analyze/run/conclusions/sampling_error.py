@@ -25,9 +25,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from meshprof.analyze.compute.sorting import RowsByKey
-from meshprof.analyze.run.stragglers import StragglerReport
-from meshprof.analyze.run.table import EventTable
-from meshprof.analyze.run.tables import size_keys, sorted_pct, split_size_key
+from meshprof.analyze.run.conclusions.tables import size_keys, sorted_pct, split_size_key
+from meshprof.analyze.run.events.table import EventTable
+from meshprof.analyze.run.stragglers.stragglers import StragglerReport
 from meshprof.analyze.run.types import SizeRow
 
 Z_95 = 1.959963984540054

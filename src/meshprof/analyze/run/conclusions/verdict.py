@@ -3,14 +3,14 @@ the next thing to try — the report's first answer, largest cost first.
 
 Causes and their cost per step (ns; its share is of the step time ``step_ns``):
 
-* **a straggler** — each rank the what-if names (:attr:`meshprof.analyze.run.what_if.WhatIf.
+* **a straggler** — each rank the what-if names (:attr:`meshprof.analyze.run.what_if.what_if.WhatIf.
   notable`): how much shorter every step would be if it computed like its peers (the replay's
   saving; it includes everybody's waiting for it);
 * **exposed communication of a dimension**, **the pipeline bubble**, **data loading**, **the
   optimizer step and checkpoints**, **unattributed time** — the time ledger's part
-  (:mod:`meshprof.analyze.run.ledger`) per rank and step;
+  (:mod:`meshprof.analyze.run.conclusions.ledger`) per rank and step;
 * **waiting for late ranks** — the ledger's straggler wait, attributed to the ranks the others
-  waited for (from the arrivals: :mod:`meshprof.analyze.run.waits`), whether or not the what-if
+  waited for (from the arrivals: :mod:`meshprof.analyze.run.stragglers.waits`), whether or not the what-if
   could price their excess (a rank it prices is also a straggler cause above: the two overlap,
   the straggler's saving includes everybody's waiting for it).
 
@@ -31,10 +31,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from meshprof.analyze.compute.workload import Workload
-from meshprof.analyze.run.ledger import Ledger
-from meshprof.analyze.run.stragglers import StragglerReport
-from meshprof.analyze.run.waits import WaitCause
-from meshprof.analyze.run.what_if import WhatIf
+from meshprof.analyze.run.conclusions.ledger import Ledger
+from meshprof.analyze.run.stragglers.stragglers import StragglerReport
+from meshprof.analyze.run.stragglers.waits import WaitCause
+from meshprof.analyze.run.what_if.what_if import WhatIf
 from meshprof.records.ledger import TimeCause
 
 MIN_SHARE = 0.02
@@ -137,7 +137,7 @@ class VerdictInputs:
     hosts: dict[int, str]
     """Rank -> host name, for the evidence."""
     wait_causes: tuple[WaitCause, ...] = ()
-    """Who the others waited for (:mod:`meshprof.analyze.run.waits`)."""
+    """Who the others waited for (:mod:`meshprof.analyze.run.stragglers.waits`)."""
     workload: Workload = Workload.UNKNOWN
     """Whether the job trains (:func:`meshprof.analyze.compute.workload.job_workload`):
     gradient advice only for a training job."""

@@ -7,13 +7,13 @@ Per step and rank (each rank's own clock; durations need no alignment):
   (the union of their [issue, completion] intervals, so overlapping async ops count once);
 - compute time = step time − the time the rank waited for communication (so a rank that waits
   is not blamed for it), by the what-if's model of the rank's chain of events
-  (:func:`~meshprof.analyze.run.replay_record.own_compute`): a blocking op is waited for whole,
+  (:func:`~meshprof.analyze.run.replay.replay_record.own_compute`): a blocking op is waited for whole,
   an async op (DDP buckets, FSDP prefetch, isend) only where the program waited for it — its
   flight while the rank computes is compute, not waiting (the union of the events' intervals
   would count it as communication, and the ranks whose async collectives wait longest — those
   that are *not* slow — would look as if they computed less); on a sampled run, step time −
   communication time;
-- wait time = the sum of the rank's waits (see :mod:`meshprof.analyze.run.match`) in collectives
+- wait time = the sum of the rank's waits (see :mod:`meshprof.analyze.run.events.match`) in collectives
   issued during the step.
 
 On a run loaded as a sample of its collectives (``EventTable.sample_fraction`` f < 1) the
@@ -47,12 +47,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from meshprof.analyze.run.clock import ClockAlignment
-from meshprof.analyze.run.match import CollectiveMatch, arrived_last_share
-from meshprof.analyze.run.replay_chains import build_chains, chain_signatures, pipeline_stages
-from meshprof.analyze.run.replay_record import own_compute
-from meshprof.analyze.run.straggler_measures import measure_ranks
-from meshprof.analyze.run.table import EventTable
+from meshprof.analyze.run.events.clock import ClockAlignment
+from meshprof.analyze.run.events.match import CollectiveMatch, arrived_last_share
+from meshprof.analyze.run.events.table import EventTable
+from meshprof.analyze.run.replay.replay_chains import (
+    build_chains,
+    chain_signatures,
+    pipeline_stages,
+)
+from meshprof.analyze.run.replay.replay_record import own_compute
+from meshprof.analyze.run.stragglers.straggler_measures import measure_ranks
 from meshprof.records.codec import NOT_IN_JSON, json_key
 from meshprof.rundir import LoadedRun
 
@@ -155,7 +159,7 @@ def _waited_compute(
 ) -> None:
     """``compute`` [rank, step] set, where the rank has events in the step, to the step minus
     the time it waited for communication by the what-if's model
-    (:func:`~meshprof.analyze.run.replay_record.own_compute`: a blocking op is waited for
+    (:func:`~meshprof.analyze.run.replay.replay_record.own_compute`: a blocking op is waited for
     whole, an async op only where the program waited for it), each rank on its own clock."""
     n_off = max(int(table.rank.max(initial=0)), max(run.ranks)) + 1
     zero = np.zeros(n_off, dtype=np.int64)

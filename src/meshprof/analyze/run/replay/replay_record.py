@@ -1,4 +1,4 @@
-"""What the what-if replay replays (:mod:`meshprof.analyze.run.replay`): the chains'
+"""What the what-if replay replays (:mod:`meshprof.analyze.run.replay.replay`): the chains'
 (:mod:`.replay_chains`) members, each with its compute gap, overlap flag and recorded times
 (aligned clock, ns), completions the record contradicts repaired first
 (:mod:`.replay_repair`). The model is described in :mod:`.replay`."""
@@ -11,10 +11,11 @@ import numpy as np
 
 from meshprof.analyze.compute.grouped import group_spread, robust_group_spread
 from meshprof.analyze.compute.sorting import RowsByKey, unique_inverse
-from meshprof.analyze.run.clock import SYNC_OPS
-from meshprof.analyze.run.match import CollectiveMatch
-from meshprof.analyze.run.replay_chains import Chains, index_dtype
-from meshprof.analyze.run.replay_repair import (
+from meshprof.analyze.run.events.clock import SYNC_OPS
+from meshprof.analyze.run.events.match import CollectiveMatch
+from meshprof.analyze.run.events.table import EventTable
+from meshprof.analyze.run.replay.replay_chains import Chains, index_dtype
+from meshprof.analyze.run.replay.replay_repair import (
     RecordCheck,
     blocking_members,
     cap_blocking,
@@ -26,7 +27,6 @@ from meshprof.analyze.run.replay_repair import (
     transfer_key,
     waited_seen_late,
 )
-from meshprof.analyze.run.table import EventTable
 
 I64_MIN = int(np.iinfo(np.int64).min)
 SEEN_LATE_OFFSETS = 8
@@ -96,8 +96,8 @@ def record(
     ``reading`` (a record without flags): "waited" takes the collectives often seen to
     complete after their rank's next issue as blocking ops the recorder saw late (waited for
     at that issue, the completion capped there), "recorded" as in flight across it (see
-    :class:`~meshprof.analyze.run.replay_repair.RecordCheck`; the what-if compares the two:
-    :mod:`~meshprof.analyze.run.what_if_checks`).
+    :class:`~meshprof.analyze.run.replay.replay_repair.RecordCheck`; the what-if compares the two:
+    :mod:`~meshprof.analyze.run.what_if.what_if_checks`).
 
     A member's *release* contribution is its arrival, except for the sends of an *eager*
     direction (a (sender, receiver) pair of which some send completed before its receive was

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from meshprof.analyze.compute.sorting import RowsByKey
-from meshprof.analyze.run.clock import ClockAlignment
-from meshprof.analyze.run.match import CollectiveMatch
-from meshprof.analyze.run.stragglers import StragglerReport
-from meshprof.analyze.run.table import EventTable, GroupRef
+from meshprof.analyze.run.events.clock import ClockAlignment
+from meshprof.analyze.run.events.match import CollectiveMatch
+from meshprof.analyze.run.events.table import EventTable, GroupRef
+from meshprof.analyze.run.stragglers.stragglers import StragglerReport
 from meshprof.analyze.run.types import TimelineItem
 from meshprof.rundir import LoadedRun
 

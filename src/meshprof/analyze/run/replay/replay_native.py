@@ -1,6 +1,6 @@
 """The what-if replay's level loop compiled (``replay_levels.c``), for :func:`replay.replay`.
 
-The numpy loop in :mod:`meshprof.analyze.run.replay` pays a fixed ~60 µs of Python and numpy calls
+The numpy loop in :mod:`meshprof.analyze.run.replay.replay` pays a fixed ~60 µs of Python and numpy calls
 per dependency level; a run with tens of thousands of collectives per rank and step has as many
 levels (50,000 at 8 ranks × 1M collectives: 3.3 s). The same loop in C is one pass over the
 members × scenarios (milliseconds). It is plain C with no Python or numpy headers, compiled
@@ -73,7 +73,7 @@ def run_levels(
     rows: list[np.ndarray],
     state: tuple[np.ndarray, ...],
 ) -> None:
-    """Advance the replay's state (:data:`meshprof.analyze.run.replay.State`: int64, C order)
+    """Advance the replay's state (:data:`meshprof.analyze.run.replay.replay.State`: int64, C order)
     through every level, in blocks of whole levels of about :data:`BLOCK_MEMBERS` members
     (each block's columns converted to int64 once, then let go; the gap change
     ``new_gap - gap`` made per block)."""

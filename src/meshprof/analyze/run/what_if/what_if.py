@@ -1,6 +1,6 @@
 """What-if attribution: how much shorter every step would be if one rank (the ranks of one
 process group, of one parallelism dimension) computed like its peers — a replay of the matched
-collectives (:mod:`meshprof.analyze.run.replay`: chains of events per rank and step, compute gaps,
+collectives (:mod:`meshprof.analyze.run.replay.replay`: chains of events per rank and step, compute gaps,
 collectives released by their last arrival), not a heuristic.
 
 *Peers*: the ranks of the same pipeline stage (position in their pipeline-parallel group) that
@@ -10,7 +10,7 @@ in a backward). A member's *excess* is its compute gap minus the median of its p
 its position (itself left out: with one peer, a slow rank is compared with a normal one); a
 chain's tail (compute after its last collective) likewise. Its *systematic excess* is the
 median of its excess over the replayed steps (the same rank, signature and position), kept
-where it exceeds :data:`~meshprof.analyze.run.what_if_peers.Z` standard errors of that median and is positive, else 0: what the
+where it exceeds :data:`~meshprof.analyze.run.what_if.what_if_peers.Z` standard errors of that median and is positive, else 0: what the
 rank does more than its peers every step, without the step-to-step noise that no fix removes.
 
 A *scenario* takes the systematic excess off some gaps (in a rank's scenario, its tail's
@@ -53,21 +53,21 @@ import numpy as np
 from meshprof.analyze.compute import intervals
 from meshprof.analyze.compute.heap import release_free_memory
 from meshprof.analyze.compute.sorting import RowsByKey
-from meshprof.analyze.run.clock import ClockAlignment
-from meshprof.analyze.run.match import CollectiveMatch
-from meshprof.analyze.run.replay import in_order, join_plan, levels, replay
-from meshprof.analyze.run.replay_chains import (
+from meshprof.analyze.run.events.clock import ClockAlignment
+from meshprof.analyze.run.events.match import CollectiveMatch
+from meshprof.analyze.run.events.table import EventTable
+from meshprof.analyze.run.replay.replay import in_order, join_plan, levels, replay
+from meshprof.analyze.run.replay.replay_chains import (
     build_chains,
     chain_signatures,
     pipeline_stages,
 )
-from meshprof.analyze.run.replay_overlap import overlap_levels
-from meshprof.analyze.run.replay_record import I64_MIN, record
-from meshprof.analyze.run.replay_repair import RecordCheck
-from meshprof.analyze.run.stragglers import StragglerReport
-from meshprof.analyze.run.table import EventTable
-from meshprof.analyze.run.what_if_checks import contradicted_ns, reading_doubt
-from meshprof.analyze.run.what_if_peers import median_interval, peer_references, systematic
+from meshprof.analyze.run.replay.replay_overlap import overlap_levels
+from meshprof.analyze.run.replay.replay_record import I64_MIN, record
+from meshprof.analyze.run.replay.replay_repair import RecordCheck
+from meshprof.analyze.run.stragglers.stragglers import StragglerReport
+from meshprof.analyze.run.what_if.what_if_checks import contradicted_ns, reading_doubt
+from meshprof.analyze.run.what_if.what_if_peers import median_interval, peer_references, systematic
 from meshprof.rundir import LoadedRun
 
 MAX_RANKS = 8
@@ -195,14 +195,14 @@ class WhatIf:
     collectives): their compute is compared with nobody's, their cost is not measured."""
     record: RecordCheck = field(default_factory=RecordCheck)
     """What the record contradicted and how it was repaired before the replay
-    (:mod:`~meshprof.analyze.run.replay_repair`)."""
+    (:mod:`~meshprof.analyze.run.replay.replay_repair`)."""
     doubt: str = ""
     """Why no saving is measured though the run was replayed ("" when they are: see
-    :func:`~meshprof.analyze.run.what_if_checks.reading_doubt`): the savings are then given
+    :func:`~meshprof.analyze.run.what_if.what_if_checks.reading_doubt`): the savings are then given
     but never called out."""
     contradicted_ns: float = 0.0
     """Issues recorded before completions the model says they waited for, summed per chain
-    (median over chains, ns per step; :func:`~meshprof.analyze.run.what_if_checks.
+    (median over chains, ns per step; :func:`~meshprof.analyze.run.what_if.what_if_checks.
     contradicted_ns`): 0 on a record the model fits."""
 
     @property

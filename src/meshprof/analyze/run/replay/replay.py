@@ -1,5 +1,5 @@
 """A small discrete-event replay of the matched collectives: the step ends the run would have had
-with some compute gaps changed (the engine of :mod:`meshprof.analyze.run.what_if`).
+with some compute gaps changed (the engine of :mod:`meshprof.analyze.run.what_if.what_if`).
 
 The model (aligned clock, ns). The events of one rank inside one step span form a *chain*, in
 issue order. Each event belongs to a *collective*: a matched (group, seq) collective, a matched
@@ -40,7 +40,7 @@ Ops issued in crossed order on two ranks (1F1B stage pairs: send A then receive 
 send B then receive A on the other, neither waiting for its send) make that collective graph
 cyclic, though the program is not: an event waits for its predecessor's *issue*, and for the
 completions it joins, not for its predecessor's collective.
-:mod:`meshprof.analyze.run.replay_overlap` then levels arrivals and releases separately, and its
+:mod:`meshprof.analyze.run.replay.replay_overlap` then levels arrivals and releases separately, and its
 two-phase numpy loop takes each level's arrivals in issue order before its releases.
 """
 
@@ -51,9 +51,9 @@ from collections.abc import Sequence
 import numpy as np
 
 from meshprof.analyze.compute.sorting import stable_argsort
-from meshprof.analyze.run import replay_native
-from meshprof.analyze.run.replay_chains import index_dtype
-from meshprof.analyze.run.replay_record import Recorded, fold_joins
+from meshprof.analyze.run.replay import replay_native
+from meshprof.analyze.run.replay.replay_chains import index_dtype
+from meshprof.analyze.run.replay.replay_record import Recorded, fold_joins
 
 
 def levels(rec: Recorded) -> tuple[np.ndarray, np.ndarray] | None:
@@ -135,7 +135,7 @@ def in_order(members: dict[str, np.ndarray], order: np.ndarray) -> dict[str, np.
 
 
 def join_plan(join: np.ndarray, order: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The joins (:attr:`~meshprof.analyze.run.replay_record.Recorded.join`, members in chain
+    """The joins (:attr:`~meshprof.analyze.run.replay.replay_record.Recorded.join`, members in chain
     order) for the replay, whose members are in ``order``: per member in replay order, -1 when
     its completion joins at the next member, -2 when it joins none, else its *held slot*; and
     the held members' joins as (replay position of the joining member, slot), by position."""
@@ -181,9 +181,9 @@ def replay(
     for ``new_tail``. ``c_start``, ``const``, ``tail``, ``after_all``: the chains' starts (or
     int64 [scenario, chain]: the first scenarios' own starts, the others as scenario 0's) and
     the :class:`Recorded` fields of those names. ``compiled``: run the level loop in C
-    (:mod:`meshprof.analyze.run.replay_native`) when it can be built here, else in numpy (same results).
+    (:mod:`meshprof.analyze.run.replay.replay_native`) when it can be built here, else in numpy (same results).
     ``arrival``: each member's arrival level, in replay order, when the levels came from
-    :func:`~meshprof.analyze.run.replay_overlap.overlap_levels` (then its two-phase numpy loop
+    :func:`~meshprof.analyze.run.replay.replay_overlap.overlap_levels` (then its two-phase numpy loop
     runs: the C loop takes each arrival with its collective)."""
     # per member, in replay order: its scenario in each of gap_rows, with k for none (a spare
     # row of the gap matrix absorbs those writes: one fancy assignment per array and level)
@@ -205,7 +205,7 @@ def replay(
     state = (e_max, a_last, e_join, held, j_pos, j_slot)
     fn = replay_native.load() if compiled and arrival is None else None
     if arrival is not None:
-        from meshprof.analyze.run.replay_overlap import levels_numpy_overlap
+        from meshprof.analyze.run.replay.replay_overlap import levels_numpy_overlap
 
         levels_numpy_overlap(m, bounds, chain, const, rows, state, arrival)
     elif fn is not None:

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from meshprof.analyze.compute.sorting import group_seq_key, lexsort2, stable_argsort
-from meshprof.analyze.run.table import EventTable
+from meshprof.analyze.run.events.table import EventTable
 from meshprof.records.rank_meta import ClockSync
 from meshprof.rundir import LoadedRun
 

@@ -1,6 +1,6 @@
 """A window of steps of a loaded run: ``meshprof report --steps A:B`` (or ``--since``/``--until``
 times) and the latest regime the report analyses when something changed mid-run
-(:mod:`meshprof.analyze.run.changes`).
+(:mod:`meshprof.analyze.run.events.changes`).
 
 A window is applied rank by rank, on the rank's own clock: its step spans whose step is in the
 window are kept, and its events, memory samples and other spans that fall between the first kept

@@ -1,6 +1,6 @@
-/* The what-if replay's level loop (meshprof/analyze/run/replay.py: replay), in C: the same
+/* The what-if replay's level loop (meshprof/analyze/run/replay/replay.py: replay), in C: the same
  * integer arithmetic, member by member instead of one numpy call per level and array. Built on
- * first use by meshprof/analyze/run/replay_native.py (plain C, no Python or numpy headers) and
+ * first use by meshprof/analyze/run/replay/replay_native.py (plain C, no Python or numpy headers) and
  * called through ctypes; replay.py's numpy loop is the reference and the fallback.
  *
  * State: e_max, a_last and e_join, [k1][n_chains] row-major (k1 = scenarios + the spare row);

@@ -1,4 +1,4 @@
-"""The what-if's chains (:mod:`meshprof.analyze.run.replay`): each rank's events inside each
+"""The what-if's chains (:mod:`meshprof.analyze.run.replay.replay`): each rank's events inside each
 replayed step span, in issue order, and a code per chain for the program it ran (its pipeline
 stage and sequence of (op, dimension)), so that chains of one program can be compared."""
 
@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from meshprof.analyze.compute.sorting import RowsByKey, stable_argsort, unique_inverse
-from meshprof.analyze.run.table import EventTable
+from meshprof.analyze.run.events.table import EventTable
 from meshprof.rundir import LoadedRun
 
 

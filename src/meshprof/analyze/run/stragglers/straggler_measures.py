@@ -4,7 +4,7 @@ Per rank and step: the step's time, its communication time (the length of the un
 rank's collective intervals inside the step), the time the rank's collective members arriving
 in the step waited for the others; per rank and phase: the phase's compute (its time minus the
 communication inside it), summed per step, its median over the steps every rank recorded. The
-definitions are :mod:`~meshprof.analyze.run.stragglers`'; here they are computed without a
+definitions are :mod:`~meshprof.analyze.run.stragglers.stragglers`'; here they are computed without a
 Python loop over ranks (100,000 ranks: ~15 s of the report in that loop): each rank's times are
 moved onto its own stretch of one axis (a shift per rank, lengths unchanged, the stretches
 apart), so that one union, one sort and a few ``searchsorted`` answer every rank's windows —
@@ -21,9 +21,9 @@ import numpy as np
 from meshprof.analyze.compute import intervals
 from meshprof.analyze.compute.grouped import grouped_median
 from meshprof.analyze.compute.sorting import stable_argsort
-from meshprof.analyze.run.clock import ClockAlignment
-from meshprof.analyze.run.match import CollectiveMatch
-from meshprof.analyze.run.table import EventTable
+from meshprof.analyze.run.events.clock import ClockAlignment
+from meshprof.analyze.run.events.match import CollectiveMatch
+from meshprof.analyze.run.events.table import EventTable
 from meshprof.events import SPAN_DTYPE
 from meshprof.rundir import LoadedRun
 from meshprof.rundir.segments import join_rows

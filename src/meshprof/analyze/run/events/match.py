@@ -24,8 +24,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from meshprof.analyze.compute.sorting import group_seq_key, stable_argsort, unique_inverse
-from meshprof.analyze.run.clock import ClockAlignment
-from meshprof.analyze.run.table import EventTable
+from meshprof.analyze.run.events.clock import ClockAlignment
+from meshprof.analyze.run.events.table import EventTable
 from meshprof.analyze.run.types import GroupRow
 
 

@@ -1,7 +1,7 @@
 """Who waits for whom: the ranks the others wait for in the collectives, and where.
 
 In a collective, every member that arrived before the last one waits for it (its *wait*,
-:attr:`meshprof.analyze.run.match.CollectiveMatch.member_wait_ns`, is at most the skew between
+:attr:`meshprof.analyze.run.events.match.CollectiveMatch.member_wait_ns`, is at most the skew between
 its arrival and the last arrival). That wait is *caused* by the rank that arrived last. Summed
 over the run, per causing rank, it says which ranks hold the others up, in which group, and how
 much of the run's total waiting is theirs — the question "which rank is everybody waiting for",
@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from meshprof.analyze.run.match import CollectiveMatch
-from meshprof.analyze.run.table import EventTable
+from meshprof.analyze.run.events.match import CollectiveMatch
+from meshprof.analyze.run.events.table import EventTable
 
 TOP_RANKS = 8
 """Causes listed at most (the largest)."""

@@ -5,7 +5,7 @@ to its wall time exactly.
 A rank's own ledger comes from its step analysis (:mod:`meshprof.analyze.steps.ledger`). What one
 rank cannot see is *why* it was blocked in a collective; across ranks it can be said: the part of
 its waiting in the collectives of its analysed steps that it spent waiting for a rank that
-arrived later (its wait, :attr:`meshprof.analyze.run.stragglers.StragglerReport.wait_ns`) is
+arrived later (its wait, :attr:`meshprof.analyze.run.stragglers.stragglers.StragglerReport.wait_ns`) is
 ``straggler_wait``, taken out of its exposed data-parallel, tensor-parallel and other
 communication in proportion (at most what they hold: a wait hidden behind compute costs nothing;
 a pipeline stage's waiting is its bubble, counted there).
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from meshprof.analyze.run.stragglers import StragglerReport
+from meshprof.analyze.run.stragglers.stragglers import StragglerReport
 from meshprof.analyze.steps.ledger import CAUSES
 from meshprof.analyze.steps.types import StepAnalysis
 from meshprof.records.ledger import LedgerEntry, RankLedger, TimeCause

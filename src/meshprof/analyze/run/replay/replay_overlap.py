@@ -1,5 +1,5 @@
 """The what-if replay's levels and level loop for runs whose collectives cannot be ordered one
-collective at a time (the engine is :mod:`meshprof.analyze.run.replay`).
+collective at a time (the engine is :mod:`meshprof.analyze.run.replay.replay`).
 
 Ops issued in crossed order on two ranks (1F1B stage pairs: send A then receive B on one, send
 B then receive A on the other, neither waiting for its send: async ops, or eager sends) make
@@ -14,14 +14,14 @@ from __future__ import annotations
 import numpy as np
 
 from meshprof.analyze.compute.sorting import stable_argsort
-from meshprof.analyze.run.replay_chains import index_dtype
-from meshprof.analyze.run.replay_record import Recorded, fold_joins
+from meshprof.analyze.run.replay.replay_chains import index_dtype
+from meshprof.analyze.run.replay.replay_record import Recorded, fold_joins
 
 
 def overlap_levels(rec: Recorded) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """Levels where an event follows its predecessor's *issue* and the completions it joins,
     not its predecessor's collective (the model's own rule;
-    :func:`~meshprof.analyze.run.replay.levels` orders by collectives only, which makes ops
+    :func:`~meshprof.analyze.run.replay.replay.levels` orders by collectives only, which makes ops
     issued in crossed order on two ranks a cycle). Returns the members in replay order (by
     collective level, then collective), the level boundaries in it, and each member's arrival
     level in that order; None on a real cycle (inconsistent matching).
@@ -103,10 +103,10 @@ def levels_numpy_overlap(
     of the members whose arrival level it is, chain by chain in issue order (each after its
     predecessor's issue, possibly made in the same level; a member that does not wait
     completes right there), then the releases and completions of the collectives of that
-    level (this path runs only on runs :func:`~meshprof.analyze.run.replay.levels` cannot
+    level (this path runs only on runs :func:`~meshprof.analyze.run.replay.replay.levels` cannot
     order). A member's part in its release (its arrival, or its completion when it does not
     wait) waits in the level's scratch columns, or, when its collective is released at a later
-    level, in a column of its own. ``state``: see :data:`meshprof.analyze.run.replay.State`."""
+    level, in a column of its own. ``state``: see :data:`meshprof.analyze.run.replay.replay.State`."""
     e_max, a_last, e_join, held, j_pos, j_slot = state
     c = m["coll"]
     g = m["gap"]

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from meshprof.analyze.run.clock import ClockAlignment
-from meshprof.analyze.run.match import MatchSummary
-from meshprof.analyze.run.stragglers import StragglerReport
+from meshprof.analyze.run.events.clock import ClockAlignment
+from meshprof.analyze.run.events.match import MatchSummary
+from meshprof.analyze.run.stragglers.stragglers import StragglerReport
 from meshprof.analyze.run.types import MemoryImbalance, RankProblem, RunFinding
-from meshprof.analyze.run.what_if import WhatIf
+from meshprof.analyze.run.what_if.what_if import WhatIf
 from meshprof.records.finding import FindingKind, Severity
 from meshprof.rundir.storage_notes import StorageNote
 

@@ -77,7 +77,7 @@ class EventTable:
     ``async_op=True``) or timed on the device (``FLAG_DEVICE_TIMING``: its completion is the
     device's, which the host ran ahead of); None when unknown. False, for a collective: its
     caller waited for it before its next call (the what-if relies on that: see
-    :mod:`meshprof.analyze.run.replay_repair`)."""
+    :mod:`meshprof.analyze.run.replay.replay_repair`)."""
     kept_index: np.ndarray | None = None
     """int32: row in the rank's own events array; None when every rank's rows were all kept
     (:attr:`index` then derives it)."""

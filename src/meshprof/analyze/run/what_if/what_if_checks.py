@@ -1,8 +1,8 @@
-"""The what-if's self-checks (:mod:`meshprof.analyze.run.what_if`): figures computed from the
+"""The what-if's self-checks (:mod:`meshprof.analyze.run.what_if.what_if`): figures computed from the
 record that the replay did not take as given, so that they can fail.
 
 - **Readings** of a record without async flags: a collective never seen to complete before its
-  rank's next issue (:attr:`~meshprof.analyze.run.replay_repair.RecordCheck.undecided`) is an
+  rank's next issue (:attr:`~meshprof.analyze.run.replay.replay_repair.RecordCheck.undecided`) is an
   async op in flight across that issue, or a blocking one whose completion the recorder saw
   late; the record cannot tell. The replay takes the second (``replay_record.record``'s
   ``reading="waited"``: such an op's next issue came after it could complete), this check the
@@ -22,11 +22,11 @@ from __future__ import annotations
 import numpy as np
 
 from meshprof.analyze.compute.sorting import RowsByKey
-from meshprof.analyze.run.match import CollectiveMatch
-from meshprof.analyze.run.replay_chains import Chains
-from meshprof.analyze.run.replay_record import Recorded, record
-from meshprof.analyze.run.table import EventTable
-from meshprof.analyze.run.what_if_peers import peer_references, systematic
+from meshprof.analyze.run.events.match import CollectiveMatch
+from meshprof.analyze.run.events.table import EventTable
+from meshprof.analyze.run.replay.replay_chains import Chains
+from meshprof.analyze.run.replay.replay_record import Recorded, record
+from meshprof.analyze.run.what_if.what_if_peers import peer_references, systematic
 
 DOUBT_SHARE = 0.01
 """A rank's systematic excess differing by this share of the step between the readings of a

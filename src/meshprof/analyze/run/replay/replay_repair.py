@@ -1,5 +1,5 @@
 """Completions the record contradicts, found and repaired before the what-if replays them
-(:mod:`meshprof.analyze.run.replay_record`).
+(:mod:`meshprof.analyze.run.replay.replay_record`).
 
 A recorder notices a completion when something looks: the caller's wait (exact), a poller (late
 by its period, and by milliseconds on a loaded machine), or the rank's next call (a completion
@@ -253,7 +253,7 @@ def tied_to_next(
 ) -> np.ndarray:
     """bool [member]: without flags, the collectives whose recorded completion follows the
     *next* op's release rather than their own: at their program position (the chains of one
-    signature, :func:`~meshprof.analyze.run.replay_chains.chain_signatures`), the completion
+    signature, :func:`~meshprof.analyze.run.replay.replay_chains.chain_signatures`), the completion
     came after the next member's release on 9 chains in 10 or more, and its time after that
     release varies (over the chains) less than half as much as its time after its own release,
     by the standard deviations and the robust spreads, and by more than 1 µs. A completion

@@ -1,0 +1,1 @@
+"""The replay engine under the what-if: each rank's chains of collectives and compute, what the record says of each op (repaired where it contradicts itself), and the replay of the dependency graph with changed compute (numpy or the compiled levels)."""
