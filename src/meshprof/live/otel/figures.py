@@ -2,7 +2,8 @@
 
 One typed structure holds every figure of one export: each rank's live record with what is
 derived across ranks (the straggler score, the wait, the ledger with the straggler wait carved
-out), the alerts raised so far, and the serving figures (the GenAI conventions' histograms).
+out), the alerts raised so far, and the serving ranks' figures (the GenAI conventions'
+histograms, :mod:`meshprof.live.otel.serving_figures`).
 :mod:`meshprof.live.otel.metric_points` turns it into OTLP metrics, nothing else does.
 
 The training figures are computed exactly as ``/metrics`` computes them
@@ -130,11 +131,15 @@ class FigureReader:
                     ledger_ns=ledger,
                 )
             )
+        from meshprof.live.otel.serving_figures import serving_figures  # (it builds on these)
+
+        serving = [sv for x in recs.values() if (sv := serving_figures(x)) is not None]
         return ExportSnapshot(
             taken_ns=now,
             ranks=tuple(ranks),
             alerts=dict(self._alerts),
             alerts_since_ns=self.started_ns,
+            serving=tuple(serving),
         )
 
 
