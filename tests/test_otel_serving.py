@@ -183,3 +183,41 @@ def test_post_mortem_sends_the_same_request_spans(served: Served) -> None:
     for s in post:
         assert (s.end_ns - s.start_ns) == (live[s.span_id].end_ns - live[s.span_id].start_ns)
     _check_spans(got, served.truth, _offset(served.run))
+
+
+def test_request_spans_are_bounded_by_the_span_queue(tmp_path: Path) -> None:
+    """More finished requests than the span queue holds: the rest are dropped and counted
+    (meshprof.otel.dropped, queue_full), and no span is built for them."""
+    from meshprof.live.otel.agent import OtlpAgent
+    from meshprof.live.otel.export_worker import ExportWorker
+    from meshprof.live.otel.exporters import JobIdentity
+    from meshprof.live.otel.request_spans import RequestRecord
+    from meshprof.live.otel.settings import resolve_settings
+
+    settings = resolve_settings("http://127.0.0.1:9", "http/protobuf", {})
+    assert settings is not None
+    agent = OtlpAgent(tmp_path, settings, JobIdentity(run_id="r"))
+    sent: list[Any] = []
+    # a worker whose thread is not started: nothing leaves its queue of 3
+    agent.spans = ExportWorker(
+        "traces", sent.extend, capacity=3, batch=100, period_s=1.0, on_count=agent._on_count
+    )
+    agent._send_requests([RequestRecord(str(i), 0, 10 * i, 10 * i + 5) for i in range(10)])
+    assert agent.requests_sent == 3 and agent.spans.queued() == 3
+    assert agent.counts.dropped == {("traces", "queue_full"): 7}
+
+
+def test_a_tail_keeps_a_bounded_number_of_request_rows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from meshprof.events import REQUEST_DTYPE
+    from meshprof.rundir import segment_tail
+
+    monkeypatch.setattr(segment_tail, "MAX_PENDING_REQUESTS", 5)
+    tail = segment_tail.RankTail(tmp_path, requests=True)
+    for k in range(3):
+        rows = np.zeros(3, REQUEST_DTYPE)
+        rows["id"] = [3 * k, 3 * k + 1, 3 * k + 2]
+        tail._keep_requests(rows)
+    assert tail.take_requests()["id"].tolist() == [6, 7, 8]  # the newest
+    assert tail.counters.requests_dropped == 6 and len(tail.take_requests()) == 0
