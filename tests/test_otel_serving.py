@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 from meshprof.live.otel import instruments as I
-from meshprof.live.otel.serving_figures import SOURCES, holds, rebucket
+from meshprof.live.otel.genai_buckets import SOURCES, holds, rebucket
 from meshprof.records.serving import HISTOGRAMS
 from otlp_receiver import GrpcReceiver, HttpReceiver, PointView, SpanView, latest, points, spans
 
@@ -197,10 +197,9 @@ def test_request_spans_are_bounded_by_the_span_queue(tmp_path: Path) -> None:
     settings = resolve_settings("http://127.0.0.1:9", "http/protobuf", {})
     assert settings is not None
     agent = OtlpAgent(tmp_path, settings, JobIdentity(run_id="r"))
-    sent: list[Any] = []
     # a worker whose thread is not started: nothing leaves its queue of 3
     agent.spans = ExportWorker(
-        "traces", sent.extend, capacity=3, batch=100, period_s=1.0, on_count=agent._on_count
+        "traces", lambda _batch: True, capacity=3, batch=100, period_s=1.0, on_count=agent._on_count
     )
     agent._send_requests([RequestRecord(str(i), 0, 10 * i, 10 * i + 5) for i in range(10)])
     assert agent.requests_sent == 3 and agent.spans.queued() == 3

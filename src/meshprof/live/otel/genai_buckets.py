@@ -1,4 +1,4 @@
-"""A serving rank's live histograms as the OpenTelemetry GenAI conventions' three.
+"""A serving rank's live histograms under the OpenTelemetry GenAI conventions' bucket bounds.
 
 A serving rank publishes cumulative histograms of its requests
 (:class:`~meshprof.records.serving.ServingLive`, vLLM's bucket bounds); the GenAI conventions
@@ -22,9 +22,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from meshprof.live.otel import instruments as I
-from meshprof.live.otel.figures import HistogramFigure, ServingFigures
-from meshprof.records.live import RankLive
-from meshprof.records.serving import Histogram
 
 OPERATION = "text_completion"
 """``gen_ai.operation.name`` of meshprof's request API (prompt in, tokens out)."""
@@ -63,38 +60,10 @@ def rebucket(src: Sequence[float], counts: Sequence[int], dst: Sequence[float]) 
     return tuple(out)
 
 
-def genai_histogram(h: Histogram | None, inst: I.Instrument) -> HistogramFigure:
-    """A live histogram under ``inst``'s bounds (empty when the record has none)."""
-    if h is None:
-        return HistogramFigure(inst.buckets, (0,) * (len(inst.buckets) + 1), 0.0)
-    return HistogramFigure(inst.buckets, rebucket(h.bounds, h.buckets, inst.buckets), h.total)
-
-
-def serving_figures(rec: RankLive) -> ServingFigures | None:
-    """A serving rank's GenAI histograms since it started (None: the rank records no
-    requests)."""
-    sv = rec.serving
-    if sv is None or not sv.serves_requests:
-        return None
-    return ServingFigures(
-        rank=rec.rank,
-        operation=OPERATION,
-        provider=PROVIDER,
-        model="",
-        started_ns=rec.started_ns or rec.updated_ns,
-        updated_ns=rec.updated_ns,
-        time_to_first_token=genai_histogram(sv.histogram("ttft"), I.TIME_TO_FIRST_TOKEN),
-        time_per_output_token=genai_histogram(sv.histogram("tpot"), I.TIME_PER_OUTPUT_TOKEN),
-        request_duration={"": genai_histogram(sv.histogram("e2e"), I.REQUEST_DURATION)},
-    )
-
-
 __all__ = [
     "OPERATION",
     "PROVIDER",
     "SOURCES",
-    "genai_histogram",
     "holds",
     "rebucket",
-    "serving_figures",
 ]
