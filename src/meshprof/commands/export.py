@@ -98,8 +98,8 @@ def _otlp(args: argparse.Namespace) -> int:
         print(json.dumps({**res.to_dict(), "trace_ids": res.trace_ids[:1]}))
     else:
         print(
-            f"sent {res.steps:,} steps ({res.rank_steps:,} ranks' steps, {res.spans:,} spans), "
-            f"{res.alerts} alerts, {res.captures} captures and {res.findings} findings to "
+            f"sent {res.steps:,} steps ({res.rank_steps:,} ranks' steps), {res.requests:,} "
+            f"requests ({res.spans:,} spans in all), {res.alerts} alerts, {res.captures} captures and {res.findings} findings to "
             f"{res.endpoint}"
         )
     if res.failed_spans:

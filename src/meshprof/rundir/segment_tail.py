@@ -6,6 +6,10 @@ chunks, each checked as the loader checks them (head, length, CRC-32; the header
 layouts). A chunk still being written is left for the next look. Segments the retention bounds
 delete are forgotten; a new generation (the rank restarted) is followed from its first segment.
 
+With ``requests``, it also keeps the finished-request rows of a serving rank's ``SERVING``
+chunks (REQUEST_DTYPE; the token rows are not kept) until :meth:`~RankTail.take_requests`
+(at most :data:`MAX_PENDING_REQUESTS`; beyond, the oldest are let go and counted).
+
 It reads files only: the rank does nothing for it. ``meshprof run``'s OpenTelemetry exporter
 follows every rank of its node with one tail each (:mod:`meshprof.live.otel.agent`).
 """
@@ -18,15 +22,21 @@ import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
+from meshprof.events import REQUEST_DTYPE
 from meshprof.records.codec import RecordError
 from meshprof.rundir.schema import RankMeta
 from meshprof.rundir.segments import (
     HEAD,
     KIND_BATCH,
+    KIND_SERVING,
     MAGIC,
     VERSION,
     Batch,
     decode_batch,
+    decode_serving,
+    join_rows,
     parse_header,
     scan_rank_dir,
 )
@@ -34,6 +44,8 @@ from meshprof.rundir.segments import (
 MAX_READ_BYTES = 32 << 20
 """At most this many bytes are read from one rank per poll (the rest at the next): a tail that
 starts late, or falls behind, holds a bounded amount of a rank's rows at a time."""
+MAX_PENDING_REQUESTS = 1 << 16
+"""Finished-request rows kept at most until they are taken."""
 
 
 @dataclass(slots=True)
@@ -56,6 +68,8 @@ class TailCounters:
     """Bytes of segment files read."""
     problems: list[str] = field(default_factory=list)
     """Files or chunks that could not be read (the newest 16)."""
+    requests_dropped: int = 0
+    """Finished-request rows let go before they were taken (:data:`MAX_PENDING_REQUESTS`)."""
 
 
 class RankTail:
@@ -63,8 +77,12 @@ class RankTail:
     docstring). Never raises for what is in the folder: unreadable files end their reading and
     are named in :attr:`counters`."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], requests: bool = False) -> None:
         self.path = Path(path)
+        self.keep_requests = requests
+        """Keep the serving chunks' finished-request rows (see the module docstring)."""
+        self._requests: list[np.ndarray] = []
+        self._pending = 0
         self.generation = -1
         """The generation followed (-1: none yet)."""
         self.counters = TailCounters()
@@ -94,6 +112,20 @@ class RankTail:
                 break
         self.counters.batches += len(out)
         return out
+
+    def take_requests(self) -> np.ndarray:
+        """The finished-request rows (REQUEST_DTYPE) read since the last call, oldest first."""
+        out = join_rows(self._requests, REQUEST_DTYPE)
+        self._requests, self._pending = [], 0
+        return out
+
+    def _keep_requests(self, rows: np.ndarray) -> None:
+        self._requests.append(rows)
+        self._pending += len(rows)
+        while self._pending > MAX_PENDING_REQUESTS and self._requests:
+            old = self._requests.pop(0)
+            self._pending -= len(old)
+            self.counters.requests_dropped += len(old)
 
     def meta(self) -> RankMeta | None:
         """The newest generation's meta as last written (read again when the file changed);
@@ -161,6 +193,14 @@ class RankTail:
                 except ValueError as e:
                     self._problem(st, f"{path.name}: {e}")
                     break
+            elif kind == KIND_SERVING and self.keep_requests:
+                try:
+                    reqs, _tokens = decode_serving(payload)
+                except ValueError as e:
+                    self._problem(st, f"{path.name}: {e}")
+                    break
+                if len(reqs):
+                    self._keep_requests(reqs.copy())
             pos = end
         st.offset += pos
         return len(data)

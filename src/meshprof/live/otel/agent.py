@@ -11,7 +11,10 @@ training process, eight times per node.) What the launcher spends is measured in
 Every ``tick_s`` seconds its thread (:class:`OtlpAgent`):
 
 1. reads the ranks' new rows (:class:`~meshprof.live.otel.rank_feed.RankFeed`) and holds their
-   closed steps (:class:`~meshprof.live.otel.trace_sampling.StepBook`);
+   closed steps (:class:`~meshprof.live.otel.trace_sampling.StepBook`); a serving rank's
+   finished requests go to the span worker at once, one span each
+   (:mod:`meshprof.live.otel.request_spans`; what the span queue has no room for is dropped and
+   counted, never held);
 2. on node 0, reads the alerts raised (``live/alerts.jsonl``) and the captures taken, asks for
    the steps around them and keeps them as events of their step;
 3. hands the steps decided to the span worker (:mod:`meshprof.live.otel.spans`);
@@ -33,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from meshprof.live.otel.export_worker import EXPORT_FAILED, ExportWorker
+from meshprof.live.otel.export_worker import EXPORT_FAILED, QUEUE_FULL, ExportWorker
 from meshprof.live.otel.exporters import (
     JobIdentity,
     SdkLog,
@@ -45,6 +48,7 @@ from meshprof.live.otel.exporters import (
 from meshprof.live.otel.figures import FigureReader
 from meshprof.live.otel.metric_points import ExporterCounts, metrics_data, point_count
 from meshprof.live.otel.rank_feed import RankFeed
+from meshprof.live.otel.request_spans import RequestRecord, request_span
 from meshprof.live.otel.settings import OtlpSettings
 from meshprof.live.otel.spans import SpanContextInfo, StepEvent, event_span, step_spans
 from meshprof.live.otel.step_events import (
@@ -115,6 +119,8 @@ class OtlpAgent:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.poll_failures = 0
+        self.requests_sent = 0
+        """Finished requests handed to the span worker."""
         self.sdk_log = SdkLog.install()
         self.resource = job_resource(job)
         self.info = SpanContextInfo(job.run_id, self.resource, scope())
@@ -234,6 +240,7 @@ class OtlpAgent:
                 continue
             for rs in feed.poll(mono, final):
                 self.book.add(rs, mono)
+            self._send_requests(feed.take_requests())
         if self.root:
             self._read_alerts(traces)
             if traces:
@@ -248,6 +255,19 @@ class OtlpAgent:
             with self._lock:
                 data = metrics_data(snap, self.resource, self.info.scope, _copy(self.counts))
             self.metrics.offer([data])
+
+    def _send_requests(self, reqs: list[RequestRecord]) -> None:
+        """One span per finished request, as many as the span queue has room for (the others
+        dropped and counted: no span is built for them)."""
+        if not reqs or self.spans is None:
+            return
+        room = max(self.spans.capacity - self.spans.queued(), 0)
+        if len(reqs) > room:
+            self._on_count("traces", QUEUE_FULL, len(reqs) - room)
+            reqs = reqs[:room]
+        self.requests_sent += len(reqs)
+        if reqs:
+            self.spans.offer([request_span(r, self.info) for r in reqs])
 
     def _discover(self) -> None:
         for r, path in rank_entries(self.run_dir):

@@ -2,7 +2,8 @@
 
 One typed structure holds every figure of one export: each rank's live record with what is
 derived across ranks (the straggler score, the wait, the ledger with the straggler wait carved
-out), the alerts raised so far, and the serving figures (the GenAI conventions' histograms).
+out), the alerts raised so far, and the serving ranks' figures (the GenAI conventions'
+histograms: :func:`serving_figures`, :mod:`meshprof.live.otel.genai_buckets`).
 :mod:`meshprof.live.otel.metric_points` turns it into OTLP metrics, nothing else does.
 
 The training figures are computed exactly as ``/metrics`` computes them
@@ -18,7 +19,10 @@ from dataclasses import dataclass
 
 from meshprof.analyze.live.snapshot import carvable_exposed_ns, straggler_scores, wait_estimates
 from meshprof.live.metrics import LiveCollector
+from meshprof.live.otel import instruments as I
+from meshprof.live.otel.genai_buckets import OPERATION, PROVIDER, rebucket
 from meshprof.records.live import Alert, RankLive
+from meshprof.records.serving import Histogram
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +101,32 @@ class ExportSnapshot:
     """Serving ranks' GenAI figures (empty for a training job)."""
 
 
+def genai_histogram(h: Histogram | None, inst: I.Instrument) -> HistogramFigure:
+    """A live histogram under ``inst``'s bounds (empty when the record has none)."""
+    if h is None:
+        return HistogramFigure(inst.buckets, (0,) * (len(inst.buckets) + 1), 0.0)
+    return HistogramFigure(inst.buckets, rebucket(h.bounds, h.buckets, inst.buckets), h.total)
+
+
+def serving_figures(rec: RankLive) -> ServingFigures | None:
+    """A serving rank's GenAI histograms since it started (None: the rank records no
+    requests)."""
+    sv = rec.serving
+    if sv is None or not sv.serves_requests:
+        return None
+    return ServingFigures(
+        rank=rec.rank,
+        operation=OPERATION,
+        provider=PROVIDER,
+        model="",
+        started_ns=rec.started_ns or rec.updated_ns,
+        updated_ns=rec.updated_ns,
+        time_to_first_token=genai_histogram(sv.histogram("ttft"), I.TIME_TO_FIRST_TOKEN),
+        time_per_output_token=genai_histogram(sv.histogram("tpot"), I.TIME_PER_OUTPUT_TOKEN),
+        request_duration={"": genai_histogram(sv.histogram("e2e"), I.REQUEST_DURATION)},
+    )
+
+
 class FigureReader:
     """Reads :class:`ExportSnapshot` s of one run directory for one node's ranks (``node_id``
     None: every rank), keeping what must be kept between reads: the straggler wait carved so
@@ -130,11 +160,13 @@ class FigureReader:
                     ledger_ns=ledger,
                 )
             )
+        serving = [sv for x in recs.values() if (sv := serving_figures(x)) is not None]
         return ExportSnapshot(
             taken_ns=now,
             ranks=tuple(ranks),
             alerts=dict(self._alerts),
             alerts_since_ns=self.started_ns,
+            serving=tuple(serving),
         )
 
 
@@ -144,4 +176,6 @@ __all__ = [
     "HistogramFigure",
     "RankFigures",
     "ServingFigures",
+    "genai_histogram",
+    "serving_figures",
 ]

@@ -145,9 +145,10 @@ def points(snap: ExportSnapshot, counts: ExporterCounts | None = None) -> dict[s
         lab: Attrs = {
             I.GENAI_OPERATION: sv.operation,
             I.GENAI_PROVIDER: sv.provider,
-            I.GENAI_MODEL: sv.model,
             I.RANK: sv.rank,
         }
+        if sv.model:  # (conditionally required: when known)
+            lab[I.GENAI_MODEL] = sv.model
         t0, t = sv.started_ns, sv.updated_ns
         p.add(I.TIME_TO_FIRST_TOKEN, _histogram(lab, t0, t, sv.time_to_first_token))
         p.add(I.TIME_PER_OUTPUT_TOKEN, _histogram(lab, t0, t, sv.time_per_output_token))

@@ -5,7 +5,9 @@ sent (:mod:`meshprof.live.otel.spans`, the same ids), with its original timestam
 clock by the report's clock alignment (:mod:`meshprof.analyze.run.events.clock`: the timestamp
 exchange and the synchronizing collectives), so the ranks of several hosts line up. The alerts
 raised while it ran and the captures taken are events of their steps; the report's findings
-and its verdict are events of one ``run`` span over the whole run.
+and its verdict are events of one ``run`` span over the whole run. A serving rank's finished
+requests are one span each (:mod:`meshprof.live.otel.request_spans`, the live exporter's ids),
+on the same common clock.
 
 Metrics are not sent: a finished run's figures are points hours or days in the past, which
 metric backends refuse or misplace (Prometheus-compatible stores reject samples older than
@@ -26,6 +28,7 @@ from typing import Any
 
 from meshprof.errors import MeshprofError
 from meshprof.live.otel.exporters import JobIdentity, SdkLog, job_resource, scope, span_exporter
+from meshprof.live.otel.request_spans import RequestRecord, request_records, request_span
 from meshprof.live.otel.settings import OtlpSettings
 from meshprof.live.otel.spans import (
     FINDING_EVENT,
@@ -57,6 +60,8 @@ class ExportResult:
     """Job steps sent."""
     rank_steps: int = 0
     """Ranks' steps sent."""
+    requests: int = 0
+    """Finished requests sent (one span each)."""
     spans: int = 0
     """Spans sent (accepted by the backend)."""
     failed_spans: int = 0
@@ -86,6 +91,15 @@ def job_steps(run: LoadedRun, offsets: dict[int, int], every: int = 1) -> list[J
                 by_step[rs.step].append(rs)
     reason = ("all",) if every <= 1 else ("every",)
     return [JobStep(s, join_arrivals(v), reason) for s, v in sorted(by_step.items())]
+
+
+def run_requests(run: LoadedRun, offsets: dict[int, int]) -> list[RequestRecord]:
+    """Every rank's finished requests on the common clock, by arrival."""
+    out: list[RequestRecord] = []
+    for r, rd in sorted(run.ranks.items()):
+        if len(rd.requests):
+            out += request_records(rd.requests, r, offsets.get(r, 0))
+    return sorted(out, key=lambda x: (x.arrival_ns, x.rank))
 
 
 def step_of(windows: Sequence[tuple[int, int, int]], t_ns: int) -> int | None:
@@ -180,6 +194,7 @@ def export_run(
     offsets = got[CLOCK.name].offsets()
     jobs = job_steps(run, offsets, every)
     events, n_alerts, n_caps = run_events(run, jobs)
+    reqs = run_requests(run, offsets)
     m = run.manifest
     lay = run.layout()
     job = JobIdentity(
@@ -192,13 +207,15 @@ def export_run(
     )
     log = SdkLog.install()
     info = SpanContextInfo(job.run_id, job_resource(job), scope())
-    start = min((j.start_ns for j in jobs), default=int(m.start_ns or time.time_ns()))
-    end = max((j.end_ns for j in jobs), default=start)
+    starts = [j.start_ns for j in jobs] + [q.arrival_ns for q in reqs]
+    start = min(starts, default=int(m.start_ns or time.time_ns()))
+    end = max([j.end_ns for j in jobs] + [q.end_ns for q in reqs], default=start)
     notes = finding_events(got[FINDINGS.name], got[VERDICT.name], end)
     result = ExportResult(
         endpoint=settings.traces.endpoint,
         steps=len(jobs),
         rank_steps=sum(len(j.ranks) for j in jobs),
+        requests=len(reqs),
         alerts=n_alerts,
         captures=n_caps,
         findings=len(notes),
@@ -218,14 +235,25 @@ def export_run(
             evs = events.pop(j.step, [])
             pending += step_spans(j, info, evs, root=True)
             result.trace_ids.append(f"{pending[-1].context.trace_id:032x}")
-            while len(pending) >= batch:
-                _send(exporter, pending[:batch], result, log)
-                pending = pending[batch:]
+            pending = _flush(exporter, pending, batch, result, log)
+        for q in reqs:
+            pending.append(request_span(q, info))
+            pending = _flush(exporter, pending, batch, result, log)
         if pending:
             _send(exporter, pending, result, log)
     finally:
         exporter.shutdown()
     return result
+
+
+def _flush(
+    exporter: Any, pending: list[Any], batch: int, result: ExportResult, log: SdkLog
+) -> list[Any]:
+    """Send ``pending`` in whole batches; what is left (less than a batch)."""
+    while len(pending) >= batch:
+        _send(exporter, pending[:batch], result, log)
+        pending = pending[batch:]
+    return pending
 
 
 def _send(exporter: Any, spans: list[Any], result: ExportResult, log: SdkLog) -> None:
@@ -237,4 +265,12 @@ def _send(exporter: Any, spans: list[Any], result: ExportResult, log: SdkLog) ->
         result.error = log.last or "the backend refused the spans or could not be reached"
 
 
-__all__ = ["ExportResult", "export_run", "finding_events", "job_steps", "run_events", "step_of"]
+__all__ = [
+    "ExportResult",
+    "export_run",
+    "finding_events",
+    "job_steps",
+    "run_events",
+    "run_requests",
+    "step_of",
+]

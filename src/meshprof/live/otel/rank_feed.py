@@ -4,7 +4,9 @@
 keeps the phase and event rows of the steps still open, and hands out each step (a
 :class:`~meshprof.live.otel.steps.PendingRankStep`, summarized when it is sent) once its step span has closed and ``grace_s`` more
 seconds have passed (a collective issued in the step and completing just after it is counted).
-What it keeps is bounded: the rows of at most :data:`KEEP_OPEN` steps.
+What it keeps is bounded: the rows of at most :data:`KEEP_OPEN` steps. A serving rank's
+finished requests are handed out as they are read (:meth:`RankFeed.take_requests`), on the
+same clock as its steps.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import numpy as np
 
 from meshprof.analyze.run.events.clock import exchange_estimate
 from meshprof.events import EVENT_DTYPE, SPAN_DTYPE
+from meshprof.live.otel.request_spans import RequestRecord, request_records
 from meshprof.live.otel.steps import PendingRankStep, RankTables
 from meshprof.rundir.schema import resolve_layout
 from meshprof.rundir.segment_tail import RankTail
@@ -37,7 +40,7 @@ class RankFeed:
         self, rank: int, path: str | os.PathLike[str], layout: object = None, grace_s: float = 1.0
     ) -> None:
         self.rank = rank
-        self.tail = RankTail(Path(path))
+        self.tail = RankTail(Path(path), requests=True)
         self.layout = layout
         self.grace_s = grace_s
         self.tables = RankTables(rank=rank, layout=layout)
@@ -72,6 +75,12 @@ class RankFeed:
             self._refresh_tables()
         self._fold(spans, events, now)
         return self._ready(now, final)
+
+    def take_requests(self) -> list[RequestRecord]:
+        """The requests the rank finished that :meth:`poll` read since the last call (on the
+        common clock: the rank's offset once its meta is read)."""
+        rows = self.tail.take_requests()
+        return request_records(rows, self.rank, self.tables.offset_ns) if len(rows) else []
 
     def _refresh_tables(self) -> None:
         meta = self.tail.meta()

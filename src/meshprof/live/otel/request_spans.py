@@ -7,7 +7,14 @@ response id, input and output tokens, finish reasons, ``error.type``) and meshpr
 of it (time to first token, time per output token, queue time; seconds). When the request came
 with a W3C ``traceparent`` header, the span is that caller's child, in the caller's trace: a
 slow request shows under the client's own span. Otherwise it starts a trace of its own, its ids
-derived from the run id and the request id (stable however often it is sent).
+derived from the run id and the request id (stable however often it is sent; the span id also
+from the rank, so that the ranks of a tensor-parallel ``generate()``, which each record the same
+requests, send one span each in one trace).
+
+:func:`request_records` reads a serving rank's REQUEST_DTYPE rows (its segments' serving
+chunks) into records. Those rows hold no ``traceparent``: the request API takes none
+(:meth:`~meshprof.monitor.request_monitor.RequestMonitor.begin`), so a request read from a run
+directory starts a trace of its own (docs/opentelemetry.md says so).
 
 Definitions are ``vllm bench serve``'s: TTFT = first token − arrival; TPOT = (E2E − TTFT) /
 (output tokens − 1), for requests of more than one output token.
@@ -19,6 +26,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
+from meshprof.events import FINISH_CODES, FINISH_REASONS
 from meshprof.live.otel.spans import AttrValue, SpanContextInfo, derived_id
 
 _TRACEPARENT = re.compile(r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
@@ -35,7 +45,7 @@ class RequestRecord:
     arrival_ns: int
     """When it arrived."""
     end_ns: int
-    """When its last token was emitted (or it failed)."""
+    """When it finished: its last token was emitted, or it failed."""
     first_token_ns: int = 0
     """When its first token was emitted (0: none)."""
     scheduled_ns: int = 0
@@ -123,7 +133,7 @@ def request_span(rec: RequestRecord, info: SpanContextInfo) -> Any:
         tid = derived_id(128, "meshprof-request", info.run_id, rec.request_id)
     ctx = trace.SpanContext(
         trace_id=tid,
-        span_id=derived_id(64, "meshprof-request-span", info.run_id, rec.request_id),
+        span_id=derived_id(64, "meshprof-request-span", info.run_id, rec.rank, rec.request_id),
         is_remote=False,
         trace_flags=trace.TraceFlags(trace.TraceFlags.SAMPLED),
     )
@@ -147,4 +157,42 @@ def request_span(rec: RequestRecord, info: SpanContextInfo) -> Any:
     )
 
 
-__all__ = ["RequestRecord", "parse_traceparent", "request_attributes", "request_span"]
+ERROR_TYPE = "_OTHER"
+"""``error.type`` of a request that finished with ``error`` (the request API says it failed, not
+why: the conventions' fallback value)."""
+_UNFINISHED = FINISH_CODES["unfinished"]
+
+
+def request_records(rows: np.ndarray, rank: int, offset_ns: int = 0) -> list[RequestRecord]:
+    """The finished requests among REQUEST_DTYPE ``rows`` of ``rank`` (its own clock, plus
+    ``offset_ns`` to the common one); the rows still running at the rank's last write
+    (``unfinished``) are not requests that finished and are left out."""
+    out = []
+    for r in rows[rows["reason"] != _UNFINISHED].tolist():
+        rid, arrival, _queued, sched, first, _last, finished, prompt, output, code = r
+        reason = FINISH_REASONS[code] if code < len(FINISH_REASONS) else "error"
+        out.append(
+            RequestRecord(
+                request_id=str(rid),
+                rank=rank,
+                arrival_ns=arrival + offset_ns,
+                end_ns=max(finished, arrival) + offset_ns,
+                first_token_ns=first + offset_ns if first >= 0 else 0,
+                scheduled_ns=sched + offset_ns if sched >= 0 else 0,
+                prompt_tokens=int(prompt),
+                output_tokens=int(output),
+                finish_reason=reason,
+                error_type=ERROR_TYPE if reason == "error" else "",
+            )
+        )
+    return out
+
+
+__all__ = [
+    "ERROR_TYPE",
+    "RequestRecord",
+    "parse_traceparent",
+    "request_attributes",
+    "request_records",
+    "request_span",
+]
