@@ -153,7 +153,7 @@ def test_live_request_spans_match_the_scripts_clock(served: Served) -> None:
 
 
 def _offset(run: Path) -> int:
-    from meshprof.analyze.run.clock import exchange_estimate
+    from meshprof.analyze.run.events.clock import exchange_estimate
     from meshprof.rundir import load_run
 
     est = exchange_estimate(load_run(run).ranks[0].meta.clock_sync)
