@@ -81,8 +81,8 @@ def _outside(tmp_path: Path, run: Path) -> list[str]:
 
 # -- the reported attack, on a DDP job ---------------------------------------------------------------
 def _ddp_rank(rank: int, world_size: int, run_dir: str, good_id: str) -> dict[str, Any]:
-    """A DDP job with the capture agent; trains until its part of the valid capture is final
-    (its agent served requests all along), at most 40 s."""
+    """A DDP job with the capture agent; trains until every rank's part of the valid capture is
+    final (its agent served requests all along), at most 40 s."""
     import torch
     from torch.nn.parallel import DistributedDataParallel
 
@@ -97,7 +97,7 @@ def _ddp_rank(rank: int, world_size: int, run_dir: str, good_id: str) -> dict[st
     x = torch.randn(8, 16)
     end = time.monotonic() + 40
     state = ""
-    while time.monotonic() < end:
+    while True:
         with session.monitor.step():
             opt.zero_grad()
             model(x).sum().backward()
@@ -106,6 +106,11 @@ def _ddp_rank(rank: int, world_size: int, run_dir: str, good_id: str) -> dict[st
         st = read_statuses(run_dir, good_id).get(rank)
         if st is not None and st.state.final:
             state = str(st.state)
+        # the ranks stop together (a rank that left while its peer was in a backward's
+        # all_reduce closed the peer's connection under load): when each is final or out of time
+        stop = torch.tensor([1 if state or time.monotonic() >= end else 0])
+        torch.distributed.all_reduce(stop, op=torch.distributed.ReduceOp.MIN)
+        if stop.item():
             break
     session.stop()
     return {"state": state}

@@ -16,7 +16,9 @@ from meshprof.demo.serving import ServeConfig
 from meshprof.demo.serving_client import Load
 from meshprof.demo.serving_run import run_serving
 
-pytestmark = pytest.mark.slow
+# serial: the diff must see run B's injected 150 ms decode fault against run A, two runs made
+# one after the other (beside parallel jobs, A was once the slower)
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 LOAD = Load(requests=10, rate=4.0, output=(4, 10), seed=7)
 

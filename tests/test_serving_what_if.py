@@ -24,7 +24,9 @@ from meshprof.demo.serving_client import Load
 from meshprof.demo.serving_run import CLIENT_FILE, run_serving
 from meshprof.rundir import load_run
 
-pytestmark = pytest.mark.slow
+# serial: the prediction is checked against a re-run made after the faulty run (two runs'
+# difference; parallel jobs beside one of them would move it)
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 LOAD = Load(requests=24, rate=2.0, output=(4, 12), seed=5)
 SLOW_RANK, SLOW_MS, SLOW_FROM = 1, 300.0, 12

@@ -180,6 +180,7 @@ def _two_nodes(cli, tmp_path: Path, script: str, *args: str, outs=(None, None), 
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # a 50 ms straggler named across two launchers: timing-sensitive
 @pytest.mark.timeout(300)
 def test_node_local_directories_are_one_run(tmp_path: Path, cli, finished_run: Path) -> None:
     """Two launchers with one -o each (no shared file system): each directory holds its node's
