@@ -268,12 +268,9 @@ def tied_to_next(
     m = np.flatnonzero((chain[:-1] == chain[1:]) & waiting[:-1] & waiting[1:] & collective[:-1])
     if not len(m):
         return out
-    width = int(pos.max(initial=0)) + 1
-    _, g = unique_inverse(sig[chain[m]].astype(np.int64) * width + pos[m].astype(np.int64))
-    ng = int(g.max(initial=-1)) + 1
+    g, ng, cnt = _program_positions(m, chain, pos, sig)
     own = (e0[m] - rel[m]).astype(np.float64)
     after_next = (e0[m] - rel[m + 1]).astype(np.float64)
-    cnt = np.bincount(g, minlength=ng)
     later = np.bincount(g, weights=(after_next > 0).astype(np.float64), minlength=ng)
     ok = (cnt >= 2) & (later >= 0.9 * cnt)
     ok &= 2 * group_spread(after_next, g, ng) + 1_000 < group_spread(own, g, ng)
@@ -301,13 +298,21 @@ def often_after_next(
     m = np.flatnonzero(waiting & collective & np.r_[chain[:-1] == chain[1:], False])
     if not len(m):
         return out
-    width = int(pos.max(initial=0)) + 1
-    _, g = unique_inverse(sig[chain[m]].astype(np.int64) * width + pos[m].astype(np.int64))
-    ng = int(g.max(initial=-1)) + 1
-    cnt = np.bincount(g, minlength=ng)
+    g, ng, cnt = _program_positions(m, chain, pos, sig)
     late = np.bincount(g, weights=(e0[m] > nxt[m]).astype(np.float64), minlength=ng)
     out[m[(late >= OFTEN_AFTER * cnt)[g]]] = True
     return out
+
+
+def _program_positions(
+    m: np.ndarray, chain: np.ndarray, pos: np.ndarray, sig: np.ndarray
+) -> tuple[np.ndarray, int, np.ndarray]:
+    """The members ``m`` grouped by program position (their chain's signature and their position
+    in it): each one's group, the number of groups, and the members in each."""
+    width = int(pos.max(initial=0)) + 1
+    _, g = unique_inverse(sig[chain[m]].astype(np.int64) * width + pos[m].astype(np.int64))
+    ng = int(g.max(initial=-1)) + 1
+    return g, ng, np.bincount(g, minlength=ng)
 
 
 def _usual(
