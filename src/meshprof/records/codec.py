@@ -139,7 +139,8 @@ def from_json(cls: type[T], data: Any, where: str = "") -> T:
 _HINTS: dict[type, dict[str, Any]] = {}
 
 
-def _hints(cls: type) -> dict[str, Any]:
+def type_hints(cls: type) -> dict[str, Any]:
+    """``typing.get_type_hints(cls)``, computed once per class."""
     got = _HINTS.get(cls)
     if got is None:
         got = _HINTS[cls] = typing.get_type_hints(cls)
@@ -294,7 +295,7 @@ def _all_exactly(data: list[Any], item: Any) -> bool:
 def _decode_dataclass(cls: type, data: Any, where: str) -> Any:
     if not isinstance(data, dict):
         raise RecordError(f"{where}: expected an object, got {_describe(data)}")
-    hints = _hints(cls)
+    hints = type_hints(cls)
     kwargs: dict[str, Any] = {}
     for f in dataclasses.fields(cls):
         if not f.init:
@@ -315,4 +316,5 @@ __all__ = [
     "from_json",
     "json_key",
     "to_json",
+    "type_hints",
 ]
