@@ -28,7 +28,7 @@ import types
 import typing
 from collections.abc import Callable, Mapping
 from pathlib import PurePath
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 
@@ -134,6 +134,27 @@ def dataclass_to_json(value: Any) -> dict[str, Any]:
 def from_json(cls: type[T], data: Any, where: str = "") -> T:
     """A ``cls`` built from JSON ``data``; :class:`RecordError` names what does not fit."""
     return typing.cast(T, _decode(cls, data, where or getattr(cls, "__name__", "value")))
+
+
+_R = TypeVar("_R", bound="CodedRecord")
+
+
+class CodedRecord:
+    """A dataclass record's ``to_dict`` and ``from_dict`` by the codec's rule
+    (:func:`dataclass_to_json`, :func:`from_json`), for a record that needs nothing else;
+    ``JSON_WHAT`` names it in a :class:`RecordError`."""
+
+    __slots__ = ()
+    JSON_WHAT: ClassVar[str] = "record"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record as its JSON object."""
+        return dataclass_to_json(self)
+
+    @classmethod
+    def from_dict(cls: type[_R], d: dict[str, Any]) -> _R:
+        """The record read from its JSON object (:class:`RecordError` when it does not fit)."""
+        return from_json(cls, d, cls.JSON_WHAT)
 
 
 _HINTS: dict[type, dict[str, Any]] = {}
@@ -310,6 +331,7 @@ def _decode_dataclass(cls: type, data: Any, where: str) -> Any:
 
 __all__ = [
     "NOT_IN_JSON",
+    "CodedRecord",
     "RecordError",
     "dataclass_to_json",
     "decode",
