@@ -163,7 +163,19 @@ class RequestMonitor:
     def token(self, rid: int, n: int = 1) -> None:
         """``n`` output tokens of the request were emitted now (its first call: the first
         token)."""
-        self.tokens((rid,), n)
+        t = time.time_ns()
+        st = self._states.get(rid)
+        if st is None:
+            self.unknown += 1
+            return
+        if st[_FIRST] < 0:
+            st[_FIRST] = t
+            if st[_SCHEDULED] < 0:
+                self.scheduled_count += 1
+        st[_LAST] = t
+        st[_OUT] += n
+        self.output_tokens += n
+        self._token_rows.append((rid, t, n))
 
     def tokens(self, rids: Iterable[int], n: int = 1) -> None:
         """``n`` tokens for each of ``rids`` emitted at one instant (a batched serving step)."""
