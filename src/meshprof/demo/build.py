@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from meshprof.demo.model import Transformer, build_model, loss_fn
+from meshprof.demo.model import Transformer, apply_tensor_parallel, build_model, loss_fn
 from meshprof.parallel.mapping import RankMapping
 from meshprof.parallel.mesh import build_mesh
 from meshprof.parallel.model_config import ModelConfig
@@ -81,26 +81,6 @@ class ParallelJob:
             elif isinstance(c, DistributedDataParallel) and not enabled:
                 stack.enter_context(c.no_sync())
         return stack
-
-
-def _tp_plan() -> dict[str, Any]:
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
-
-    return {
-        "attention.wq": ColwiseParallel(),
-        "attention.wk": ColwiseParallel(),
-        "attention.wv": ColwiseParallel(),
-        "attention.wo": RowwiseParallel(),
-        "feed_forward.w1": ColwiseParallel(),
-        "feed_forward.w2": RowwiseParallel(),
-    }
-
-
-def _apply_tp(chunk: Transformer, tp_mesh: Any) -> None:
-    from torch.distributed.tensor.parallel import parallelize_module
-
-    for block in chunk.layers.values():
-        parallelize_module(block, tp_mesh, _tp_plan())
 
 
 def _apply_ac(chunk: Transformer) -> None:
@@ -233,7 +213,7 @@ def build_job(
             )
         chunk.to(dev)
         if config.tp > 1:
-            _apply_tp(chunk, mesh["tp"])
+            apply_tensor_parallel(chunk, mesh["tp"])
         if config.settings.activation_checkpointing:
             _apply_ac(chunk)
         wrapped: nn.Module = chunk

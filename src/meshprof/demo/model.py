@@ -10,6 +10,7 @@ stage and hidden states elsewhere.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -121,6 +122,28 @@ def build_model(
     finally:
         torch.random.set_rng_state(gen_state)
     return model.to(dtype)
+
+
+def apply_tensor_parallel(model: Transformer, tp_mesh: Any) -> None:
+    """Shard each block of ``model`` over ``tp_mesh`` (a 1-D device mesh): the attention's
+    q/k/v and the first feed-forward projection column-wise, the output projections row-wise
+    (Megatron's plan: one all-reduce after the attention and one after the feed-forward)."""
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    plan = {
+        "attention.wq": ColwiseParallel(),
+        "attention.wk": ColwiseParallel(),
+        "attention.wv": ColwiseParallel(),
+        "attention.wo": RowwiseParallel(),
+        "feed_forward.w1": ColwiseParallel(),
+        "feed_forward.w2": RowwiseParallel(),
+    }
+    for block in model.layers.values():
+        parallelize_module(block, tp_mesh, plan)
 
 
 def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -23,7 +23,7 @@ from typing import Any, cast
 import torch
 import torch.nn.functional as F
 
-from meshprof.demo.model import Transformer, TransformerBlock, build_model
+from meshprof.demo.model import Transformer, TransformerBlock, apply_tensor_parallel, build_model
 from meshprof.parallel.model_config import ModelConfig
 
 
@@ -34,22 +34,7 @@ class ServingModel:
         self.cfg = cfg
         self.model: Transformer = build_model(cfg, num_layers, seed=seed).eval()
         if tp_mesh is not None and tp_mesh.size() > 1:
-            from torch.distributed.tensor.parallel import (
-                ColwiseParallel,
-                RowwiseParallel,
-                parallelize_module,
-            )
-
-            plan = {
-                "attention.wq": ColwiseParallel(),
-                "attention.wk": ColwiseParallel(),
-                "attention.wv": ColwiseParallel(),
-                "attention.wo": RowwiseParallel(),
-                "feed_forward.w1": ColwiseParallel(),
-                "feed_forward.w2": RowwiseParallel(),
-            }
-            for block in self.model.layers.values():
-                parallelize_module(block, tp_mesh, plan)
+            apply_tensor_parallel(self.model, tp_mesh)
         self.cache: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
         """request id → per layer (keys, values), each [local heads, tokens, head dim]."""
         self.slow_s = 0.0

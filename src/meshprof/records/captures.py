@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import ClassVar
 
-from meshprof.records.codec import RecordError, dataclass_to_json, from_json
+from meshprof.records.codec import CodedRecord, RecordError
 from meshprof.records.finding import StrEnum
 from meshprof.records.members import check_ranks
 from meshprof.records.names import check_id
@@ -68,7 +68,7 @@ class CaptureState(StrEnum):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class CaptureRequest:
+class CaptureRequest(CodedRecord):
     """What the asker wants traced (``RUN_DIR/requests/capture-<id>.json``; a copy stays in
     ``RUN_DIR/captures/<id>/request.json``)."""
 
@@ -135,16 +135,11 @@ class CaptureRequest:
         """``requested_ns`` + the timeout."""
         return self.requested_ns + int(self.timeout_s * 1e9)
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclass_to_json(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> CaptureRequest:
-        return from_json(cls, d, "capture request")
+    JSON_WHAT: ClassVar[str] = "capture request"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class CaptureLimits:
+class CaptureLimits(CodedRecord):
     """What the job lets a request ask of its ranks (``meshprof run``'s options, carried to
     every rank in :class:`~meshprof.records.worker_settings.WorkerSettings`). A request is read
     from a folder others may write: it can ask for less than these, never more; one that asks
@@ -202,16 +197,11 @@ class CaptureLimits:
         request's when lower."""
         return min(self.max_bytes, req.max_bytes) if req.max_bytes > 0 else self.max_bytes
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclass_to_json(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> CaptureLimits:
-        return from_json(cls, d, "capture limits")
+    JSON_WHAT: ClassVar[str] = "capture limits"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class RequestRefusal:
+class RequestRefusal(CodedRecord):
     """Why the ranks did not take a request (``RUN_DIR/requests/refused/<kind>-<id>.json``,
     written once, by the first rank that refused it; the asker prints it and stops waiting)."""
 
@@ -230,12 +220,7 @@ class RequestRefusal:
     hostname: str = ""
     """The rank's host."""
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclass_to_json(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> RequestRefusal:
-        return from_json(cls, d, "request refusal")
+    JSON_WHAT: ClassVar[str] = "request refusal"
 
 
 @dataclass(frozen=True, slots=True)
@@ -284,7 +269,7 @@ class CaptureCost:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class CaptureRankStatus:
+class CaptureRankStatus(CodedRecord):
     """One rank's part of a capture (``RUN_DIR/captures/<id>/rank{R}.json``)."""
 
     format: str = CAPTURE_FORMAT
@@ -331,12 +316,7 @@ class CaptureRankStatus:
         check_id(self.id, "capture status.id")
         check_ranks((self.rank,), "capture status.rank")
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclass_to_json(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> CaptureRankStatus:
-        return from_json(cls, d, "capture status")
+    JSON_WHAT: ClassVar[str] = "capture status"
 
 
 @dataclass(frozen=True, slots=True)
@@ -368,7 +348,7 @@ class OpDifference:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class AlertCapture:
+class AlertCapture(CodedRecord):
     """The ``capture`` of an ``--alert-cmd`` payload (``meshprof run --capture-on``): what the
     capture the alert started found, or why none was taken."""
 
@@ -398,12 +378,7 @@ class AlertCapture:
     stacks: tuple[str, ...] = ()
     """On a forming hang: every rank's stack, clustered (one line per cluster)."""
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclass_to_json(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> AlertCapture:
-        return from_json(cls, d, "alert capture")
+    JSON_WHAT: ClassVar[str] = "alert capture"
 
 
 __all__ = [

@@ -28,7 +28,7 @@ import types
 import typing
 from collections.abc import Callable, Mapping
 from pathlib import PurePath
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 
@@ -136,10 +136,32 @@ def from_json(cls: type[T], data: Any, where: str = "") -> T:
     return typing.cast(T, _decode(cls, data, where or getattr(cls, "__name__", "value")))
 
 
+_R = TypeVar("_R", bound="CodedRecord")
+
+
+class CodedRecord:
+    """A dataclass record's ``to_dict`` and ``from_dict`` by the codec's rule
+    (:func:`dataclass_to_json`, :func:`from_json`), for a record that needs nothing else;
+    ``JSON_WHAT`` names it in a :class:`RecordError`."""
+
+    __slots__ = ()
+    JSON_WHAT: ClassVar[str] = "record"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record as its JSON object."""
+        return dataclass_to_json(self)
+
+    @classmethod
+    def from_dict(cls: type[_R], d: dict[str, Any]) -> _R:
+        """The record read from its JSON object (:class:`RecordError` when it does not fit)."""
+        return from_json(cls, d, cls.JSON_WHAT)
+
+
 _HINTS: dict[type, dict[str, Any]] = {}
 
 
-def _hints(cls: type) -> dict[str, Any]:
+def type_hints(cls: type) -> dict[str, Any]:
+    """``typing.get_type_hints(cls)``, computed once per class."""
     got = _HINTS.get(cls)
     if got is None:
         got = _HINTS[cls] = typing.get_type_hints(cls)
@@ -294,7 +316,7 @@ def _all_exactly(data: list[Any], item: Any) -> bool:
 def _decode_dataclass(cls: type, data: Any, where: str) -> Any:
     if not isinstance(data, dict):
         raise RecordError(f"{where}: expected an object, got {_describe(data)}")
-    hints = _hints(cls)
+    hints = type_hints(cls)
     kwargs: dict[str, Any] = {}
     for f in dataclasses.fields(cls):
         if not f.init:
@@ -309,10 +331,12 @@ def _decode_dataclass(cls: type, data: Any, where: str) -> Any:
 
 __all__ = [
     "NOT_IN_JSON",
+    "CodedRecord",
     "RecordError",
     "dataclass_to_json",
     "decode",
     "from_json",
     "json_key",
     "to_json",
+    "type_hints",
 ]

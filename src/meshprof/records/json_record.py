@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from meshprof.records.codec import as_is_types, decode, to_json
+from meshprof.records.codec import as_is_types, decode, to_json, type_hints
 
 R = TypeVar("R", bound="JsonRecord")
 
@@ -55,7 +55,7 @@ def _as_is(cls: type) -> dict[str, frozenset[type]]:
     """Field name -> the exact JSON value types it takes unchanged (:func:`as_is_types`)."""
     got = _AS_IS_BY_CLASS.get(cls)
     if got is None:
-        got = _AS_IS_BY_CLASS[cls] = {n: as_is_types(tp) for n, tp in _hints(cls).items()}
+        got = _AS_IS_BY_CLASS[cls] = {n: as_is_types(tp) for n, tp in type_hints(cls).items()}
     return got
 
 
@@ -105,7 +105,7 @@ class JsonRecord:
         if not isinstance(d, dict):
             return decode(dict, d, where)  # type: ignore[no-any-return]  # raises
         known = cls.known()
-        hints = _hints(cls)
+        hints = type_hints(cls)
         as_is = _as_is(cls)
         kwargs: dict[str, Any] = {}
         extra: dict[str, Any] = {}
@@ -149,7 +149,7 @@ class JsonRecord:
         """A copy with ``changes`` (by JSON key: known keys decoded into their field, others
         kept in ``extra``)."""
         known = self.known()
-        hints = _hints(type(self))
+        hints = type_hints(type(self))
         fields_: dict[str, Any] = {}
         extra = dict(self.extra)
         for k, v in changes.items():
@@ -188,18 +188,6 @@ def _plain(v: Any) -> Any:
     if hasattr(v, "to_json_data"):  # a value type that writes itself (``Members``)
         return to_json(v)
     return v
-
-
-_HINTS: dict[type, dict[str, Any]] = {}
-
-
-def _hints(cls: type) -> dict[str, Any]:
-    import typing
-
-    got = _HINTS.get(cls)
-    if got is None:
-        got = _HINTS[cls] = typing.get_type_hints(cls)
-    return got
 
 
 __all__ = ["JsonRecord"]

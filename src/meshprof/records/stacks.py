@@ -5,9 +5,9 @@ step): the request every rank's agent answers (:class:`StacksRequest`) and each 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import ClassVar
 
-from meshprof.records.codec import RecordError, dataclass_to_json, from_json
+from meshprof.records.codec import CodedRecord, RecordError
 from meshprof.records.members import check_ranks
 from meshprof.records.names import check_id
 
@@ -44,7 +44,7 @@ class ThreadStack:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class StacksRequest:
+class StacksRequest(CodedRecord):
     """A request for every named rank's Python stacks now (``RUN_DIR/requests/stacks-<id>.json``)."""
 
     format: str = STACKS_FORMAT
@@ -67,16 +67,11 @@ class StacksRequest:
         if not 0 < self.timeout_s <= 3600.0:  # (NaN fails too)
             raise RecordError(f"stacks request.timeout_s: {self.timeout_s}, expected 0 to 3600 s")
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclass_to_json(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> StacksRequest:
-        return from_json(cls, d, "stacks request")
+    JSON_WHAT: ClassVar[str] = "stacks request"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class RankStacks:
+class RankStacks(CodedRecord):
     """One rank's answer: every thread's stack (``RUN_DIR/stacks/<id>/rank{R}.json``, also a
     capture's ``where`` when the rank did not reach a step boundary)."""
 
@@ -107,12 +102,7 @@ class RankStacks:
         """The main thread's stack (None when it was not seen)."""
         return next((t for t in self.threads if t.main), None)
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclass_to_json(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> RankStacks:
-        return from_json(cls, d, "rank stacks")
+    JSON_WHAT: ClassVar[str] = "rank stacks"
 
 
 __all__ = ["STACKS_FORMAT", "RankStacks", "StackFrame", "StacksRequest", "ThreadStack"]

@@ -57,7 +57,8 @@ def _gbps(x: float) -> str:
     return MISSING if is_missing(x) else fmt_gbps(x)
 
 
-def _value(x: float, unit: str) -> str:
+def figure_value(x: float, unit: str) -> str:
+    """A compared figure for people, by its unit ("ns", "bytes", "fraction", else a rate)."""
     if unit == "ns":
         return fmt_ns(x)
     if unit == "bytes":
@@ -67,17 +68,26 @@ def _value(x: float, unit: str) -> str:
     return fmt_rate(x)
 
 
+def delta_text(delta: float, unit: str) -> str:
+    """B − A of a compared figure, by its unit (fractions in percentage points, rates per
+    second; "-" when missing)."""
+    if unit == "ns":
+        return fmt_delta_ns(delta)
+    if unit == "bytes":
+        return fmt_delta_bytes(delta)
+    if is_missing(delta):
+        return MISSING
+    if unit == "fraction":
+        return points(delta)
+    return f"{delta:+.3g}/s"
+
+
 def headline_text(h: Headline) -> str:
     """One headline entry: ``what: A → B (delta, relative)``."""
-    if h.unit == "ns":
-        delta = fmt_delta_ns(h.delta)
-    elif h.unit == "bytes":
-        delta = fmt_delta_bytes(h.delta)
-    elif h.unit == "fraction":
-        delta = points(h.delta)
-    else:
-        delta = f"{h.delta:+.3g}/s"
-    return f"{h.what}: {_value(h.a, h.unit)} → {_value(h.b, h.unit)} ({delta}{rel_suffix(h.rel)})"
+    return (
+        f"{h.what}: {figure_value(h.a, h.unit)} → {figure_value(h.b, h.unit)} "
+        f"({delta_text(h.delta, h.unit)}{rel_suffix(h.rel)})"
+    )
 
 
 def step_text(d: RunDiff) -> str | None:
@@ -216,7 +226,9 @@ def diff_tables(d: RunDiff) -> list[DiffTable]:
 __all__ = [
     "Cell",
     "DiffTable",
+    "delta_text",
     "diff_tables",
+    "figure_value",
     "headline_text",
     "memory_text",
     "points",

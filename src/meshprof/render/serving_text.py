@@ -12,6 +12,7 @@ from rich.table import Table
 
 from meshprof.analyze.diff.serving_diff import ServingDiff, ServingFigureDiff
 from meshprof.analyze.serve.types import LatencyStats, RequestLatencies, ServingReport
+from meshprof.render.diff_tables import delta_text, figure_value, rel_suffix
 from meshprof.render.format import fmt_delta_ns, fmt_ns, fmt_pct, fmt_rate
 from meshprof.render.verdict import say
 from meshprof.report.run_report import RunReport
@@ -209,24 +210,9 @@ def print_serving_brief(rep: RunReport, console: Console) -> None:
         say(console, f.title, "    ", f"  {f.severity}: ")
 
 
-def figure_value(x: float, unit: str) -> str:
-    """A serving figure for people (ns, a rate, a share)."""
-    if unit == "ns":
-        return fmt_ns(x)
-    if unit == "fraction":
-        return fmt_pct(x)
-    return fmt_rate(x)
-
-
 def figure_delta(f: ServingFigureDiff) -> str:
     """B − A of a serving figure, with its relative change."""
-    if f.unit == "ns":
-        d = fmt_delta_ns(f.delta)
-    elif f.unit == "fraction":
-        d = f"{f.delta * 100:+.1f} points" if f.delta == f.delta else "-"
-    else:
-        d = f"{f.delta:+.3g}/s" if f.delta == f.delta else "-"
-    return d + (f", {f.rel:+.1%}" if f.rel == f.rel else "")
+    return delta_text(f.delta, f.unit) + rel_suffix(f.rel)
 
 
 def print_serving_diff(d: ServingDiff | None, console: Console) -> None:

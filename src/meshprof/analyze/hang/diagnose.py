@@ -138,6 +138,27 @@ def diagnose_hang(directory: str | os.PathLike[str]) -> HangDiagnosis:
     return diagnose_states(states, str(d), tuple(problems))
 
 
+def _waiting_in(
+    c: Collective,
+    inside: list[int],
+    kind: FindingKind,
+    ranks: list[int],
+    title: str,
+    values: tuple[tuple[int, str], ...] = (),
+) -> HangFinding:
+    """A finding about the collective ``c`` that the ranks ``inside`` wait in."""
+    return HangFinding(
+        kind=kind,
+        group=c.group,
+        seq=c.seq,
+        ranks=tuple(ranks),
+        title=title,
+        values=values,
+        op=c.op,
+        waiting=tuple(inside),
+    )
+
+
 def diagnose_states(
     states: dict[int, RankState], directory: str = "", problems: tuple[str, ...] = ()
 ) -> HangDiagnosis:
@@ -192,44 +213,38 @@ def diagnose_states(
                 for r in absent
             )
             findings.append(
-                HangFinding(
-                    kind=FindingKind.MISSING,
-                    group=c.group,
-                    seq=c.seq,
-                    ranks=tuple(absent),
-                    title=f"{fmt_ranks(absent)} never entered {c.op} seq {c.seq} of group {c.group}, "
+                _waiting_in(
+                    c,
+                    inside,
+                    FindingKind.MISSING,
+                    absent,
+                    f"{fmt_ranks(absent)} never entered {c.op} seq {c.seq} of group {c.group}, "
                     f"which {fmt_ranks(inside)} {'is' if len(inside) == 1 else 'are'} waiting in: {parts}.",
                     values=tuple((r, str(states[r].location or "")) for r in absent),
-                    op=c.op,
-                    waiting=tuple(inside),
                 )
             )
         if no_dump:
             findings.append(
-                HangFinding(
-                    kind=FindingKind.NO_DUMP,
-                    group=c.group,
-                    seq=c.seq,
-                    ranks=tuple(no_dump),
-                    title=f"{fmt_ranks(no_dump)} of group {c.group} left no dump while {fmt_ranks(inside)} "
+                _waiting_in(
+                    c,
+                    inside,
+                    FindingKind.NO_DUMP,
+                    no_dump,
+                    f"{fmt_ranks(no_dump)} of group {c.group} left no dump while {fmt_ranks(inside)} "
                     f"waited in {c.op} seq {c.seq}: dead, exited, or stuck outside Python.",
-                    op=c.op,
-                    waiting=tuple(inside),
                 )
             )
         if not absent and not no_dump and mm is None and order is None:
             age = max((x.age_ns for x in entered.values() if x.state == "inflight"), default=0)
             findings.append(
-                HangFinding(
-                    kind=FindingKind.STUCK,
-                    group=c.group,
-                    seq=c.seq,
-                    ranks=tuple(inside),
-                    title=f"all members of group {c.group} entered {c.signature()} seq {c.seq} with matching "
+                _waiting_in(
+                    c,
+                    inside,
+                    FindingKind.STUCK,
+                    inside,
+                    f"all members of group {c.group} entered {c.signature()} seq {c.seq} with matching "
                     f"arguments and it has not finished after {age / 1e9:.1f} s "
                     f"(a slow or dead link, or a peer stuck inside the backend).",
-                    op=c.op,
-                    waiting=tuple(inside),
                 )
             )
     # 2. mismatches among completed collectives (a desync that has not hung yet)

@@ -50,6 +50,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from meshprof.analyze.compute.kahn import kahn_waves
 from meshprof.analyze.compute.sorting import stable_argsort
 from meshprof.analyze.run.replay import replay_native
 from meshprof.analyze.run.replay.replay_chains import index_dtype
@@ -105,22 +106,10 @@ def _kahn_levels(src: np.ndarray, dst: np.ndarray, ncoll: int) -> np.ndarray | N
     del o
     indeg = np.bincount(dst, minlength=ncoll)
     lvl = np.zeros(ncoll, dtype=np.int64)
-    frontier = np.flatnonzero(indeg == 0)
-    placed, level = 0, 0
-    while len(frontier):
+    placed = 0
+    for level, (frontier, _, _, _) in enumerate(kahn_waves(out_dst, out_at, indeg)):
         lvl[frontier] = level
         placed += len(frontier)
-        lo = out_at[frontier]
-        cnt = out_at[frontier + 1] - lo
-        total = int(cnt.sum())
-        if not total:
-            break
-        # the frontier's out-edges: ranges [lo, lo + cnt) concatenated
-        idx = np.repeat(lo - (np.cumsum(cnt) - cnt), cnt) + np.arange(total)
-        hit, times = np.unique(out_dst[idx], return_counts=True)
-        indeg[hit] -= times
-        frontier = hit[indeg[hit] == 0]
-        level += 1
     return lvl if placed == ncoll else None
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from meshprof.analyze.compute.kahn import kahn_waves
 from meshprof.analyze.compute.sorting import stable_argsort
 from meshprof.analyze.run.replay.replay_chains import index_dtype
 from meshprof.analyze.run.replay.replay_record import Recorded, fold_joins
@@ -72,21 +73,11 @@ def _weighted_kahn(src: np.ndarray, dst: np.ndarray, w: np.ndarray, nn: int) -> 
     out_at = np.searchsorted(src[o], np.arange(nn + 1))
     del o, src
     lvl = np.zeros(nn, dtype=np.int64)
-    frontier = np.flatnonzero(indeg == 0)
     placed = 0
-    while len(frontier):
+    for frontier, cnt, eidx, d in kahn_waves(out_dst, out_at, indeg):
         placed += len(frontier)
-        lo = out_at[frontier]
-        cnt = out_at[frontier + 1] - lo
-        total = int(cnt.sum())
-        if not total:
-            break
-        eidx = np.repeat(lo - (np.cumsum(cnt) - cnt), cnt) + np.arange(total)
-        d = out_dst[eidx]
-        np.maximum.at(lvl, d, np.repeat(lvl[frontier], cnt) + out_w[eidx].astype(np.int64))
-        hit, times = np.unique(d, return_counts=True)
-        indeg[hit] -= times
-        frontier = hit[indeg[hit] == 0]
+        if len(d):
+            np.maximum.at(lvl, d, np.repeat(lvl[frontier], cnt) + out_w[eidx].astype(np.int64))
     return lvl if placed == nn else None
 
 

@@ -16,6 +16,7 @@ from meshprof.analyze.run.events.match import CollectiveMatch
 from meshprof.analyze.run.events.table import EventTable
 from meshprof.analyze.run.replay.replay_chains import Chains, index_dtype
 from meshprof.analyze.run.replay.replay_repair import (
+    ChainMembers,
     RecordCheck,
     blocking_members,
     cap_blocking,
@@ -148,8 +149,9 @@ def record(
     known, undecided = blocking is not None, 0
     if not known and sig is not None:  # (no flags: the record may still tell)
         coll_m = table.peer[rows] < 0
-        blocking = tied_to_next(e0, after_ns, waits & matched, coll_m, ch.chain, pos, sig)
-        open_ = often_after_next(e0, nxt, waits & matched, coll_m, ch.chain, pos, sig)
+        at = ChainMembers(waits & matched, coll_m, ch.chain, pos, sig)
+        blocking = tied_to_next(e0, after_ns, at)
+        open_ = often_after_next(e0, nxt, at)
         open_ &= ~blocking
         undecided = int(open_.sum())
         if reading == "waited":

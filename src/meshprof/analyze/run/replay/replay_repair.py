@@ -242,15 +242,34 @@ def retime_leads(
     return int(late.sum())
 
 
-def tied_to_next(
-    e0: np.ndarray,
-    rel: np.ndarray,
-    waiting: np.ndarray,
-    collective: np.ndarray,
-    chain: np.ndarray,
-    pos: np.ndarray,
-    sig: np.ndarray,
-) -> np.ndarray:
+@dataclass(frozen=True, slots=True)
+class ChainMembers:
+    """The members' columns that :func:`tied_to_next` and :func:`often_after_next` read, each
+    [member] in chain order."""
+
+    waiting: np.ndarray
+    """bool: the member waits for its matched collective's release."""
+    collective: np.ndarray
+    """bool: a collective (not a point-to-point op)."""
+    chain: np.ndarray
+    """Its chain (a rank's step)."""
+    pos: np.ndarray
+    """Its position in its chain."""
+    sig: np.ndarray
+    """[chain]: each chain's signature
+    (:func:`~meshprof.analyze.run.replay.replay_chains.chain_signatures`)."""
+
+    def positions(self, m: np.ndarray) -> tuple[np.ndarray, int, np.ndarray]:
+        """The members ``m`` grouped by program position (their chain's signature and their
+        position in it): each one's group, the number of groups, and the members in each."""
+        width = int(self.pos.max(initial=0)) + 1
+        key = self.sig[self.chain[m]].astype(np.int64) * width + self.pos[m].astype(np.int64)
+        _, g = unique_inverse(key)
+        ng = int(g.max(initial=-1)) + 1
+        return g, ng, np.bincount(g, minlength=ng)
+
+
+def tied_to_next(e0: np.ndarray, rel: np.ndarray, at: ChainMembers) -> np.ndarray:
     """bool [member]: without flags, the collectives whose recorded completion follows the
     *next* op's release rather than their own: at their program position (the chains of one
     signature, :func:`~meshprof.analyze.run.replay.replay_chains.chain_signatures`), the completion
@@ -259,21 +278,18 @@ def tied_to_next(
     by the standard deviations and the robust spreads, and by more than 1 µs. A completion
     cannot be caused by a later issue: the recorder saw it when the rank's next op completed
     (a completion noticed at the rank's next call). Such an op is taken as waited for at its
-    next issue (blocking), like one whose flags say so. ``rel``: each member's release;
-    ``waiting``: it waits for its matched collective's release."""
+    next issue (blocking), like one whose flags say so. ``rel``: each member's release."""
     n = len(e0)
     out = np.zeros(n, dtype=bool)
     if n < 2:
         return out
-    m = np.flatnonzero((chain[:-1] == chain[1:]) & waiting[:-1] & waiting[1:] & collective[:-1])
+    chain, waiting = at.chain, at.waiting
+    m = np.flatnonzero((chain[:-1] == chain[1:]) & waiting[:-1] & waiting[1:] & at.collective[:-1])
     if not len(m):
         return out
-    width = int(pos.max(initial=0)) + 1
-    _, g = unique_inverse(sig[chain[m]].astype(np.int64) * width + pos[m].astype(np.int64))
-    ng = int(g.max(initial=-1)) + 1
+    g, ng, cnt = at.positions(m)
     own = (e0[m] - rel[m]).astype(np.float64)
     after_next = (e0[m] - rel[m + 1]).astype(np.float64)
-    cnt = np.bincount(g, minlength=ng)
     later = np.bincount(g, weights=(after_next > 0).astype(np.float64), minlength=ng)
     ok = (cnt >= 2) & (later >= 0.9 * cnt)
     ok &= 2 * group_spread(after_next, g, ng) + 1_000 < group_spread(own, g, ng)
@@ -283,28 +299,17 @@ def tied_to_next(
     return out
 
 
-def often_after_next(
-    e0: np.ndarray,
-    nxt: np.ndarray,
-    waiting: np.ndarray,
-    collective: np.ndarray,
-    chain: np.ndarray,
-    pos: np.ndarray,
-    sig: np.ndarray,
-) -> np.ndarray:
+def often_after_next(e0: np.ndarray, nxt: np.ndarray, at: ChainMembers) -> np.ndarray:
     """bool [member]: the collectives (waiting for their matched release) at program positions
     where the completion was recorded after the rank's next issue on :data:`OFTEN_AFTER` of the
     chains or more (``nxt``: :func:`next_issue`; the last member of a chain, whose next is the
     step's end, left out)."""
     n = len(e0)
     out = np.zeros(n, dtype=bool)
-    m = np.flatnonzero(waiting & collective & np.r_[chain[:-1] == chain[1:], False])
+    m = np.flatnonzero(at.waiting & at.collective & np.r_[at.chain[:-1] == at.chain[1:], False])
     if not len(m):
         return out
-    width = int(pos.max(initial=0)) + 1
-    _, g = unique_inverse(sig[chain[m]].astype(np.int64) * width + pos[m].astype(np.int64))
-    ng = int(g.max(initial=-1)) + 1
-    cnt = np.bincount(g, minlength=ng)
+    g, ng, cnt = at.positions(m)
     late = np.bincount(g, weights=(e0[m] > nxt[m]).astype(np.float64), minlength=ng)
     out[m[(late >= OFTEN_AFTER * cnt)[g]]] = True
     return out
