@@ -20,6 +20,11 @@ emission (benchmarks/request_api_cost.py). Memory is bounded: the rows wait in b
 (the writer appends them to the rank's segments every tick), and at most ``max_inflight``
 requests are tracked (the oldest are forgotten beyond it, and counted). Never raises into the
 serving loop: a call about an unknown request is counted and ignored.
+
+A request may come with its caller's W3C ``traceparent`` header (``begin(...,
+traceparent=header)``): parsed once at ``begin`` (a malformed one is counted and ignored), kept
+with the request's state, and written as one :data:`REQUEST_TRACE_DTYPE` row next to its
+finished row, so that its OpenTelemetry span is the caller's child (docs/opentelemetry.md).
 """
 
 from __future__ import annotations
@@ -33,7 +38,8 @@ from typing import Any
 
 import numpy as np
 
-from meshprof.events import FINISH_CODES, REQUEST_DTYPE, TOKEN_DTYPE
+from meshprof.events import FINISH_CODES, REQUEST_DTYPE, REQUEST_TRACE_DTYPE, TOKEN_DTYPE
+from meshprof.records.trace_context import parse_traceparent, split_trace_id
 
 _active: RequestMonitor | None = None
 _lock = threading.Lock()
@@ -47,7 +53,7 @@ beyond any one server's rate)."""
 MAX_INFLIGHT = 100_000
 """Requests tracked at once at most (a loop that never finishes its requests stays bounded)."""
 
-_ARRIVAL, _QUEUED, _SCHEDULED, _FIRST, _LAST, _PROMPT, _OUT = range(7)
+_ARRIVAL, _QUEUED, _SCHEDULED, _FIRST, _LAST, _PROMPT, _OUT, _TRACE = range(8)
 _UNFINISHED = FINISH_CODES["unfinished"]
 
 
@@ -89,6 +95,7 @@ class RequestMonitor:
         self._states: dict[int, list[int]] = {}
         self._token_rows: deque[tuple[int, int, int]] = deque(maxlen=max(int(max_rows), 1))
         self._finished_rows: deque[tuple[Any, ...]] = deque(maxlen=max(int(max_finished), 1))
+        self._trace_rows: deque[tuple[int, ...]] = deque(maxlen=max(int(max_finished), 1))
         self.max_inflight = max(int(max_inflight), 1)
         self._next_id = 0
         self.begun = 0
@@ -107,6 +114,10 @@ class RequestMonitor:
         """Requests dropped unfinished beyond ``max_inflight``."""
         self.unknown = 0
         """Calls about a request the monitor does not track (ignored)."""
+        self.traced = 0
+        """Requests begun with a valid ``traceparent``."""
+        self.bad_traceparents = 0
+        """``traceparent`` values given that were not one (ignored: the request has none)."""
         _active = self
 
     # -- recording (the serving thread) ---------------------------------------------------------
@@ -116,11 +127,21 @@ class RequestMonitor:
         *,
         request_id: int | None = None,
         arrival_ns: int | None = None,
+        traceparent: str | None = None,
     ) -> int:
         """A request arrived (now, or at ``arrival_ns``, wall clock ns) with ``prompt_tokens``
         tokens; returns its id (``request_id`` when given: a non-negative integer unique among
-        the requests in flight)."""
+        the requests in flight). ``traceparent``: the W3C header the request came with
+        (``00-<trace id>-<span id>-<flags>``): its span becomes that caller's child; a value
+        that is not one is counted and ignored."""
         t = time.time_ns() if arrival_ns is None else int(arrival_ns)
+        trace = None
+        if traceparent is not None:
+            trace = parse_traceparent(traceparent)
+            if trace is None:
+                self.bad_traceparents += 1
+            else:
+                self.traced += 1
         if request_id is None:
             rid = self._next_id
             self._next_id += 1
@@ -135,7 +156,7 @@ class RequestMonitor:
                 self.forgotten += 1
             except (StopIteration, RuntimeError, KeyError):
                 pass
-        states[rid] = [t, t, -1, -1, -1, int(prompt_tokens), 0]
+        states[rid] = [t, t, -1, -1, -1, int(prompt_tokens), 0, trace]
         self.begun += 1
         self.prompt_tokens += int(prompt_tokens)
         return rid
@@ -211,6 +232,9 @@ class RequestMonitor:
             reason = "error"
         if st[_SCHEDULED] < 0 and st[_FIRST] < 0:
             self.scheduled_count += 1  # (it leaves the waiting requests)
+        trace = st[_TRACE]
+        if trace is not None:  # (before its request row: the writer reads that one first)
+            self._trace_rows.append((rid, st[_ARRIVAL], *split_trace_id(trace[0]), *trace[1:]))
         self._finished_rows.append(
             (rid, st[_ARRIVAL], st[_QUEUED], st[_SCHEDULED], st[_FIRST], st[_LAST], t,
              st[_PROMPT], st[_OUT], code)
@@ -218,10 +242,16 @@ class RequestMonitor:
         self.finished += 1
         self.by_reason[reason] += 1
 
-    def request(self, prompt_tokens: int = 0, *, request_id: int | None = None) -> Request:
+    def request(
+        self,
+        prompt_tokens: int = 0,
+        *,
+        request_id: int | None = None,
+        traceparent: str | None = None,
+    ) -> Request:
         """A context manager around one request: begun on entry; finished on exit with the
         reason set on it (``stop`` by default), or ``error`` when the block raised."""
-        return Request(self, prompt_tokens, request_id)
+        return Request(self, prompt_tokens, request_id, traceparent)
 
     # -- reading (other threads) ----------------------------------------------------------------
     @property
@@ -233,6 +263,12 @@ class RequestMonitor:
     def finished_rows(self) -> deque[tuple[Any, ...]]:
         """Finished requests as REQUEST_DTYPE tuples, oldest first (bounded; read-only)."""
         return self._finished_rows
+
+    @property
+    def trace_rows(self) -> deque[tuple[int, ...]]:
+        """The ``traceparent`` of finished requests that had one, as REQUEST_TRACE_DTYPE tuples,
+        oldest first, each appended just before its request's row (bounded; read-only)."""
+        return self._trace_rows
 
     @property
     def running(self) -> int:
@@ -262,6 +298,24 @@ class RequestMonitor:
         ]  # fmt: skip
         return np.array(rows, REQUEST_DTYPE) if rows else np.zeros(0, REQUEST_DTYPE)
 
+    def inflight_trace_rows(self) -> np.ndarray:
+        """The ``traceparent`` of the requests in flight that had one (REQUEST_TRACE_DTYPE):
+        those of :meth:`inflight_rows`."""
+        for _ in range(3):
+            try:
+                items = list(self._states.items())
+                break
+            except RuntimeError:
+                continue
+        else:
+            return np.zeros(0, REQUEST_TRACE_DTYPE)
+        rows = [
+            (rid, s[_ARRIVAL], *split_trace_id(s[_TRACE][0]), *s[_TRACE][1:])
+            for rid, s in items
+            if s[_TRACE] is not None
+        ]
+        return np.array(rows, REQUEST_TRACE_DTYPE) if rows else np.zeros(0, REQUEST_TRACE_DTYPE)
+
     def counters(self) -> dict[str, int]:
         """The monitor's counts for a rank meta (``serving``)."""
         return {
@@ -277,18 +331,27 @@ class RequestMonitor:
 class Request:
     """One request as a context manager (:meth:`RequestMonitor.request`)."""
 
-    __slots__ = ("id", "monitor", "prompt_tokens", "reason", "request_id")
+    __slots__ = ("id", "monitor", "prompt_tokens", "reason", "request_id", "traceparent")
 
-    def __init__(self, monitor: RequestMonitor, prompt_tokens: int, request_id: int | None) -> None:
+    def __init__(
+        self,
+        monitor: RequestMonitor,
+        prompt_tokens: int,
+        request_id: int | None,
+        traceparent: str | None = None,
+    ) -> None:
         self.monitor = monitor
         self.prompt_tokens = prompt_tokens
         self.request_id = request_id
+        self.traceparent = traceparent
         self.id = -1
         self.reason = "stop"
         """The reason the request finishes with on a normal exit."""
 
     def __enter__(self) -> Request:
-        self.id = self.monitor.begin(self.prompt_tokens, request_id=self.request_id)
+        self.id = self.monitor.begin(
+            self.prompt_tokens, request_id=self.request_id, traceparent=self.traceparent
+        )
         return self
 
     def __exit__(
