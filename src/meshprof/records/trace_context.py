@@ -12,18 +12,28 @@ from __future__ import annotations
 
 import re
 
-_TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
+_TRACEPARENT = re.compile(
+    r"^[ \t]*([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(?:(-.*)|[ \t]*)$"
+)
+"""The header's grammar (lowercase hex only; a later version may append fields)."""
+MAX_LENGTH = 512
+"""Longer values are not read (as OpenTelemetry's propagator)."""
 _MASK64 = (1 << 64) - 1
 
 
 def parse_traceparent(value: object) -> tuple[int, int, int] | None:
     """(trace id, parent span id, flags) of a W3C ``traceparent`` header; None when ``value``
-    is not one: not a string, another shape, version ``ff``, or an all-zero id. Never raises
-    (a serving loop hands it what the client sent)."""
-    if not isinstance(value, str) or len(value) > 256:
+    is not a valid one: not a string, another shape, upper-case hex, version ``ff``, version
+    ``00`` with more fields, or an all-zero id (the rules of the W3C recommendation, as
+    OpenTelemetry's ``TraceContextTextMapPropagator`` applies them). Never raises (a serving
+    loop hands it what the client sent)."""
+    if not isinstance(value, str) or len(value) > MAX_LENGTH:
         return None
-    m = _TRACEPARENT.fullmatch(value.strip().lower())
-    if m is None or m.group(1) == "ff":
+    m = _TRACEPARENT.match(value)
+    if m is None:
+        return None
+    version = m.group(1)
+    if version == "ff" or (version == "00" and m.group(5)):
         return None
     trace, span = int(m.group(2), 16), int(m.group(3), 16)
     if not trace or not span:
