@@ -88,12 +88,19 @@ def test_the_parse_agrees_with_opentelemetry_on_near_misses(
 
 def test_a_bad_traceparent_never_raises_and_sets_nothing() -> None:
     rm = RequestMonitor()
-    for bad in ("garbage", b"00-" + VALID.encode(), 42, CALLER.upper(), "x" * 10_000):
-        rid = rm.begin(1, traceparent=bad)  # type: ignore[arg-type]
+    sr = ServingRows()
+    sr.monitor = rm
+    bad = ["garbage", b"00-" + VALID.encode(), 42, CALLER.upper(), "x" * 10_000, object()]
+    for k, header in enumerate(bad):
+        rid = rm.begin(1, traceparent=header)  # type: ignore[arg-type]
         rm.token(rid)
-        rm.finish(rid)
-    assert rm.bad_traceparents == 5 and rm.traced == 0 and rm.finished == 5
-    assert len(rm.trace_rows) == 0 and len(rm.inflight_trace_rows()) == 0
+        if k < 5:
+            rm.finish(rid)  # (the last one still running at the final write)
+    assert rm.traceparents == 6 and rm.finished == 5 and len(rm.trace_rows) == 5
+    got = sr.payload(True)
+    assert got is not None and got[1] == 6
+    assert len(segments.decode_serving(memoryview(got[0])).traces) == 0
+    assert sr.invalid_traceparents == 6
 
 
 def _made_up(k: int) -> tuple[str, int, int, int]:
@@ -144,8 +151,8 @@ def test_a_trace_row_read_a_tick_early_is_written_with_its_request() -> None:
     rid = rm.begin(1, traceparent=CALLER, arrival_ns=5)
     rm.token(rid)
     # the serving thread appended the trace row; the request row follows after this tick
+    rm._trace_rows.append((rid, 5, CALLER))
     trace_row = (rid, 5, 0x4BF92F3577B34DA6, 0xA3CE929D0E0E4736, 0x00F067AA0BA902B7, 1)
-    rm._trace_rows.append(trace_row)
     first = sr.payload(False)
     assert first is not None and segments.decode_serving(memoryview(first[0])).traces.size == 0
     rm._finished_rows.append((rid, 5, 5, -1, 6, 6, 7, 1, 1, 0))
@@ -234,9 +241,9 @@ def test_the_trace_state_is_bounded_with_the_requests() -> None:
     rm = RequestMonitor(max_inflight=4, max_finished=8)
     for k in range(10):
         rm.begin(1, traceparent=_made_up(k)[0])
-    assert rm.forgotten == 6 and len(rm.inflight_trace_rows()) == 4
+    assert rm.forgotten == 6 and len(rm.inflight_traces()) == 4
     for rid in range(6, 10):
         rm.finish(rid)
     for k in range(20):
         rm.finish(rm.begin(1, traceparent=_made_up(k)[0]))
-    assert len(rm.trace_rows) == 8 and len(rm.inflight_trace_rows()) == 0
+    assert len(rm.trace_rows) == 8 and len(rm.inflight_traces()) == 0

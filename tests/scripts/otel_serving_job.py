@@ -56,6 +56,6 @@ for i, (ttft, n, gap, reason) in enumerate(PLAN):
         {"id": rid, "sent_ns": sent, "first_ns": first, "end_ns": end, "tokens": n,
          "prompt": 8 + i, "reason": reason, "trace_id": trace_id, "parent_id": parent_id}
     )  # fmt: skip
-assert rm.traced == 4 and rm.bad_traceparents == 3, (rm.traced, rm.bad_traceparents)
+assert rm.traceparents == 7, rm.traceparents  # (the rank writer parses them)
 with open(os.path.join(out, "serving_truth.json"), "w") as f:
     json.dump(truth, f)

@@ -22,9 +22,11 @@ requests are tracked (the oldest are forgotten beyond it, and counted). Never ra
 serving loop: a call about an unknown request is counted and ignored.
 
 A request may come with its caller's W3C ``traceparent`` header (``begin(...,
-traceparent=header)``): parsed once at ``begin`` (a malformed one is counted and ignored), kept
-with the request's state, and written as one :data:`REQUEST_TRACE_DTYPE` row next to its
-finished row, so that its OpenTelemetry span is the caller's child (docs/opentelemetry.md).
+traceparent=header)``): kept as given with the request's state (a reference: nothing is parsed
+on the serving thread), handed with its finished row to the rank writer, which parses it
+(:func:`~meshprof.records.trace_context.parse_traceparent`; a malformed one is counted and
+ignored) and stores a REQUEST_TRACE_DTYPE row next to the request's, so that its OpenTelemetry
+span is the caller's child (docs/opentelemetry.md).
 """
 
 from __future__ import annotations
@@ -38,8 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from meshprof.events import FINISH_CODES, REQUEST_DTYPE, REQUEST_TRACE_DTYPE, TOKEN_DTYPE
-from meshprof.records.trace_context import parse_traceparent, split_trace_id
+from meshprof.events import FINISH_CODES, REQUEST_DTYPE, TOKEN_DTYPE
 
 _active: RequestMonitor | None = None
 _lock = threading.Lock()
@@ -92,10 +93,10 @@ class RequestMonitor:
         max_inflight: int = MAX_INFLIGHT,
     ) -> None:
         global _active
-        self._states: dict[int, list[int]] = {}
+        self._states: dict[int, list[Any]] = {}
         self._token_rows: deque[tuple[int, int, int]] = deque(maxlen=max(int(max_rows), 1))
         self._finished_rows: deque[tuple[Any, ...]] = deque(maxlen=max(int(max_finished), 1))
-        self._trace_rows: deque[tuple[int, ...]] = deque(maxlen=max(int(max_finished), 1))
+        self._trace_rows: deque[tuple[int, int, Any]] = deque(maxlen=max(int(max_finished), 1))
         self.max_inflight = max(int(max_inflight), 1)
         self._next_id = 0
         self.begun = 0
@@ -114,10 +115,8 @@ class RequestMonitor:
         """Requests dropped unfinished beyond ``max_inflight``."""
         self.unknown = 0
         """Calls about a request the monitor does not track (ignored)."""
-        self.traced = 0
-        """Requests begun with a valid ``traceparent``."""
-        self.bad_traceparents = 0
-        """``traceparent`` values given that were not one (ignored: the request has none)."""
+        self.traceparents = 0
+        """Requests begun with a ``traceparent`` (valid or not: the rank writer parses it)."""
         _active = self
 
     # -- recording (the serving thread) ---------------------------------------------------------
@@ -133,15 +132,10 @@ class RequestMonitor:
         tokens; returns its id (``request_id`` when given: a non-negative integer unique among
         the requests in flight). ``traceparent``: the W3C header the request came with
         (``00-<trace id>-<span id>-<flags>``): its span becomes that caller's child; a value
-        that is not one is counted and ignored."""
+        that is not one is ignored (the rank writer counts it)."""
         t = time.time_ns() if arrival_ns is None else int(arrival_ns)
-        trace = None
         if traceparent is not None:
-            trace = parse_traceparent(traceparent)
-            if trace is None:
-                self.bad_traceparents += 1
-            else:
-                self.traced += 1
+            self.traceparents += 1
         if request_id is None:
             rid = self._next_id
             self._next_id += 1
@@ -156,7 +150,7 @@ class RequestMonitor:
                 self.forgotten += 1
             except (StopIteration, RuntimeError, KeyError):
                 pass
-        states[rid] = [t, t, -1, -1, -1, int(prompt_tokens), 0, trace]
+        states[rid] = [t, t, -1, -1, -1, int(prompt_tokens), 0, traceparent]
         self.begun += 1
         self.prompt_tokens += int(prompt_tokens)
         return rid
@@ -232,9 +226,8 @@ class RequestMonitor:
             reason = "error"
         if st[_SCHEDULED] < 0 and st[_FIRST] < 0:
             self.scheduled_count += 1  # (it leaves the waiting requests)
-        trace = st[_TRACE]
-        if trace is not None:  # (before its request row: the writer reads that one first)
-            self._trace_rows.append((rid, st[_ARRIVAL], *split_trace_id(trace[0]), *trace[1:]))
+        if st[_TRACE] is not None:  # (before its request row: the writer reads that one first)
+            self._trace_rows.append((rid, st[_ARRIVAL], st[_TRACE]))
         self._finished_rows.append(
             (rid, st[_ARRIVAL], st[_QUEUED], st[_SCHEDULED], st[_FIRST], st[_LAST], t,
              st[_PROMPT], st[_OUT], code)
@@ -265,8 +258,8 @@ class RequestMonitor:
         return self._finished_rows
 
     @property
-    def trace_rows(self) -> deque[tuple[int, ...]]:
-        """The ``traceparent`` of finished requests that had one, as REQUEST_TRACE_DTYPE tuples,
+    def trace_rows(self) -> deque[tuple[int, int, Any]]:
+        """(id, arrival ns, ``traceparent`` as given) of the finished requests that had one,
         oldest first, each appended just before its request's row (bounded; read-only)."""
         return self._trace_rows
 
@@ -298,8 +291,8 @@ class RequestMonitor:
         ]  # fmt: skip
         return np.array(rows, REQUEST_DTYPE) if rows else np.zeros(0, REQUEST_DTYPE)
 
-    def inflight_trace_rows(self) -> np.ndarray:
-        """The ``traceparent`` of the requests in flight that had one (REQUEST_TRACE_DTYPE):
+    def inflight_traces(self) -> list[tuple[int, int, Any]]:
+        """(id, arrival ns, ``traceparent`` as given) of the requests in flight that had one:
         those of :meth:`inflight_rows`."""
         for _ in range(3):
             try:
@@ -308,13 +301,8 @@ class RequestMonitor:
             except RuntimeError:
                 continue
         else:
-            return np.zeros(0, REQUEST_TRACE_DTYPE)
-        rows = [
-            (rid, s[_ARRIVAL], *split_trace_id(s[_TRACE][0]), *s[_TRACE][1:])
-            for rid, s in items
-            if s[_TRACE] is not None
-        ]
-        return np.array(rows, REQUEST_TRACE_DTYPE) if rows else np.zeros(0, REQUEST_TRACE_DTYPE)
+            return []
+        return [(rid, s[_ARRIVAL], s[_TRACE]) for rid, s in items if s[_TRACE] is not None]
 
     def counters(self) -> dict[str, int]:
         """The monitor's counts for a rank meta (``serving``)."""

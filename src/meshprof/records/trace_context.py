@@ -41,6 +41,15 @@ def parse_traceparent(value: object) -> tuple[int, int, int] | None:
     return trace, span, int(m.group(4), 16)
 
 
+def trace_fields(value: object) -> tuple[int, int, int, int] | None:
+    """(trace id high 64 bits, low 64 bits, parent span id, flags) of a ``traceparent`` (how a
+    segment stores it); None when it is not a valid one."""
+    got = parse_traceparent(value)
+    if got is None:
+        return None
+    return (got[0] >> 64) & _MASK64, got[0] & _MASK64, got[1], got[2]
+
+
 def traceparent_text(trace_id: int, span_id: int, flags: int) -> str:
     """The ``traceparent`` header (version 00) of a trace id (128 bits), a parent span id
     (64 bits) and the trace flags (8 bits)."""
@@ -57,4 +66,11 @@ def join_trace_id(high: int, low: int) -> int:
     return ((int(high) & _MASK64) << 64) | (int(low) & _MASK64)
 
 
-__all__ = ["join_trace_id", "parse_traceparent", "split_trace_id", "traceparent_text"]
+__all__ = [
+    "MAX_LENGTH",
+    "join_trace_id",
+    "parse_traceparent",
+    "split_trace_id",
+    "trace_fields",
+    "traceparent_text",
+]

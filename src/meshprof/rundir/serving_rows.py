@@ -2,7 +2,8 @@
 requests finished and the tokens emitted since its last tick, read from the request monitor's
 bounded rows (:class:`~meshprof.monitor.request_monitor.RequestMonitor`), as one serving chunk
 of the rank's segments (:func:`~meshprof.rundir.segments.serving_payload`), with the
-``traceparent`` rows of those requests that had one in the same chunk as their request rows."""
+``traceparent`` of those requests that had one (parsed here, off the serving thread) as
+REQUEST_TRACE_DTYPE rows in the same chunk as their request rows."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import numpy as np
 from meshprof.events import REQUEST_DTYPE, REQUEST_TRACE_DTYPE, TOKEN_DTYPE
 from meshprof.monitor.request_monitor import get_request_monitor
 from meshprof.records.rank_meta import RankMeta
+from meshprof.records.trace_context import trace_fields
 from meshprof.rundir.row_tail import RowTail, rows_since
 from meshprof.rundir.segments import serving_payload
 
@@ -32,6 +34,8 @@ class ServingRows:
         self._tokens = RowTail()
         self._traces = RowTail()
         self._pending: dict[tuple[int, int], tuple[int, ...]] = {}
+        self.invalid_traceparents = 0
+        """``traceparent`` values that were not one (ignored: those requests have none)."""
         """Trace rows read whose request row is not written yet, by (id, arrival): the monitor
         appends a trace row just before its request row and the tick reads the request rows
         first, so a trace row is at most one tick ahead of its request row."""
@@ -61,18 +65,26 @@ class ServingRows:
         toks = rows_since(rm.token_rows, self._tokens, TOKEN_DTYPE)
         trace_dq = getattr(rm, "trace_rows", None)  # (after the request rows: see _pending)
         if trace_dq is not None:
-            for row in self._traces.new_rows(trace_dq):
-                self._pending[(row[0], row[1])] = row
+            self._parse(self._traces.new_rows(trace_dq))
         if final:
             running = rm.inflight_rows()
             if len(running):
                 reqs = np.concatenate([reqs, running])
-                more = getattr(rm, "inflight_trace_rows", None)
-                for row in more().tolist() if more is not None else ():
-                    self._pending[(row[0], row[1])] = row
+                more = getattr(rm, "inflight_traces", None)
+                if more is not None:
+                    self._parse(more())
         if not (len(reqs) or len(toks)):
             return None
         return serving_payload(reqs, toks, self._traces_of(reqs)), len(reqs), len(toks)
+
+    def _parse(self, given: list[tuple[int, int, object]]) -> None:
+        """Pend the trace rows of (id, arrival ns, ``traceparent`` as given)."""
+        for rid, arrival, header in given:
+            got = trace_fields(header)
+            if got is None:
+                self.invalid_traceparents += 1
+            else:
+                self._pending[(rid, arrival)] = (rid, arrival, *got)
 
     def _traces_of(self, reqs: np.ndarray) -> np.ndarray:
         """The pending trace rows of the requests ``reqs`` (taken out of the pending ones)."""
