@@ -101,6 +101,10 @@ def test_a_bad_traceparent_never_raises_and_sets_nothing() -> None:
     assert got is not None and got[1] == 6
     assert len(segments.decode_serving(memoryview(got[0])).traces) == 0
     assert sr.invalid_traceparents == 6
+    from meshprof.records.rank_meta import RankMeta
+
+    sv = sr.counted(RankMeta()).serving
+    assert sv is not None and (sv.traceparents, sv.invalid_traceparents) == (6, 6)
 
 
 def _made_up(k: int) -> tuple[str, int, int, int]:
@@ -137,6 +141,8 @@ def test_traceparents_are_stored_with_their_requests_and_loaded(tmp_path: Path) 
         for rid, arrival, hi, lo, span, flags in rd.request_traces.tolist()
     }
     assert got == want
+    sv = rd.meta.serving
+    assert sv is not None and (sv.traceparents, sv.invalid_traceparents) == (6, 0)
     # every trace row has its request in the rows
     keys = set(zip(rd.requests["id"].tolist(), rd.requests["arrival_ns"].tolist(), strict=True))
     assert set(got) <= keys

@@ -313,6 +313,7 @@ class RequestMonitor:
             "output_tokens": self.output_tokens,
             "requests_forgotten": self.forgotten,
             "unknown_calls": self.unknown,
+            "traceparents": self.traceparents,
         }
 
 

@@ -53,7 +53,11 @@ class ServingRows:
     def counted(self, meta: RankMeta) -> RankMeta:
         """``meta`` with the request monitor's counts (``serving``), when there is one."""
         rm = self.current()
-        return meta if rm is None else meta.updated(serving=rm.counters())
+        if rm is None:
+            return meta
+        return meta.updated(
+            serving={**rm.counters(), "invalid_traceparents": self.invalid_traceparents}
+        )
 
     def payload(self, final: bool) -> tuple[bytes, int, int] | None:
         """(a serving chunk's payload, request rows, token rows) of what is new; at the last
