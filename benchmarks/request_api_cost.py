@@ -6,6 +6,10 @@ memory and disk stay bounded over a long serving run (issue 40).
   (``begin``, ``scheduled``, ``tokens`` once per step, ``finish``) vs the same loop without them,
   paired batches alternated in one process, on the calling thread's CPU clock; the difference
   divided by the tokens emitted. Also ``token()`` one request at a time (no batching).
+* traceparent (``--only trace``): ``begin`` + ``finish`` of ``--requests`` requests with a
+  W3C ``traceparent`` each (distinct made-up headers, as a server receives them) vs the same
+  requests without, rounds alternated, on the thread's CPU clock: what a traced request adds
+  per request (the parse at ``begin``, the trace row at ``finish``).
 * long run: ``--tokens`` tokens (10 M by default: about a week of one serving rank at 16
   tokens/s) through a request monitor while a rank writer appends them every tick to a run
   directory with ``--max-disk``, and the live publisher's figures folded every tick: the
@@ -13,6 +17,7 @@ memory and disk stay bounded over a long serving run (issue 40).
 
     python benchmarks/request_api_cost.py [--steps 2000] [--batch 16] [--rounds 11]
                                           [--tokens 10000000] [--max-disk 64M]
+                                          [--requests 20000] [--only token,trace,long]
 """
 
 from __future__ import annotations
@@ -101,6 +106,40 @@ def per_token(steps: int, batch: int, rounds: int) -> None:
     )
 
 
+def _requests(headers: list[str | None]) -> int:
+    """``begin`` + ``finish`` of one request per header, on a fresh monitor; CPU ns."""
+    from meshprof.monitor.request_monitor import RequestMonitor
+
+    rm = RequestMonitor()
+    begin, finish = rm.begin, rm.finish
+    t0 = time.thread_time_ns()
+    for h in headers:
+        finish(begin(8, traceparent=h))
+    return time.thread_time_ns() - t0
+
+
+def per_request_trace(requests: int, rounds: int) -> None:
+    import secrets
+
+    traced: list[str | None] = [
+        f"00-{secrets.token_hex(16)}-{secrets.token_hex(8)}-01" for _ in range(requests)
+    ]
+    plain: list[str | None] = [None] * requests
+    diffs, base = [], []
+    for r in range(rounds):
+        order = (plain, traced) if r % 2 == 0 else (traced, plain)
+        got = {id(h): _requests(h) for h in order}
+        base.append(got[id(plain)] / requests)
+        diffs.append((got[id(traced)] - got[id(plain)]) / requests)
+    diffs.sort()
+    lo, hi = diffs[max(len(diffs) // 2 - 2, 0)], diffs[min(len(diffs) // 2 + 2, len(diffs) - 1)]
+    print(
+        f"traceparent ({requests} requests, {rounds} rounds): begin+finish "
+        f"{statistics.median(base):.0f} ns/request without; a traceparent adds "
+        f"{statistics.median(diffs):.0f} ns/request (middle rounds {lo:.0f}-{hi:.0f})"
+    )
+
+
 def _rss() -> int:
     import psutil
 
@@ -156,7 +195,8 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=11)
     p.add_argument("--tokens", type=int, default=10_000_000)
     p.add_argument("--max-disk", default="64M")
-    p.add_argument("--only", default="token,long")
+    p.add_argument("--requests", type=int, default=20_000)
+    p.add_argument("--only", default="token,trace,long")
     a = p.parse_args()
     from meshprof.rundir.sampling import parse_bytes
 
@@ -164,6 +204,8 @@ def main() -> None:
     print(f"pid {os.getpid()}; CPU time of the calling thread (machine possibly shared)")
     if "token" in only:
         per_token(a.steps, a.batch, a.rounds)
+    if "trace" in only:
+        per_request_trace(a.requests, a.rounds)
     if "long" in only:
         long_run(a.tokens, a.batch, parse_bytes(a.max_disk))
 

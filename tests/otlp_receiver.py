@@ -172,6 +172,9 @@ class SpanView:
     status: int
     resource: dict[str, Any]
     scope: str
+    flags: int = 0
+    """OTLP ``Span.flags``: bit 8 set when the exporter says whether the parent is remote, bit 9
+    when it is."""
 
 
 def spans(got: Received) -> list[SpanView]:
@@ -199,6 +202,7 @@ def spans(got: Received) -> list[SpanView]:
                             status=s.status.code,
                             resource=res,
                             scope=ss.scope.name,
+                            flags=s.flags,
                         )
                     )
     return out

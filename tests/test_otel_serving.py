@@ -5,7 +5,8 @@ protocol with ``opentelemetry-proto``).
 
 Truth: the script's own ``time.time_ns()`` when it handed each request over, after its first
 token and after it finished, its token counts and its finish reasons
-(tests/scripts/otel_serving_job.py). The GenAI histograms' counts, sums and buckets are counted
+(tests/scripts/otel_serving_job.py), and the W3C ``traceparent`` it made up for some of them
+(random trace and span ids; some malformed). The GenAI histograms' counts, sums and buckets are counted
 here from those timestamps, with this file's own code; each request's span against them within
 max(1 ms, 5 %). The re-bucketing of the live histograms to the GenAI bounds is checked against
 counting under the GenAI bounds directly."""
@@ -127,10 +128,19 @@ def _check_spans(got: list[SpanView], truth: list[dict[str, Any]], offset_ns: in
         s.attributes["gen_ai.response.id"]: s for s in got if "gen_ai.response.id" in s.attributes
     }
     assert sorted(reqs) == sorted(str(t["id"]) for t in truth)
+    callers = {t["trace_id"] for t in truth if t["trace_id"]}
+    assert len(callers) == 4  # (the script's requests 0, 2, 4 and 6)
     for t in truth:
         s = reqs[str(t["id"])]
         a = s.attributes
-        assert s.name == "text_completion" and s.parent_id == ""
+        assert s.name == "text_completion"
+        if t["trace_id"]:  # the caller's trace, under the caller's span (a remote parent)
+            assert (s.trace_id, s.parent_id) == (t["trace_id"], t["parent_id"]), (t, s)
+            assert s.flags & 0x300 == 0x300  # OTLP: has-is-remote, is-remote
+        else:  # none, or a malformed one (ignored): a trace of its own, as before
+            assert s.parent_id == "" and s.trace_id not in callers, (t, s)
+            assert len(s.trace_id) == 32 and int(s.trace_id, 16) != 0
+            assert s.flags & 0x300 == 0x100  # has-is-remote, not remote (no parent)
         assert _close(s.end_ns - s.start_ns, t["end_ns"] - t["sent_ns"]), (t, s)
         assert abs(s.start_ns - offset_ns - t["sent_ns"]) <= MS
         assert _close(a["meshprof.request.time_to_first_token"] * 1e9, t["first_ns"] - t["sent_ns"])
@@ -182,6 +192,8 @@ def test_post_mortem_sends_the_same_request_spans(served: Served) -> None:
     assert {s.span_id for s in post} == set(live)
     for s in post:
         assert (s.end_ns - s.start_ns) == (live[s.span_id].end_ns - live[s.span_id].start_ns)
+        # the same trace and parent: the caller's, read back from the run directory
+        assert (s.trace_id, s.parent_id) == (live[s.span_id].trace_id, live[s.span_id].parent_id)
     _check_spans(got, served.truth, _offset(served.run))
 
 

@@ -359,6 +359,20 @@ TOKEN_DTYPE = np.dtype(
     ]
 )
 
+#: The W3C ``traceparent`` a request came with (``RequestMonitor.begin(traceparent=...)``): one
+#: row per request that carried a valid one, in the same serving chunk as its REQUEST_DTYPE row
+#: (matched by id and arrival). Its OpenTelemetry span is that caller's child, in its trace.
+REQUEST_TRACE_DTYPE = np.dtype(
+    [
+        ("id", np.int64),  # request id (REQUEST_DTYPE ``id``)
+        ("arrival_ns", np.int64),  # its REQUEST_DTYPE ``arrival_ns`` (ids may be reused)
+        ("trace_hi", np.uint64),  # the caller's 128-bit trace id, high 64 bits
+        ("trace_lo", np.uint64),  # low 64 bits
+        ("parent_span", np.uint64),  # the caller's span id: the request span's (remote) parent
+        ("flags", np.uint8),  # the caller's trace flags (01: sampled)
+    ]
+)
+
 STEP_KINDS = ("prefill", "decode", "mixed")
 """Names a serving loop gives its step spans (``StepMonitor.step(name=...)``): a forward that
 computes prompts only, one that decodes one token per running request, or both at once

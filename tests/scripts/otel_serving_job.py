@@ -3,10 +3,14 @@
 (sleeps: the time a model would compute). The script takes its own ``time.time_ns()`` when it
 hands a request to the monitor, after its first token and after it finished, and writes them to
 OUT/serving_truth.json: the client-side truth the exported histograms and spans are checked
-against. argv: out"""
+against. Some requests come with a W3C ``traceparent`` this script makes up (random ids, as a
+client's tracer would), one with a malformed one and one with an all-zero trace id (both to be
+ignored): the truth says which trace id and parent span id each request's span must have.
+argv: out"""
 
 import json
 import os
+import secrets
 import sys
 import time
 
@@ -27,8 +31,18 @@ PLAN = [
 rm = meshprof.requests()
 truth = []
 for i, (ttft, n, gap, reason) in enumerate(PLAN):
+    trace_id, parent_id, header = "", "", None
+    if i in (0, 2, 4, 6):  # a client's own trace context (sampled, and one not: 4)
+        trace_id, parent_id = secrets.token_hex(16), secrets.token_hex(8)
+        header = f"00-{trace_id}-{parent_id}-{'00' if i == 4 else '01'}"
+    elif i == 3:
+        header = "00-not-a-traceparent-01"
+    elif i == 5:
+        header = f"00-{'0' * 32}-{secrets.token_hex(8)}-01"  # an invalid (all-zero) trace id
+    elif i == 7:  # upper-case hex: invalid (W3C: lowercase only)
+        header = f"00-{secrets.token_hex(16)}-{secrets.token_hex(8)}-01".upper()
     sent = time.time_ns()
-    rid = rm.begin(prompt_tokens=8 + i)
+    rid = rm.begin(prompt_tokens=8 + i, traceparent=header)
     rm.scheduled(rid)
     time.sleep(ttft)
     rm.token(rid)
@@ -40,7 +54,8 @@ for i, (ttft, n, gap, reason) in enumerate(PLAN):
     end = time.time_ns()
     truth.append(
         {"id": rid, "sent_ns": sent, "first_ns": first, "end_ns": end, "tokens": n,
-         "prompt": 8 + i, "reason": reason}
+         "prompt": 8 + i, "reason": reason, "trace_id": trace_id, "parent_id": parent_id}
     )  # fmt: skip
+assert rm.traceparents == 7, rm.traceparents  # (the rank writer parses them)
 with open(os.path.join(out, "serving_truth.json"), "w") as f:
     json.dump(truth, f)

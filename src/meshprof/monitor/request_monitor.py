@@ -20,6 +20,13 @@ emission (benchmarks/request_api_cost.py). Memory is bounded: the rows wait in b
 (the writer appends them to the rank's segments every tick), and at most ``max_inflight``
 requests are tracked (the oldest are forgotten beyond it, and counted). Never raises into the
 serving loop: a call about an unknown request is counted and ignored.
+
+A request may come with its caller's W3C ``traceparent`` header (``begin(...,
+traceparent=header)``): kept as given with the request's state (a reference: nothing is parsed
+on the serving thread), handed with its finished row to the rank writer, which parses it
+(:func:`~meshprof.records.trace_context.parse_traceparent`; a malformed one is counted and
+ignored) and stores a REQUEST_TRACE_DTYPE row next to the request's, so that its OpenTelemetry
+span is the caller's child (docs/opentelemetry.md).
 """
 
 from __future__ import annotations
@@ -47,7 +54,7 @@ beyond any one server's rate)."""
 MAX_INFLIGHT = 100_000
 """Requests tracked at once at most (a loop that never finishes its requests stays bounded)."""
 
-_ARRIVAL, _QUEUED, _SCHEDULED, _FIRST, _LAST, _PROMPT, _OUT = range(7)
+_ARRIVAL, _QUEUED, _SCHEDULED, _FIRST, _LAST, _PROMPT, _OUT, _TRACE = range(8)
 _UNFINISHED = FINISH_CODES["unfinished"]
 
 
@@ -86,9 +93,10 @@ class RequestMonitor:
         max_inflight: int = MAX_INFLIGHT,
     ) -> None:
         global _active
-        self._states: dict[int, list[int]] = {}
+        self._states: dict[int, list[Any]] = {}
         self._token_rows: deque[tuple[int, int, int]] = deque(maxlen=max(int(max_rows), 1))
         self._finished_rows: deque[tuple[Any, ...]] = deque(maxlen=max(int(max_finished), 1))
+        self._trace_rows: deque[tuple[int, int, Any]] = deque(maxlen=max(int(max_finished), 1))
         self.max_inflight = max(int(max_inflight), 1)
         self._next_id = 0
         self.begun = 0
@@ -107,6 +115,8 @@ class RequestMonitor:
         """Requests dropped unfinished beyond ``max_inflight``."""
         self.unknown = 0
         """Calls about a request the monitor does not track (ignored)."""
+        self.traceparents = 0
+        """Requests begun with a ``traceparent`` (valid or not: the rank writer parses it)."""
         _active = self
 
     # -- recording (the serving thread) ---------------------------------------------------------
@@ -116,11 +126,16 @@ class RequestMonitor:
         *,
         request_id: int | None = None,
         arrival_ns: int | None = None,
+        traceparent: str | None = None,
     ) -> int:
         """A request arrived (now, or at ``arrival_ns``, wall clock ns) with ``prompt_tokens``
         tokens; returns its id (``request_id`` when given: a non-negative integer unique among
-        the requests in flight)."""
+        the requests in flight). ``traceparent``: the W3C header the request came with
+        (``00-<trace id>-<span id>-<flags>``): its span becomes that caller's child; a value
+        that is not one is ignored (the rank writer counts it)."""
         t = time.time_ns() if arrival_ns is None else int(arrival_ns)
+        if traceparent is not None:
+            self.traceparents += 1
         if request_id is None:
             rid = self._next_id
             self._next_id += 1
@@ -135,7 +150,7 @@ class RequestMonitor:
                 self.forgotten += 1
             except (StopIteration, RuntimeError, KeyError):
                 pass
-        states[rid] = [t, t, -1, -1, -1, int(prompt_tokens), 0]
+        states[rid] = [t, t, -1, -1, -1, int(prompt_tokens), 0, traceparent]
         self.begun += 1
         self.prompt_tokens += int(prompt_tokens)
         return rid
@@ -213,6 +228,8 @@ class RequestMonitor:
             reason = "error"
         if st[_SCHEDULED] < 0 and st[_FIRST] < 0:
             self.scheduled_count += 1  # (it leaves the waiting requests)
+        if st[_TRACE] is not None:  # (before its request row: the writer reads that one first)
+            self._trace_rows.append((rid, st[_ARRIVAL], st[_TRACE]))
         self._finished_rows.append(
             (rid, st[_ARRIVAL], st[_QUEUED], st[_SCHEDULED], st[_FIRST], st[_LAST], t,
              st[_PROMPT], st[_OUT], code)
@@ -220,10 +237,16 @@ class RequestMonitor:
         self.finished += 1
         self.by_reason[reason] += 1
 
-    def request(self, prompt_tokens: int = 0, *, request_id: int | None = None) -> Request:
+    def request(
+        self,
+        prompt_tokens: int = 0,
+        *,
+        request_id: int | None = None,
+        traceparent: str | None = None,
+    ) -> Request:
         """A context manager around one request: begun on entry; finished on exit with the
         reason set on it (``stop`` by default), or ``error`` when the block raised."""
-        return Request(self, prompt_tokens, request_id)
+        return Request(self, prompt_tokens, request_id, traceparent)
 
     # -- reading (other threads) ----------------------------------------------------------------
     @property
@@ -235,6 +258,12 @@ class RequestMonitor:
     def finished_rows(self) -> deque[tuple[Any, ...]]:
         """Finished requests as REQUEST_DTYPE tuples, oldest first (bounded; read-only)."""
         return self._finished_rows
+
+    @property
+    def trace_rows(self) -> deque[tuple[int, int, Any]]:
+        """(id, arrival ns, ``traceparent`` as given) of the finished requests that had one,
+        oldest first, each appended just before its request's row (bounded; read-only)."""
+        return self._trace_rows
 
     @property
     def running(self) -> int:
@@ -264,6 +293,19 @@ class RequestMonitor:
         ]  # fmt: skip
         return np.array(rows, REQUEST_DTYPE) if rows else np.zeros(0, REQUEST_DTYPE)
 
+    def inflight_traces(self) -> list[tuple[int, int, Any]]:
+        """(id, arrival ns, ``traceparent`` as given) of the requests in flight that had one:
+        those of :meth:`inflight_rows`."""
+        for _ in range(3):
+            try:
+                items = list(self._states.items())
+                break
+            except RuntimeError:
+                continue
+        else:
+            return []
+        return [(rid, s[_ARRIVAL], s[_TRACE]) for rid, s in items if s[_TRACE] is not None]
+
     def counters(self) -> dict[str, int]:
         """The monitor's counts for a rank meta (``serving``)."""
         return {
@@ -273,24 +315,34 @@ class RequestMonitor:
             "output_tokens": self.output_tokens,
             "requests_forgotten": self.forgotten,
             "unknown_calls": self.unknown,
+            "traceparents": self.traceparents,
         }
 
 
 class Request:
     """One request as a context manager (:meth:`RequestMonitor.request`)."""
 
-    __slots__ = ("id", "monitor", "prompt_tokens", "reason", "request_id")
+    __slots__ = ("id", "monitor", "prompt_tokens", "reason", "request_id", "traceparent")
 
-    def __init__(self, monitor: RequestMonitor, prompt_tokens: int, request_id: int | None) -> None:
+    def __init__(
+        self,
+        monitor: RequestMonitor,
+        prompt_tokens: int,
+        request_id: int | None,
+        traceparent: str | None = None,
+    ) -> None:
         self.monitor = monitor
         self.prompt_tokens = prompt_tokens
         self.request_id = request_id
+        self.traceparent = traceparent
         self.id = -1
         self.reason = "stop"
         """The reason the request finishes with on a normal exit."""
 
     def __enter__(self) -> Request:
-        self.id = self.monitor.begin(self.prompt_tokens, request_id=self.request_id)
+        self.id = self.monitor.begin(
+            self.prompt_tokens, request_id=self.request_id, traceparent=self.traceparent
+        )
         return self
 
     def __exit__(

@@ -164,6 +164,11 @@ class ServingCounters(JsonRecord):
     """Requests dropped unfinished: more in flight at once than the monitor tracks."""
     unknown_calls: int | None = None
     """Calls about a request the monitor did not track (ignored)."""
+    traceparents: int | None = None
+    """Requests begun with a ``traceparent`` (valid or not)."""
+    invalid_traceparents: int | None = None
+    """Of those written so far, the ``traceparent`` values that were not valid ones (ignored:
+    those requests start traces of their own)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -34,6 +34,7 @@ from meshprof.events import (
     MEMORY_DTYPE,
     OP_NAMES,
     REQUEST_DTYPE,
+    REQUEST_TRACE_DTYPE,
     SPAN_DTYPE,
     STEP_TOTALS_DTYPE,
     TOKEN_DTYPE,
@@ -74,6 +75,9 @@ class RankData:
     rank that served none (and for a single rank file)."""
     tokens: np.ndarray = field(default_factory=lambda: np.zeros(0, TOKEN_DTYPE))
     """Their token emissions (TOKEN_DTYPE), in the order they were emitted."""
+    request_traces: np.ndarray = field(default_factory=lambda: np.zeros(0, REQUEST_TRACE_DTYPE))
+    """The W3C ``traceparent`` of those requests that came with one (REQUEST_TRACE_DTYPE,
+    matched to ``requests`` by id and arrival); empty for a run of an earlier version."""
 
     @property
     def world_size(self) -> int:

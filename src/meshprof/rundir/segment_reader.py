@@ -19,7 +19,14 @@ from typing import Any
 import numpy as np
 
 from meshprof.errors import MeshprofError
-from meshprof.events import EVENT_DTYPE, MEMORY_DTYPE, REQUEST_DTYPE, SPAN_DTYPE, TOKEN_DTYPE
+from meshprof.events import (
+    EVENT_DTYPE,
+    MEMORY_DTYPE,
+    REQUEST_DTYPE,
+    REQUEST_TRACE_DTYPE,
+    SPAN_DTYPE,
+    TOKEN_DTYPE,
+)
 from meshprof.records.codec import RecordError
 from meshprof.records.members import Members
 from meshprof.records.rank_meta import Recovered
@@ -29,6 +36,7 @@ from meshprof.rundir.rankfile import RankData, lean_events, parse_meta
 from meshprof.rundir.schema import ExitStatus, RankMeta, rank_entries
 from meshprof.rundir.segments import (
     RANK_DIR_RE,
+    ServingChunk,
     iter_batches,
     join_rows,
     read_cursor,
@@ -88,7 +96,7 @@ def load_rank_dir(
     last: Any = None
     batches = 0
     inflight = _empty(EVENT_DTYPE)
-    serving: list[tuple[np.ndarray, np.ndarray]] = []
+    serving: list[ServingChunk] = []
     for b in iter_batches(files, problems, None if meta_only else serving):
         batches += 1
         last = b.info
@@ -164,8 +172,9 @@ def load_rank_dir(
         file_events=rows,
         steps=read_step_totals(files),
         inflight=np.array(inflight),
-        requests=join_rows([r for r, _ in serving if len(r)], REQUEST_DTYPE),
-        tokens=join_rows([t for _, t in serving if len(t)], TOKEN_DTYPE),
+        requests=join_rows([c.requests for c in serving if len(c.requests)], REQUEST_DTYPE),
+        tokens=join_rows([c.tokens for c in serving if len(c.tokens)], TOKEN_DTYPE),
+        request_traces=join_rows([c.traces for c in serving if len(c.traces)], REQUEST_TRACE_DTYPE),
     )
 
 

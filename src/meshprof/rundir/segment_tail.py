@@ -7,8 +7,9 @@ layouts). A chunk still being written is left for the next look. Segments the re
 delete are forgotten; a new generation (the rank restarted) is followed from its first segment.
 
 With ``requests``, it also keeps the finished-request rows of a serving rank's ``SERVING``
-chunks (REQUEST_DTYPE; the token rows are not kept) until :meth:`~RankTail.take_requests`
-(at most :data:`MAX_PENDING_REQUESTS`; beyond, the oldest are let go and counted).
+chunks (REQUEST_DTYPE; the token rows are not kept), with the ``traceparent`` rows of their
+chunks (REQUEST_TRACE_DTYPE), until :meth:`~RankTail.take_requests` (at most
+:data:`MAX_PENDING_REQUESTS`; beyond, the oldest are let go and counted).
 
 It reads files only: the rank does nothing for it. ``meshprof run``'s OpenTelemetry exporter
 follows every rank of its node with one tail each (:mod:`meshprof.live.otel.agent`).
@@ -24,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from meshprof.events import REQUEST_DTYPE
+from meshprof.events import REQUEST_DTYPE, REQUEST_TRACE_DTYPE
 from meshprof.records.codec import RecordError
 from meshprof.rundir.schema import RankMeta
 from meshprof.rundir.segments import (
@@ -82,6 +83,8 @@ class RankTail:
         self.keep_requests = requests
         """Keep the serving chunks' finished-request rows (see the module docstring)."""
         self._requests: list[np.ndarray] = []
+        self._traces: list[np.ndarray] = []
+        """Each kept chunk's trace rows (one per entry of ``_requests``)."""
         self._pending = 0
         self.generation = -1
         """The generation followed (-1: none yet)."""
@@ -115,15 +118,23 @@ class RankTail:
 
     def take_requests(self) -> np.ndarray:
         """The finished-request rows (REQUEST_DTYPE) read since the last call, oldest first."""
-        out = join_rows(self._requests, REQUEST_DTYPE)
-        self._requests, self._pending = [], 0
-        return out
+        return self.take_traced_requests()[0]
 
-    def _keep_requests(self, rows: np.ndarray) -> None:
+    def take_traced_requests(self) -> tuple[np.ndarray, np.ndarray]:
+        """The finished-request rows (REQUEST_DTYPE) read since the last call, oldest first, and
+        the ``traceparent`` rows (REQUEST_TRACE_DTYPE) of those that had one."""
+        out = join_rows(self._requests, REQUEST_DTYPE)
+        traces = join_rows([t for t in self._traces if len(t)], REQUEST_TRACE_DTYPE)
+        self._requests, self._traces, self._pending = [], [], 0
+        return out, traces
+
+    def _keep_requests(self, rows: np.ndarray, traces: np.ndarray | None = None) -> None:
         self._requests.append(rows)
+        self._traces.append(np.zeros(0, REQUEST_TRACE_DTYPE) if traces is None else traces)
         self._pending += len(rows)
         while self._pending > MAX_PENDING_REQUESTS and self._requests:
             old = self._requests.pop(0)
+            self._traces.pop(0)
             self._pending -= len(old)
             self.counters.requests_dropped += len(old)
 
@@ -195,12 +206,12 @@ class RankTail:
                     break
             elif kind == KIND_SERVING and self.keep_requests:
                 try:
-                    reqs, _tokens = decode_serving(payload)
+                    got = decode_serving(payload)
                 except ValueError as e:
                     self._problem(st, f"{path.name}: {e}")
                     break
-                if len(reqs):
-                    self._keep_requests(reqs.copy())
+                if len(got.requests):
+                    self._keep_requests(got.requests.copy(), got.traces.copy())
             pos = end
         st.offset += pos
         return len(data)

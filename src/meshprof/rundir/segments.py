@@ -24,7 +24,10 @@ makes a batch), then the error texts and metadata of those events (JSON keyed by
 event id). The steps file holds ``STEPS`` chunks of STEP_TOTALS_DTYPE rows. A serving rank
 also appends a ``SERVING`` chunk per tick with something new: the requests finished since the
 last one (REQUEST_DTYPE rows; at the last write, also those still running, reason
-``unfinished``) and the token emissions (TOKEN_DTYPE rows), after a :data:`SERVING_HEAD`.
+``unfinished``) and the token emissions (TOKEN_DTYPE rows), after a :data:`SERVING_HEAD`;
+when some of those requests came with a W3C ``traceparent``, then a :data:`TRACES_HEAD` and
+their REQUEST_TRACE_DTYPE rows (a chunk without them, as every chunk written before they
+existed, ends after the token rows).
 
 Nothing is ever rewritten: the bytes written per collective are the bytes stored. A process
 killed without warning leaves everything it appended (the kernel keeps the page cache of a dead
@@ -49,6 +52,7 @@ from meshprof.events import (
     EVENT_DTYPE,
     MEMORY_DTYPE,
     REQUEST_DTYPE,
+    REQUEST_TRACE_DTYPE,
     SPAN_DTYPE,
     STEP_TOTALS_DTYPE,
     TOKEN_DTYPE,
@@ -75,6 +79,9 @@ KIND_SERVING = 4
 """One tick's finished requests and token emissions (a serving rank)."""
 SERVING_HEAD = struct.Struct("<II")
 """A serving chunk's head: request rows, token rows (8 bytes)."""
+TRACES_HEAD = struct.Struct("<I")
+"""The head of a serving chunk's optional third table, after the token rows: request-trace
+rows (4 bytes). Absent from a chunk without any (and from every chunk of earlier versions)."""
 
 BATCH_DTYPE = np.dtype(
     [
@@ -104,9 +111,14 @@ DTYPES = {
     "steps": STEP_TOTALS_DTYPE,
 }
 
-SERVING_DTYPES = {"requests": REQUEST_DTYPE, "tokens": TOKEN_DTYPE}
+SERVING_DTYPES = {
+    "requests": REQUEST_DTYPE,
+    "tokens": TOKEN_DTYPE,
+    "request_traces": REQUEST_TRACE_DTYPE,
+}
 """Layouts of the serving chunks' rows: in every header written since they exist; a file
-without them (an earlier version) has no serving chunk."""
+without them (an earlier version) has no serving chunk, and one without ``request_traces`` (an
+earlier version) no request-trace rows."""
 
 SEGMENT_RE = re.compile(r"^g(\d+)-(\d+)\.seg$")
 STEPS_RE = re.compile(r"^g(\d+)-steps\.seg$")
@@ -311,28 +323,61 @@ def _known_layout(dtypes: dict[str, str]) -> bool:
     return all(dtypes[name] == dtype_text(SERVING_DTYPES[name]) for name in extra)
 
 
-def serving_payload(requests: np.ndarray, tokens: np.ndarray) -> bytes:
-    """A serving chunk's payload: the head, the request rows, the token rows."""
-    return b"".join(
-        (
-            SERVING_HEAD.pack(len(requests), len(tokens)),
-            np.ascontiguousarray(requests, dtype=REQUEST_DTYPE).tobytes(),
-            np.ascontiguousarray(tokens, dtype=TOKEN_DTYPE).tobytes(),
-        )
-    )
+def serving_payload(
+    requests: np.ndarray, tokens: np.ndarray, traces: np.ndarray | None = None
+) -> bytes:
+    """A serving chunk's payload: the head, the request rows, the token rows; then, when
+    ``traces`` has rows, their head and the request-trace rows."""
+    parts = [
+        SERVING_HEAD.pack(len(requests), len(tokens)),
+        np.ascontiguousarray(requests, dtype=REQUEST_DTYPE).tobytes(),
+        np.ascontiguousarray(tokens, dtype=TOKEN_DTYPE).tobytes(),
+    ]
+    if traces is not None and len(traces):
+        parts.append(TRACES_HEAD.pack(len(traces)))
+        parts.append(np.ascontiguousarray(traces, dtype=REQUEST_TRACE_DTYPE).tobytes())
+    return b"".join(parts)
 
 
-def decode_serving(payload: memoryview) -> tuple[np.ndarray, np.ndarray]:
-    """A serving chunk's (request rows, token rows); ValueError when its sizes do not add up."""
+@dataclass(slots=True)
+class ServingChunk:
+    """One decoded serving chunk (read-only views of the file's bytes)."""
+
+    requests: np.ndarray
+    """REQUEST_DTYPE rows."""
+    tokens: np.ndarray
+    """TOKEN_DTYPE rows."""
+    traces: np.ndarray
+    """REQUEST_TRACE_DTYPE rows: the ``traceparent`` of those requests that had one (none in
+    a chunk of an earlier version)."""
+
+
+NO_TRACES = np.zeros(0, REQUEST_TRACE_DTYPE)
+NO_TRACES.flags.writeable = False
+
+
+def decode_serving(payload: memoryview) -> ServingChunk:
+    """A serving chunk, decoded (with or without its request-trace table); ValueError when its
+    sizes do not add up."""
     if len(payload) < SERVING_HEAD.size:
         raise ValueError("serving chunk shorter than its head")
     nr, nt = SERVING_HEAD.unpack_from(payload)
     o1 = SERVING_HEAD.size + nr * REQUEST_DTYPE.itemsize
-    if o1 + nt * TOKEN_DTYPE.itemsize != len(payload):
-        raise ValueError("serving chunk sizes do not add up")
-    return (
-        np.frombuffer(payload, REQUEST_DTYPE, nr, SERVING_HEAD.size),
-        np.frombuffer(payload, TOKEN_DTYPE, nt, o1),
+    o2 = o1 + nt * TOKEN_DTYPE.itemsize
+    n = len(payload)
+    traces = NO_TRACES
+    if o2 != n:
+        if o2 + TRACES_HEAD.size > n:
+            raise ValueError("serving chunk sizes do not add up")
+        (nx,) = TRACES_HEAD.unpack_from(payload, o2)
+        o3 = o2 + TRACES_HEAD.size
+        if o3 + nx * REQUEST_TRACE_DTYPE.itemsize != n:
+            raise ValueError("serving chunk sizes do not add up")
+        traces = np.frombuffer(payload, REQUEST_TRACE_DTYPE, nx, o3)
+    return ServingChunk(
+        requests=np.frombuffer(payload, REQUEST_DTYPE, nr, SERVING_HEAD.size),
+        tokens=np.frombuffer(payload, TOKEN_DTYPE, nt, o1),
+        traces=traces,
     )
 
 
@@ -384,11 +429,11 @@ def scan_rank_dir(path: Path) -> RankFiles | None:
 def iter_batches(
     files: RankFiles,
     problems: list[str] | None = None,
-    serving: list[tuple[np.ndarray, np.ndarray]] | None = None,
+    serving: list[ServingChunk] | None = None,
 ) -> Iterator[Batch]:
     """Every batch of the generation's segments, oldest first (a damaged batch ends its file;
-    what could not be read is appended to ``problems``). ``serving``: the serving chunks'
-    (request rows, token rows) are appended to it as they are read."""
+    what could not be read is appended to ``problems``). ``serving``: the serving chunks are
+    appended to it as they are read."""
     for seg in files.segments:
         got = read_chunks(seg)
         if got.problem:
@@ -456,9 +501,11 @@ __all__ = [
     "SERVING_DTYPES",
     "SERVING_HEAD",
     "TICK_S",
+    "TRACES_HEAD",
     "Batch",
     "FileChunks",
     "RankFiles",
+    "ServingChunk",
     "batch_payload",
     "chunk",
     "cursor_name",

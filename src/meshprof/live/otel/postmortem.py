@@ -98,7 +98,7 @@ def run_requests(run: LoadedRun, offsets: dict[int, int]) -> list[RequestRecord]
     out: list[RequestRecord] = []
     for r, rd in sorted(run.ranks.items()):
         if len(rd.requests):
-            out += request_records(rd.requests, r, offsets.get(r, 0))
+            out += request_records(rd.requests, r, offsets.get(r, 0), rd.request_traces)
     return sorted(out, key=lambda x: (x.arrival_ns, x.rank))
 
 

@@ -79,8 +79,10 @@ class RankFeed:
     def take_requests(self) -> list[RequestRecord]:
         """The requests the rank finished that :meth:`poll` read since the last call (on the
         common clock: the rank's offset once its meta is read)."""
-        rows = self.tail.take_requests()
-        return request_records(rows, self.rank, self.tables.offset_ns) if len(rows) else []
+        rows, traces = self.tail.take_traced_requests()
+        if not len(rows):
+            return []
+        return request_records(rows, self.rank, self.tables.offset_ns, traces)
 
     def _refresh_tables(self) -> None:
         meta = self.tail.meta()

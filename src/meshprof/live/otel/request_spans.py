@@ -5,16 +5,16 @@ One :class:`RequestRecord` (what a serving loop knows when a request finishes) b
 arrival to its last token, with the conventions' attributes (operation, provider, model,
 response id, input and output tokens, finish reasons, ``error.type``) and meshprof's figures
 of it (time to first token, time per output token, queue time; seconds). When the request came
-with a W3C ``traceparent`` header, the span is that caller's child, in the caller's trace: a
-slow request shows under the client's own span. Otherwise it starts a trace of its own, its ids
-derived from the run id and the request id (stable however often it is sent; the span id also
-from the rank, so that the ranks of a tensor-parallel ``generate()``, which each record the same
-requests, send one span each in one trace).
+with a W3C ``traceparent`` header, the span is that caller's child (a remote parent, its trace
+flags kept), in the caller's trace: a slow request shows under the client's own span. Otherwise
+it starts a trace of its own, its trace id derived from the run id and the request id. Either
+way its span id is derived from the run id, the rank and the request id: stable however often it
+is sent (the live exporter and ``meshprof export`` send the same ids), and one span per rank of
+a tensor-parallel ``generate()``, whose ranks each record the same requests.
 
 :func:`request_records` reads a serving rank's REQUEST_DTYPE rows (its segments' serving
-chunks) into records. Those rows hold no ``traceparent``: the request API takes none
-(:meth:`~meshprof.monitor.request_monitor.RequestMonitor.begin`), so a request read from a run
-directory starts a trace of its own (docs/opentelemetry.md says so).
+chunks) into records, with the REQUEST_TRACE_DTYPE rows of the requests that came with a
+``traceparent`` (``RequestMonitor.begin(..., traceparent=...)``).
 
 Definitions are ``vllm bench serve``'s: TTFT = first token − arrival; TPOT = (E2E − TTFT) /
 (output tokens − 1), for requests of more than one output token.
@@ -22,7 +22,6 @@ Definitions are ``vllm bench serve``'s: TTFT = first token − arrival; TPOT = (
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,8 +29,7 @@ import numpy as np
 
 from meshprof.events import FINISH_CODES, FINISH_REASONS
 from meshprof.live.otel.spans import AttrValue, SpanContextInfo, derived_id
-
-_TRACEPARENT = re.compile(r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
+from meshprof.records.trace_context import join_trace_id, parse_traceparent, traceparent_text
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,18 +77,6 @@ class RequestRecord:
         if ttft is None or self.output_tokens < 2:
             return None
         return (self.end_ns - self.arrival_ns - ttft) / (self.output_tokens - 1)
-
-
-def parse_traceparent(value: str) -> tuple[int, int, int] | None:
-    """(trace id, span id, flags) of a W3C ``traceparent`` header; None when it is not one
-    (a version ff, or an all-zero id, is not)."""
-    m = _TRACEPARENT.match(value.strip().lower())
-    if m is None or m.group(1) == "ff":
-        return None
-    trace, span = int(m.group(2), 16), int(m.group(3), 16)
-    if not trace or not span:
-        return None
-    return trace, span, int(m.group(4), 16)
 
 
 def request_attributes(rec: RequestRecord) -> dict[str, AttrValue]:
@@ -163,10 +149,25 @@ why: the conventions' fallback value)."""
 _UNFINISHED = FINISH_CODES["unfinished"]
 
 
-def request_records(rows: np.ndarray, rank: int, offset_ns: int = 0) -> list[RequestRecord]:
+def traceparents(traces: np.ndarray | None) -> dict[tuple[int, int], str]:
+    """The ``traceparent`` headers of REQUEST_TRACE_DTYPE rows, by (request id, arrival ns on
+    the rank's clock)."""
+    if traces is None or not len(traces):
+        return {}
+    return {
+        (rid, arrival): traceparent_text(join_trace_id(hi, lo), span, flags)
+        for rid, arrival, hi, lo, span, flags in traces.tolist()
+    }
+
+
+def request_records(
+    rows: np.ndarray, rank: int, offset_ns: int = 0, traces: np.ndarray | None = None
+) -> list[RequestRecord]:
     """The finished requests among REQUEST_DTYPE ``rows`` of ``rank`` (its own clock, plus
     ``offset_ns`` to the common one); the rows still running at the rank's last write
-    (``unfinished``) are not requests that finished and are left out."""
+    (``unfinished``) are not requests that finished and are left out. ``traces``: the
+    REQUEST_TRACE_DTYPE rows of those that came with a ``traceparent``."""
+    parents = traceparents(traces)
     out = []
     for r in rows[rows["reason"] != _UNFINISHED].tolist():
         rid, arrival, _queued, sched, first, _last, finished, prompt, output, code = r
@@ -183,6 +184,7 @@ def request_records(rows: np.ndarray, rank: int, offset_ns: int = 0) -> list[Req
                 output_tokens=int(output),
                 finish_reason=reason,
                 error_type=ERROR_TYPE if reason == "error" else "",
+                traceparent=parents.get((rid, arrival), "") if parents else "",
             )
         )
     return out
@@ -195,4 +197,5 @@ __all__ = [
     "request_attributes",
     "request_records",
     "request_span",
+    "traceparents",
 ]
