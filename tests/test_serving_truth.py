@@ -71,29 +71,36 @@ def test_latencies_agree_with_the_clients_clock(served: Path, cli) -> None:  # t
             assert abs(got - want) <= max(1e6, 0.05 * want), (fig, q, got / 1e6, want / 1e6)
 
 
-def _threshold(values: np.ndarray) -> float:
-    """A bound (ns) in the widest gap between two of the values between their 25th and 75th
-    percentiles: no request lies within the clocks' disagreement of it."""
+def _bounds(values: np.ndarray) -> list[float]:
+    """Every bound (ns) in a gap of more than 4 ms between two neighbouring values (no request
+    lies within the clocks' disagreement of it), the ones nearest the median first."""
     v = np.sort(values)
-    lo, hi = np.percentile(v, 25), np.percentile(v, 75)
-    mid = v[(v >= lo) & (v <= hi)]
-    gaps = np.diff(mid)
-    i = int(np.argmax(gaps))
-    assert gaps[i] > 4e6, "no gap of 4 ms between the middle values"
-    return float((mid[i] + mid[i + 1]) / 2)
+    i = np.flatnonzero(np.diff(v) > 4e6)
+    mids = (v[i] + v[i + 1]) / 2
+    return [float(x) for x in sorted(mids, key=lambda x: abs(x - np.median(v)))]
 
 
-def test_goodput_counts_the_requests_the_client_saw_meet_the_levels(served: Path, cli) -> None:  # type: ignore[no-untyped-def]
-    reqs = json.loads((served / CLIENT_FILE).read_text())["requests"]
-    truth = client_view(served)
-    b_ttft, b_tpot = _threshold(truth["ttft"]), _threshold(truth["tpot"])
+def _good(reqs: list[dict], b_ttft: float, b_tpot: float) -> int:  # type: ignore[type-arg]
+    """The requests that met both levels, by the client's own timestamps."""
     good = 0
     for r in reqs:
         t = r["token_ns"]
         first, last = t[0] - r["sent_ns"], t[-1] - r["sent_ns"]
         tpot = (last - first) / (len(t) - 1) if len(t) > 1 else 0.0
         good += first <= b_ttft and tpot <= b_tpot
-    assert 0 < good < len(reqs)
+    return good
+
+
+def test_goodput_counts_the_requests_the_client_saw_meet_the_levels(served: Path, cli) -> None:  # type: ignore[no-untyped-def]
+    reqs = json.loads((served / CLIENT_FILE).read_text())["requests"]
+    truth = client_view(served)
+    # levels that some requests meet and some miss (a fast first token and a slow decode can
+    # go together on a loaded machine: the two bounds are chosen together)
+    pairs = [(a, b) for a in _bounds(truth["ttft"]) for b in _bounds(truth["tpot"])]
+    judged = [(a, b, _good(reqs, a, b)) for a, b in pairs]
+    split = [x for x in judged if 0 < x[2] < len(reqs)]
+    assert split, "no levels that split the requests"
+    b_ttft, b_tpot, good = split[0]
     slo = f"ttft={b_ttft / 1e6:.3f}ms,tpot={b_tpot / 1e6:.3f}ms"
     g = _report(cli, served, "--slo", slo)["latencies"]["goodput"]
     assert g["good"] == good

@@ -5,7 +5,9 @@ column/row parallel over all ranks with DTensor's ``parallelize_module`` (transf
 plan needs a checkpoint to load), and one greedy ``generate()`` of PROMPTS prompts of different
 lengths (left padding) × NEW new tokens, no end-of-sequence token. Nothing of meshprof is
 imported. Its own truth, taken with its own clock and its own forward hook, goes to OUT (JSON):
-when ``generate`` was called and returned, when each forward ended.
+when ``generate`` was called and returned, when each forward ended, and when each token was
+chosen (its own stopping criterion, which never stops: ``generate`` calls it once a step, with
+the step's new token; a streaming client would see it then).
 
 usage: hf_generate_tp.py OUT [PROMPTS] [NEW]
 """
@@ -21,7 +23,18 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, StoppingCriteria, StoppingCriteriaList
+
+
+class _Stamp(StoppingCriteria):
+    """Notes the time each step's token was chosen; never stops."""
+
+    def __init__(self) -> None:
+        self.times: list[int] = []
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kw: object) -> torch.Tensor:
+        self.times.append(time.time_ns())
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool)
 
 
 def main() -> None:
@@ -66,9 +79,15 @@ def main() -> None:
     for i, n in enumerate(lengths):
         ids[i, width - n :] = torch.randint(2, cfg.vocab_size, (n,), generator=g)
         mask[i, width - n :] = 1
+    stamp = _Stamp()
     called = time.time_ns()
     result = model.generate(
-        ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False
+        ids,
+        attention_mask=mask,
+        max_new_tokens=new,
+        min_new_tokens=new,
+        do_sample=False,
+        stopping_criteria=StoppingCriteriaList([stamp]),
     )
     returned = time.time_ns()
     truth = {
@@ -76,6 +95,7 @@ def main() -> None:
         "called_ns": called,
         "returned_ns": returned,
         "forward_end_ns": forwards,
+        "token_ns": stamp.times,
         "prompt_tokens": lengths,
         "new_tokens": int(result.shape[1] - width),
     }
