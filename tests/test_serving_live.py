@@ -8,7 +8,9 @@ against its client's own timestamps and the fault it was given."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
 import json
 import time
 from pathlib import Path
@@ -175,6 +177,16 @@ def slow_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+def _report_latencies(run: Path) -> dict[str, Any]:
+    """``meshprof report RUN --json --steps all``'s serving latencies."""
+    from meshprof.cli import main
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert main(["report", str(run), "--json", "--steps", "all"]) == 0
+    return dict(json.loads(buf.getvalue())["serving"]["latencies"])
+
+
 @pytest.mark.slow
 @pytest.mark.serial  # the live window against the client's clock: delivery delays grow beside other jobs
 def test_live_records_agree_with_the_client(slow_run: Path) -> None:
@@ -187,10 +199,18 @@ def test_live_records_agree_with_the_client(slow_run: Path) -> None:
     assert h["ttft"].count == len(client) == sum(s0.requests_finished.values())
     assert h["itl"].count == len(gaps)
     assert h["output_tokens"].total == sum(len(r["token_ns"]) for r in client)
+    # the client's clock includes the hops client -> frontend -> server and back: on two
+    # loaded cores one of them took 14-28 ms for 3 of the 16 requests once, moving the p50 of 16
+    # by 6.5 % (the report over the same rows gave the live figure to the µs); the live window
+    # is checked against the client within 15 %, and against the report's figures over the
+    # same requests (which test_serving_truth checks against a client within 5 %) to 1 µs
     ttft = np.percentile([r["token_ns"][0] - r["sent_ns"] for r in client], 50) / 1e9
-    assert abs(s0.window.ttft_p50_s - ttft) <= max(1e-3, 0.05 * ttft)
+    assert abs(s0.window.ttft_p50_s - ttft) <= max(1e-3, 0.15 * ttft)
     itl = np.percentile(gaps, 50) / 1e9
-    assert abs(s0.window.itl_p50_s - itl) <= max(1e-3, 0.05 * itl)
+    assert abs(s0.window.itl_p50_s - itl) <= max(1e-3, 0.15 * itl)
+    rep = _report_latencies(slow_run)
+    assert abs(s0.window.ttft_p50_s - rep["ttft"]["p50"] / 1e9) <= 1e-6
+    assert abs(s0.window.itl_p50_s - rep["itl"]["p50"] / 1e9) <= 1e-6
     assert s0.window.slo_attainment == 0.0 and s0.good_requests == 0  # ttft <= 1 ms: none
     # rank 1 sleeps SLOW_MS in each decode step: its decode compute stands out (at least half
     # of it: on a loaded machine the ranks' own compute varies by tens of ms)
