@@ -56,7 +56,10 @@ def test_sleeping_rank_costs_the_measured_difference(runs, kind):
     assert abs(top.step_saving_ns - measured) <= 0.25 * measured, (top, measured)
     assert top.ci_low_ns > 0
     fast = _what_if(runs / kind / "fast")
-    assert fast.notable == (), fast.ranks
+    # the run without the sleep names nothing of the fault's order: 4 ranks on 2 cores leave
+    # real imbalances of a few ms (once rank 0: 1.1 ms a step, 1.3 % of the TP step, its
+    # interval above zero), which the what-if may name, never one of the 0.8 s sleep's size
+    assert all(c.step_saving_ns < 0.05 * measured for c in fast.notable), (fast.ranks, measured)
 
 
 RECORDED = Path(__file__).parent / "data" / "whatif_recorded"
