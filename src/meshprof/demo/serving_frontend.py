@@ -14,11 +14,11 @@ from multiprocessing.connection import Connection, Listener, wait
 from typing import cast
 
 
-def _accept(address: tuple[str, int], authkey: bytes, timeout_s: float) -> Connection | None:
+def _accept(listener: Listener, timeout_s: float) -> Connection | None:
     import threading
 
     got: list[Connection] = []
-    with Listener(address, authkey=authkey) as listener:
+    with listener:
         t = threading.Thread(target=lambda: got.append(listener.accept()), daemon=True)
         t.start()
         t.join(timeout_s)
@@ -28,11 +28,21 @@ def _accept(address: tuple[str, int], authkey: bytes, timeout_s: float) -> Conne
 def frontend_main(
     client_at: tuple[str, int], engine_at: tuple[str, int], authkey: bytes, timeout_s: float
 ) -> int:
-    """Serve one client at ``client_at`` for the driver that connects at ``engine_at``."""
-    engine = _accept(engine_at, authkey, timeout_s)
+    """Serve one client at ``client_at`` for the driver that connects at ``engine_at`` (port 0:
+    one the system picks). Both are listened on before anything else, and the line
+    ``ports CLIENT ENGINE`` printed (the ports bound: nobody else can take them meanwhile)."""
+    at_client = Listener(client_at, authkey=authkey)
+    at_engine = Listener(engine_at, authkey=authkey)
+    ports = (
+        cast(tuple[str, int], at_client.address)[1],
+        cast(tuple[str, int], at_engine.address)[1],
+    )
+    print(f"ports {ports[0]} {ports[1]}", flush=True)
+    engine = _accept(at_engine, timeout_s)
     if engine is None:
+        at_client.close()
         return 1
-    client = _accept(client_at, authkey, timeout_s)
+    client = _accept(at_client, timeout_s)
     if client is None:
         engine.send(("done",))
         return 1

@@ -30,11 +30,27 @@ def run_serving(
 ) -> list[dict[str, Any]]:
     """Serve ``load`` with ``tp`` ranks into ``out``; the ranks' counts."""
     from meshprof.commands.version import versions
-    from meshprof.launch.spawn import free_port, run_ranks
+    from meshprof.launch.spawn import run_ranks
     from meshprof.rundir import write_manifest
 
     out.mkdir(parents=True, exist_ok=True)
-    port, engine = free_port(), free_port()
+    front = [
+        sys.executable, "-m", "meshprof.demo.serving_frontend",
+        "--client", "127.0.0.1:0",
+        "--engine", "127.0.0.1:0",
+        "--authkey", cfg.authkey.decode(),
+        "--timeout", str(timeout_s),
+    ]  # fmt: skip
+    # the frontend binds both ports itself and says which (ports picked here and bound later
+    # were taken by parallel jobs: a client then met another demo's frontend)
+    frontend = subprocess.Popen(front, env=dict(os.environ), stdout=subprocess.PIPE, text=True)
+    assert frontend.stdout is not None
+    line = frontend.stdout.readline().split()
+    if len(line) != 3 or line[0] != "ports":
+        frontend.kill()
+        frontend.wait()
+        raise MeshprofError("serving demo: the frontend did not start")
+    port, engine = int(line[1]), int(line[2])
     cfg = dataclasses.replace(cfg, address=("127.0.0.1", engine))
     write_manifest(
         out,
@@ -60,14 +76,6 @@ def run_serving(
         "--vocab", str(cfg.model.vocab_size),
         "--timeout", str(timeout_s),
     ]  # fmt: skip
-    front = [
-        sys.executable, "-m", "meshprof.demo.serving_frontend",
-        "--client", f"127.0.0.1:{port}",
-        "--engine", f"127.0.0.1:{engine}",
-        "--authkey", cfg.authkey.decode(),
-        "--timeout", str(timeout_s),
-    ]  # fmt: skip
-    frontend = subprocess.Popen(front, env=dict(os.environ))
     client = subprocess.Popen(cmd, env=dict(os.environ))
     try:
         results = run_ranks(serve_worker, tp, (cfg, str(out)), backend="gloo", timeout=timeout_s)
