@@ -199,15 +199,14 @@ def test_live_records_agree_with_the_client(slow_run: Path) -> None:
     assert h["ttft"].count == len(client) == sum(s0.requests_finished.values())
     assert h["itl"].count == len(gaps)
     assert h["output_tokens"].total == sum(len(r["token_ns"]) for r in client)
-    # the client's clock includes the hops client -> frontend -> server and back: on two
-    # loaded cores one of them took 14-28 ms for 3 of the 16 requests once, moving the p50 of 16
-    # by 6.5 % (the report over the same rows gave the live figure to the µs); the live window
-    # is checked against the client within 5 % + 20 ms of hops (TTFT) or 15 % (ITL), and against the report's figures over the
-    # same requests (which test_serving_truth checks against a client within 5 %) to 1 µs
+    # the client's clock includes the hops client -> frontend -> server and back (0.2-1.5 ms
+    # since the sockets send at once: Nagle's algorithm held a request up to 40 ms before): the
+    # live window is checked against the client within max(1 ms, 5 %), and against the
+    # report's figures over the same requests (which test_serving_truth checks alike) to 1 µs
     ttft = np.percentile([r["token_ns"][0] - r["sent_ns"] for r in client], 50) / 1e9
-    assert abs(s0.window.ttft_p50_s - ttft) <= max(1e-3, 0.05 * ttft) + 0.02  # + the hops
+    assert abs(s0.window.ttft_p50_s - ttft) <= max(1e-3, 0.05 * ttft)
     itl = np.percentile(gaps, 50) / 1e9
-    assert abs(s0.window.itl_p50_s - itl) <= max(1e-3, 0.15 * itl)
+    assert abs(s0.window.itl_p50_s - itl) <= max(1e-3, 0.05 * itl)
     rep = _report_latencies(slow_run)
     assert abs(s0.window.ttft_p50_s - rep["ttft"]["p50"] / 1e9) <= 1e-6
     assert abs(s0.window.itl_p50_s - rep["itl"]["p50"] / 1e9) <= 1e-6

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -63,12 +65,29 @@ class _Request:
     reason: str = ""
 
 
+def no_delay(conn: Any) -> Any:
+    """``conn`` (a ``multiprocessing.connection`` over TCP) with Nagle's algorithm off, as
+    serving stacks set their sockets (uvicorn, gRPC): a small message is sent at once, not held
+    until the peer acknowledges the one before, which the peer's delayed acknowledgement can
+    hold up to 40 ms (measured here: a request sent 2–20 ms after another reached the frontend
+    26–42 ms late). Returns ``conn``."""
+    s = socket.socket(fileno=os.dup(conn.fileno()))  # (the option belongs to the socket)
+    try:
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    except OSError:
+        pass
+    finally:
+        s.close()
+    return conn
+
+
 def connect(address: tuple[str, int], authkey: bytes, timeout_s: float) -> Any:
-    """A connection to the server, retried until it listens (or ``timeout_s`` passed)."""
+    """A connection to the server, retried until it listens (or ``timeout_s`` passed), with
+    Nagle's algorithm off (:func:`no_delay`)."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            return Client(address, authkey=authkey)
+            return no_delay(Client(address, authkey=authkey))
         except OSError:
             if time.monotonic() > deadline:
                 raise

@@ -17,9 +17,11 @@ from typing import cast
 def _accept(listener: Listener, timeout_s: float) -> Connection | None:
     import threading
 
+    from meshprof.demo.serving_client import no_delay
+
     got: list[Connection] = []
     with listener:
-        t = threading.Thread(target=lambda: got.append(listener.accept()), daemon=True)
+        t = threading.Thread(target=lambda: got.append(no_delay(listener.accept())), daemon=True)
         t.start()
         t.join(timeout_s)
     return got[0] if got else None

@@ -21,6 +21,7 @@ from meshprof.events import EVENT_DTYPE, MEMORY_DTYPE, SPAN_DTYPE, SPAN_KINDS, S
 from meshprof.layout import Layout
 from meshprof.monitor.flop_counter import count_flops, detect_peak_tflops
 from meshprof.monitor.memory_sampler import sample_memory
+from meshprof.monitor.memory_sampler import warm as warm_memory_sampler
 from meshprof.records.rank_meta import GroupRecord
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -137,6 +138,8 @@ class StepMonitor:
         self.warmup_steps = warmup_steps
         self.device = device
         self.sample_memory = sample_memory_every_step
+        if sample_memory_every_step:
+            warm_memory_sampler()  # (the first step's end would pay for it)
         self._spans: deque[tuple[Any, ...]] = deque(maxlen=max_spans)
         self._memory: deque[tuple[int, ...]] = deque(maxlen=max_spans)
         self._names: list[str] = []
