@@ -3,6 +3,7 @@ the merged trace of a long run keeps its last whole steps."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -11,7 +12,13 @@ import pytest
 
 from data.meshprof_synth import MS, synthetic_run
 from meshprof.analyze.compute.intervals import Segments, clipped_total
-from meshprof.analyze.compute.sorting import group_seq_key, lexsort2, stable_argsort, unique_inverse
+from meshprof.analyze.compute.sorting import (
+    equal_runs,
+    group_seq_key,
+    lexsort2,
+    stable_argsort,
+    unique_inverse,
+)
 from meshprof.analyze.run.events.clock import align_clocks
 from meshprof.analyze.run.events.match import match_collectives
 from meshprof.analyze.run.events.table import build_event_table
@@ -31,6 +38,19 @@ def test_sorts_match_numpy(span):
         u, inv = unique_inverse(a)
         u2, inv2 = np.unique(a, return_inverse=True)
         assert (u == u2).all() and (inv == inv2.reshape(-1)).all()
+
+
+def test_equal_runs_are_itertools_groupby_runs():
+    rng = np.random.default_rng(2)
+    for n in (0, 1, 2, 50, 3000):
+        k = np.sort(rng.integers(0, max(n // 3, 1), n))
+        runs, i = [], 0
+        for _v, g in itertools.groupby(k.tolist()):
+            m = len(list(g))
+            runs.append((i, i + m))
+            i += m
+        for min_len in (1, 2, 3):
+            assert equal_runs(k, min_len) == [(a, b) for a, b in runs if b - a >= min_len]
 
 
 def test_group_seq_key_orders_and_equals_like_the_pair():

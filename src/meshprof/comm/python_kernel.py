@@ -68,13 +68,7 @@ class PythonKernel:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             for spec in available_specs():
-                op = getattr(torch.ops.c10d, spec.schema_name).default
-                lib.impl(
-                    spec.schema_name,
-                    _make_kernel(self, spec, _KernelTable(op)),
-                    "BackendSelect",
-                    with_keyset=True,
-                )
+                self._register(lib, spec)
         self._lib = lib
         self._wait_lib = _install_wait_tensor(self.prof.completion.tensor_waited)
         patch_work_wait(
@@ -86,18 +80,21 @@ class PythonKernel:
         (it raises PyTorch's once-per-process warning about overriding a kernel as a Python
         warning, suppressed here, instead of on stderr when the native kernel is registered
         over this one)."""
-        spec = available_specs()[0]
-        op = getattr(torch.ops.c10d, spec.schema_name).default
         lib = torch.library.Library("c10d", "IMPL")
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            lib.impl(
-                spec.schema_name,
-                _make_kernel(self, spec, _KernelTable(op)),
-                "BackendSelect",
-                with_keyset=True,
-            )
+            self._register(lib, available_specs()[0])
         lib._destroy()
+
+    def _register(self, lib: Any, spec: OpSpec) -> None:
+        """This kernel as ``lib``'s BackendSelect implementation of ``spec``'s c10d op."""
+        op = getattr(torch.ops.c10d, spec.schema_name).default
+        lib.impl(
+            spec.schema_name,
+            _make_kernel(self, spec, _KernelTable(op)),
+            "BackendSelect",
+            with_keyset=True,
+        )
 
     def uninstall(self) -> None:
         self._patches.undo()

@@ -8,6 +8,7 @@ collectives on ranks of their own (``bench``, ``doctor``) when they are not unde
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from meshprof.errors import MeshprofError
 
@@ -65,4 +66,20 @@ def local_nproc(args: argparse.Namespace) -> int:
     return nproc
 
 
-__all__ = ["DEFAULT_NPROC", "add_json_option", "add_rank_options", "backend_of", "local_nproc"]
+def option_number(value: str, option: str, kind: type = float) -> Any:
+    """An option's text as a ``kind`` (float, int); a :class:`MeshprofError` naming ``option``
+    (``--alert-interval 'x': expected a number``) when it is not one."""
+    try:
+        return kind(value)
+    except (TypeError, ValueError):
+        raise MeshprofError(f"{option} {value!r}: expected a number") from None
+
+
+__all__ = [
+    "DEFAULT_NPROC",
+    "add_json_option",
+    "add_rank_options",
+    "backend_of",
+    "local_nproc",
+    "option_number",
+]

@@ -79,11 +79,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _otlp(args: argparse.Namespace) -> int:
-    from meshprof.commands.run_alert_options import _number
+    from meshprof.commands.arguments import option_number
     from meshprof.live.otel.postmortem import export_run
     from meshprof.live.otel.settings import check_installed, resolve_settings
 
-    every = _number(args.every, "--every", int)
+    every = option_number(args.every, "--every", int)
     settings = resolve_settings(args.endpoint, args.protocol, what="--endpoint")
     if settings is None or settings.traces is None:
         raise MeshprofError(

@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from meshprof.commands.arguments import option_number
 from meshprof.commands.run_alert_options import (
-    _number,
     add_alert_options,
     add_capture_options,
     alert_config_from_args,
@@ -249,22 +249,22 @@ def options_from_args(args: argparse.Namespace, argv: list[str] | None = None) -
         run_dir=Path(args.output) if args.output else None,
         nproc_per_node=str(args.nproc_per_node),
         nnodes=str(args.nnodes),
-        node_rank=_number(args.node_rank, "--node-rank", int),
+        node_rank=option_number(args.node_rank, "--node-rank", int),
         torchrun={k: str(v) for k, v in torchrun.items() if v is not None},
         standalone=args.standalone,
-        flush_interval_s=_number(args.flush_interval, "--flush-interval"),
-        hang_timeout_s=_number(args.hang_timeout, "--hang-timeout"),
-        live_interval_s=_number(args.live_interval, "--live-interval"),
+        flush_interval_s=option_number(args.flush_interval, "--flush-interval"),
+        hang_timeout_s=option_number(args.hang_timeout, "--hang-timeout"),
+        live_interval_s=option_number(args.live_interval, "--live-interval"),
         alerts=alert_config_from_args(args),
         capture=capture_config_from_args(args),
         capture_agent=not args.no_capture,
         requests_from_any_user=args.requests_from_any_user,
         hang_action=args.hang_action,
         step_detect=args.step_detect,
-        max_events=_number(args.max_events, "--max-events", int)
+        max_events=option_number(args.max_events, "--max-events", int)
         if args.max_events is not None
         else None,
-        metrics_port=_number(args.metrics_port, "--metrics-port", int)
+        metrics_port=option_number(args.metrics_port, "--metrics-port", int)
         if args.metrics_port is not None
         else None,
         metrics_addr=args.metrics_addr,

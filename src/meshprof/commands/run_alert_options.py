@@ -6,10 +6,10 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
 from meshprof.analyze.live.alert_config import AlertConfig
 from meshprof.analyze.live.capture_targets import CaptureConfig
+from meshprof.commands.arguments import option_number
 from meshprof.errors import MeshprofError
 
 
@@ -203,10 +203,10 @@ def capture_config_from_args(args: argparse.Namespace) -> CaptureConfig:
     on = tuple(t.strip() for t in (args.capture_on or "").split(",") if t.strip())
     return CaptureConfig(
         on=on,
-        steps=_number(args.capture_steps, "--capture-steps", int),
-        max_per_hour=_number(args.capture_max_per_hour, "--capture-max-per-hour", int),
+        steps=option_number(args.capture_steps, "--capture-steps", int),
+        max_per_hour=option_number(args.capture_max_per_hour, "--capture-max-per-hour", int),
         max_bytes=max_bytes,
-        timeout_s=_number(args.capture_timeout, "--capture-timeout"),
+        timeout_s=option_number(args.capture_timeout, "--capture-timeout"),
     )
 
 
@@ -215,33 +215,26 @@ def alert_config_from_args(args: argparse.Namespace) -> AlertConfig:
     return AlertConfig(
         enabled=not args.no_alerts,
         command=args.alert_cmd or None,
-        command_interval_s=_number(args.alert_interval, "--alert-interval"),
-        step_regression_pct=_number(args.alert_step_regression, "--alert-step-regression"),
-        throughput_drop_pct=_number(args.alert_throughput_drop, "--alert-throughput-drop"),
-        memory_pct=_number(args.alert_memory, "--alert-memory"),
-        memory_growth_pct=_number(args.alert_memory_growth, "--alert-memory-growth"),
-        inflight_s=_number(args.alert_inflight, "--alert-inflight"),
-        stall_factor=_number(args.alert_stall, "--alert-stall"),
-        stall_floor_s=_number(args.alert_stall_floor, "--alert-stall-floor"),
-        hang_floor_s=_number(args.alert_hang_floor, "--alert-hang-floor"),
-        noise_k=_number(args.alert_noise_k, "--alert-noise-k"),
-        hold_looks=_number(args.alert_hold_looks, "--alert-hold-looks", int),
-        hold_s=_number(args.alert_hold_seconds, "--alert-hold-seconds"),
+        command_interval_s=option_number(args.alert_interval, "--alert-interval"),
+        step_regression_pct=option_number(args.alert_step_regression, "--alert-step-regression"),
+        throughput_drop_pct=option_number(args.alert_throughput_drop, "--alert-throughput-drop"),
+        memory_pct=option_number(args.alert_memory, "--alert-memory"),
+        memory_growth_pct=option_number(args.alert_memory_growth, "--alert-memory-growth"),
+        inflight_s=option_number(args.alert_inflight, "--alert-inflight"),
+        stall_factor=option_number(args.alert_stall, "--alert-stall"),
+        stall_floor_s=option_number(args.alert_stall_floor, "--alert-stall-floor"),
+        hang_floor_s=option_number(args.alert_hang_floor, "--alert-hang-floor"),
+        noise_k=option_number(args.alert_noise_k, "--alert-noise-k"),
+        hold_looks=option_number(args.alert_hold_looks, "--alert-hold-looks", int),
+        hold_s=option_number(args.alert_hold_seconds, "--alert-hold-seconds"),
         memory_growth_floor_bytes=_size(
             args.alert_memory_growth_floor, "--alert-memory-growth-floor"
         ),
-        straggler_pct=_number(args.alert_straggler, "--alert-straggler"),
-        straggler_looks=_number(args.alert_straggler_looks, "--alert-straggler-looks", int),
-        decode_straggler_pct=_number(args.alert_decode_straggler, "--alert-decode-straggler"),
-        slo_attainment_pct=_number(args.alert_slo_attainment, "--alert-slo-attainment"),
+        straggler_pct=option_number(args.alert_straggler, "--alert-straggler"),
+        straggler_looks=option_number(args.alert_straggler_looks, "--alert-straggler-looks", int),
+        decode_straggler_pct=option_number(args.alert_decode_straggler, "--alert-decode-straggler"),
+        slo_attainment_pct=option_number(args.alert_slo_attainment, "--alert-slo-attainment"),
     )
-
-
-def _number(value: str, option: str, kind: type = float) -> Any:
-    try:
-        return kind(value)
-    except (TypeError, ValueError):
-        raise MeshprofError(f"{option} {value!r}: expected a number") from None
 
 
 def _size(value: str, option: str) -> int:

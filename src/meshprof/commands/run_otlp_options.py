@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from meshprof.commands.run_alert_options import _number
+from meshprof.commands.arguments import option_number
 from meshprof.errors import MeshprofError
 from meshprof.live.otel.settings import OtlpSettings, check_installed, resolve_settings
 from meshprof.live.otel.trace_sampling import TraceSampling
@@ -53,8 +53,8 @@ def add_otlp_options(p: argparse.ArgumentParser) -> None:
 def otlp_settings_from_args(args: argparse.Namespace) -> OtlpSettings | None:
     """The OTLP settings of ``meshprof run``'s arguments and the environment (None: off)."""
     sampling = TraceSampling(
-        every=_number(args.otlp_every, "--otlp-every", int),
-        slow=_number(args.otlp_slow, "--otlp-slow"),
+        every=option_number(args.otlp_every, "--otlp-every", int),
+        slow=option_number(args.otlp_slow, "--otlp-slow"),
     )
     settings = resolve_settings(args.otlp_endpoint, args.otlp_protocol, sampling=sampling)
     if settings is not None and args.otlp_endpoint is None:

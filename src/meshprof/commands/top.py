@@ -17,7 +17,7 @@ from rich.console import Console, RenderableType
 
 from meshprof.analyze.live.snapshot import read_snapshot, snapshot_to_dict
 from meshprof.analyze.live.top_table import SORT_KEYS, build_top_table
-from meshprof.commands.arguments import add_json_option
+from meshprof.commands.arguments import add_json_option, option_number
 from meshprof.errors import MeshprofError
 from meshprof.records.live import LiveSnapshot
 from meshprof.render.live_top import render_top, render_waiting
@@ -77,10 +77,7 @@ def check_run_dir(path: Path) -> None:
 
 
 def _positive(value: str, option: str, kind: type = float) -> float:
-    try:
-        v = kind(value)
-    except (TypeError, ValueError):
-        raise MeshprofError(f"{option} {value!r}: expected a number") from None
+    v = option_number(value, option, kind)
     if not v > 0:
         raise MeshprofError(f"{option} {value}: must be > 0")
     return float(v)

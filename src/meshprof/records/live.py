@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
-from meshprof.records.codec import dataclass_to_json, from_json, json_key
+from meshprof.records.codec import CodedRecord, json_key
 from meshprof.records.finding import Finding, Severity
 from meshprof.records.members import check_world
 from meshprof.records.serving import ServingLive
@@ -92,8 +91,12 @@ class DimLive:
 
 
 @dataclass(slots=True)
-class RankLive:
-    """One rank's live state (``RUN_DIR/live/rank{R}.json``)."""
+class RankLive(CodedRecord):
+    """One rank's live state (``RUN_DIR/live/rank{R}.json``); ``to_dict`` / ``from_dict`` by the
+    codec's rule (unknown keys ignored, missing ones take their defaults; a value of the wrong
+    type raises :class:`~meshprof.records.codec.RecordError`)."""
+
+    JSON_WHAT = "live record"
 
     rank: int
     """Global rank."""
@@ -183,16 +186,6 @@ class RankLive:
         check_world(self.rank, "live.rank", low=0)
         check_world(self.world_size, "live.world_size")
 
-    def to_dict(self) -> dict[str, Any]:
-        """The JSON record."""
-        return dataclass_to_json(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> RankLive:
-        """A record read back (unknown keys ignored, missing ones take their defaults; a value
-        of the wrong type raises :class:`~meshprof.records.codec.RecordError`)."""
-        return from_json(cls, d, "live record")
-
     @property
     def age_ns(self) -> int:
         """How old this record is now."""
@@ -209,11 +202,14 @@ class RankLive:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Alert(Finding):
+class Alert(Finding, CodedRecord):
     """One alert raised by a live rule (kind: straggler, step_regression, throughput_drop,
     memory, memory_growth, inflight, stall, stale; severity warning or critical); ``title`` is
-    written ``message`` in the JSON line. Every rule gives ``value`` and ``threshold`` in one SI
-    unit, named by ``unit``: a ratio (0.25 for 25 %), bytes or seconds."""
+    written ``message`` in the JSON line of ``alerts.jsonl`` (``to_dict`` / ``from_dict``).
+    Every rule gives ``value`` and ``threshold`` in one SI unit, named by ``unit``: a ratio
+    (0.25 for 25 %), bytes or seconds."""
+
+    JSON_WHAT = "alert"
 
     title: str = field(metadata=json_key("message"))
     """One line for people (its figures may be in ms, GiB or %; the fields are SI)."""
@@ -241,15 +237,6 @@ class Alert(Finding):
     def message(self) -> str:
         """One line for people (the title)."""
         return self.title
-
-    def to_dict(self) -> dict[str, Any]:
-        """The JSON line of ``alerts.jsonl``."""
-        return dataclass_to_json(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Alert:
-        """An alert read back (unknown keys ignored)."""
-        return from_json(cls, d, "alert")
 
 
 @dataclass(slots=True)

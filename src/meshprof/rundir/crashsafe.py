@@ -28,7 +28,7 @@ import numpy as np
 from meshprof.events import EVENT_DTYPE, MEMORY_DTYPE, SPAN_DTYPE
 from meshprof.rundir.json_file import read_json
 from meshprof.rundir.rankfile import RankData, write_rank_file
-from meshprof.rundir.schema import ExitStatus, RankMeta
+from meshprof.rundir.schema import ExitStatus, RankMeta, launcher_exit
 
 CRASHSAFE_DIR = "crashsafe"
 """Folder of the mapped files inside the run directory."""
@@ -230,10 +230,7 @@ def finalize_crashsafe(
             except MeshprofError:
                 old = None
             if is_newer_than(rec, old):
-                ex = (exits or {}).get(r)
-                pid = (pids or {}).get(r)
-                if pid is not None and rec.meta.pid is not None and pid != rec.meta.pid:
-                    ex = None
+                ex = launcher_exit(exits, pids, r, rec.meta.pid)
                 if ex is not None:
                     rec.meta = rec.meta.updated(exit=ex)
                 try:

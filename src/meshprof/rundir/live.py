@@ -19,6 +19,7 @@ from meshprof.records.live import Alert, RankLive
 from meshprof.rundir.atomic import FILE_MODE, atomic_write_text
 from meshprof.rundir.confine import make_dirs
 from meshprof.rundir.json_file import TooLargeError, loads, read_json
+from meshprof.rundir.segment_tail import read_json_lines
 
 LIVE_DIR = "live"
 ALERTS_FILE = "alerts.jsonl"
@@ -152,6 +153,22 @@ def read_alerts(run_dir: str | os.PathLike[str], last: int = 100) -> list[Alert]
                 if isinstance(d, dict):
                     out.append(Alert.from_dict(d))
     return out
+
+
+def alerts_after(
+    run_dir: str | os.PathLike[str], offset: int, max_bytes: int = 1 << 20
+) -> tuple[list[Alert], int]:
+    """The alerts appended to ``RUN_DIR/live/alerts.jsonl`` after byte ``offset`` (at most
+    ``max_bytes`` read; a line not yet ended is left for the next call; lines that are no alert
+    are skipped), oldest first, and the offset to read from next."""
+    lines, offset = read_json_lines(live_dir(run_dir) / ALERTS_FILE, offset, max_bytes=max_bytes)
+    out: list[Alert] = []
+    for d in lines:
+        try:
+            out.append(Alert.from_dict(d))
+        except (RecordError, TypeError, ValueError):
+            continue
+    return out, offset
 
 
 def _tail(path: Path, nbytes: int) -> str:

@@ -87,6 +87,22 @@ def rank_of_name(digits: str) -> int | None:
     return int(digits)
 
 
+def launcher_exit(
+    exits: dict[int, ExitStatus] | None,
+    pids: dict[int, int] | None,
+    rank: int,
+    meta_pid: int | None,
+) -> ExitStatus | None:
+    """The exit the launcher saw for ``rank`` (``exits``) when it is the exit of the process a
+    rank's record is from (``meta_pid``): None when none was seen, or when ``pids`` (rank -> the
+    pid the exit belongs to) names another process (a restarted worker is not given its
+    predecessor's exit)."""
+    pid = (pids or {}).get(rank)
+    if pid is not None and meta_pid is not None and pid != meta_pid:
+        return None
+    return (exits or {}).get(rank)
+
+
 def node_record_path(run_dir: str | Path, node_id: str) -> Path:
     """Where the launcher ``node_id`` keeps its node record (``DIR/nodes/<safe id>.json``)."""
     safe = re.sub(r"[^A-Za-z0-9_.-]", "_", node_id) or "node"
@@ -175,6 +191,7 @@ __all__ = [
     "RankMeta",
     "device_kind",
     "job_device_kind",
+    "launcher_exit",
     "node_record_path",
     "rank_dir",
     "rank_entries",

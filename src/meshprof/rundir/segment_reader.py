@@ -33,7 +33,7 @@ from meshprof.records.rank_meta import Recovered
 from meshprof.rundir.atomic import atomic_write_text
 from meshprof.rundir.json_file import read_bytes
 from meshprof.rundir.rankfile import RankData, lean_events, parse_meta
-from meshprof.rundir.schema import ExitStatus, RankMeta, rank_entries
+from meshprof.rundir.schema import ExitStatus, RankMeta, launcher_exit, rank_entries
 from meshprof.rundir.segments import (
     RANK_DIR_RE,
     ServingChunk,
@@ -226,10 +226,7 @@ def finalize_rank_dirs(
             continue
         if node_id and m.node_id and m.node_id != node_id:
             continue
-        ex = (exits or {}).get(r)
-        pid = (pids or {}).get(r)
-        if pid is not None and m.pid is not None and pid != m.pid:
-            ex = None
+        ex = launcher_exit(exits, pids, r, m.pid)
         try:
             raw["recovered"] = m.recovered.to_dict()
             if ex is not None:

@@ -200,11 +200,7 @@ class SegmentWriter:
                 and time.monotonic() - self._seg_opened >= self.limits.segment_s
             ):
                 self._rotate()
-            data = chunk(KIND_BATCH, payload)
-            self._append(self._seg_fd, data, self._seg_size)
-            self._seg_size += len(data)
-            seg = self._seg
-            assert seg is not None
+            seg = self._append_chunk(KIND_BATCH, payload)
             seg.events += events
             seg.spans += spans
             seg.last_ns = t_ns
@@ -222,11 +218,7 @@ class SegmentWriter:
             self._ensure_segment()
             if self._seg_size >= self.limits.segment_bytes:
                 self._rotate()
-            data = chunk(KIND_SERVING, payload)
-            self._append(self._seg_fd, data, self._seg_size)
-            self._seg_size += len(data)
-            seg = self._seg
-            assert seg is not None
+            seg = self._append_chunk(KIND_SERVING, payload)
             seg.requests += requests
             seg.tokens += tokens
             seg.last_ns = max(seg.last_ns, t_ns)
@@ -236,6 +228,16 @@ class SegmentWriter:
         except OSError as e:
             self._stop(e)
             return False
+
+    def _append_chunk(self, kind: int, payload: bytes) -> _Segment:
+        """Append one chunk of ``kind`` to the open segment; returns the segment (raises
+        OSError)."""
+        data = chunk(kind, payload)
+        self._append(self._seg_fd, data, self._seg_size)
+        self._seg_size += len(data)
+        seg = self._seg
+        assert seg is not None
+        return seg
 
     def append_steps(self, rows: bytes) -> bool:
         """Append per-step totals (STEP_TOTALS_DTYPE rows as bytes) to the steps file."""

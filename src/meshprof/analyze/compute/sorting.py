@@ -10,6 +10,8 @@ plain numpy sort is used. The results are identical either way.
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
 
@@ -52,6 +54,16 @@ def unique_inverse(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     inv = np.empty(len(v), dtype=np.int64)
     inv[o] = np.cumsum(new) - 1
     return s[new], inv
+
+
+def equal_runs(sorted_keys: np.ndarray, min_len: int = 1) -> list[tuple[int, int]]:
+    """The runs of equal values of a sorted (or grouped) 1-d array as ``(lo, hi)`` index
+    ranges, in order, keeping those of at least ``min_len`` elements."""
+    k = np.asarray(sorted_keys)
+    if not len(k):
+        return []
+    bounds = np.flatnonzero(np.r_[True, k[1:] != k[:-1], True]).tolist()
+    return [(lo, hi) for lo, hi in itertools.pairwise(bounds) if hi - lo >= min_len]
 
 
 def group_seq_key(gid: np.ndarray, seq: np.ndarray) -> np.ndarray:

@@ -58,12 +58,10 @@ from meshprof.live.otel.step_events import (
     capture_state,
 )
 from meshprof.live.otel.trace_sampling import StepBook
-from meshprof.records.codec import RecordError
 from meshprof.records.live import Alert
 from meshprof.rundir.captures import list_captures
-from meshprof.rundir.live import ALERTS_FILE, live_dir
+from meshprof.rundir.live import alerts_after
 from meshprof.rundir.schema import RANK_DIR_RE, rank_entries
-from meshprof.rundir.segment_tail import read_json_lines
 
 TICK_S = 0.5
 """Seconds between two looks at the run directory."""
@@ -278,13 +276,8 @@ class OtlpAgent:
     def _read_alerts(self, place: bool) -> None:
         """Count the new alerts (``meshprof.alerts``); with ``place``, keep them to place as
         events of their steps."""
-        path = live_dir(self.run_dir) / ALERTS_FILE
-        lines, self._alerts_offset = read_json_lines(path, self._alerts_offset)
-        for d in lines:
-            try:
-                alert = Alert.from_dict(d)
-            except (RecordError, TypeError, ValueError):
-                continue
+        alerts, self._alerts_offset = alerts_after(self.run_dir, self._alerts_offset)
+        for alert in alerts:
             self.figures.count_alert(alert)
             if place and len(self._unplaced) < MAX_PENDING_EVENTS:
                 self._unplaced.append(alert)

@@ -40,12 +40,9 @@ from meshprof.live.otel.spans import (
 )
 from meshprof.live.otel.step_events import alert_event, capture_event, capture_start_step
 from meshprof.live.otel.steps import JobStep, RankStep, RankTables, join_arrivals, rank_steps
-from meshprof.records.codec import RecordError
-from meshprof.records.live import Alert
 from meshprof.rundir import LoadedRun, load_run
 from meshprof.rundir.captures import list_captures
-from meshprof.rundir.live import ALERTS_FILE, live_dir
-from meshprof.rundir.segment_tail import read_json_lines
+from meshprof.rundir.live import alerts_after
 
 VERDICT_EVENT = "meshprof.verdict"
 
@@ -122,12 +119,8 @@ def run_events(
     out: dict[int, list[StepEvent]] = defaultdict(list)
     n_alerts = n_caps = 0
     for path in run.paths or (run.path,):
-        lines, _ = read_json_lines(live_dir(path) / ALERTS_FILE, 0, max_bytes=64 << 20)
-        for d in lines:
-            try:
-                alert = Alert.from_dict(d)
-            except (RecordError, TypeError, ValueError):
-                continue
+        alerts, _ = alerts_after(path, 0, max_bytes=64 << 20)
+        for alert in alerts:
             s = step_of(windows, alert.t_ns)
             if s is None:
                 continue

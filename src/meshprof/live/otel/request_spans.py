@@ -28,7 +28,13 @@ from typing import Any
 import numpy as np
 
 from meshprof.events import FINISH_CODES, FINISH_REASONS
-from meshprof.live.otel.spans import AttrValue, SpanContextInfo, derived_id
+from meshprof.live.otel.spans import (
+    AttrValue,
+    SpanContextInfo,
+    derived_id,
+    finished_span,
+    local_context,
+)
 from meshprof.records.trace_context import join_trace_id, parse_traceparent, traceparent_text
 
 
@@ -106,7 +112,6 @@ def request_attributes(rec: RequestRecord) -> dict[str, AttrValue]:
 def request_span(rec: RequestRecord, info: SpanContextInfo) -> Any:
     """The request's ``SERVER`` span (see the module docstring)."""
     from opentelemetry import trace
-    from opentelemetry.sdk import trace as sdk_trace
 
     parent = None
     got = parse_traceparent(rec.traceparent) if rec.traceparent else None
@@ -117,11 +122,8 @@ def request_span(rec: RequestRecord, info: SpanContextInfo) -> Any:
         )
     else:
         tid = derived_id(128, "meshprof-request", info.run_id, rec.request_id)
-    ctx = trace.SpanContext(
-        trace_id=tid,
-        span_id=derived_id(64, "meshprof-request-span", info.run_id, rec.rank, rec.request_id),
-        is_remote=False,
-        trace_flags=trace.TraceFlags(trace.TraceFlags.SAMPLED),
+    ctx = local_context(
+        tid, derived_id(64, "meshprof-request-span", info.run_id, rec.rank, rec.request_id)
     )
     status = (
         trace.Status(trace.StatusCode.ERROR, rec.error_type)
@@ -129,17 +131,16 @@ def request_span(rec: RequestRecord, info: SpanContextInfo) -> Any:
         else trace.Status(trace.StatusCode.UNSET)
     )
     name = f"{rec.operation} {rec.model}" if rec.model else rec.operation
-    return sdk_trace.ReadableSpan(
-        name=name,
-        context=ctx,
-        parent=parent,
-        resource=info.resource,
-        attributes=request_attributes(rec),
+    return finished_span(
+        info,
+        name,
+        ctx,
+        parent,
+        request_attributes(rec),
+        rec.arrival_ns,
+        max(rec.end_ns, rec.arrival_ns),
+        status,
         kind=trace.SpanKind.SERVER,
-        start_time=rec.arrival_ns,
-        end_time=max(rec.end_ns, rec.arrival_ns),
-        status=status,
-        instrumentation_scope=info.scope,
     )
 
 

@@ -92,11 +92,48 @@ def _sdk() -> Any:
 
 
 def _ctx(trace: Any, tid: int, sid: int) -> Any:
+    """The sampled, local ``SpanContext`` of span ``sid`` in trace ``tid``."""
     return trace.SpanContext(
         trace_id=tid,
         span_id=sid,
         is_remote=False,
         trace_flags=trace.TraceFlags(trace.TraceFlags.SAMPLED),
+    )
+
+
+def local_context(tid: int, sid: int) -> Any:
+    """The sampled, local ``SpanContext`` of span ``sid`` in trace ``tid`` (ids as ints)."""
+    trace, _ = _sdk()
+    return _ctx(trace, tid, sid)
+
+
+def finished_span(
+    info: SpanContextInfo,
+    name: str,
+    context: Any,
+    parent: Any,
+    attributes: dict[str, AttrValue],
+    start_ns: int,
+    end_ns: int,
+    status: Any,
+    events: Sequence[Any] = (),
+    kind: Any = None,
+) -> Any:
+    """A finished SDK ``ReadableSpan`` of this exporter (its resource and instrumentation
+    scope, from ``info``); ``kind`` None: ``INTERNAL``; times in ns."""
+    trace, sdk_trace = _sdk()
+    return sdk_trace.ReadableSpan(
+        name=name,
+        context=context,
+        parent=parent,
+        resource=info.resource,
+        attributes=attributes,
+        events=events,
+        kind=trace.SpanKind.INTERNAL if kind is None else kind,
+        start_time=start_ns,
+        end_time=end_ns,
+        status=status,
+        instrumentation_scope=info.scope,
     )
 
 
@@ -172,17 +209,16 @@ def step_spans(
         if job.slowest is not None:
             attrs.update(collective_attributes("meshprof.collectives.slowest", job.slowest))
         out.append(
-            sdk_trace.ReadableSpan(
-                name=STEP_SPAN,
-                context=root_ctx,
-                parent=None,
-                resource=info.resource,
-                attributes=attrs,
+            finished_span(
+                info,
+                STEP_SPAN,
+                root_ctx,
+                None,
+                attrs,
+                job.start_ns,
+                job.end_ns,
+                ok,
                 events=[_event(sdk_trace, e) for e in sorted(events, key=lambda e: e.t_ns)],
-                start_time=job.start_ns,
-                end_time=job.end_ns,
-                status=ok,
-                instrumentation_scope=info.scope,
             )
         )
     for rs in job.ranks:
@@ -190,33 +226,22 @@ def step_spans(
         ctx = _ctx(trace, tid, sid)
         err = trace.Status(trace.StatusCode.ERROR, "the step raised") if rs.error else ok
         out.append(
-            sdk_trace.ReadableSpan(
-                name=RANK_SPAN,
-                context=ctx,
-                parent=root_ctx,
-                resource=info.resource,
-                attributes=rank_attributes(rs),
-                start_time=rs.start_ns,
-                end_time=rs.end_ns,
-                status=err,
-                instrumentation_scope=info.scope,
+            finished_span(
+                info, RANK_SPAN, ctx, root_ctx, rank_attributes(rs), rs.start_ns, rs.end_ns, err
             )
         )
         for i, ph in enumerate(rs.phases):
             parent = ctx if ph.parent < 0 else _ctx(trace, tid, _phase(info, job, rs, ph.parent))
             out.append(
-                sdk_trace.ReadableSpan(
-                    name=ph.name,
-                    context=_ctx(trace, tid, _phase(info, job, rs, i)),
-                    parent=parent,
-                    resource=info.resource,
-                    attributes={"meshprof.rank": rs.rank, "meshprof.step": job.step},
-                    start_time=ph.start_ns,
-                    end_time=ph.start_ns + ph.duration_ns,
-                    status=trace.Status(trace.StatusCode.ERROR, "the phase raised")
-                    if ph.error
-                    else ok,
-                    instrumentation_scope=info.scope,
+                finished_span(
+                    info,
+                    ph.name,
+                    _ctx(trace, tid, _phase(info, job, rs, i)),
+                    parent,
+                    {"meshprof.rank": rs.rank, "meshprof.step": job.step},
+                    ph.start_ns,
+                    ph.start_ns + ph.duration_ns,
+                    trace.Status(trace.StatusCode.ERROR, "the phase raised") if ph.error else ok,
                 )
             )
     return out
@@ -233,19 +258,16 @@ def event_span(ev: StepEvent, info: SpanContextInfo, under_root: bool = True) ->
     trace, sdk_trace = _sdk()
     tid = trace_id(info.run_id, ev.step)
     kind = "alert" if ev.name == ALERT_EVENT else "capture"
-    return sdk_trace.ReadableSpan(
-        name=kind,
-        context=_ctx(
-            trace, tid, derived_id(64, "meshprof-event", info.run_id, ev.step, ev.t_ns, ev.name)
-        ),
-        parent=_ctx(trace, tid, span_id(info.run_id, ev.step)) if under_root else None,
-        resource=info.resource,
-        attributes={"meshprof.step": ev.step},
+    return finished_span(
+        info,
+        kind,
+        _ctx(trace, tid, derived_id(64, "meshprof-event", info.run_id, ev.step, ev.t_ns, ev.name)),
+        _ctx(trace, tid, span_id(info.run_id, ev.step)) if under_root else None,
+        {"meshprof.step": ev.step},
+        ev.t_ns,
+        ev.t_ns,
+        trace.Status(trace.StatusCode.UNSET),
         events=[_event(sdk_trace, ev)],
-        start_time=ev.t_ns,
-        end_time=ev.t_ns,
-        status=trace.Status(trace.StatusCode.UNSET),
-        instrumentation_scope=info.scope,
     )
 
 
@@ -255,17 +277,16 @@ def run_span(
     """A finished run as one span of its own trace, its findings as events."""
     trace, sdk_trace = _sdk()
     tid = derived_id(128, "meshprof-run", info.run_id)
-    return sdk_trace.ReadableSpan(
-        name=RUN_SPAN,
-        context=_ctx(trace, tid, derived_id(64, "meshprof-run-span", info.run_id)),
-        parent=None,
-        resource=info.resource,
-        attributes=attrs,
+    return finished_span(
+        info,
+        RUN_SPAN,
+        _ctx(trace, tid, derived_id(64, "meshprof-run-span", info.run_id)),
+        None,
+        attrs,
+        start_ns,
+        max(end_ns, start_ns),
+        trace.Status(trace.StatusCode.UNSET),
         events=[_event(sdk_trace, e) for e in events],
-        start_time=start_ns,
-        end_time=max(end_ns, start_ns),
-        status=trace.Status(trace.StatusCode.UNSET),
-        instrumentation_scope=info.scope,
     )
 
 
@@ -280,6 +301,8 @@ __all__ = [
     "StepEvent",
     "derived_id",
     "event_span",
+    "finished_span",
+    "local_context",
     "rank_attributes",
     "run_span",
     "span_id",

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from meshprof.analyze.compute.sorting import lexsort2, stable_argsort
+from meshprof.analyze.compute.sorting import equal_runs, lexsort2, stable_argsort
 from meshprof.analyze.run.replay.replay_chains import Chains
 from meshprof.analyze.run.replay.replay_record import Recorded
 
@@ -80,10 +80,7 @@ def peer_references(rec: Recorded, ch: Chains, sig: np.ndarray, n_steps: int) ->
     peers = np.zeros(nch, dtype=np.int64)
     corder = lexsort2(ch.c_step, sig)
     key = sig[corder] * (n_steps + 1) + ch.c_step[corder]
-    bounds = np.flatnonzero(np.r_[True, key[1:] != key[:-1], True])
-    for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
-        if hi - lo < 2:
-            continue
+    for lo, hi in equal_runs(key, min_len=2):
         cs = corder[lo:hi]
         peers[cs] = hi - lo - 1
         tref[cs] = np.rint(_others_median(rec.tail[cs][:, None])[:, 0]).astype(np.int64)
@@ -109,11 +106,7 @@ def systematic(
     measured = np.zeros(len(tex), dtype=bool)
     key = ch.c_rank * (int(sig.max(initial=0)) + 1) + sig
     corder = stable_argsort(key)
-    ks = key[corder]
-    bounds = np.flatnonzero(np.r_[True, ks[1:] != ks[:-1], True])
-    for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
-        if hi - lo < 2:
-            continue
+    for lo, hi in equal_runs(key[corder], min_len=2):
         cs = corder[lo:hi]
         measured[cs] = True
         te[cs] = int(np.rint(_above_noise(tex[cs][:, None])[0]))
