@@ -5,7 +5,7 @@ forward of rank 1's model chunk (``tests/data/counterfactual_jobs.py``). The wha
 slow run must name rank 1 and its saving must be the measured step-time difference of the two
 runs within 25 %; the fast run must name nobody.
 
-The sleep (0.8 s a step, over the slow rank's forwards: one a step without pipelining, one per
+The sleep (0.4 s a step, over the slow rank's forwards: one a step without pipelining, one per
 microbatch with it) is long against the jobs' own step (30–200 ms): with 4 ranks on 2 cores,
 a rank that sleeps leaves the CPU to the others, so the measured difference also holds the
 contention the sleep removes — tens of ms, more on a loaded machine."""
@@ -27,7 +27,7 @@ from meshprof.rundir import load_run
 pytestmark = pytest.mark.serial
 
 SLOW_RANK = 1
-SLEEP_S = 0.8
+SLEEP_S = 0.4
 STEPS = 6
 
 
@@ -58,7 +58,7 @@ def test_sleeping_rank_costs_the_measured_difference(runs, kind):
     fast = _what_if(runs / kind / "fast")
     # the run without the sleep names nothing of the fault's order: 4 ranks on 2 cores leave
     # real imbalances of a few ms (once rank 0: 1.1 ms a step, 1.3 % of the TP step, its
-    # interval above zero), which the what-if may name, never one of the 0.8 s sleep's size
+    # interval above zero), which the what-if may name, never one of the 0.4 s sleep's size
     assert all(c.step_saving_ns < 0.05 * measured for c in fast.notable), (fast.ranks, measured)
 
 
