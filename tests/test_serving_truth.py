@@ -24,8 +24,8 @@ from meshprof.demo.serving import ServeConfig
 from meshprof.demo.serving_client import Load
 from meshprof.demo.serving_run import CLIENT_FILE, run_serving
 
-# serial: the client's clock includes the hops to the server and back, which parallel jobs
-# stretch by tens of ms (a goodput bound then splits a request differently)
+# serial: the client's clock includes the hops to the server and back (0.2-1.5 ms here, see
+# benchmarks/serving_hops.py), which parallel jobs' CPU stretches by 5-12 ms at times
 pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 LOAD = Load(requests=40, rate=10.0, prompt=(8, 40), output=(6, 24), seed=3)

@@ -22,9 +22,11 @@ import contextlib
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
+import warnings
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -128,13 +130,17 @@ def run_pair(
     work.mkdir(parents=True, exist_ok=True)
     plain_out, prof_out, run_dir = work / "plain", work / "profiled", work / "run"
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    plain = _launch(
-        [*torchrun, "--nproc-per-node", str(WORLD), *job],
-        plain_out,
-        _env(plain_out, env),
-        timeout,
-        work,
-    )
+    plain_cmd = [*torchrun, "--nproc-per-node", str(WORLD), *job]
+    try:
+        plain = _launch(plain_cmd, plain_out, _env(plain_out, env), timeout, work)
+    except pytest.fail.Exception as e:
+        # the baseline runs no meshprof code; torch's own teardown aborted it once in CI (rank 0:
+        # "terminate called without an active exception", after gloo's process group was
+        # destroyed; 1 in about 20 runs, never reproduced alone): it is run once more, and a
+        # second failure fails the cell. The profiled run is never retried.
+        warnings.warn(f"the job without meshprof failed, run again: {str(e)[-300:]}", stacklevel=1)
+        shutil.rmtree(plain_out, ignore_errors=True)
+        plain = _launch(plain_cmd, plain_out, _env(plain_out, env), timeout, work)
     meshprof_run = [sys.executable, "-m", "meshprof.cli", "run", "-o", str(run_dir)]
     profiled = _launch(
         [*meshprof_run, "--no-report", "--nproc-per-node", str(WORLD), *job],
