@@ -249,3 +249,26 @@ def test_report_with_a_bad_slo_exits_2(cli: Any, clock: FakeClock, tmp_path: Pat
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)["serving"]
     assert doc["latencies"]["goodput"]["good"] == 1
+
+
+RECORDED = Path(__file__).parent / "data" / "serving_recorded"
+
+
+def test_a_recorded_run_without_a_fault_names_no_decode_straggler(cli: Any) -> None:
+    # two runs of test_serving_views' job, kept as CI recorded them (2 cores): "no_fault" served
+    # with no rank slowed, "decode_fault" with rank 1 150 ms slower per decode step. In the
+    # first, rank 1 computed 0.5 ms a step more than rank 0 (1.7 % of the step), which moved
+    # the TPOT p50 of its 8 requests by 5.5 % (another request became the median); it was named
+    # a decode straggler, and the diff saw none appear in the second
+    def findings(run: Path) -> list[dict[str, Any]]:
+        r = cli("report", run, "--json")
+        assert r.returncode == 0, r.stderr
+        return [f for f in json.loads(r.stdout)["serving"]["findings"]
+                if f["kind"] == "decode_straggler"]  # fmt: skip
+
+    assert findings(RECORDED / "no_fault") == []
+    assert [f["ranks"] for f in findings(RECORDED / "decode_fault")] == [[1]]
+    r = cli("diff", RECORDED / "no_fault", RECORDED / "decode_fault", "--json")
+    assert r.returncode == 0, r.stderr
+    appeared = json.loads(r.stdout)["serving"]["appeared"]
+    assert len(appeared) == 1 and appeared[0].startswith("rank 1 is slow in decode"), appeared
