@@ -135,9 +135,9 @@ def run_pair(
         plain = _launch(plain_cmd, plain_out, _env(plain_out, env), timeout, work)
     except pytest.fail.Exception as e:
         # the baseline runs no meshprof code; torch's own teardown aborted it once in CI (rank 0:
-        # "terminate called without an active exception", after gloo's process group was
-        # destroyed; 1 in about 20 runs, never reproduced alone): it is run once more, and a
-        # second failure fails the cell. The profiled run is never retried.
+        # "terminate called without an active exception" at the job's end, around Accelerate's
+        # end_training(); not reproduced in 6 runs alone): it is run once more, and a second
+        # failure fails the cell. The profiled run is never retried.
         warnings.warn(f"the job without meshprof failed, run again: {str(e)[-300:]}", stacklevel=1)
         shutil.rmtree(plain_out, ignore_errors=True)
         plain = _launch(plain_cmd, plain_out, _env(plain_out, env), timeout, work)
