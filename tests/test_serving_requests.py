@@ -272,3 +272,22 @@ def test_a_recorded_run_without_a_fault_names_no_decode_straggler(cli: Any) -> N
     assert r.returncode == 0, r.stderr
     appeared = json.loads(r.stdout)["serving"]["appeared"]
     assert len(appeared) == 1 and appeared[0].startswith("rank 1 is slow in decode"), appeared
+
+
+def test_a_recorded_fault_is_found_at_the_step_it_began(cli: Any) -> None:
+    # test_serving_what_if's faulty job (rank 1 sleeping 300 ms in its first block of every
+    # decode step from step 12), as one run of it recorded it on 2 cores: most decode steps come
+    # after the fault and vary by 0.5 ms, and step 12's excess (298.9 ms) was 2 ms under the
+    # others'. Clipping each value at the series' median ± 5 deviations made the step before
+    # the fault look like it, and the onset was reported at step 14, the next decode step. The
+    # truth: the first decode step at or after 12 in rank 1's own spans
+    run = RECORDED / "late_onset"
+    rd = load_run(run).ranks[1]
+    sp = rd.spans[(rd.spans["kind"] == 0) & (rd.spans["depth"] == 0)]
+    decode = [int(s["step"]) for s in sp if rd.span_names[int(s["name"])] == "decode"]
+    onset = min(s for s in decode if s >= 12)
+    r = cli("report", run, "--json")
+    assert r.returncode == 0, r.stderr
+    found = [f for f in json.loads(r.stdout)["serving"]["findings"]
+             if f["kind"] == "decode_straggler"]  # fmt: skip
+    assert [(f["ranks"], f["since_step"]) for f in found] == [([1], onset)]

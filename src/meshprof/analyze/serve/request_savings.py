@@ -44,6 +44,7 @@ from typing import Any
 
 import numpy as np
 
+from meshprof.analyze.compute.despike import despike
 from meshprof.analyze.serve.rank_breakdown import StepMatrix
 from meshprof.analyze.serve.request_table import RequestTable
 from meshprof.analyze.serve.step_kinds import ServingSteps
@@ -72,17 +73,16 @@ def _se_median(x: np.ndarray) -> float:
 
 def _split(excess: np.ndarray) -> tuple[int, float]:
     """(index, score) of the step-up of ``excess`` (finite values, in order): the split that
-    maximises the shift of the mean (values clipped to 5 robust deviations of the median, so
-    that a few steps of a starved machine do not place it), kept when the medians after and
+    maximises the shift of the mean (values despiked at 5 noise deviations of their moving
+    median, :func:`~meshprof.analyze.compute.despike.despike`, so that a few steps of a starved
+    machine do not place it while the step itself stays whole), kept when the medians after and
     before differ by more than :data:`Z` standard errors and the one after is above the noise;
     (-1, 0) when there is none. The score is the shift in standard errors."""
     v = np.asarray(excess, dtype=np.float64)
     n = len(v)
     if n < MIN_STEPS:
         return -1, 0.0
-    med = float(np.median(v))
-    mad = float(np.median(np.abs(v - med))) * 1.4826
-    w = np.clip(v, med - 5 * mad, med + 5 * mad) if mad > 0 else v
+    w = despike(v, 5.0)
     c = np.cumsum(w)
     k = np.arange(2, n - 1)
     pre = c[k - 1] / k

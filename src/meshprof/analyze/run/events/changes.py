@@ -9,8 +9,10 @@ Series (ns per step, over the steps every rank recorded, the first one left out 
 * **step** of the job: the median over ranks of the step's wall time (every rank's step is slow
   when one is: one series for the job).
 
-Detection (binary segmentation, mean-shift CUSUM): a series is first winsorized at its median ±
-6 robust standard deviations (one checkpoint or GC pause is not a regime); the split maximizing
+Detection (binary segmentation, mean-shift CUSUM): a series is first despiked, each value clipped
+to the moving median of its 5 steps ± :data:`SPIKE_K` robust standard deviations of the
+step-to-step noise (one checkpoint or GC pause is not a regime; a level shift stays whole:
+:mod:`meshprof.analyze.compute.despike`); the split maximizing
 the two-sample statistic |mean(left) − mean(right)| / (σ·√(1/k + 1/(n−k))) is a change when that
 statistic is at least :data:`Z` (σ from the median absolute first difference, blind to the level
 shift itself), the medians of the two sides differ by at least :data:`MIN_SHIFT` of the earlier
@@ -29,6 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from meshprof.analyze.compute.despike import despike, despike_rows, step_noise
 from meshprof.analyze.run.events.window import StepWindow, step_spans
 from meshprof.rundir import LoadedRun
 
@@ -45,6 +48,8 @@ MIN_SHIFT_NS = 20_000
 """Smallest change of the median (ns)."""
 MIN_SEGMENT = 5
 """Steps a regime needs on each side of a change."""
+SPIKE_K = 6.0
+"""Noise deviations from its moving median beyond which a step's value is a spike (clipped)."""
 MAX_CHANGES = 3
 """Changes searched for per series."""
 
@@ -145,28 +150,12 @@ def _comm_in(events: np.ndarray, s0: np.ndarray, s1: np.ndarray) -> np.ndarray:
     return (covered(s1) - covered(s0)).astype(np.float64)
 
 
-def _winsorize(x: np.ndarray) -> np.ndarray:
-    med = np.median(x)
-    mad = 1.4826 * np.median(np.abs(x - med))
-    if mad <= 0:
-        return x
-    return np.clip(x, med - 6 * mad, med + 6 * mad)
-
-
-def _noise(x: np.ndarray) -> float:
-    """Robust standard deviation of the step-to-step noise (blind to level shifts)."""
-    d = np.diff(x)
-    if not len(d):
-        return 0.0
-    return float(1.4826 * np.median(np.abs(d - np.median(d))) / np.sqrt(2.0))
-
-
 def _best_split(x: np.ndarray, m: int) -> tuple[int, float]:
     """(k, statistic / σ) of the best mean-shift split with ≥ m points a side (k = 0: none)."""
     n = len(x)
     if n < 2 * m:
         return 0, 0.0
-    sigma = _noise(x)
+    sigma = step_noise(x)
     cs = np.cumsum(x)
     k = np.arange(m, n - m + 1)
     left = cs[k - 1] / k
@@ -195,7 +184,7 @@ def _segments(x: np.ndarray, lo: int, hi: int, out: list[int], budget: list[int]
 
 def change_points(x: np.ndarray) -> list[int]:
     """Indices where a new regime of ``x`` starts (ascending)."""
-    x = _winsorize(np.asarray(x, dtype=np.float64))
+    x = despike(np.asarray(x, dtype=np.float64), SPIKE_K)
     out: list[int] = []
     _segments(x, 0, len(x), out, [MAX_CHANGES])
     return sorted(out)
@@ -242,7 +231,7 @@ def find_changes(s: StepSeries | None) -> tuple[Change, ...]:
     out: list[Change] = []
     job = np.median(s.step_ns, axis=0)
     # screen all ranks at once: one split each; search further only where it passes
-    x = np.apply_along_axis(_winsorize, 1, s.compute_ns) if len(s.ranks) else s.compute_ns
+    x = despike_rows(s.compute_ns, SPIKE_K) if len(s.ranks) else s.compute_ns
     for i, r in enumerate(s.ranks):
         k, z = _best_split(x[i], MIN_SEGMENT)
         if k and z >= Z:
