@@ -60,6 +60,10 @@ MAX_REPLAY_STEPS = 4096
 """Serving steps replayed per rank at most."""
 MIN_STEPS = 6
 """Steps an onset search needs."""
+ONSET_SHARE = 0.5
+"""Share of the excess after a step-up that the step itself must be: an excess that was already
+there and grew a little (a rank slow throughout, 150 → 151 ms for the last two steps) began
+where it began, not at the growth."""
 
 
 def _se_median(x: np.ndarray) -> float:
@@ -76,7 +80,8 @@ def _split(excess: np.ndarray) -> tuple[int, float]:
     maximises the shift of the mean (values despiked at 5 noise deviations of their moving
     median, :func:`~meshprof.analyze.compute.despike.despike`, so that a few steps of a starved
     machine do not place it while the step itself stays whole), kept when the medians after and
-    before differ by more than :data:`Z` standard errors and the one after is above the noise;
+    before differ by more than :data:`Z` standard errors and by at least :data:`ONSET_SHARE` of
+    the one after, and the one after is above the noise;
     (-1, 0) when there is none. The score is the shift in standard errors."""
     v = np.asarray(excess, dtype=np.float64)
     n = len(v)
@@ -91,7 +96,8 @@ def _split(excess: np.ndarray) -> tuple[int, float]:
     a, b = v[:best], v[best:]
     shift = float(np.median(b) - np.median(a))
     noise = math.hypot(_se_median(a), _se_median(b))
-    if shift > Z * noise and float(np.median(b)) > Z * _se_median(b):
+    after = float(np.median(b))
+    if shift > Z * noise and after > Z * _se_median(b) and shift >= ONSET_SHARE * after:
         return best, shift / noise if noise > 0 else math.inf
     return -1, 0.0
 
@@ -516,6 +522,8 @@ def _predict(
 __all__ = [
     "MAX_RANKS",
     "MAX_REPLAY_STEPS",
+    "MIN_STEPS",
+    "ONSET_SHARE",
     "Z",
     "onset",
     "rank_onset",
