@@ -139,16 +139,48 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     module starts last while the other workers sit idle."""
     if not getattr(config.option, "loadgroup", False):  # (set by xdist in its workers)
         return
+    shared = _module_fixtures_of_parallel_tests(items)
     groups: dict[str, list[pytest.Item]] = {}
     for item in items:
         if item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
+            module = item.nodeid.split("::", 1)[0]
+            alone = _is_serial(item) and not (_module_fixtures(item) & shared.get(module, set()))
+            item.add_marker(pytest.mark.xdist_group(SERIAL_GROUP if alone else module))
         mark = item.get_closest_marker("xdist_group")
         assert mark is not None
         name = str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
         groups.setdefault(name, []).append(item)
-    order = sorted(groups.values(), key=lambda g: -sum(_weight(i) for i in g))  # stable
-    items[:] = [item for group in order for item in group]
+    order = sorted(
+        groups.items(), key=lambda g: (g[0] != SERIAL_GROUP, -sum(_weight(i) for i in g[1]))
+    )  # stable
+    items[:] = [item for _, group in order for item in group]
+
+
+SERIAL_GROUP = "serial"
+"""The work unit of the serial tests: one worker runs them one after the other at the start
+of the run, each handing the lock to the next, so the other workers wait for running tests to
+end once instead of once per module that has a serial test. A serial test stays with its
+module when it shares a module-scoped fixture (a job) with the module's parallel tests."""
+
+
+def _module_fixtures(item: pytest.Item) -> set[str]:
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return set()
+    return {
+        name
+        for name, defs in info.name2fixturedefs.items()
+        if defs and defs[-1].scope in ("module", "package", "class")
+    }
+
+
+def _module_fixtures_of_parallel_tests(items: list[pytest.Item]) -> dict[str, set[str]]:
+    """Per module: the module-scoped fixtures its tests that are not serial use."""
+    out: dict[str, set[str]] = {}
+    for item in items:
+        if not _is_serial(item):
+            out.setdefault(item.nodeid.split("::", 1)[0], set()).update(_module_fixtures(item))
+    return out
 
 
 def _lock_folder(run: str) -> Path:

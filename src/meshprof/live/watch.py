@@ -18,7 +18,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -27,6 +26,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from meshprof.analyze.live.alert_config import AlertConfig
 from meshprof.analyze.live.alerts import AlertRules
 from meshprof.analyze.live.snapshot import read_snapshot
+from meshprof.live.say import say
 from meshprof.records.live import Alert, LiveSnapshot
 from meshprof.rundir.live import append_alert
 
@@ -208,9 +208,7 @@ class AlertWatcher:
         self._say(f"meshprof run: warning: --alert-cmd for the {alert.kind} alert failed ({why})")
 
     def _say(self, line: str) -> None:
-        stream = self.stream if self.stream is not None else sys.stderr
-        with contextlib.suppress(OSError, ValueError):
-            print(line, file=stream, flush=True)
+        say(line, self.stream)
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:

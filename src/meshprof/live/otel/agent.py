@@ -28,9 +28,7 @@ line on stderr and the job goes on.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import sys
 import threading
 import time
 from pathlib import Path
@@ -58,6 +56,7 @@ from meshprof.live.otel.step_events import (
     capture_state,
 )
 from meshprof.live.otel.trace_sampling import StepBook
+from meshprof.live.say import say
 from meshprof.records.live import Alert
 from meshprof.rundir.captures import list_captures
 from meshprof.rundir.live import alerts_after
@@ -360,9 +359,7 @@ class OtlpAgent:
         self._say(f"{self.prefix}: warning: {text}")
 
     def _say(self, line: str) -> None:
-        stream = self.stream if self.stream is not None else sys.stderr
-        with contextlib.suppress(OSError, ValueError):
-            print(line, file=stream, flush=True)
+        say(line, self.stream)
 
 
 def _ok(result: Any) -> bool:
