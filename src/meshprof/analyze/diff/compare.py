@@ -38,6 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from meshprof.analyze.diff.relative import relative
 from meshprof.analyze.diff.serving_diff import headline_rows, serving_diff
 from meshprof.analyze.diff.types import (
     BottleneckChanges,
@@ -130,11 +131,6 @@ class RunSide:
     @property
     def has_collectives(self) -> bool:
         return bool(self.by_size)
-
-
-def relative(delta: float, a: float) -> float:
-    """delta / a; NaN when a is not positive or a value is missing."""
-    return delta / a if a > 0 and not math.isnan(delta) else _NAN
 
 
 def _nanmedian(v: Iterable[float]) -> float:

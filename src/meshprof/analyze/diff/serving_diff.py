@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from meshprof.analyze.diff.relative import relative
 from meshprof.analyze.serve.types import ServingReport
 
 HEADLINE_MIN_REL = 0.05
@@ -52,8 +53,7 @@ class ServingDiff:
 
 def _fig(figure: str, unit: str, a: float, b: float) -> ServingFigureDiff:
     delta = b - a
-    rel = delta / a if a > 0 and math.isfinite(delta) else math.nan
-    return ServingFigureDiff(figure, unit, a, b, delta, rel)
+    return ServingFigureDiff(figure, unit, a, b, delta, relative(delta, a))
 
 
 def _key(f: object) -> str:
