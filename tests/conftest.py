@@ -1,7 +1,8 @@
 """Shared test fixtures: a clean recorder around every test, and ``cli``, the one way tests run
 the ``meshprof`` command line; and how the suite runs in parallel (pytest-xdist, see
 tests/README.md): the number of workers, one work unit per module (the serial tests one of their
-own, first), the heaviest modules first, and the ``serial`` marker for tests that must have the machine to themselves."""
+own, first), the heaviest modules first, and the ``serial`` marker for tests that must have the
+machine to themselves."""
 
 from __future__ import annotations
 
