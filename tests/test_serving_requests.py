@@ -275,9 +275,9 @@ def test_a_recorded_run_without_a_fault_names_no_decode_straggler(cli: Any) -> N
 
 
 def test_a_recorded_fault_is_found_at_the_step_it_began(cli: Any) -> None:
-    # test_serving_what_if's faulty job (rank 1 sleeping 300 ms in its first block of every
-    # decode step from step 12), as one run of it recorded it on 2 cores: most decode steps come
-    # after the fault and vary by 0.5 ms, and step 12's excess (298.9 ms) was 2 ms under the
+    # test_serving_what_if's faulty job as it then was (rank 1 sleeping 300 ms in its first
+    # block of every decode step from step 12), as one run recorded it on 2 cores: most decode
+    # steps come after the fault and vary by 0.5 ms, and step 12's excess (298.9 ms) was 2 ms under the
     # others'. Clipping each value at the series' median ± 5 deviations made the step before
     # the fault look like it, and the onset was reported at step 14, the next decode step. The
     # truth: the first decode step at or after 12 in rank 1's own spans
