@@ -277,15 +277,12 @@ def test_a_recorded_run_without_a_fault_names_no_decode_straggler(cli: Any) -> N
 def test_a_recorded_fault_is_found_at_the_step_it_began(cli: Any) -> None:
     # test_serving_what_if's faulty job as it then was (rank 1 sleeping 300 ms in its first
     # block of every decode step from step 12), as one run recorded it on 2 cores: most decode
-    # steps come after the fault and vary by 0.5 ms, and step 12's excess (298.9 ms) was 2 ms under the
-    # others'. Clipping each value at the series' median ± 5 deviations made the step before
-    # the fault look like it, and the onset was reported at step 14, the next decode step. The
-    # truth: the first decode step at or after 12 in rank 1's own spans
+    # steps come after the fault and vary by 0.5 ms, and step 12's excess (298.9 ms) was 2 ms
+    # under the others'. Clipping each value at the series' median ± 5 deviations made the step
+    # before the fault look like it, and the onset was reported at step 14, the next decode
+    # step. The truth: the first decode step at or after 12 in rank 1's own spans
     run = RECORDED / "late_onset"
-    rd = load_run(run).ranks[1]
-    sp = rd.spans[(rd.spans["kind"] == 0) & (rd.spans["depth"] == 0)]
-    decode = [int(s["step"]) for s in sp if rd.span_names[int(s["name"])] == "decode"]
-    onset = min(s for s in decode if s >= 12)
+    onset = min(s for s in _decode_steps(run, 1) if s >= 12)
     assert _decode_stragglers(cli, run) == [([1], onset)]
 
 
@@ -296,10 +293,14 @@ def test_a_recorded_fault_from_the_start_is_found_from_the_start(cli: Any) -> No
     # the saving was counted from there, and no straggler was named. The truth: the first
     # decode step in rank 1's own spans
     run = RECORDED / "steady_fault"
-    rd = load_run(run).ranks[1]
+    assert _decode_stragglers(cli, run) == [([1], min(_decode_steps(run, 1)))]
+
+
+def _decode_steps(run: Path, rank: int) -> list[int]:
+    """The steps ``rank`` recorded as decode step spans (the loader's, not the analysis')."""
+    rd = load_run(run).ranks[rank]
     sp = rd.spans[(rd.spans["kind"] == 0) & (rd.spans["depth"] == 0)]
-    decode = [int(s["step"]) for s in sp if rd.span_names[int(s["name"])] == "decode"]
-    assert _decode_stragglers(cli, run) == [([1], min(decode))]
+    return [int(s["step"]) for s in sp if rd.span_names[int(s["name"])] == "decode"]
 
 
 def _decode_stragglers(cli: Any, run: Path) -> list[tuple[list[int], int]]:

@@ -22,13 +22,18 @@ HALF_WINDOW = 2
 """Steps either side of a value in its moving median (a window of 5)."""
 
 
+def _row_noise(v: np.ndarray) -> np.ndarray:
+    """:func:`step_noise` along the last axis of ``v`` (at least two values there)."""
+    d = np.diff(v, axis=-1)
+    mad = np.median(np.abs(d - np.median(d, axis=-1, keepdims=True)), axis=-1)
+    return np.asarray(1.4826 * mad / np.sqrt(2.0))
+
+
 def step_noise(x: np.ndarray) -> float:
     """Robust standard deviation of ``x``'s step-to-step noise (same units): 1.4826 × the
     median absolute deviation of its first differences / √2. 0 for fewer than two values."""
-    d = np.diff(np.asarray(x, dtype=np.float64))
-    if not len(d):
-        return 0.0
-    return float(1.4826 * np.median(np.abs(d - np.median(d))) / np.sqrt(2.0))
+    v = np.asarray(x, dtype=np.float64)
+    return float(_row_noise(v)) if len(v) >= 2 else 0.0
 
 
 def moving_median(x: np.ndarray, half: int = HALF_WINDOW) -> np.ndarray:
@@ -46,12 +51,7 @@ def despike(x: np.ndarray, k: float, half: int = HALF_WINDOW) -> np.ndarray:
     """``x`` (finite values, in step order) with each value clipped to its moving median ±
     ``k`` × :func:`step_noise`; unchanged when the noise is 0 or the series is shorter than a
     window."""
-    v = np.asarray(x, dtype=np.float64)
-    sigma = step_noise(v)
-    if sigma <= 0 or len(v) < 2 * half + 1:
-        return v
-    mid = moving_median(v, half)
-    return np.asarray(np.clip(v, mid - k * sigma, mid + k * sigma))
+    return despike_rows(np.asarray(x, dtype=np.float64)[None], k, half)[0]
 
 
 def despike_rows(x: np.ndarray, k: float, half: int = HALF_WINDOW) -> np.ndarray:
@@ -59,13 +59,9 @@ def despike_rows(x: np.ndarray, k: float, half: int = HALF_WINDOW) -> np.ndarray
     v = np.asarray(x, dtype=np.float64)
     if v.ndim != 2 or v.shape[1] < 2 * half + 1:
         return v
-    d = np.diff(v, axis=1)
-    sigma = 1.4826 * np.median(np.abs(d - np.median(d, axis=1, keepdims=True)), axis=1)
-    sigma = sigma / np.sqrt(2.0)
+    sigma = _row_noise(v)[:, None]
     mid = moving_median(v, half)
-    lo, hi = mid - k * sigma[:, None], mid + k * sigma[:, None]
-    keep = (sigma <= 0)[:, None]
-    return np.where(keep, v, np.clip(v, lo, hi))
+    return np.where(sigma <= 0, v, np.clip(v, mid - k * sigma, mid + k * sigma))
 
 
 __all__ = ["HALF_WINDOW", "despike", "despike_rows", "moving_median", "step_noise"]
