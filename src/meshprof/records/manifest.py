@@ -71,6 +71,10 @@ class NodeSummary(JsonRecord):
     torchrun's ending of the others): the job's code is that of the node whose cause came
     first."""
 
+    def __post_init__(self) -> None:
+        """The node rank a file claims is checked when it is read (-1: unknown)."""
+        check_world(self.node_rank, "node's node_rank")
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class HangInfo(JsonRecord):

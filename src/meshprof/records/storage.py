@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from meshprof.records.json_record import JsonRecord
+from meshprof.records.members import check_world
 
 SEGMENT_FORMAT = "meshprof-segments/1"
 """The ``format`` of a segment file's header and of a rank meta's ``storage``."""
@@ -38,6 +39,10 @@ class SegmentHeader(JsonRecord):
     """Row layout of each table in the file, as ``numpy.dtype.descr`` text (``events``,
     ``spans``, ``memory``, ``batch``, ``steps``, and since serving requests are stored
     ``requests`` and ``tokens``): a reader refuses a file whose layout differs from its own."""
+
+    def __post_init__(self) -> None:
+        """The rank a file claims is checked when it is read (-1: unknown)."""
+        check_world(self.rank, "segment header's rank")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
