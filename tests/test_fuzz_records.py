@@ -86,6 +86,13 @@ def _objects(keys: tuple[str, ...]) -> st.SearchStrategy[dict[str, Any]]:
     )
 
 
+def _read(cls: type, value: Any) -> Any:
+    """``cls.from_dict(value)``; the records whose reader takes a file name get one."""
+    if cls in (Manifest, RankMeta, NodeSummary):
+        return cls.from_dict(value, "x")
+    return cls.from_dict(value)
+
+
 @pytest.mark.parametrize("cls", list(RECORDS), ids=lambda c: c.__name__)
 @pytest.mark.parametrize("key", ["world_size", "rank", "node_rank"])
 @pytest.mark.parametrize("value", [-2, MAX_WORLD_SIZE + 1, 1 << 62])
@@ -95,13 +102,8 @@ def test_a_rank_or_world_size_out_of_range_is_a_record_error(
     """Every record that has the key refuses a value below -1 (unknown) or over
     MAX_WORLD_SIZE. (Hypothesis found ``{"rank": -2}`` read as a segment header's rank in CI,
     and the same held for a node summary's node_rank.)"""
-    read = cls.from_dict
     try:
-        rec = (
-            read({key: value})
-            if cls not in (Manifest, RankMeta, NodeSummary)
-            else read({key: value}, "x")
-        )
+        rec = _read(cls, {key: value})
     except RecordError:
         return
     assert getattr(rec, key, None) is None  # (a key the record does not know goes to extra)
@@ -112,9 +114,8 @@ def test_a_rank_or_world_size_out_of_range_is_a_record_error(
 @given(data=st.data())
 def test_any_json_reads_or_is_one_record_error(cls: type, data: st.DataObject) -> None:
     value = data.draw(st.one_of(_objects(RECORDS[cls]), JSON))
-    read = cls.from_dict
     try:
-        rec = read(value) if cls not in (Manifest, RankMeta, NodeSummary) else read(value, "x")
+        rec = _read(cls, value)
     except RecordError:
         return
     for key in ("world_size", "rank", "node_rank"):
