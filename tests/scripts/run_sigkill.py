@@ -5,7 +5,8 @@ seconds after its first all_reduce returned (not after its start: on a loaded ma
 may take seconds to reach their first collective), rank 1 decides that the step it starts is its
 last: after ``KILL_AT`` all_reduces of that step it writes its own record
 (``argv[1]/killed.json``: the step, when each of its all_reduces returned, when it died) and
-kills itself with SIGKILL, with no warning and nothing flushed. The others block in the next all_reduce until gloo sees the connection close.
+kills itself with SIGKILL, with no warning and nothing flushed. The others block in the next
+all_reduce until gloo sees the connection close.
 """
 
 import json
