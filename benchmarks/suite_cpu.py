@@ -13,12 +13,19 @@ Summarize::
 
     python benchmarks/suite_cpu.py /tmp/cpu.tsv [--tests 30]
 
-A row of the file: ``nodeid  self_s  children_s  wall_s``. ``self_s``: user + system CPU of the
+A row of the file: ``nodeid  self_s  children_s  wall_s  start_s  worker``. ``self_s``: user + system CPU of the
 worker process during the test (its fixtures included). ``children_s``: the same for every
 process below the worker, whether it ended during the test (the kernel adds a reaped child's
 time, and that of the children it reaped, to its parent) or still runs (read from
 ``/proc/PID/stat``: its own time and that of the children it reaped). A process that outlives
-its parent and is reaped by init is not counted. Linux only.
+its parent and is reaped by init is not counted. ``start_s``: when the test started (seconds
+since the epoch, after any wait for the serial lock); ``worker``: the xdist worker's id.
+Linux only.
+
+``--timeline`` adds when each worker was busy: its first start, last end and the seconds it ran
+tests, and, per stretch of the run, the workers busy on average: idle workers at the start (the
+serial tests) or the end (a long module started last) are wall time that CPU cuts do not buy
+back.
 """
 
 from __future__ import annotations
@@ -75,11 +82,14 @@ def pytest_runtest_protocol(item: Any, nextitem: Any) -> Iterator[None]:
     if not out:
         yield
         return
-    s0, c0, t0 = _self_cpu_s(), _descendants_cpu_s(), time.monotonic()
+    s0, c0, t0, start = _self_cpu_s(), _descendants_cpu_s(), time.monotonic(), time.time()
     yield
     s1, c1, t1 = _self_cpu_s(), _descendants_cpu_s(), time.monotonic()
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
     with open(out, "a") as f:
-        f.write(f"{item.nodeid}\t{s1 - s0:.2f}\t{c1 - c0:.2f}\t{t1 - t0:.2f}\n")
+        f.write(
+            f"{item.nodeid}\t{s1 - s0:.2f}\t{c1 - c0:.2f}\t{t1 - t0:.2f}\t{start:.2f}\t{worker}\n"
+        )
 
 
 def summarize(path: Path, tests: int) -> str:
@@ -89,7 +99,7 @@ def summarize(path: Path, tests: int) -> str:
     rows: list[tuple[float, str]] = []
     for line in path.read_text().splitlines():
         nodeid, *figures = line.split("\t")
-        own, below, wall = (float(x) for x in figures)
+        own, below, wall = (float(x) for x in figures[:3])
         m = by_module[nodeid.split("::", 1)[0]]
         m[0] += own
         m[1] += below
@@ -111,15 +121,55 @@ def summarize(path: Path, tests: int) -> str:
     return "\n".join(out)
 
 
+def timeline(path: Path, stretch_s: float) -> str:
+    """Per worker: first start, last end (seconds from the run's first test start) and the
+    seconds it ran tests; then, per ``stretch_s`` of the run, how many workers ran a test on
+    average. Needs the ``start_s`` and ``worker`` columns."""
+    spans: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for line in path.read_text().splitlines():
+        fields = line.split("\t")
+        if len(fields) < 6:
+            continue
+        wall, start, worker = float(fields[3]), float(fields[4]), fields[5]
+        spans[worker].append((start, start + wall))
+    if not spans:
+        return "no start times in this file (recorded before the timeline columns)"
+    t0 = min(a for s in spans.values() for a, _ in s)
+    t1 = max(b for s in spans.values() for _, b in s)
+    out = [f"{'worker':>8} {'first':>7} {'last':>7} {'busy s':>7}"]
+    for worker, s in sorted(spans.items()):
+        first, last = min(a for a, _ in s) - t0, max(b for _, b in s) - t0
+        out.append(f"{worker:>8} {first:7.1f} {last:7.1f} {sum(b - a for a, b in s):7.1f}")
+    out.append(f"workers busy on average, per {stretch_s:.0f} s:")
+    cells = []
+    edge = t0
+    while edge < t1:
+        end = min(edge + stretch_s, t1)
+        busy = sum(
+            max(0.0, min(b, end) - max(a, edge)) for s in spans.values() for a, b in s
+        ) / max(end - edge, 1e-9)
+        cells.append(f"{edge - t0:4.0f}s {busy:3.1f}")
+        edge = end
+    out.extend("  ".join(cells[i : i + 8]) for i in range(0, len(cells), 8))
+    return "\n".join(out)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     p.add_argument("file", type=Path, help="the file MESHPROF_SUITE_CPU named")
     p.add_argument("--tests", type=int, default=30, help="how many single tests to list")
+    p.add_argument(
+        "--timeline", type=float, default=0.0, metavar="SECONDS",
+        help="also show when the workers were busy, per stretch of this many seconds",
+    )  # fmt: skip
     args = p.parse_args(argv)
     if not args.file.is_file():
         print(f"suite_cpu: no such file: {args.file}", file=sys.stderr)
         return 2
     print(summarize(args.file, args.tests))
+    if args.timeline > 0:
+        print()
+        print(timeline(args.file, args.timeline))
     return 0
 
 

@@ -356,12 +356,30 @@ def test_cpu_node_with_a_cuda_toolkit_is_quiet(tmp_path: Path) -> None:
     p = _python(
         cuda_build
         + "import os; os.environ.pop('TORCH_EXTENSIONS_DIR', None)\n"
-        + "from meshprof.comm import native_ext as n; n.build_root(); print(n.IMPORT_MESSAGES)",
+        + "from meshprof.comm import native_ext as n; n._cpp_extension(); print(n.IMPORT_MESSAGES)",
         **env,
     )
     assert p.returncode == 0, p.stderr
     assert "No CUDA runtime" not in p.stderr
     assert "No CUDA runtime" in p.stdout
+
+
+def test_finding_the_built_recorder_does_not_import_torchs_extension_tools() -> None:
+    """A rank only asks whether the recorder is built (and where): that answer is torch's
+    ``get_default_build_root()``, without the ~60 ms import of ``torch.utils.cpp_extension``."""
+    p = _python(
+        "import os, sys; os.environ.pop('TORCH_EXTENSIONS_DIR', None)\n"
+        "from meshprof.comm import native_ext as n\n"
+        "n.cached(); n.library_path()\n"
+        "print('IMPORTED', 'torch.utils.cpp_extension' in sys.modules)\n"
+        "print('OURS', n.build_root())\n"
+        "from torch.utils.cpp_extension import get_default_build_root\n"
+        "print('TORCH', get_default_build_root())\n"
+    )
+    assert p.returncode == 0, p.stderr
+    lines = dict(line.split(" ", 1) for line in p.stdout.splitlines() if " " in line)
+    assert lines["IMPORTED"] == "False"
+    assert lines["OURS"] == lines["TORCH"]
 
 
 def test_a_failing_build_writes_its_log_not_the_terminal(tmp_path: Path) -> None:

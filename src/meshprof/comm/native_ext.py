@@ -84,7 +84,19 @@ def build_root() -> Path:
     env = os.environ.get("TORCH_EXTENSIONS_DIR")
     if env:
         return Path(env)
-    return Path(_cpp_extension().get_default_build_root())
+    return Path(default_build_root())
+
+
+def default_build_root() -> str:
+    """torch's ``cpp_extension.get_default_build_root()`` (the user's ``torch_extensions``
+    cache folder), computed as torch does without importing ``torch.utils.cpp_extension``: every
+    rank asks where the extension is, and that import costs ~60 ms of CPU per process. Falls
+    back to torch's function when its private ``torch._appdirs`` is gone."""
+    try:
+        from torch._appdirs import user_cache_dir
+    except ImportError:
+        return str(_cpp_extension().get_default_build_root())
+    return os.path.realpath(user_cache_dir(appname="torch_extensions"))
 
 
 def build_dir() -> Path:
