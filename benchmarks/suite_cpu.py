@@ -13,8 +13,8 @@ Summarize::
 
     python benchmarks/suite_cpu.py /tmp/cpu.tsv [--tests 30]
 
-A row of the file: ``nodeid  self_s  children_s  wall_s  start_s  worker``. ``self_s``: user + system CPU of the
-worker process during the test (its fixtures included). ``children_s``: the same for every
+A row of the file: ``nodeid  self_s  children_s  wall_s  start_s  worker``. ``self_s``: user +
+system CPU of the worker process during the test (its fixtures included). ``children_s``: the same for every
 process below the worker, whether it ended during the test (the kernel adds a reaped child's
 time, and that of the children it reaped, to its parent) or still runs (read from
 ``/proc/PID/stat``: its own time and that of the children it reaped). A process that outlives
@@ -92,14 +92,27 @@ def pytest_runtest_protocol(item: Any, nextitem: Any) -> Iterator[None]:
         )
 
 
+Row = tuple[str, float, float, float, float | None, str | None]
+"""(nodeid, self_s, children_s, wall_s, start_s, worker); the last two None in a file written
+before they were recorded."""
+
+
+def read_rows(path: Path) -> list[Row]:
+    """The rows of a file the plugin wrote."""
+    rows: list[Row] = []
+    for line in path.read_text().splitlines():
+        nodeid, *f = line.split("\t")
+        start, worker = (float(f[3]), f[4]) if len(f) >= 5 else (None, None)
+        rows.append((nodeid, float(f[0]), float(f[1]), float(f[2]), start, worker))
+    return rows
+
+
 def summarize(path: Path, tests: int) -> str:
     """Per module: CPU seconds (self, children), wall seconds and tests, most CPU first; then
     the ``tests`` tests with the most CPU."""
     by_module: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0, 0.0])
     rows: list[tuple[float, str]] = []
-    for line in path.read_text().splitlines():
-        nodeid, *figures = line.split("\t")
-        own, below, wall = (float(x) for x in figures[:3])
+    for nodeid, own, below, wall, _, _ in read_rows(path):
         m = by_module[nodeid.split("::", 1)[0]]
         m[0] += own
         m[1] += below
@@ -126,12 +139,9 @@ def timeline(path: Path, stretch_s: float) -> str:
     seconds it ran tests; then, per ``stretch_s`` of the run, how many workers ran a test on
     average. Needs the ``start_s`` and ``worker`` columns."""
     spans: dict[str, list[tuple[float, float]]] = defaultdict(list)
-    for line in path.read_text().splitlines():
-        fields = line.split("\t")
-        if len(fields) < 6:
-            continue
-        wall, start, worker = float(fields[3]), float(fields[4]), fields[5]
-        spans[worker].append((start, start + wall))
+    for _, _, _, wall, start, worker in read_rows(path):
+        if start is not None and worker is not None:
+            spans[worker].append((start, start + wall))
     if not spans:
         return "no start times in this file (recorded before the timeline columns)"
     t0 = min(a for s in spans.values() for a, _ in s)

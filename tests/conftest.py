@@ -216,10 +216,14 @@ def pytest_configure(config: pytest.Config) -> None:
     """The controller (or the only process) compiles the bytecode caches
     (:func:`compile_sources`). The controller of a parallel run names the run (xdist hands the
     id to its workers), so that it can remove the run's lock files at the end."""
-    if not hasattr(config, "workerinput"):
+    controller = not hasattr(config, "workerinput")
+    if controller:
         compile_sources()
-    parallel = getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput")
-    if parallel and getattr(config.option, "testrunuid", None) is None:
+    if (
+        controller
+        and getattr(config.option, "numprocesses", None)
+        and getattr(config.option, "testrunuid", None) is None
+    ):
         config.option.testrunuid = uuid.uuid4().hex
 
 
