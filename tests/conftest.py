@@ -247,6 +247,21 @@ def _is_serial(item: pytest.Item | None) -> bool:
     return item is not None and item.get_closest_marker("serial") is not None
 
 
+FAST_EXIT = Path(__file__).parent / "fast_exit"
+"""A folder whose ``sitecustomize`` freezes the garbage collector at a process's exit (see its
+docstring): first on ``PYTHONPATH`` for every process the tests start."""
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """The processes the tests start end without the interpreter's last garbage collections
+    (:data:`FAST_EXIT`), unless every test of this run is a compatibility cell (``-m
+    compat``): those end as they would anywhere."""
+    if any(item.get_closest_marker("compat") is None for item in session.items):
+        paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+        if str(FAST_EXIT) not in paths:
+            os.environ["PYTHONPATH"] = os.pathsep.join([str(FAST_EXIT), *filter(None, paths)])
+
+
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
     """A test marked ``serial`` runs alone: while it (with its fixtures) runs, no other worker

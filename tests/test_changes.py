@@ -12,13 +12,17 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
-from meshprof.analyze.run.events.changes import change_points
+from meshprof.analyze.run.events.changes import Timeline, change_points
 from meshprof.analyze.run.events.window import StepWindow, parse_steps, parse_time, window_run
-from meshprof.report.analysis import analyze_run
+from meshprof.report.analysis import analyze_run, choose_window
+from meshprof.report.executor import run_stages
+from meshprof.report.stage import ReportOptions
+from meshprof.report.stages import REPORT_STAGES
 from meshprof.report.stages.changes import CHANGES
 from meshprof.report.stages.stragglers import STRAGGLERS
 from meshprof.report.stages.what_if import WHAT_IF
@@ -88,11 +92,18 @@ def test_a_rank_slow_from_mid_run_is_found_when_it_began(tmp_path, n, layout, sl
     got = next(c for c in rep[WHAT_IF] if c.rank == slow_rank).step_saving_ns
     assert got == pytest.approx(truth, rel=0.35), (got, truth)
     if n <= 256:  # the whole run, when asked: the same changes, no window
-        whole = analyze_run(load_run(tmp_path / "fault", lean=True), regime=False)
-        assert whole[CHANGES].window_lo is None and whole[CHANGES].changes == t.changes
+        whole = _changes(tmp_path / "fault", regime=False)
+        assert whole.window_lo is None and whole.changes == t.changes
     # a clean run: no change, no window
-    c = analyze_run(load_run(tmp_path / "clean", lean=True))[CHANGES]
+    c = _changes(tmp_path / "clean")
     assert c.changes == () and not c.windowed
+
+
+def _changes(path: Path, **options: Any) -> Timeline:
+    """The report's changes section of the run at ``path`` alone (the stages it needs: the
+    other sections of a 1,024-rank run cost seconds and are not checked here)."""
+    run, opts = choose_window(load_run(path, lean=True), ReportOptions(**options))
+    return run_stages(run, REPORT_STAGES, opts, only=[CHANGES.name])[CHANGES.name]
 
 
 def test_window_by_steps_and_times(tmp_path) -> None:

@@ -46,10 +46,14 @@ def _env(mode: str) -> dict[str, str]:
 
 
 def _fr() -> list[dict[str, Any]]:
+    """The Flight Recorder's entries (its pickled dump: the JSON one holds the same entries and
+    took 4.5 ms a read here against 1.3 ms, twice per iteration)."""
+    import pickle
+
     import torch
 
-    dump = torch._C._distributed_c10d._dump_fr_trace_json(True, False)
-    return list(json.loads(dump).get("entries", []))
+    dump = torch._C._distributed_c10d._dump_fr_trace(True, False, False)
+    return list(pickle.loads(dump).get("entries", []))
 
 
 Key = tuple[str, int]  # (group name, seq)

@@ -302,3 +302,22 @@ def test_poller_settle_notices_completed_works_without_its_thread() -> None:
     poller.settle(0.05)
     assert 0.05 <= time.monotonic() - t0 < 1.0 and poller.pending() == 1
     assert "never" not in ended
+
+
+def test_an_events_dict_is_what_dataclasses_asdict_gives_and_shares_nothing() -> None:
+    """``CommEvent.to_dict`` (the JSON export's event) builds the dict directly; it must be
+    ``dataclasses.asdict``'s (with ``group_ranks`` a list), metadata copied deeply."""
+    import dataclasses
+
+    from meshprof.events import CommEvent
+
+    meta = {"bucket": [1, {"params": 3}]}
+    e = CommEvent("all_reduce", 1, 4, "0", "default_pg", (0, 1, 2, 3), 7, "float32", MB, MB,
+                  5, 2 * MS, 0.5, 0.75, status="pending", metadata=meta, step=3, async_op=True)  # fmt: skip
+    for ev in (e, dataclasses.replace(e, metadata={})):
+        want = dataclasses.asdict(ev)
+        want["group_ranks"] = list(ev.group_ranks)
+        assert ev.to_dict() == want and list(ev.to_dict()) == list(want)
+    d = e.to_dict()
+    d["metadata"]["bucket"][1]["params"] = 9
+    assert meta == {"bucket": [1, {"params": 3}]}

@@ -15,7 +15,6 @@ import warnings
 
 import pytest
 import torch
-from torch._dynamo.testing import CompileCounter
 
 from meshprof.api import StepMonitor
 from meshprof.session.recording import RecordingSession, SessionConfig
@@ -37,6 +36,8 @@ def _run(mode: str | None, style: str, train: bool) -> tuple[int, list[float], i
     3-block model compiled in ``style``: "blocks" (torch.compile of each block, as torchtitan),
     "inplace" (``model.compile()``), "wrap" (``torch.compile(model)``); without meshprof when
     ``mode`` is None."""
+    from torch._dynamo.testing import CompileCounter  # (1.8 s to import: not at collection)
+
     torch._dynamo.reset()
     counter = CompileCounter()
     torch.manual_seed(0)
