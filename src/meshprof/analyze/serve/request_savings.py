@@ -15,8 +15,8 @@ collective (the other members of its pipeline stage); its systematic excess ther
 of that over the steps of the same kind from the onset on, kept where it is positive and above
 :data:`Z` standard errors (the step-to-step noise, which no fix removes, stays). The *onset* is
 where x's excess steps up and stays, at the position of its decode steps' chain where that step
-is clearest (:func:`rank_onset`; one position is far less noisy than the whole step on a busy
-machine): the split that maximises the mean shift, kept when the steps after it have an excess
+is clearest, among the positions where it is at least half the largest (:func:`rank_onset`;
+one position is far less noisy than the whole step on a busy machine): the split that maximises the mean shift, kept when the steps after it have an excess
 above the noise; when none is found and a position's excess is above the noise throughout, the
 first step analysed.
 
@@ -63,7 +63,8 @@ MIN_STEPS = 6
 ONSET_SHARE = 0.5
 """Share of the excess after a step-up that the step itself must be: an excess that was already
 there and grew a little (a rank slow throughout, 150 → 151 ms for the last two steps) began
-where it began, not at the growth."""
+where it began, not at the growth. Also the share of the largest position's excess that a
+position's must reach to place the onset (:func:`rank_onset`)."""
 
 
 def _se_median(x: np.ndarray) -> float:
@@ -117,11 +118,13 @@ def onset(excess: np.ndarray) -> int:
 
 
 def rank_onset(ch: _Chains, sm: StepMembers, x: int) -> int:
-    """The step index rank row ``x``'s excess began at (-1: it has none): the most significant
-    step-up (:func:`_split`) of its excess at one position of the chain of its decode steps
-    (its prefill steps when it has no decode step), the compute after the last collective
-    counted as one more position; the first such step when one position is above the noise
-    throughout."""
+    """The step index rank row ``x``'s excess began at (-1: it has none), from its excess at
+    each position of the chain of its decode steps (its prefill steps when it has no decode
+    step), the compute after the last collective counted as one more position. Only the
+    positions whose excess from their onset on is at least :data:`ONSET_SHARE` of the largest
+    count (a 1 ms step-up at one position does not place the onset of a 150 ms excess at
+    another): the first step when one of them is above the noise throughout, else the most
+    significant step-up (:func:`_split`) among them."""
     decode = STEP_KINDS.index("decode")
     code = decode if (sm.kind == decode).any() else int(np.bincount(sm.kind).argmax())
     cols = np.flatnonzero(sm.kind == code)
@@ -134,14 +137,21 @@ def rank_onset(ch: _Chains, sm: StepMembers, x: int) -> int:
     tail = ch.tail[x, cols] - ch.tail_ref[x, cols]
     ok = np.isfinite(tail)
     series.append((cols[ok], tail[ok]))
-    best, score, steady = -1, 0.0, -1
+    # per position: (its level from its onset on, the onset's step, the step-up's score);
+    # a position above the noise throughout scores inf (its onset is its first step)
+    found: list[tuple[float, int, float]] = []
     for steps, e in series:
         at, sc = _split(e)
-        if at >= 0 and sc > score:
-            best, score = int(steps[at]), sc
-        elif at < 0 and len(e) and _systematic(e) > 0:
-            steady = int(steps[0]) if steady < 0 else min(steady, int(steps[0]))
-    return best if best >= 0 else steady
+        if at >= 0:
+            found.append((float(np.median(e[at:])), int(steps[at]), sc))
+        elif len(e) and (level := _systematic(e)) > 0:
+            found.append((level, int(steps[0]), math.inf))
+    if not found:
+        return -1
+    top = max(f[0] for f in found)
+    major = [f for f in found if f[0] >= ONSET_SHARE * top]
+    steady = [f[1] for f in major if f[2] == math.inf]
+    return min(steady) if steady else max(major, key=lambda f: f[2])[1]
 
 
 class _Chains:
