@@ -144,7 +144,6 @@ def test_cli_window_options_and_bad_input(tmp_path, cli) -> None:
         assert len(p.stderr.strip().splitlines()) == 1
 
 
-@pytest.mark.serial  # 30 ms a step measured within 25-30 %: no other job beside it
 def test_real_job_rank_slow_from_mid_run(tmp_path, cli) -> None:
     """2 gloo ranks under ``meshprof run``; from step 50 rank 1 computes 30 ms more per step (a
     sleep): the report finds it then, analyses the steps since, and names rank 1 with the
@@ -169,13 +168,16 @@ def test_real_job_rank_slow_from_mid_run(tmp_path, cli) -> None:
     assert p.returncode == 0, p.stderr[-3000:]
     rep = analyze_run(load_run(out, lean=True))
     t = rep[CHANGES]
-    # rank 1's latest change (a loaded host may show earlier ones: contention, warm-up); on 2
-    # cores shared by both ranks, the launcher and the publishers a few slow steps just before
-    # the onset can move the estimate by a few steps (seen once in a full run: step 47)
+    # rank 1's largest change is the sleep's: a loaded host may show others, before it (warm-up)
+    # or after it (beside another job, 35.1 -> 37.4 ms at step 73: 6 % of the step, a change);
+    # on 2 cores shared by both ranks, the launcher and the publishers a few slow steps just
+    # before the onset can move the estimate by a few steps (seen once in a full run: step 47)
     ones = [c for c in t.changes if c.rank == 1 and c.metric == "compute"]
-    assert ones and 47 <= ones[-1].step <= 52, t.changes
+    assert ones, t.changes
+    fault = max(ones, key=lambda c: c.after_ns - c.before_ns)
+    assert 47 <= fault.step <= 52, t.changes
     # the sleep adds 30 ms of compute to rank 1's step
-    assert ones[-1].after_ns - ones[-1].before_ns == pytest.approx(30 * MS, rel=0.25)
+    assert fault.after_ns - fault.before_ns == pytest.approx(30 * MS, rel=0.25)
     assert t.reason == "latest_regime" and t.window_lo is not None and t.window_lo >= 47
     assert [s.rank for s in rep[STRAGGLERS].stragglers] == [1]
     # what it costs every step since: the 30 ms it adds (two ranks: rank 0 waits all of it)

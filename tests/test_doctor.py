@@ -61,6 +61,33 @@ def test_healthy_job(cli):
     assert env["env"]["WORLD_SIZE"] == "3"
 
 
+def _slow_device(rank, ws, cfg):
+    if rank == 1:  # a device 1 ms slower per matmul (a throttled GPU, a slower part)
+        import torch
+
+        matmul = torch.Tensor.__matmul__
+
+        def slow(a, b):  # type: ignore[no-untyped-def]
+            time.sleep(0.001)
+            return matmul(a, b)
+
+        torch.Tensor.__matmul__ = slow  # type: ignore[method-assign]
+    return doctor_rank(rank, ws, cfg)
+
+
+@pytest.mark.timeout(90)
+def test_a_slower_rank_fails_the_compute_balance():
+    # rank 1's 10 matmuls take 10 ms more than its peers' (1.5-3.5 ms here, idle or loaded);
+    # a thread of its own holding the interpreter was tried first: beside other jobs it often
+    # lost the interpreter during the matmuls, and the best round showed nothing
+    checks = run_local(3, DoctorConfig(timeout_s=30), worker=_slow_device)
+    bal = next(c for c in checks if c.name == "compute balance")
+    probe = bal.values["probe_us"]
+    assert not bal.ok and "unevenly loaded" in bal.detail, bal
+    assert max(range(3), key=lambda r: probe[r]) == 1 and probe[1] > 10_000, probe
+    assert all(c.ok for c in checks if c.name != "compute balance"), checks
+
+
 @pytest.mark.timeout(60)
 def test_peer_never_joins():
     t0 = time.monotonic()

@@ -184,7 +184,6 @@ def test_live_stragglers_are_looked_for_within_a_pipeline_stage(tmp_path: Path) 
     assert s.rank == 3 and s.median_compute_ns == 110_000_000 and s.excess_ns == 40_000_000
 
 
-@pytest.mark.serial  # shares within 5 % and in-flight ages under 200 ms: no job beside it
 def test_live_figures_are_the_reports_on_the_same_steps(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """An unmodified DDP job whose gradient buckets overlap the backward (async all_reduces in
     flight together): the live record's step time, compute, communication and exposed shares

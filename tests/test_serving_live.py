@@ -188,7 +188,6 @@ def _report_latencies(run: Path) -> dict[str, Any]:
 
 
 @pytest.mark.slow
-@pytest.mark.serial  # the live window against the client's clock: delivery delays grow beside other jobs
 def test_live_records_agree_with_the_client(slow_run: Path) -> None:
     recs = read_rank_lives(slow_run)
     s0, s1 = recs[0].serving, recs[1].serving
@@ -219,7 +218,6 @@ def test_live_records_agree_with_the_client(slow_run: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.serial  # the same job as the test above (its fixture)
 def test_prometheus_top_and_alerts_on_the_real_job(slow_run: Path) -> None:
     pytest.importorskip("prometheus_client")
     from meshprof.live.metrics import LiveCollector, metrics_text

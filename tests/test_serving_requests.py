@@ -313,6 +313,26 @@ def test_a_small_step_up_elsewhere_does_not_move_a_faults_onset(cli: Any) -> Non
     assert cost["tpot_p50_ns"] - cost["tpot_p50_after_ns"] > 0.5 * 150e6, cost
 
 
+def test_a_straggler_in_both_runs_whose_cost_grew_is_listed_as_changed(cli: Any) -> None:
+    # test_serving_views' two runs as one run recorded them beside other jobs: "a" without a
+    # fault, yet its rank 1 a decode straggler from step 27 (38.8 ms over its peer there, 3.8
+    # ms of the TPOT p50); "b" with rank 1 150 ms slower in every decode step. Rank 1 is named
+    # in both, so nothing appeared, and the diff said nothing of the fault. The truth: the
+    # fault is in b alone, 150 ms a decode step, most of b's TPOT p50 (265 ms)
+    pair = RECORDED / "busy_pair"
+    r = cli("diff", pair / "a", pair / "b", "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)["serving"]
+    assert d["appeared"] == [] and d["vanished"] == []
+    (c,) = d["changed"]
+    assert c["rank"] == 1 and c["a_tpot_cost_ns"] < 0.1 * 150e6 < 0.5 * 150e6 < c["b_tpot_cost_ns"]
+    text = " ".join(cli("diff", pair / "a", pair / "b").stdout.split())
+    assert "± changed: rank 1 is slow in decode in both runs" in text
+    # the recorded pair without contention: rank 1 appears, nothing changed
+    r = cli("diff", RECORDED / "no_fault", RECORDED / "decode_fault", "--json")
+    assert json.loads(r.stdout)["serving"]["changed"] == []
+
+
 def _decode_steps(run: Path, rank: int) -> list[int]:
     """The steps ``rank`` recorded as decode step spans (the loader's, not the analysis')."""
     rd = load_run(run).ranks[rank]

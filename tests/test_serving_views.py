@@ -16,9 +16,9 @@ from meshprof.demo.serving import ServeConfig
 from meshprof.demo.serving_client import Load
 from meshprof.demo.serving_run import run_serving
 
-# serial: the diff must see run B's injected 150 ms decode fault against run A, two runs made
-# one after the other (beside parallel jobs, A was once the slower)
-pytestmark = [pytest.mark.slow, pytest.mark.serial]
+# not serial: beside other jobs A's decode steps may be slow too, and its rank 1 a small
+# straggler; the checks hold whatever A's step times (the fault is rank 1's excess in B)
+pytestmark = pytest.mark.slow
 
 LOAD = Load(requests=10, rate=4.0, output=(4, 10), seed=7)
 
@@ -71,8 +71,13 @@ def test_diff_compares_the_two_reports_figures(runs: tuple[Path, Path], cli: Any
     assert figs["decode step p50"]["delta"] == pytest.approx(
         dec[1]["decode"]["step"]["p50"] - dec[0]["decode"]["step"]["p50"]
     )
-    assert figs["decode step p50"]["delta"] > 0.5 * 150e6  # the fault shows
-    assert any("rank 1 is slow in decode" in t for t in d["appeared"]), d
+    # the fault shows in B as rank 1's excess over its peer (beside other jobs, A's decode step
+    # p50 was once only 34 ms under B's: the two runs' step times need not differ by the fault)
+    assert [c["excess_ns"] > 0.5 * 150e6 for c in sb["costs"] if c["rank"] == 1] == [True]
+    # B's fault appears, or, where A's rank 1 was a (much smaller) straggler too (beside other
+    # jobs: 3.8 ms of A's TPOT p50 once), its cost is listed as changed
+    grew = [c for c in d["changed"] if c["rank"] == 1 and c["b_tpot_cost_ns"] > 0.5 * 150e6]
+    assert any("rank 1 is slow in decode" in t for t in d["appeared"]) or grew, d
     assert (d["a_requests"], d["b_requests"]) == (LOAD.requests, LOAD.requests)
     text = cli("diff", a, b)
     assert "serving: 10 → 10 requests" in text.stdout and "TPOT p50" in text.stdout

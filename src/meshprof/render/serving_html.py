@@ -19,6 +19,7 @@ from meshprof.render.serving_text import (
     figure_value,
     goodput_line,
     headline,
+    straggler_change,
 )
 from meshprof.report.run_report import RunReport
 from meshprof.report.stages.serving import SERVING
@@ -216,6 +217,7 @@ def serving_diff_html(d: ServingDiff | None) -> str:
     out.append(html_table(["figure", "A", "B", "change"], rows))
     for sign, items in (("appeared", d.appeared), ("vanished", d.vanished)):
         out += [f"<p>{_E(sign)}: {_E(t)}</p>" for t in items]
+    out += [f"<p>changed: {_E(straggler_change(c))}</p>" for c in d.changed]
     return "".join(out)
 
 

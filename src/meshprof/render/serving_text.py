@@ -10,7 +10,7 @@ import datetime as _dt
 from rich.console import Console
 from rich.table import Table
 
-from meshprof.analyze.diff.serving_diff import ServingDiff, ServingFigureDiff
+from meshprof.analyze.diff.serving_diff import ServingDiff, ServingFigureDiff, StragglerChange
 from meshprof.analyze.serve.types import LatencyStats, RequestLatencies, ServingReport
 from meshprof.render.diff_tables import delta_text, figure_value, rel_suffix
 from meshprof.render.format import fmt_delta_ns, fmt_ns, fmt_pct, fmt_rate
@@ -230,6 +230,16 @@ def print_serving_diff(d: ServingDiff | None, console: Console) -> None:
     for sign, what, items in (("+", "appeared", d.appeared), ("-", "vanished", d.vanished)):
         for title in items:
             say(console, f"{sign} {what}: {title}", "    ", "  ")
+    for change in d.changed:
+        say(console, f"± changed: {straggler_change(change)}", "    ", "  ")
+
+
+def straggler_change(c: StragglerChange) -> str:
+    """A decode straggler of both runs whose cost changed, in words."""
+    return (
+        f"rank {c.rank} is slow in decode in both runs; what it costs the TPOT p50: "
+        f"{fmt_ns(c.a_tpot_cost_ns)} in A, {fmt_ns(c.b_tpot_cost_ns)} in B"
+    )
 
 
 __all__ = [
@@ -242,4 +252,5 @@ __all__ = [
     "print_serving",
     "print_serving_brief",
     "print_serving_diff",
+    "straggler_change",
 ]

@@ -394,6 +394,10 @@ def check_memory(ctx: _Ctx) -> None:
     ctx.add("free memory", not low, detail, free_bytes=[int(f) for f, _ in table])
 
 
+PROBE_ROUNDS = 5
+"""Probes per rank in the compute-balance check; its best counts."""
+
+
 def check_compute(ctx: _Ctx) -> None:
     """The same fixed matmul on every rank: the slowest / fastest ratio shows load imbalance."""
     import torch
@@ -405,26 +409,29 @@ def check_compute(ctx: _Ctx) -> None:
     a @ a
 
     def probe() -> float:
-        best = float("inf")
-        for _ in range(5):
-            if cuda:
-                torch.cuda.synchronize()
-            t0 = time.perf_counter_ns()
-            for _ in range(10):
-                a @ a
-            if cuda:
-                torch.cuda.synchronize()
-            best = min(best, (time.perf_counter_ns() - t0) / 1e3)
-        return best
+        """µs of 10 matmuls (the device's time on CUDA)."""
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter_ns()
+        for _ in range(10):
+            a @ a
+        if cuda:
+            torch.cuda.synchronize()
+        return (time.perf_counter_ns() - t0) / 1e3
 
+    best = float("inf")
     if cuda:  # one device per rank: all at once
-        best = probe()
-    else:  # CPU ranks share the host's cores: one rank at a time, so they do not slow each other
-        best = 0.0
-        for r in range(ctx.ws):
-            _gather(dist, torch, [0.0], ctx.ws, ctx.cfg.timeout_s)  # a barrier with a timeout
-            if r == ctx.rank:
-                best = probe()
+        for _ in range(PROBE_ROUNDS):
+            best = min(best, probe())
+    else:
+        # CPU ranks share the host's cores: one rank at a time, so they do not slow each other,
+        # in rounds, so that a burst of another process's load on the host falls on one round of
+        # every rank rather than on all of one rank's probes (the best round counts)
+        for _ in range(PROBE_ROUNDS):
+            for r in range(ctx.ws):
+                _gather(dist, torch, [0.0], ctx.ws, ctx.cfg.timeout_s)  # a barrier with a timeout
+                if r == ctx.rank:
+                    best = min(best, probe())
     times = [t[0] for t in _gather(dist, torch, [best], ctx.ws, ctx.cfg.timeout_s)]
     slow, fast = (
         max(range(ctx.ws), key=lambda r: times[r]),

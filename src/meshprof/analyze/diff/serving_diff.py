@@ -1,6 +1,6 @@
 """Two serving runs compared (``meshprof diff``'s ``serving``): the request figures, the steps
-and their communication, and the decode stragglers that appeared or vanished. Every delta is
-B − A; times in ns, rates per second, shares as fractions."""
+and their communication, and the decode stragglers that appeared, vanished or changed what they
+cost. Every delta is B − A; times in ns, rates per second, shares as fractions."""
 
 from __future__ import annotations
 
@@ -12,6 +12,10 @@ from meshprof.analyze.serve.types import ServingReport
 
 HEADLINE_MIN_REL = 0.05
 """A serving figure enters the diff's headline when it changed by at least this share."""
+COST_CHANGE_RATIO = 2.0
+"""A decode straggler named in both runs is listed as changed when what it costs the TPOT p50
+grew or shrank by this factor or more (and by at least :data:`HEADLINE_MIN_REL` of A's TPOT
+p50)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +37,20 @@ class ServingFigureDiff:
 
 
 @dataclass(frozen=True, slots=True)
+class StragglerChange:
+    """A decode straggler of both runs whose cost to the requests changed (by
+    :data:`COST_CHANGE_RATIO` or more): a fault that grew on a rank that was already slower than
+    its peers is no new finding, and would otherwise go unsaid."""
+
+    rank: int
+    """The rank."""
+    a_tpot_cost_ns: float
+    """What it cost run A's TPOT p50: the p50 minus the p50 were the rank as fast as its peers."""
+    b_tpot_cost_ns: float
+    """The same in run B."""
+
+
+@dataclass(frozen=True, slots=True)
 class ServingDiff:
     """What changed in serving from run A to run B."""
 
@@ -47,6 +65,8 @@ class ServingDiff:
     """Serving findings of B that A did not have (their titles; decode stragglers by rank)."""
     vanished: tuple[str, ...] = ()
     """Serving findings of A that B does not have."""
+    changed: tuple[StragglerChange, ...] = ()
+    """Decode stragglers of both runs whose cost changed, largest change first."""
     note: str = ""
     """Why it could not be compared (only one run served requests)."""
 
@@ -111,7 +131,29 @@ def serving_diff(a: ServingReport | None, b: ServingReport | None) -> ServingDif
         lb.requests,
         appeared=tuple(t for k, t in fb.items() if k not in fa),
         vanished=tuple(t for k, t in fa.items() if k not in fb),
+        changed=_changed(a, b),
     )
+
+
+def _tpot_costs(r: ServingReport) -> dict[int, float]:
+    """Per rank named a decode straggler (alone): what it costs the TPOT p50 (ns)."""
+    return {
+        f.ranks[0]: float(f.value)
+        for f in r.findings
+        if str(f.kind) == "decode_straggler" and len(f.ranks) == 1 and math.isfinite(f.value)
+    }
+
+
+def _changed(a: ServingReport, b: ServingReport) -> tuple[StragglerChange, ...]:
+    """The decode stragglers of both runs whose cost changed (:data:`COST_CHANGE_RATIO`)."""
+    ca, cb = _tpot_costs(a), _tpot_costs(b)
+    floor = HEADLINE_MIN_REL * a.latencies.tpot.at(50)
+    out = []
+    for rank in sorted(ca.keys() & cb.keys()):
+        lo, hi = sorted((ca[rank], cb[rank]))
+        if hi - lo >= floor and hi >= COST_CHANGE_RATIO * max(lo, 0.0):
+            out.append(StragglerChange(rank, ca[rank], cb[rank]))
+    return tuple(sorted(out, key=lambda c: -abs(c.b_tpot_cost_ns - c.a_tpot_cost_ns)))
 
 
 def headline_rows(d: ServingDiff | None) -> list[ServingFigureDiff]:
@@ -123,4 +165,12 @@ def headline_rows(d: ServingDiff | None) -> list[ServingFigureDiff]:
     return sorted(rows, key=lambda f: -abs(f.rel))
 
 
-__all__ = ["HEADLINE_MIN_REL", "ServingDiff", "ServingFigureDiff", "headline_rows", "serving_diff"]
+__all__ = [
+    "COST_CHANGE_RATIO",
+    "HEADLINE_MIN_REL",
+    "ServingDiff",
+    "ServingFigureDiff",
+    "StragglerChange",
+    "headline_rows",
+    "serving_diff",
+]
