@@ -162,8 +162,9 @@ def test_bad_files_named_others_analysed(tmp_path: Path) -> None:
 
 @pytest.fixture
 def wide(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A 120-column console, so that the report's sentences are not wrapped."""
-    monkeypatch.setenv("COLUMNS", "120")
+    """A console wide enough that the report's sentences are not wrapped (nor a problem's
+    path folded: at 120 columns a longer temporary directory once split "broken.json")."""
+    monkeypatch.setenv("COLUMNS", "1000")
 
 
 def test_report_on_a_folder_of_traces(tmp_path: Path, cli, wide: None) -> None:
