@@ -192,8 +192,9 @@ def test_node_local_directories_are_one_run(tmp_path: Path, cli, finished_run: P
     # named; a 50 ms sleep was once not even the most waited for)
     codes, errs = _two_nodes(cli, tmp_path, "ddp_straggler.py", "1", "0.25", "12", outs=(d0, d1))
     assert codes == [0, 0], [e[-2000:] for e in errs]
-    assert sorted(load_run(d0).ranks) == [0] and sorted(load_run(d1).ranks) == [1]
-    assert load_run(d0).manifest.run_id == load_run(d1).manifest.run_id  # agreed
+    run0, run1 = load_run(d0), load_run(d1)  # each node's directory alone
+    assert sorted(run0.ranks) == [0] and sorted(run1.ranks) == [1]
+    assert run0.manifest.run_id == run1.manifest.run_id  # agreed
     alone = json.loads(cli("report", str(d0), "--json").stdout)
     assert alone["failures"] == [] and "on another node" in alone["problems"][0]["reason"]
     assert alone["summary"]["metadata"]["nodes_missing"] == 1
@@ -201,8 +202,8 @@ def test_node_local_directories_are_one_run(tmp_path: Path, cli, finished_run: P
     assert "job: ok, exit code 0; 1 of 2 nodes not read" in text
     both = json.loads(cli("report", str(d0), str(d1), "--json").stdout)
     assert both["summary"]["loaded_ranks"] == [0, 1] and both["problems"] == []
-    issued = len(load_run(d0).ranks[0].events)  # what rank 0 recorded, read from its node alone
-    assert issued == len(load_run(d1).ranks[1].events) > 12
+    issued = len(run0.ranks[0].events)  # what rank 0 recorded, read from its node alone
+    assert issued == len(run1.ranks[1].events) > 12
     assert both["collectives"]["complete"] == issued and both["collectives"]["incomplete"] == 0
     assert both["wait_causes"][0]["rank"] == 1
     assert [n["node_rank"] for n in both["summary"]["metadata"]["nodes"]] == [0, 1]

@@ -16,9 +16,9 @@ of that over the steps of the same kind from the onset on, kept where it is posi
 :data:`Z` standard errors (the step-to-step noise, which no fix removes, stays). The *onset* is
 where x's excess steps up and stays, at the position of its decode steps' chain where that step
 is clearest, among the positions where it is at least half the largest (:func:`rank_onset`;
-one position is far less noisy than the whole step on a busy machine): the split that maximises the mean shift, kept when the steps after it have an excess
-above the noise; when none is found and a position's excess is above the noise throughout, the
-first step analysed.
+one position is far less noisy than the whole step on a busy machine): the split that
+maximises the mean shift, kept when the steps after it have an excess above the noise; when
+none is found and a position's excess is above the noise throughout, the first step analysed.
 
 A step's *saving* is the serving rank's recorded step end minus its replayed end. A request's
 TTFT saving is the sum of the savings of the steps that ended after its arrival and at or
