@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -271,14 +272,25 @@ def _held_worker(rank: int, ws: int, run_dir: str) -> dict[str, Any]:
                 for r in (rd.meta.stats or {}).get("rows", [])
             ],
             "live": (rec["collectives"], rec["inflight_count"], rec.get("inflight")),
+            "live_updated_ns": rec["updated_ns"],
             "dump": (
                 [(e["seq"], e["state"]) for e in dump["events"]],
                 [o["seq"] for o in dump["inflight"]],
             ),
         }
 
+    # the record takes 200 ms to build after the recorder is read (a loaded host once took 80)
+    fill_serving = live._fill_serving
+
+    def slow_fill(*a: Any) -> None:
+        time.sleep(0.2)
+        fill_serving(*a)
+
+    live._fill_serving = slow_fill  # type: ignore[method-assign]
     if rank == 0:
+        before = time.time_ns()
         work = dist.all_reduce(t, async_op=True)
+        out["issued_between"] = (before, time.time_ns())
         snapshot("held")
         store.set("read", "1")
         work.wait()
@@ -316,6 +328,11 @@ def test_inflight_op_read_once_then_completed_once(mode: str, tmp_path: Path) ->
     assert held["file_stats"] == [("all_reduce", 2, 1, 1)]
     collectives, inflight_count, oldest = held["live"]
     assert (collectives, inflight_count) == (1, 1) and oldest["seq"] == 1
+    # its issue time is when the test issued it (its own clock around the call), and its age is
+    # counted to the record's time, however long the record took to build after the read
+    lo, hi = r["issued_between"]
+    assert lo - 1_000_000 <= oldest["issued_ns"] <= hi + 1_000_000, (oldest, lo, hi)
+    assert oldest["issued_ns"] + oldest["age_ns"] == held["live_updated_ns"]
     assert held["dump"] == ([(0, "completed")], [1])
     # done: both completed, each once; nothing in flight; the issued count did not change
     assert [(op, seq, st) for op, seq, st, _d in done["events"]] == [

@@ -251,8 +251,9 @@ class LivePublisher:
                 reading = None
                 with contextlib.suppress(Exception):
                     reading = self.prof.read(events=False)
+                read_ns = time.time_ns()  # the instant its in-flight ages are measured at
                 self.counters.fold(reading.chunks if reading is not None else None)
-                rec = self.build(reading)
+                rec = self.build(reading, read_ns)
                 if self._writer is None or self._writer.path != live_file(self.run_dir, rec.rank):
                     self._writer = LiveWriter(live_file(self.run_dir, rec.rank), self.run_dir)
                 path = self._writer.write(rec)
@@ -265,13 +266,18 @@ class LivePublisher:
             self.cost_ns += time.thread_time_ns() - t0
 
     # -- the record ------------------------------------------------------------------------------
-    def build(self, reading: Any = None) -> RankLive:
-        """This rank's :class:`RankLive` now (``reading``: the recorder's read whose completed
-        collectives the counters hold; its ops in flight are the record's)."""
+    def build(self, reading: Any = None, read_ns: int | None = None) -> RankLive:
+        """This rank's :class:`RankLive` (``reading``: the recorder's read whose completed
+        collectives the counters hold; its ops in flight are the record's). The record's time
+        (``updated_ns``) is ``read_ns``, when the recorder was read (default: now, with the
+        ops in flight read at once): the ops' ages are measured then, and building the rest
+        of the record took 80 ms once on a loaded host, which put their issue that much late."""
+        ops = reading.pending.ops if reading is not None else self._ops_in_flight()
+        now = time.time_ns() if read_ns is None else read_ns
         rank = self._rank()
         rec = RankLive(
             rank=rank,
-            updated_ns=time.time_ns(),
+            updated_ns=now,
             interval_s=self.interval_s,
             world_size=int(self.extra.get("world_size", getattr(self.prof, "world_size", -1))),
             pid=os.getpid(),
@@ -293,9 +299,8 @@ class LivePublisher:
             self._fill_memory(rec, mon)
             self.ledger.fill(rec, mon)
         self._fill_serving(rec, mon)
-        ops = reading.pending.ops if reading is not None else self._ops_in_flight()
         rec.inflight_count = len(ops)
-        rec.inflight = self._inflight(ops)
+        rec.inflight = self._inflight(ops, now)
         return rec
 
     def _fill_serving(self, rec: RankLive, mon: Any) -> None:
@@ -396,7 +401,8 @@ class LivePublisher:
         except Exception:
             return []
 
-    def _inflight(self, ops: list[Any]) -> InflightLive | None:
+    def _inflight(self, ops: list[Any], now_ns: int) -> InflightLive | None:
+        """The oldest of ``ops`` (their ages measured at ``now_ns``, epoch ns)."""
         if not ops:
             return None
         op = max(ops, key=lambda o: o.age_ns)
@@ -417,7 +423,7 @@ class LivePublisher:
             dim=dim,
             seq=int(op.seq),
             age_ns=age,
-            issued_ns=time.time_ns() - age,
+            issued_ns=now_ns - age,
         )
 
 
