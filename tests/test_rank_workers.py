@@ -89,7 +89,7 @@ def test_workers_give_the_in_process_report(tmp_path):
 
 def test_a_dead_worker_costs_no_rank(tmp_path):
     out = _run(tmp_path, "dying")
-    assert out["in_workers"] and out["failed_chunks"] >= 1
+    assert out["in_workers"] and out["failed_chunks"] >= 1, out
     assert out["ranks"] == 24
     assert out["same"]
 
@@ -140,6 +140,48 @@ def test_forked_loading_gives_the_serial_load(tmp_path):
     assert out["forked"] and out["same"]
     assert out["ranks"] == 23 and out["problems"] == [11]
     assert out["world_shared"]
+
+
+BROKEN_WHILE_SUBMITTING = """
+import json, os, time
+from concurrent.futures import ProcessPoolExecutor
+from meshprof import forking
+
+real_submit = ProcessPoolExecutor.submit
+
+def slow_submit(pool, *args):
+    # the parent submits its parts slowly (a loaded host): the first part's worker is dead
+    # before the second is submitted
+    if getattr(pool, "_meshprof_submitted", 0):
+        time.sleep(1.0)
+    pool._meshprof_submitted = 1
+    return real_submit(pool, *args)
+
+ProcessPoolExecutor.submit = slow_submit
+parent = os.getpid()
+
+def work(part):
+    if part == 0:
+        os._exit(9)  # killed at once, as for memory
+    return part * 10
+
+forked = forking.start(work, [0, 1, 2, 3], 2)
+print(json.dumps(None if forked is None else forked.results()))
+"""
+
+
+def test_a_worker_dead_before_all_parts_are_submitted_fails_its_parts():
+    """A worker that dies while the parent is still submitting breaks the pool under the later
+    submits: the parts come back failed (None, to redo in-process), not the whole start
+    (which once returned None: the report then never counted the dead worker)."""
+    p = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(BROKEN_WHILE_SUBMITTING)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr[-3000:]
+    got = json.loads(p.stdout.strip().splitlines()[-1])
+    assert got is not None and len(got) == 4 and got[0] is None
+    assert all(g is None or g == 10 * i for i, g in enumerate(got))
 
 
 def test_no_fork_beside_another_thread():

@@ -19,7 +19,7 @@ import sys
 import threading
 import warnings
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import BrokenExecutor, Future, ProcessPoolExecutor
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
@@ -132,10 +132,22 @@ def start(fn: Callable[[T], R], parts: Sequence[T], workers: int) -> Forked[T, R
                 max_workers=workers, mp_context=multiprocessing.get_context("fork")
             )
             # a fork pool starts all its processes at the first submit
-            futures = [pool.submit(_apply, p) for p in parts]
+            futures = [_submit(pool, p) for p in parts]
     except (OSError, RuntimeError, ValueError):
         return None
     finally:
         _fn = None  # the children took their copy at the fork
         gc.unfreeze()
     return Forked(pool, futures)
+
+
+def _submit(pool: ProcessPoolExecutor, part: Any) -> Future[Any]:
+    """``part`` submitted to ``pool``; where the pool broke before it (a worker died while the
+    parts were still being submitted: one that fails at once, on a loaded host) a future that
+    failed, so that its part, like a dead worker's, is redone in-process."""
+    try:
+        return pool.submit(_apply, part)
+    except BrokenExecutor as e:
+        failed: Future[Any] = Future()
+        failed.set_exception(e)
+        return failed
