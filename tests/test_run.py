@@ -454,6 +454,12 @@ def test_node_records_merge_without_a_shared_file_system(tmp_path: Path) -> None
     )
     m = merge_node_records({}, read_node_records(run_dir))
     assert m["status"] == "running" and m["end_ns"] is None and m["exit_code"] == 0
+    # a manifest written on one node of two says the other is missing; with both records
+    # read it is not (node-local directories read together, or gathered)
+    m = merge_node_records({"nnodes": "2", "nodes_missing": 1}, read_node_records(run_dir))
+    assert m["nodes_missing"] is None
+    m = merge_node_records({"nnodes": "3", "nodes_missing": 2}, read_node_records(run_dir))
+    assert m["nodes_missing"] == 1
     # a damaged record is skipped, the others still merge
     (run_dir / "nodes" / "zz.json").write_text("{not json")
     assert len(read_node_records(run_dir)) == 2

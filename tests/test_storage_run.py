@@ -200,8 +200,16 @@ def test_node_local_directories_are_one_run(tmp_path: Path, cli, finished_run: P
     assert alone["summary"]["metadata"]["nodes_missing"] == 1
     text = cli("report", str(d0)).stdout
     assert "job: ok, exit code 0; 1 of 2 nodes not read" in text
+    # rank 0's waiting for the unread rank 1 stays in its exposed communication: it says so
+    exposed = [v for v in alone["verdict"] if v["cause"].startswith("exposed_comm")]
+    assert exposed and all("rank 1 ran on other nodes" in v["evidence"] for v in exposed)
+    assert all(v["action"].startswith("read every node's directory") for v in exposed)
     both = json.loads(cli("report", str(d0), str(d1), "--json").stdout)
     assert both["summary"]["loaded_ranks"] == [0, 1] and both["problems"] == []
+    # read together, no node is missing (node 0's manifest, written alone, said one was)
+    assert both["summary"]["metadata"].get("nodes_missing") is None
+    assert "not read" not in cli("report", str(d0), str(d1)).stdout
+    assert not any("not read" in v["evidence"] for v in both["verdict"])
     issued = len(run0.ranks[0].events)  # what rank 0 recorded, read from its node alone
     assert issued == len(run1.ranks[1].events) > 12
     # every collective of the whole run (the report analyses the latest regime when a change
@@ -217,6 +225,7 @@ def test_node_local_directories_are_one_run(tmp_path: Path, cli, finished_run: P
     assert json.loads(again.stdout)["files"] == 0  # up to date: nothing copied again
     gathered = json.loads(cli("report", str(merged), "--json").stdout)
     assert gathered["summary"]["loaded_ranks"] == [0, 1]
+    assert gathered["summary"]["metadata"].get("nodes_missing") is None
     assert gathered["collectives"] == both["collectives"] and gathered["failures"] == []
     assert gathered["wait_causes"] == both["wait_causes"]
     # a tar stream of one node's directory, unpacked beside the other's

@@ -160,7 +160,8 @@ def merge_node_records(
     node's whose own failure came first, else the first failing node's by node rank),
     ``torchrun_exit_code`` (likewise), ``end_ns`` (the last node's; None while one runs),
     ``start_ns`` (the first), ``hang`` (the first node's, unless the manifest has one),
-    ``nodes_missing`` (fewer records than ``nnodes``)."""
+    ``nodes_missing`` (how many fewer records than ``nnodes``; None when none are missing,
+    whatever the manifest said)."""
     m = as_manifest(manifest)
     if not records:
         return m
@@ -201,8 +202,11 @@ def merge_node_records(
     if hangs and not m.hang:
         changes["hang"] = hangs[0]
     nnodes = str(m.nnodes or "")
-    if nnodes.isdigit() and len(records) < int(nnodes):
-        changes["nodes_missing"] = int(nnodes) - len(records)
+    if nnodes.isdigit():
+        # recounted from the records read: a manifest written on one node (which saw only its
+        # own record) says the others are missing, which its directory read beside theirs, or
+        # gathered with them, no longer is
+        changes["nodes_missing"] = max(int(nnodes) - len(records), 0) or None
     return m.updated(**changes)
 
 

@@ -11,6 +11,7 @@ from meshprof.analyze.run.stragglers.waits import WaitCause
 from meshprof.analyze.run.what_if.what_if import WhatIf
 from meshprof.report.stage import Key, ReportOptions, stage
 from meshprof.rundir import LoadedRun, job_device_kind
+from meshprof.rundir.rank_problems import ELSEWHERE
 
 VERDICT: Key[tuple[VerdictItem, ...]] = Key("verdict")
 
@@ -35,9 +36,11 @@ def verdict_stage(
         for rd in run.ranks.values()
     )
     device = job_device_kind(rd.meta for rd in run.ranks.values())
+    not_read = tuple((sp.first, sp.last) for sp in run.problems.spans if sp.kind == ELSEWHERE)
     inputs = VerdictInputs(
-        what_if_replay, ledger, stragglers, run.world_size, hosts, wait_causes, work, device
-    )
+        what_if_replay, ledger, stragglers, run.world_size, hosts, wait_causes, work, device,
+        not_read,
+    )  # fmt: skip
     price = (
         options.device_hour_price
         if options.device_hour_price is not None

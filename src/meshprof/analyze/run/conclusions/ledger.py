@@ -23,7 +23,7 @@ from meshprof.analyze.steps.ledger import CAUSES
 from meshprof.analyze.steps.types import StepAnalysis
 from meshprof.records.ledger import LedgerEntry, RankLedger, TimeCause
 
-_CARVED = (TimeCause.EXPOSED_DP, TimeCause.EXPOSED_TP, TimeCause.EXPOSED_OTHER)
+CARVED = (TimeCause.EXPOSED_DP, TimeCause.EXPOSED_TP, TimeCause.EXPOSED_OTHER)
 """The exposed communication the straggler wait is taken out of."""
 
 
@@ -79,13 +79,13 @@ def _waited(s: StragglerReport, rank: int, steps: Sequence[int], at: _WaitIndex)
 def rank_ledger(a: StepAnalysis, s: StragglerReport, at: _WaitIndex | None = None) -> RankLedger:
     """One rank's ledger, its straggler wait carved out of its exposed communication."""
     parts = {k: int(a.ledger.get(k, 0)) for k in CAUSES}
-    pool = sum(parts[c] for c in _CARVED)
+    pool = sum(parts[c] for c in CARVED)
     at = at if at is not None else _WaitIndex.of(s)
     wait = min(_waited(s, a.rank, [r.step for r in a.per_step], at), pool)
     if wait > 0:
         taken = 0
-        for i, c in enumerate(_CARVED):
-            part = wait - taken if i == len(_CARVED) - 1 else wait * parts[c] // pool
+        for i, c in enumerate(CARVED):
+            part = wait - taken if i == len(CARVED) - 1 else wait * parts[c] // pool
             part = min(part, parts[c])
             parts[c] -= part
             taken += part

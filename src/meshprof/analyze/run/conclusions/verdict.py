@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from meshprof.analyze.compute.workload import Workload
-from meshprof.analyze.run.conclusions.ledger import Ledger
+from meshprof.analyze.run.conclusions.ledger import CARVED, Ledger
 from meshprof.analyze.run.stragglers.stragglers import StragglerReport
 from meshprof.analyze.run.stragglers.waits import WaitCause
 from meshprof.analyze.run.what_if.what_if import WhatIf
@@ -143,6 +143,10 @@ class VerdictInputs:
     gradient advice only for a training job."""
     device: str = "device"
     """What the job computed on: ``"GPU"``, ``"CPU"`` or ``"device"`` (unknown)."""
+    not_read: tuple[tuple[int, int], ...] = ()
+    """Ranks of the job on nodes whose run directories were not read, as (first, last) spans:
+    the others' waiting for them cannot be told from communication (their arrivals are not
+    here), so it stays in the exposed communication, which then says so."""
 
 
 def verdict(
@@ -222,10 +226,28 @@ def verdict(
         if cause is TimeCause.STRAGGLER_WAIT and v.wait_causes:
             title, ranks, more, act = _waited_for(v, {c.rank for c in notable})
             ev += more
+        elif cause in CARVED and v.not_read:
+            who = _spans_text(v.not_read)
+            ev += (
+                f"; {who} ran on other nodes, whose run directories were not read: waiting "
+                "for them cannot be told from communication and counts here"
+            )
+            act = (
+                "read every node's directory (meshprof report DIR1 DIR2 ..., or meshprof "
+                f"collect) to tell waiting for {who} from communication; then {act}"
+            )
         out.append(item(cause.value, title, ns, ranks, ev, act, share))
     kept = [x for x in out if x.share_of_step >= floor]
     kept.sort(key=lambda x: (-x.ns_per_step, x.cause, x.ranks))
     return tuple(kept)
+
+
+def _spans_text(spans: tuple[tuple[int, int], ...], most: int = 4) -> str:
+    """``rank 3`` or ``ranks 4–7, 9`` (the first ``most`` spans, then how many more)."""
+    count = sum(last - first + 1 for first, last in spans)
+    parts = [str(a) if a == b else f"{a}–{b}" for a, b in spans[:most]]
+    more = f" and {len(spans) - most:,} more spans" if len(spans) > most else ""
+    return ("rank " if count == 1 else "ranks ") + ", ".join(parts) + more
 
 
 def _waited_for(v: VerdictInputs, priced: set[int]) -> tuple[str, tuple[int, ...], str, str]:
