@@ -39,7 +39,7 @@ def verdict_stage(
     not_read = tuple((sp.first, sp.last) for sp in run.problems.spans if sp.kind == ELSEWHERE)
     inputs = VerdictInputs(
         what_if_replay, ledger, stragglers, run.world_size, hosts, wait_causes, work, device,
-        not_read,
+        not_read=not_read,
     )  # fmt: skip
     price = (
         options.device_hour_price
