@@ -430,3 +430,31 @@ def test_cuda_memory_samples_read_the_allocator_once_and_never_reset_it(
     row = memory_sampler.sample_memory(7)  # no device given: the current one, CUDA initialized
     assert row[0] == 7 and row[2:5] == (300, 1024, 900) and row[6] == 80 << 30
     assert reads == [3]
+
+
+def test_pipeline_stages_are_wrapped_when_pipelining_is_imported_later() -> None:
+    """A script that imports pipelining after meshprof started (a ``meshprof run`` rank: the
+    bootstrap enables meshprof before the script runs) gets its stages wrapped by the import
+    hook; the ranks of ``run_ranks`` take the other path (their fork server imported pipelining
+    already), so this runs in a fresh interpreter."""
+    import json
+    import subprocess
+    import sys
+
+    code = (
+        "import json, sys\n"
+        "from meshprof.events import CHUNK_PHASES\n"
+        "from meshprof.monitor.pipeline_hooks import install_pipeline_hooks\n"
+        "stage = 'torch.distributed.pipelining.stage'\n"
+        "print('BEFORE', stage in sys.modules)\n"
+        "install_pipeline_hooks(lambda: None)\n"
+        "from torch.distributed.pipelining.stage import _PipelineStageBase as B\n"
+        "print('WRAPPED', json.dumps([getattr(getattr(B, m), '__meshprof__', False) "
+        "for m in CHUNK_PHASES]))\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    lines = dict(line.split(" ", 1) for line in p.stdout.splitlines())
+    assert lines["BEFORE"] == "False"
+    wrapped = json.loads(lines["WRAPPED"])
+    assert wrapped and all(wrapped), p.stdout

@@ -305,7 +305,7 @@ def test_a_killed_launcher_ends_its_workers_and_reads_as_stale(tmp_path: Path, c
         # a zombie has ended (its parent, killed, could not reap it; the machine's first process
         # reaps orphans only when it is an init)
         alive = [p for p in alive if _running(p)]
-        assert alive == [], [p.pid for p in alive]
+        assert alive == [], [_described(p) for p in alive]
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -380,6 +380,18 @@ def test_collect_takes_the_newest_copy_of_a_file_two_nodes_hold(tmp_path: Path) 
     assert collect_into(dest, [a, b]).files == 0
     assert collect_into(dest, [b, a]).files == 0
     assert (dest / "live" / "rank00001.json").read_text() == "own, newer"
+
+
+def _described(p: object) -> str:
+    """A process for a failure message: pid, state and the end of its command line (which of
+    torchrun and the workers outlived the launcher, and in what state)."""
+    import psutil
+
+    assert isinstance(p, psutil.Process)
+    try:
+        return f"{p.pid} {p.status()} {' '.join(p.cmdline()[-4:])}"
+    except psutil.Error as e:
+        return f"{p.pid} ({type(e).__name__})"
 
 
 def _running(p: object) -> bool:
