@@ -212,13 +212,47 @@ def compile_sources() -> None:
             compileall.compile_dir(folder, quiet=2)
 
 
+SUITE_TMP = "MESHPROF_SUITE_TMPDIR"
+"""Set by the controller to the temporary folder of this run's processes (see
+:func:`own_tmpdir`)."""
+
+_OWN_TMP = pytest.StashKey[Path | None]()
+
+
+def own_tmpdir() -> Path | None:
+    """Give the run a temporary folder of its own, removed at its end: TMPDIR for every process
+    the tests start. What torchrun (a ``torchelastic_*`` folder per job), a SIGKILLed launcher
+    (its ``meshprof-launch-*`` folder) and other tools leave in the temporary folder then goes
+    with the run, instead of piling up on a long-lived machine (~50 folders a run). pytest's own
+    ``tmp_path`` folders stay where they were (the last three runs kept, for a look after a
+    failure), and so does Inductor's compile cache (shared by the runs, as without this).
+    None when the folder cannot be made (the run goes on in the usual one)."""
+    import getpass
+
+    base = tempfile.gettempdir()
+    try:
+        mine = Path(tempfile.mkdtemp(prefix="meshprof-suite-", dir=base))
+    except OSError:
+        return None
+    os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", base)  # pytest's tmp_path: where it was
+    with contextlib.suppress(Exception):
+        user = "".join(c if c.isalnum() else "_" for c in getpass.getuser())
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(base) / f"torchinductor_{user}"))
+    os.environ["TMPDIR"] = os.environ[SUITE_TMP] = str(mine)
+    tempfile.tempdir = None  # this process too: gettempdir() is read again
+    return mine
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """The controller (or the only process) compiles the bytecode caches
-    (:func:`compile_sources`). The controller of a parallel run names the run (xdist hands the
-    id to its workers), so that it can remove the run's lock files at the end."""
+    (:func:`compile_sources`) and gives the run its own temporary folder (:func:`own_tmpdir`).
+    The controller of a parallel run names the run (xdist hands the id to its workers), so
+    that it can remove the run's lock files at the end."""
     controller = not hasattr(config, "workerinput")
     if controller:
         compile_sources()
+        if SUITE_TMP not in os.environ:
+            config.stash[_OWN_TMP] = own_tmpdir()
     if (
         controller
         and getattr(config.option, "numprocesses", None)
@@ -231,6 +265,9 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     run = getattr(config.option, "testrunuid", None)
     if run and not hasattr(config, "workerinput"):
         shutil.rmtree(_lock_folder(run), ignore_errors=True)
+    mine = config.stash.get(_OWN_TMP, None)
+    if mine is not None:
+        shutil.rmtree(mine, ignore_errors=True)
 
 
 def _lock(path: Path, mode: int) -> int:
