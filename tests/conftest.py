@@ -6,6 +6,7 @@ machine to themselves."""
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import fcntl
 import os
@@ -216,8 +217,6 @@ SUITE_TMP = "MESHPROF_SUITE_TMPDIR"
 """Set by the controller to the temporary folder of this run's processes (see
 :func:`own_tmpdir`)."""
 
-_OWN_TMP = pytest.StashKey[Path | None]()
-
 
 def own_tmpdir() -> Path | None:
     """Give the run a temporary folder of its own, removed at its end: TMPDIR for every process
@@ -251,8 +250,10 @@ def pytest_configure(config: pytest.Config) -> None:
     controller = not hasattr(config, "workerinput")
     if controller:
         compile_sources()
-        if SUITE_TMP not in os.environ:
-            config.stash[_OWN_TMP] = own_tmpdir()
+        if SUITE_TMP not in os.environ and (mine := own_tmpdir()) is not None:
+            # removed at the exit of this process, after the cleanups registered later (atexit
+            # runs them last first): multiprocessing's, whose folder (a fork server's) is in it
+            atexit.register(shutil.rmtree, mine, ignore_errors=True)
     if (
         controller
         and getattr(config.option, "numprocesses", None)
@@ -265,9 +266,6 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     run = getattr(config.option, "testrunuid", None)
     if run and not hasattr(config, "workerinput"):
         shutil.rmtree(_lock_folder(run), ignore_errors=True)
-    mine = config.stash.get(_OWN_TMP, None)
-    if mine is not None:
-        shutil.rmtree(mine, ignore_errors=True)
 
 
 def _lock(path: Path, mode: int) -> int:

@@ -22,10 +22,23 @@ def test_run_ranks_all_reduce():
 def _preloaded(rank, ws):
     import sys
 
-    return "meshprof.comm.recorder" in sys.modules and "torch.distributed" in sys.modules
+    wanted = ("meshprof.comm.recorder", "torch.distributed", "torch.distributed.pipelining")
+    return all(name in sys.modules for name in wanted)
 
 
 def test_ranks_start_with_torch_and_the_recorder_imported():
-    """The fork server imported torch and meshprof's recorder, so a rank does not import them
-    again (0.2 CPU s a rank; this module imports neither)."""
+    """The fork server imported torch, meshprof's recorder and torch's parallel modules, so a
+    rank does not import them again (0.2 CPU s a rank for the recorder, ~1 s for what DDP or
+    pipelining pull in; this module imports none of them)."""
     assert run_ranks(_preloaded, 2, timeout=60) == [True, True]
+
+
+def test_the_preload_skips_a_module_that_fails(tmp_path, monkeypatch):
+    """A parallel module whose import fails for any reason (not only ImportError, which the fork
+    server would skip itself) is left out, and the fork server still starts."""
+    from meshprof.launch import preload
+
+    (tmp_path / "meshprof_broken_mod.py").write_text("raise RuntimeError('broken install')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(preload, "PARALLEL", ("meshprof_broken_mod", "json", "no_such_mod_x"))
+    assert preload.preload() == ("json",)

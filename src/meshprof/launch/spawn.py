@@ -26,20 +26,12 @@ from typing import Any
 
 _CTX: Any = None
 
-PRELOAD = (
-    "torch",
-    "torch.distributed",
-    "torch.distributed.tensor",
-    "torch.distributed.fsdp",
-    "torch.distributed.pipelining",
-    "numpy",
-    "meshprof.api",
-)
-"""What the fork server imports once, before it forks the ranks. Constructing a DDP module, an
-FSDP2 or DTensor model or a pipeline stage imports DTensor, dynamo and sympy (~900 modules,
-~1.0 CPU s on a 2-core x86 VM with torch 2.13) in every rank that does it; imported here, the
-server pays it once (about 1 s, starting no thread) and every rank inherits it. A module
-missing from an older torch is skipped by the server (an ``ImportError`` there is ignored)."""
+PRELOAD = ("torch", "torch.distributed", "numpy", "meshprof.api", "meshprof.launch.preload")
+"""What the fork server imports once, before it forks the ranks: torch, meshprof's recorder
+and torch's parallel modules (:mod:`meshprof.launch.preload`: constructing DDP, an FSDP2 or
+DTensor model or a pipeline stage imports ~900 modules, ~1.0 CPU s, in every rank that does it;
+imported there, the server pays it once and every rank inherits it; an import that fails there
+is skipped)."""
 
 
 def _context() -> Any:
