@@ -276,14 +276,16 @@ def test_a_killed_launcher_ends_its_workers_and_reads_as_stale(tmp_path: Path, c
     import psutil
 
     out = tmp_path / "run"
-    side = tmp_path / "side"
+    side, own_tmp = tmp_path / "side", tmp_path / "tmp"
     side.mkdir()
+    own_tmp.mkdir()
     proc = subprocess.Popen(
         cli.command(
             "run", "--nproc-per-node", "2", "-o", str(out), str(SCRIPTS / "run_steps.py"),
             "100000", str(side), "5",
         ),
-        env={**os.environ, "MESHPROF_HEARTBEAT_S": "0.5"},
+        # a temporary folder of its own: no other test's launcher removes its private folder
+        env={**os.environ, "MESHPROF_HEARTBEAT_S": "0.5", "TMPDIR": str(own_tmp)},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
@@ -310,6 +312,16 @@ def test_a_killed_launcher_ends_its_workers_and_reads_as_stale(tmp_path: Path, c
         if proc.poll() is None:
             proc.kill()
     time.sleep(2.5)  # four heartbeats (0.5 s) and the 2 s floor without one
+    # the killed launcher could not remove its private folder; the next launcher's sweep does
+    from meshprof.launch.private_dir import OWNER, PREFIX, sweep_stale
+
+    left = [
+        d
+        for d in own_tmp.glob(f"{PREFIX}*")
+        if (d / OWNER).is_file() and json.loads((d / OWNER).read_text())["pid"] == proc.pid
+    ]
+    assert len(left) == 1, left
+    assert sweep_stale(own_tmp) == left and not left[0].exists()
     run = load_run(out)
     assert run.manifest.status == "stale"
     for rd in run.ranks.values():  # the workers wrote their final data on the way out

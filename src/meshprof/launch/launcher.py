@@ -19,7 +19,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +28,7 @@ from meshprof.errors import MeshprofError
 from meshprof.launch.agreement import Agreement, store_endpoint
 from meshprof.launch.job_versions import ENV_VERSIONS, read_versions, versions_here
 from meshprof.launch.live_relay import LiveRelay, mirrors, relay_interval
+from meshprof.launch.private_dir import make_private_dir
 from meshprof.launch.run_dirs import check_writable, choose_run_dir, new_run_id, other_run
 from meshprof.launch.run_options import RunOptions
 from meshprof.launch.run_record import (
@@ -262,7 +262,7 @@ def launch(opts: RunOptions) -> LaunchResult:
         run_dir, note = choose_run_dir(opts.run_dir, default_name, run_id)
     if note:
         print(f"meshprof run: {note}", file=sys.stderr)
-    private = Path(tempfile.mkdtemp(prefix="meshprof-launch-"))
+    private = make_private_dir()  # (and the folders of launchers killed before are removed)
     decision = private / "run.json"
     cmd = torchrun_command(opts)
     env = worker_env(
