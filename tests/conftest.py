@@ -242,12 +242,22 @@ def own_tmpdir() -> Path | None:
     return mine
 
 
+def _ranks_build_parallel_models() -> None:
+    """Most ranks the tests fork build DDP, FSDP2, DTensor or pipelined models: the fork server
+    of each worker imports those modules once (``spawn.PARALLEL_BY_DEFAULT``; ~1 CPU s a rank
+    otherwise)."""
+    from meshprof.launch import spawn
+
+    spawn.PARALLEL_BY_DEFAULT = True
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """The controller (or the only process) compiles the bytecode caches
     (:func:`compile_sources`) and gives the run its own temporary folder (:func:`own_tmpdir`).
     The controller of a parallel run names the run (xdist hands the id to its workers), so
     that it can remove the run's lock files at the end."""
     controller = not hasattr(config, "workerinput")
+    _ranks_build_parallel_models()
     if controller:
         compile_sources()
         if SUITE_TMP not in os.environ and (mine := own_tmpdir()) is not None:

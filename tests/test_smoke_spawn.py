@@ -30,7 +30,16 @@ def test_ranks_start_with_torch_and_the_recorder_imported():
     """The fork server imported torch, meshprof's recorder and torch's parallel modules, so a
     rank does not import them again (0.2 CPU s a rank for the recorder, ~1 s for what DDP or
     pipelining pull in; this module imports none of them)."""
-    assert run_ranks(_preloaded, 2, timeout=60) == [True, True]
+    assert run_ranks(_preloaded, 2, timeout=60, parallel=True) == [True, True]
+
+
+def test_ranks_that_only_call_collectives_do_not_preload_the_parallel_modules():
+    """``meshprof doctor`` and ``bench`` fork ranks that build no model: their fork server
+    does not pay the parallel modules' second; the demo's and the serving demo's do."""
+    from meshprof.launch.spawn import PARALLEL, PRELOAD, preload_modules
+
+    assert preload_modules(False) == list(PRELOAD) and PARALLEL not in PRELOAD
+    assert preload_modules(True) == [*PRELOAD, PARALLEL]
 
 
 def test_the_preload_skips_a_module_that_fails(tmp_path, monkeypatch):

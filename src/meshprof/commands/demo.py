@@ -158,6 +158,7 @@ def run(args: argparse.Namespace) -> int:
         backend=cfg.backend,
         timeout=args.timeout,
         pg_timeout_s=parallel.comm_timeout_s,
+        parallel=True,  # DTensor, FSDP2, pipelining: imported once by the fork server
     )
     wall = time.perf_counter() - t0
     losses = results[0]["losses"]

@@ -78,7 +78,9 @@ def run_serving(
     ]  # fmt: skip
     client = subprocess.Popen(cmd, env=dict(os.environ))
     try:
-        results = run_ranks(serve_worker, tp, (cfg, str(out)), backend="gloo", timeout=timeout_s)
+        results = run_ranks(
+            serve_worker, tp, (cfg, str(out)), backend="gloo", timeout=timeout_s, parallel=True
+        )  # (DTensor tensor parallelism: imported once by the fork server)
         try:
             code = client.wait(timeout=60)
         except subprocess.TimeoutExpired:

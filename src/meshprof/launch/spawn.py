@@ -3,12 +3,13 @@
 The local launcher of the CLI (``meshprof bench --nproc``, ``meshprof doctor --nproc``,
 ``meshprof demo``) and of the tests, benchmarks and examples: a run-time part of meshprof, not
 test infrastructure, so it sits beside :mod:`meshprof.launch.launcher` (the torchrun wrapper).
-Workers are started from a fork server that has already imported torch, meshprof's recorder
-(:mod:`meshprof.api`: importing it starts no thread and installs no handler) and the parallel
-modules of torch that ranks use (:data:`PRELOAD`), so a rank starts in a fraction of a second
-(0.04 CPU s, against 0.2 s when each imported the recorder itself, and ~1 s more when each
-imported what DDP, FSDP, DTensor or pipelining pull in); a worker that raises, dies or outlives the timeout fails the whole call
-(every worker is killed), so nothing that uses it can hang.
+Workers are started from a fork server that has already imported torch and meshprof's recorder
+(:mod:`meshprof.api`: importing it starts no thread and installs no handler), and, for ranks
+that build parallel models, torch's parallel modules (:data:`PARALLEL`), so a rank starts in a
+fraction of a second (0.04 CPU s, against 0.2 s when each imported the recorder itself, and
+~1 s more when each imported what DDP, FSDP, DTensor or pipelining pull in); a worker that
+raises, dies or outlives the timeout fails the whole call (every worker is killed), so nothing
+that uses it can hang.
 """
 
 from __future__ import annotations
@@ -26,19 +27,33 @@ from typing import Any
 
 _CTX: Any = None
 
-PRELOAD = ("torch", "torch.distributed", "numpy", "meshprof.api", "meshprof.launch.preload")
-"""What the fork server imports once, before it forks the ranks: torch, meshprof's recorder
-and torch's parallel modules (:mod:`meshprof.launch.preload`: constructing DDP, an FSDP2 or
-DTensor model or a pipeline stage imports ~900 modules, ~1.0 CPU s, in every rank that does it;
-imported there, the server pays it once and every rank inherits it; an import that fails there
-is skipped)."""
+PRELOAD = ("torch", "torch.distributed", "numpy", "meshprof.api")
+"""What the fork server imports once, before it forks the ranks: torch and meshprof's recorder."""
+
+PARALLEL = "meshprof.launch.preload"
+"""Imported too when the ranks build parallel models (``run_ranks(..., parallel=True)``, or
+:data:`PARALLEL_BY_DEFAULT`): torch's parallel modules (:mod:`meshprof.launch.preload`).
+Constructing DDP, an FSDP2 or DTensor model or a pipeline stage imports ~900 modules, ~1.0 CPU
+s, in every rank that does it; imported by the server, they cost that once and every rank
+inherits them. Ranks that only call collectives (``meshprof doctor``, ``bench``) would pay the
+second for nothing."""
+
+PARALLEL_BY_DEFAULT = False
+"""``parallel`` of a :func:`run_ranks` call that does not say (the test suite sets it: most of
+its ranks build parallel models)."""
 
 
-def _context() -> Any:
+def preload_modules(parallel: bool) -> list[str]:
+    """What the fork server imports: :data:`PRELOAD`, and :data:`PARALLEL` for ``parallel``."""
+    return [*PRELOAD, *([PARALLEL] if parallel else [])]
+
+
+def _context(parallel: bool) -> Any:
+    """The fork server's context; the first call of the process decides what it preloads."""
     global _CTX
     if _CTX is None:
         ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(list(PRELOAD))
+        ctx.set_forkserver_preload(preload_modules(parallel))
         _CTX = ctx
     return _CTX
 
@@ -134,6 +149,7 @@ def run_ranks(
     timeout: float = 120.0,
     env: dict[str, str] | None = None,
     pg_timeout_s: float = 60.0,
+    parallel: bool | None = None,
 ) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` local processes; return the results
     in rank order.
@@ -141,9 +157,12 @@ def run_ranks(
     With ``backend`` set, each worker joins a process group of that backend first (gloo on CPU)
     and leaves it after ``fn``. ``fn`` and its results must be picklable (a module-level function).
     Raises :class:`WorkerError` when a rank fails and :class:`TimeoutError` after ``timeout``
-    seconds; every worker is gone when this returns or raises.
+    seconds; every worker is gone when this returns or raises. ``parallel``: the ranks build
+    parallel models (DDP, FSDP2, DTensor, pipelining), so the fork server imports those modules
+    once (:data:`PARALLEL`; None: :data:`PARALLEL_BY_DEFAULT`). It is started by the first
+    call of the process, which alone decides.
     """
-    ctx = _context()
+    ctx = _context(PARALLEL_BY_DEFAULT if parallel is None else parallel)
     results = ctx.Queue()
     port = free_port()
     procs = [
