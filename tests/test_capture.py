@@ -457,11 +457,14 @@ def test_peer_has_the_same_role_in_another_replica() -> None:
     assert peer_of(7, lay, 8)[0] == 3  # (1, 1, 1) -> (0, 1, 1)
     peer, why = peer_of(7, lay, 8, avoid=[3])
     assert peer == 5 and "tensor-parallel neighbour" in why  # no healthy replica: (1, 0, 1)
-    assert peer_of(7, lay, 8, avoid=[3, 5])[0] == 6  # then the pipeline neighbour
+    assert "rank 3 is named by the alert or is a live straggler" in why  # which, and why
+    peer, why = peer_of(7, lay, 8, avoid=[3, 5])
+    assert peer == 6 and "pipeline neighbour" in why and "rank 3 is named" in why
     assert peer_of(2, Layout(dp=4), 4)[0] == 1  # nearest replica, lower first
     assert peer_of(0, None, 1) == (None, "no other rank")
     snap = _snap([_rec(r) for r in range(8)], stale=[3])
-    assert peer_of(7, lay, 8, snap=snap)[0] == 5  # a stale replica is not healthy
+    peer, why = peer_of(7, lay, 8, snap=snap)
+    assert peer == 5 and "rank 3 stopped publishing" in why  # a stale replica is not healthy
 
 
 def test_culprits_per_trigger() -> None:

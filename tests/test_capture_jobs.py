@@ -102,24 +102,34 @@ def test_a_straggler_alert_captures_it_and_its_peer_and_names_the_added_mm(
     slow_ns = int(Path(f"{stop}.slow").read_text())
     cap = payload["capture"]
     assert payload["t_ns"] > slow_ns
-    # the culprit and its peer: same tp position (1), the other dp replica
-    assert cap["status"] == "complete" and cap["ranks"] == [3, 1], cap
-    assert "data-parallel replica 0" in cap["reason"]
+    # the culprit and its peer: same tp position (1), the other dp replica; unless rank 1 was
+    # itself a live straggler at that moment (seen once on a host ~30 % slower than usual, the
+    # other tests beside it): then its tp neighbour, and the reason must say why
+    assert cap["status"] == "complete" and cap["ranks"][0] == 3, cap
+    peer = cap["ranks"][1]
+    if peer == 1:
+        assert "data-parallel replica 0" in cap["reason"], cap["reason"]
+    else:
+        assert peer == 2, cap
+        assert (
+            "no healthy replica; rank 1 is named by the alert or is a live straggler"
+            in (cap["reason"])
+        ), cap["reason"]
     top = cap["differences"][0]
     assert (top["name"], top["phase"], top["a_rank"], top["b_rank"]) == (
         "aten::mm",
         "forward",
         3,
-        1,
+        peer,
     )
     assert top["a_calls"] - top["b_calls"] == EXTRA_MM and top["delta_ns"] > 0
     # torch.profiler's own events agree: 6 more forward aten::mm per step on rank 3
     folder = Path(cap["dir"])
-    traces = {r: folder / f"rank{r:05d}.pt.trace.json.gz" for r in (3, 1)}
-    assert _forward_mm_per_step(traces[3]) - _forward_mm_per_step(traces[1]) == EXTRA_MM
+    traces = {r: folder / f"rank{r:05d}.pt.trace.json.gz" for r in (3, peer)}
+    assert _forward_mm_per_step(traces[3]) - _forward_mm_per_step(traces[peer]) == EXTRA_MM
     # the same steps on both ranks
-    statuses = {r: json.loads((folder / f"rank{r:05d}.json").read_text()) for r in (3, 1)}
-    assert [s["step"] for s in statuses[3]["steps"]] == [s["step"] for s in statuses[1]["steps"]]
+    statuses = {r: json.loads((folder / f"rank{r:05d}.json").read_text()) for r in (3, peer)}
+    assert [s["step"] for s in statuses[3]["steps"]] == [s["step"] for s in statuses[peer]["steps"]]
     assert len(statuses[3]["steps"]) == 3
     # alert to analysed capture: K steps + at most 10 s
     steps_ns = max(s["end_ns"] - s["start_ns"] for st in statuses.values() for s in st["steps"])
@@ -129,10 +139,12 @@ def test_a_straggler_alert_captures_it_and_its_peer_and_names_the_added_mm(
     r = cli("report", out, "--json")
     assert r.returncode == 0, r.stderr
     c = next(x for x in json.loads(r.stdout)["captures"] if x["id"] == cap["id"])
-    assert c["trigger"] == "straggler" and c["ranks"] == [3, 1]
+    assert c["trigger"] == "straggler" and c["ranks"] == [3, peer]
     assert c["differences"][0]["name"] == "aten::mm" and c["steps"] == 3
     # ranks not named did nothing
-    assert sorted(p.name for p in folder.glob("rank*.json")) == ["rank00001.json", "rank00003.json"]
+    assert sorted(p.name for p in folder.glob("rank*.json")) == sorted(
+        f"rank{r:05d}.json" for r in (3, peer)
+    )
     assert any(a.kind == "straggler" and a.ranks == (3,) for a in read_alerts(out))
 
 

@@ -129,6 +129,7 @@ def peer_of(
 
     d, t, p = lay.coords(rank)
     step = lay.tp * lay.pp
+    skipped: list[int] = []  # the nearest replica peers that were not healthy (two at most)
     for x in _nearest(d, lay.dp):
         r = x * step + t * lay.pp + p
         if ok(r):
@@ -138,14 +139,17 @@ def peer_of(
                 f"rank {r}: the same pipeline stage ({p}) and tensor-parallel position ({t}) "
                 f"in data-parallel replica {x}"
             )
+        if len(skipped) < 2:
+            skipped.append(r)
+    none = "no healthy replica" + "".join(f"; {_why_not(q, bad, snap)}" for q in skipped)
     for x in _nearest(t, lay.tp):
         r = d * step + x * lay.pp + p
         if ok(r):
-            return r, f"rank {r}: its tensor-parallel neighbour (no healthy replica)"
+            return r, f"rank {r}: its tensor-parallel neighbour ({none})"
     for x in _nearest(p, lay.pp):
         r = d * step + t * lay.pp + x
         if ok(r):
-            return r, f"rank {r}: its pipeline neighbour, stage {x} (no healthy replica)"
+            return r, f"rank {r}: its pipeline neighbour, stage {x} ({none})"
     healthy = next((r for r in _nearest(rank, world_size) if ok(r)), None)
     if healthy is not None:
         return healthy, f"rank {healthy}: the nearest healthy rank (no peer with its role)"
@@ -153,6 +157,18 @@ def peer_of(
     if other is not None:
         return other, f"rank {other}: the only other rank left (not a healthy peer)"
     return None, "no other rank"
+
+
+def _why_not(r: int, bad: set[int], snap: LiveSnapshot | None) -> str:
+    """Why rank ``r`` is not a healthy peer, in words."""
+    x = snap.ranks.get(r) if snap is not None else None
+    if snap is not None and r in snap.stale:
+        return f"rank {r} stopped publishing"
+    if x is not None and x.status != "running":
+        return f"rank {r} is {x.status}"
+    if r in bad:
+        return f"rank {r} is named by the alert or is a live straggler"
+    return f"rank {r} is not in the job"
 
 
 def _nearest(center: int, n: int) -> Iterator[int]:
