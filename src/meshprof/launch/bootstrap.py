@@ -38,6 +38,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from meshprof.launch.process_identity import start_time, still_running
 from meshprof.layout import parse_layout
 from meshprof.records.worker_settings import WorkerSettings
 from meshprof.session.recording import RecordingSession, SessionConfig, warn_part_failed
@@ -80,31 +81,18 @@ def await_decision(settings: WorkerSettings, timeout_s: float = DECISION_WAIT_S)
     return settings
 
 
-def _alive(pid: int, created: float | None) -> bool:
-    import psutil
-
-    try:
-        p = psutil.Process(pid)
-        return created is None or abs(p.create_time() - created) < 1.0
-    except psutil.Error:
-        return False
-
-
 def watch_launcher(pid: int, every_s: float = LAUNCHER_CHECK_S) -> threading.Thread | None:
     """End this worker (SIGTERM to itself: the rank writer writes its final data first) once
     the ``meshprof run`` launcher ``pid`` is gone (killed: nothing supervises the job any
     more). None when there is no launcher to watch."""
     if pid <= 0:
         return None
-    import psutil
-
-    try:
-        created: float | None = psutil.Process(pid).create_time()
-    except psutil.Error:
+    created = start_time(pid)
+    if created is None:
         return None
 
     def run() -> None:
-        while _alive(pid, created):
+        while still_running(pid, created):
             time.sleep(every_s)
         with contextlib.suppress(Exception):
             print(

@@ -31,5 +31,4 @@ def preload() -> tuple[str, ...]:
     return tuple(done)
 
 
-LOADED = preload()
-"""Those that were imported."""
+preload()

@@ -23,6 +23,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from meshprof.launch.process_identity import start_time, still_running
+
 PREFIX = "meshprof-launch-"
 """The folders' name prefix (``tempfile.mkdtemp`` adds a random suffix)."""
 OWNER = "owner.json"
@@ -45,21 +47,11 @@ def _pid_namespace() -> str:
         return ""
 
 
-def _start_time(pid: int) -> float | None:
-    """When process ``pid`` started (seconds since the epoch), or None when there is none."""
-    import psutil
-
-    try:
-        return float(psutil.Process(pid).create_time())
-    except psutil.Error:
-        return None
-
-
 def owner_record() -> dict[str, Any]:
     """This process as a folder's owner: pid, start time, boot and PID namespace."""
     return {
         "pid": os.getpid(),
-        "start_time": _start_time(os.getpid()),
+        "start_time": start_time(os.getpid()),
         "boot_id": _boot_id(),
         "pid_ns": _pid_namespace(),
     }
@@ -75,8 +67,7 @@ def owner_gone(owner: dict[str, Any]) -> bool:
     pid, started = owner.get("pid"), owner.get("start_time")
     if not isinstance(pid, int) or pid <= 0 or not isinstance(started, (int, float)):
         return False
-    now = _start_time(pid)
-    return now is None or abs(now - float(started)) > 1.0
+    return not still_running(pid, float(started))
 
 
 def sweep_stale(base: str | os.PathLike[str] | None = None) -> list[Path]:
