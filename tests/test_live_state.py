@@ -144,7 +144,10 @@ def test_live_state_of_a_running_job(cli, tmp_path: Path) -> None:  # type: igno
         # both ranks step together: ~base + extra per step (the slept work and the all_reduce)
         for r in (r0, r1):
             assert 60e6 <= r.step_ns <= 250e6, r.step_ns
-            assert r.steps_per_s == pytest.approx(1e9 / r.step_ns, rel=0.35)
+            # a rate over the recent steps: their mean, not the median step_ns (a few steps
+            # stretched by a loaded machine pull it below 1 / median: 7.1/s against 11.5 once)
+            mean_ns = sum(r.recent_step_ns) / len(r.recent_step_ns)
+            assert r.steps_per_s == pytest.approx(1e9 / mean_ns, rel=0.35)
         # rank 0 waits for rank 1 in the all_reduce: its exposed share is about extra / step
         assert r0.exposed_share > r1.exposed_share
         # (at least: a loaded machine makes the all_reduces themselves longer)
