@@ -120,14 +120,14 @@ def test_report_cli_trace_cap(tmp_path, cli):
     run_dir = tmp_path / "run"
     synthetic_run(run_dir, 2, [0, 3 * MS], steps=6)
     out = tmp_path / "t.json"
-    p = cli.process("report", run_dir, "--json", "--trace", out, "--trace-max-events", "4")
+    p = cli("report", run_dir, "--json", "--trace", out, "--trace-max-events", "4")
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["summary"]["steps"] == 6  # the report itself is not capped
     meta = json.loads(out.read_text())["metadata"]
     kept = meta["truncated"]["collectives_kept"]
     assert 0 < kept <= 4 and kept % 2 == 0  # whole steps of both ranks, within the cap
     assert meta["truncated"]["max_events"] == 4
-    bad = cli.process("report", run_dir, "--trace", out, "--trace-max-events", "-1")
+    bad = cli("report", run_dir, "--trace", out, "--trace-max-events", "-1")
     assert bad.returncode == 2 and "--trace-max-events" in bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1
 

@@ -57,7 +57,7 @@ def test_summary_table(export: Path, cli) -> None:
 
 
 def test_summary_json(export: Path, cli) -> None:
-    r = cli.process("summary", export, "--json")
+    r = cli("summary", export, "--json")
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
     by_op = {s["key"]: s for s in data["stats"]["by_op"]}
@@ -87,7 +87,7 @@ def test_summary_bad_input_one_line_exit_2(
     path = tmp_path / "x.json"
     if content is not None:
         path.write_text(content)
-    r = cli.process("summary", path)
+    r = cli("summary", path)
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1, r.stderr
@@ -96,7 +96,7 @@ def test_summary_bad_input_one_line_exit_2(
 
 
 def test_summary_directory_is_an_error(tmp_path: Path, cli) -> None:
-    r = cli.process("summary", tmp_path)
+    r = cli("summary", tmp_path)
     assert r.returncode == 2 and "is a directory" in r.stderr
 
 

@@ -80,7 +80,7 @@ def test_synthetic_trace_structure_and_alignment(tmp_path):
 def test_cli_trace_of_real_run(tmp_path, cli):
     run_ranks(real_worker, 2, (str(tmp_path), -1, 0.0, 3), timeout=90)
     out = tmp_path / "trace.json"
-    p = cli.process("report", tmp_path, "--trace", out)
+    p = cli("report", tmp_path, "--trace", out)
     assert p.returncode == 0, p.stderr
     evs = check_chrome_trace(json.loads(out.read_text()))
     threads = {e["args"]["name"] for e in evs if e["name"] == "thread_name"}

@@ -208,7 +208,7 @@ def test_default_workers():
 
 @pytest.mark.parametrize("bad", ["0", "-2", "two"])
 def test_bad_jobs_exit_2(tmp_path, cli, bad):
-    p = cli.process("report", str(tmp_path), "--jobs", bad)
+    p = cli("report", str(tmp_path), "--jobs", bad)
     assert p.returncode == 2 and p.stderr.count("\n") == 1 and "--jobs" in p.stderr
 
 

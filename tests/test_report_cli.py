@@ -18,7 +18,7 @@ def test_json_report_with_missing_and_damaged_ranks(tmp_path, cli):
     synthetic_run(tmp_path, 4, [0, 20 * MS, -30 * MS, 10 * MS], slow_rank=1, extra_ns=6 * MS)
     (tmp_path / "rank00003.npz").unlink()
     (tmp_path / "rank00002.npz").write_bytes(b"not a zip")
-    p = cli.process("report", str(tmp_path), "--json", "--html", str(tmp_path / "r.html"))
+    p = cli("report", str(tmp_path), "--json", "--html", str(tmp_path / "r.html"))
     assert p.returncode == 0, p.stderr
     d = json.loads(p.stdout)
     assert set(d) >= {
@@ -54,27 +54,27 @@ def test_console_summary(tmp_path, cli):
     assert "stragglers: none" in p.stdout and "clocks aligned within" in p.stdout
     assert p.stdout.index("Verdict") < p.stdout.index("across ranks")  # the verdict first
     assert max(len(line) for line in p.stdout.splitlines()) <= 80  # a pipe: 80 columns
-    p = cli.process("report", str(tmp_path), "--full")
+    p = cli("report", str(tmp_path), "--full")
     assert p.returncode == 0, p.stderr
     assert "No straggler" in p.stdout and "clock alignment" in p.stdout
-    p = cli.process("report", str(tmp_path), "--ranks", "1,7")
+    p = cli("report", str(tmp_path), "--ranks", "1,7")
     assert "not in this report: ranks 7" in p.stdout and "step time" in p.stdout
-    p = cli.process("report", str(tmp_path), "--ranks", "one")
+    p = cli("report", str(tmp_path), "--ranks", "one")
     assert p.returncode == 2 and "--ranks" in p.stderr
 
 
 def test_bad_input_exit_2(tmp_path, cli):
     p = cli.process("report", str(tmp_path / "nope"))
     assert p.returncode == 2 and p.stderr.count("\n") == 1 and "no such directory" in p.stderr
-    p = cli.process("report", str(tmp_path))
+    p = cli("report", str(tmp_path))
     assert p.returncode == 2 and "no usable rank file" in p.stderr
     with pytest.raises(NoUsableRankFileError) as no_rank:
         load_run(tmp_path)
     assert no_rank.value.problems == {} and no_rank.value.run_dir == tmp_path
     synthetic_run(tmp_path, 2, [0, 0])
-    p = cli.process("report", str(tmp_path), "--threshold", "-1")
+    p = cli("report", str(tmp_path), "--threshold", "-1")
     assert p.returncode == 2 and "--threshold" in p.stderr
-    p = cli.process("report", str(tmp_path), "--html", str(tmp_path))
+    p = cli("report", str(tmp_path), "--html", str(tmp_path))
     assert p.returncode == 2 and "is a directory" in p.stderr
 
 
@@ -114,7 +114,7 @@ def test_report_size_table_counts_evicted_and_sampled_out_collectives(tmp_path, 
     small, big = rows[("all_reduce", 64)], rows[("all_reduce", 4096)]
     assert small.recorded == 2 * 60 and big.recorded == 2 * 30
     assert small.count + big.count <= sum(retained)
-    p = cli.process("report", str(tmp_path), "--json")
+    p = cli("report", str(tmp_path), "--json")
     assert p.returncode == 0, p.stderr
     got = {(r["op"], r["size_bucket"]): r["recorded"] for r in json.loads(p.stdout)["by_size"]}
     assert got[("all_reduce", 64)] == 120 and got[("all_reduce", 4096)] == 60
@@ -151,7 +151,7 @@ def test_trace_merges_kineto_traces_skips_non_traces_names_damaged_ones(tmp_path
     # damaged, with "traceEvents" in its name: still named (a typed error, not message text)
     (tmp_path / "traceEvents_rank1.json").write_text(full[: len(full) // 2])
     out = tmp_path / "t.json"
-    p = cli.process("report", str(tmp_path), "--trace", str(out))
+    p = cli("report", str(tmp_path), "--trace", str(out))
     assert p.returncode == 0, p.stderr
     meta = json.loads(out.read_text())["metadata"]
     assert meta["kineto_traces_merged"] == 1

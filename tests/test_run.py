@@ -382,10 +382,10 @@ def test_run_two_nodes_share_one_run_dir(tmp_path: Path, cli) -> None:
     # the manifest on disk, written by the last launcher to finish, is the merged one
     on_disk = json.loads((out / "manifest.json").read_text())
     assert on_disk["status"] == "ok" and len(on_disk["nodes"]) == 2
-    p = cli.process("report", str(out), "--json")
+    p = cli("report", str(out), "--json")
     assert p.returncode == 0, p.stderr[-2000:]
     assert sorted(r["rank"] for r in json.loads(p.stdout)["ranks"]) == [0, 1]
-    p = cli.process("report", str(out))
+    p = cli("report", str(out))
     assert p.returncode == 0 and "job: ok, exit code 0, 2 nodes" in p.stdout, p.stdout[:2000]
 
 
