@@ -81,10 +81,14 @@ def test_the_slow_rank_is_named_with_its_onset_and_its_saving_is_the_reruns(
     assert found[0]["since_step"] == onset, (found[0], onset)
     cost = s["costs"][0]
     assert cost["rank"] == SLOW_RANK and cost["since_step"] == onset
-    assert abs(cost["decode_step_saving_ns"] - SLOW_MS * 1e6) <= 0.25 * SLOW_MS * 1e6
     predicted = cost["tpot_p50_ns"] - cost["tpot_p50_after_ns"]
     measured = _client_tpot_p50(slow) - _client_tpot_p50(fast)
     assert measured > 0.5 * SLOW_MS * 1e6, measured  # the fault shows in the clients' TPOT
+    # a decode step saves at least (most of) the sleep, and at most what the fault cost each
+    # token in the re-run (on a slow host the sleep cost more than itself: the re-run measured
+    # 245 ms a token for 150 ms slept, and the step saving was 189 ms)
+    saving = cost["decode_step_saving_ns"]
+    assert 0.75 * SLOW_MS * 1e6 <= saving <= 1.25 * max(SLOW_MS * 1e6, measured), (saving, measured)
     assert abs(predicted - measured) <= 0.25 * measured, (predicted / 1e6, measured / 1e6)
 
 
