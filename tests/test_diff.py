@@ -92,6 +92,10 @@ def test_slower_collective_and_more_memory_are_the_deltas(tmp_path, cli):
     assert d["bottlenecks"]["vanished"] == []
     head = {h["what"]: h for h in d["headline"]}
     assert head["all_reduce 1 MiB p50"]["rel"] == pytest.approx(1.0, abs=0.03)
+    # a slower transfer, not waiting: the members' median wait did not move
+    assert head["all_reduce 1 MiB p50"]["wait_delta_ns"] == pytest.approx(0, abs=60 * US)
+    assert head["all_reduce 1 MiB p50"]["mostly_waiting"] is False
+    assert top["b_wait_p50_ns"] == pytest.approx(top["a_wait_p50_ns"], abs=60 * US)
     assert head["rank 2 peak memory"]["delta"] == 512 * MIB
     assert "phase forward" not in head and "all_reduce 4 KiB p50" not in head
     rels = [abs(h["rel"]) for h in d["headline"]]
@@ -114,6 +118,14 @@ def test_a_slower_rank_ranks_first_and_others_wait(tmp_path, cli):
         assert r["step_delta_ns"] == pytest.approx(6 * MS, abs=300 * US)
     assert d["step"]["delta_ns"] == pytest.approx(6 * MS, abs=300 * US)
     assert "rank 1 compute" in {h["what"] for h in d["headline"]}
+    # the 4 KiB all_reduce is 6 ms slower on three of its four members: they wait for rank 1
+    head = {h["what"]: h for h in d["headline"]}
+    waited = head["all_reduce 4 KiB p50"]
+    assert waited["delta"] == pytest.approx(6 * MS, abs=300 * US)
+    assert waited["wait_delta_ns"] == pytest.approx(6 * MS, abs=300 * US)
+    assert waited["mostly_waiting"] is True
+    text = " ".join(cli("diff", str(a), str(b)).stdout.split())  # (lines wrap at 80 columns)
+    assert "(+5.97 ms, +582.5%), mostly waiting for late ranks (median wait +5.96 ms)" in text
     assert d["throughput"]["tokens_per_s"] is None  # no run recorded tokens
     appeared = {(f["source"], f["kind"], f["rank"]) for f in d["bottlenecks"]["appeared"]}
     assert {("bottleneck", "load_imbalance", None), ("finding", "straggler", 1)} <= appeared
@@ -315,3 +327,7 @@ def test_real_runs_injected_sleep_is_the_step_delta(tmp_path, cli):
         sum(truth.values()) / 2, abs=3 * MS + 0.1 * max(truth.values())
     )
     assert "step time" in {h["what"] for h in d["headline"]}
+    # the all_reduce grew because rank 1 waited in it for rank 0's sleep: the headline says so
+    (coll,) = [h for h in d["headline"] if h["what"].startswith("all_reduce")]
+    assert coll["mostly_waiting"] is True
+    assert coll["wait_delta_ns"] == pytest.approx(coll["delta"], rel=0.25)

@@ -83,11 +83,15 @@ def delta_text(delta: float, unit: str) -> str:
 
 
 def headline_text(h: Headline) -> str:
-    """One headline entry: ``what: A → B (delta, relative)``."""
-    return (
+    """One headline entry: ``what: A → B (delta, relative)``, and for a collective that grew
+    mostly by waiting, how much of it is the members' median wait for late ranks."""
+    text = (
         f"{h.what}: {figure_value(h.a, h.unit)} → {figure_value(h.b, h.unit)} "
         f"({delta_text(h.delta, h.unit)}{rel_suffix(h.rel)})"
     )
+    if h.mostly_waiting:
+        text += f", mostly waiting for late ranks (median wait {fmt_delta_ns(h.wait_delta_ns)})"
+    return text
 
 
 def step_text(d: RunDiff) -> str | None:

@@ -23,6 +23,10 @@ Definitions (each figure is the report's own, compared):
 - memory: the highest peak of any rank; throughput: median over ranks of steps/s and tokens/s;
 - bottlenecks and findings: matched by category (bottlenecks) or by kind and rank (findings).
 
+A collective's p50 in the headline says how much of its change is the members' median wait for
+the last one to arrive (the report's ``wait_p50_ns``): a p50 that grew *mostly by waiting* (at
+least :data:`WAITING_SHARE` of its growth) is a rank arriving late, not a slower transfer.
+
 Lists are sorted by |delta|, largest first. The headline lists the changes of at least
 :data:`HEADLINE_MIN_REL` relative size, a time change also at least :data:`HEADLINE_MIN_STEP_SHARE`
 of A's step time (when A has steps), largest relative change first, at most
@@ -76,6 +80,9 @@ HEADLINE_MIN_STEP_SHARE = 0.01
 """... and, for a time, when |B − A| is at least this share of A's median step time (1 %)."""
 HEADLINE_MAX = 8
 """Most changes in the headline."""
+WAITING_SHARE = 0.5
+"""A collective's p50 grew *mostly by waiting* when its median wait for late members grew by at
+least this share of the p50's growth."""
 _NAN = math.nan
 
 
@@ -297,6 +304,8 @@ def _collectives(a: RunSide, b: RunSide) -> tuple[CollectiveDiff, ...]:
                 b_busbw_gbps=xb.busbw_gbps if xb else _NAN,
                 a_count=xa.count if xa else 0,
                 b_count=xb.count if xb else 0,
+                a_wait_p50_ns=xa.wait_p50_ns if xa else _NAN,
+                b_wait_p50_ns=xb.wait_p50_ns if xb else _NAN,
             )
         )
     return tuple(sorted(rows, key=lambda c: _sort_key(c.delta_ns, max(c.a_count, c.b_count))))
@@ -423,7 +432,11 @@ def _headline(
     if d_step is not None:
         cand.append(("step time", "ns", d_step.a_ns, d_step.b_ns))
     cand += [(f"phase {p.phase}", "ns", p.a_ns, p.b_ns) for p in phases]
-    cand += [(f"{c.op} {_fmt_size(c.size_bytes)} p50", "ns", c.a_p50_ns, c.b_p50_ns) for c in colls]
+    waits: dict[str, float] = {}  # collective p50 -> B − A of its median wait
+    for c in colls:
+        what = f"{c.op} {_fmt_size(c.size_bytes)} p50"
+        cand.append((what, "ns", c.a_p50_ns, c.b_p50_ns))
+        waits[what] = c.b_wait_p50_ns - c.a_wait_p50_ns
     if ranks and not math.isnan(ranks[0].compute_delta_ns):
         r = ranks[0]  # the largest compute change stands for the ranks
         a_c = a_ranks[r.rank].compute_ns
@@ -450,7 +463,9 @@ def _headline(
             continue
         if unit == "ns" and step_a > 0 and abs(delta) < HEADLINE_MIN_STEP_SHARE * step_a:
             continue
-        out.append(Headline(what, unit, a, b, delta, rel))
+        wait = waits.get(what, _NAN)
+        waiting = delta > 0 and wait >= WAITING_SHARE * delta  # (False when wait is NaN)
+        out.append(Headline(what, unit, a, b, delta, rel, wait, waiting))
     out.sort(key=lambda h: -abs(h.rel))
     return tuple(out[:HEADLINE_MAX])
 

@@ -9,6 +9,7 @@ A value a run does not have is NaN (None in JSON). :meth:`RunDiff.to_dict` is th
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -94,6 +95,11 @@ class CollectiveDiff:
     """Completed events of this op and size in A (all ranks)."""
     b_count: int
     """Completed events of this op and size in B (all ranks)."""
+    a_wait_p50_ns: float = math.nan
+    """Median wait of a member for the last one to arrive, in A (ns; the report's
+    ``by_size[].wait_p50_ns``); NaN when A matched none."""
+    b_wait_p50_ns: float = math.nan
+    """The same in B."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,6 +196,13 @@ class Headline:
     """B − A."""
     rel: float
     """delta / A (0.5 = 50 % more than A)."""
+    wait_delta_ns: float = math.nan
+    """For a collective's p50: B − A of its median wait for late members (ns), the part of
+    ``delta`` that is waiting rather than transfer; NaN for other figures, or when a run matched
+    none."""
+    mostly_waiting: bool = False
+    """A collective's p50 that grew by waiting for late ranks: ``wait_delta_ns`` is at least
+    half of ``delta`` (look at who arrives late, not at the network)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,6 +6,7 @@ Units: times in ns, sizes in bytes, shares and scores as fractions, bandwidth in
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -90,6 +91,11 @@ class SizeRow:
     events evicted from a rank's ring buffer, sampled out, failed or still in flight at the last
     write included (from the rank files' statistics); -1 when the rank files carry none. The
     latency columns cover the ``count`` retained, completed ones."""
+    wait_p50_ns: float = math.nan
+    """Median, over the members of this op and size's matched collectives, of the time a member
+    waited in it for the last member to arrive (ns; see :mod:`~meshprof.analyze.run.events.match`),
+    to hold against ``p50_ns``: how much of a typical collective is waiting for late ranks
+    rather than transfer. NaN when none was matched (point-to-point ops, or no match given)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -72,9 +72,9 @@ def timeline(
 
 
 @stage(BY_SIZE)
-def by_size(run: LoadedRun, table: EventTable) -> tuple[SizeRow, ...]:
-    """Latency and bandwidth by op and message size."""
-    return with_recorded(size_rows(table), recorded_by_size(run))
+def by_size(run: LoadedRun, table: EventTable, match: CollectiveMatch) -> tuple[SizeRow, ...]:
+    """Latency and bandwidth by op and message size, and the median wait for late members."""
+    return with_recorded(size_rows(table, match), recorded_by_size(run))
 
 
 @stage(HEATMAP, json=False)

@@ -8,6 +8,7 @@ Units: ns, bytes, fractions, GB/s (1e9 B/s).
 from __future__ import annotations
 
 import dataclasses
+import math
 import warnings
 from collections.abc import Iterator
 
@@ -78,12 +79,14 @@ def with_recorded(
     )
 
 
-def size_rows(table: EventTable) -> tuple[SizeRow, ...]:
-    """Latency and bandwidth per op and power-of-two message-size bucket (sorted by op, size)."""
+def size_rows(table: EventTable, match: CollectiveMatch | None = None) -> tuple[SizeRow, ...]:
+    """Latency and bandwidth per op and power-of-two message-size bucket (sorted by op, size);
+    with ``match``, each row's median wait for late members too (``SizeRow.wait_p50_ns``)."""
     if not len(table):
         return ()
     code_of = np.asarray([OP_CODES.get(o, OP_CODES["custom"]) for o in table.ops], dtype=np.int64)
     key = size_keys(table)
+    waits = _wait_p50_by_key(key, match) if match is not None else {}
     rows = []
     sizes = table.group_sizes()
     counts = np.bincount(key)
@@ -120,10 +123,24 @@ def size_rows(table: EventTable) -> tuple[SizeRow, ...]:
                 sorted_pct(d, 95),
                 bw_p50[0],
                 bw_p50[1],
+                wait_p50_ns=waits.get(k, math.nan),
             )
         )
         del d
     return tuple(sorted(rows, key=lambda r: (r.op, r.size_bucket)))
+
+
+def _wait_p50_by_key(key: np.ndarray, match: CollectiveMatch) -> dict[int, float]:
+    """Size key -> median wait of its matched collectives' members (ns)."""
+    if not len(match.member_row):
+        return {}
+    member_key = key[match.member_row]
+    out = {}
+    for k in np.unique(member_key).tolist():
+        w = match.member_wait_ns[member_key == k]  # (a copy, sorted in place)
+        w.sort()
+        out[int(k)] = sorted_pct(w, 50)
+    return out
 
 
 def _rows_of_key(key: np.ndarray, k: int) -> Iterator[tuple[int, np.ndarray]]:
