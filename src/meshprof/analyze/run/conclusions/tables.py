@@ -134,10 +134,10 @@ def _wait_p50_by_key(key: np.ndarray, match: CollectiveMatch) -> dict[int, float
     """Size key -> median wait of its matched collectives' members (ns)."""
     if not len(match.member_row):
         return {}
-    member_key = key[match.member_row]
+    by_key = RowsByKey(key[match.member_row])  # one sort, not one pass over members per key
     out = {}
-    for k in np.unique(member_key).tolist():
-        w = match.member_wait_ns[member_key == k]  # (a copy, sorted in place)
+    for k in by_key.keys.tolist():
+        w = match.member_wait_ns[by_key.rows(k)]  # (a copy, sorted in place)
         w.sort()
         out[int(k)] = sorted_pct(w, 50)
     return out
